@@ -1,0 +1,41 @@
+# The README's two commands: `make demo` and `make test`. Each works on a fresh machine.
+#
+# On a machine whose python3 already has a CUDA build of torch (a GPU box), the venv sees that
+# torch through a .pth file and nothing GPU-related is reinstalled. Elsewhere the CPU wheel of
+# torch goes into .venv and Triton kernels run through the Triton interpreter.
+SHELL := /bin/bash
+HOST_PY ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.warpforge-installed
+HAS_CUDA := $(shell $(HOST_PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1)
+# Triton's interpreter fails inside range() loops with numpy >= 2.3.
+CPU_PINS := torch==2.13.0 triton==3.6.0 'numpy<2.3'
+
+.PHONY: install demo test test-gpu bench-memory clean
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(HOST_PY) -m venv $(VENV)
+ifeq ($(HAS_CUDA),1)
+	@echo "CUDA torch found in $(HOST_PY): using it"
+	@$(HOST_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_machine_site.pth"
+else
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(CPU_PINS)
+endif
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/warpforge demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

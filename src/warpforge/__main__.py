@@ -1,0 +1,3 @@
+from warpforge.cli import main
+
+main()

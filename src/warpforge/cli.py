@@ -1,0 +1,145 @@
+"""The ``warpforge`` command: one entry point for every part.
+
+Each command imports its part lazily so ``warpforge --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+NOT_BUILT = {
+    "profile": "where the time goes against the roofline (issue 7)",
+    "optimize": "capture, fuse, quantize under an accuracy budget (issue 6)",
+    "generate": "LLM generation on the warpforge engine (issue 5)",
+    "serve": "the OpenAI-compatible LLM server (a later issue)",
+    "splat": "Gaussian-splatting render and training (a later issue)",
+}
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="warpforge")
+def main() -> None:
+    """warpforge: fast inference on NVIDIA GPUs, measured.
+
+    \b
+    Start with `warpforge probe` (the machine's real ceilings), then
+    `warpforge bench SUITE` (ours against peers, same run, recorded) and
+    `warpforge results list|show|compare` (the results store).
+    """
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats (under 20 s on a GPU).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True),
+              help="Also write the full result as JSON to this file.")
+@click.option("--no-cache", is_flag=True, help="Do not write the per-device cache the roofline reads.")
+def probe(quick: bool, json_out: str | None, no_cache: bool) -> None:
+    """Measure the GPU's ceilings: HBM and cache bandwidth, latency, matrix TFLOP/s, launch cost, PCIe.
+
+    Each figure is printed beside the datasheet value for the device and the fraction of it.
+    Results are cached per device and used by every benchmark's roofline. Without a GPU it
+    measures CPU-side figures only and says so.
+    """
+    from warpforge.hw.probe import cli_probe
+
+    sys.exit(cli_probe(quick=quick, json_out=json_out, use_cache=not no_cache, console=_console()))
+
+
+@main.command()
+@click.argument("suite", required=False)
+@click.option("--list", "list_suites", is_flag=True, help="List the suites and their cases, then exit.")
+@click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats.")
+@click.option("-k", "case_filter", default=None, help="Run only cases whose name contains this text.")
+@click.option("--store", "store_url", default=None,
+              help="Results store: an SQLAlchemy URL or a path to an SQLite file (default: $WARPFORGE_STORE "
+                   "or ~/.local/share/warpforge/results.sqlite).")
+@click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, writable=True),
+              help="Also write the records as JSON lines to this file.")
+def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
+          no_store: bool, out: str | None) -> None:
+    """Run a benchmark SUITE: ours and each peer on the same inputs, checked and recorded.
+
+    Every case prints time, a hardware figure (TFLOP/s or GB/s), the ratio against each peer
+    (above 1 means warpforge is faster), the roofline fraction and the correctness check.
+    """
+    from warpforge.bench.cli import cli_bench
+
+    sys.exit(cli_bench(suite=suite, list_suites=list_suites, quick=quick, case_filter=case_filter,
+                       store_url=store_url, no_store=no_store, out=out, console=_console()))
+
+
+@main.group()
+def results() -> None:
+    """The results store: every bench run, queryable and comparable."""
+
+
+_store_option = click.option("--store", "store_url", default=None,
+                             help="SQLAlchemy URL or SQLite path (default: $WARPFORGE_STORE or the user data dir).")
+
+
+@results.command("list")
+@_store_option
+@click.option("--suite", default=None, help="Only runs of this suite.")
+@click.option("--limit", default=20, show_default=True, help="How many runs, newest first.")
+def results_list(store_url: str | None, suite: str | None, limit: int) -> None:
+    """List the stored runs, newest first."""
+    from warpforge.bench.cli import cli_results_list
+
+    sys.exit(cli_results_list(store_url=store_url, suite=suite, limit=limit, console=_console()))
+
+
+@results.command("show")
+@click.argument("run")
+@_store_option
+def results_show(run: str, store_url: str | None) -> None:
+    """Show every record of RUN (an id from `results list`, or `latest`)."""
+    from warpforge.bench.cli import cli_results_show
+
+    sys.exit(cli_results_show(run=run, store_url=store_url, console=_console()))
+
+
+@results.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@_store_option
+def results_compare(run_a: str, run_b: str, store_url: str | None) -> None:
+    """Per-case ratio of RUN_B against RUN_A; flags changes beyond the run-to-run spread."""
+    from warpforge.bench.cli import cli_results_compare
+
+    sys.exit(cli_results_compare(run_a=run_a, run_b=run_b, store_url=store_url, console=_console()))
+
+
+@main.command()
+@click.option("--store", "store_url", default=None, help="Results store for the demo's benchmark run.")
+def demo(store_url: str | None) -> None:
+    """The main job on the embedded default: probe the machine, run a benchmark, show the figures."""
+    from warpforge.demo import run_demo
+
+    sys.exit(run_demo(store_url=store_url, console=_console()))
+
+
+def _not_built(name: str, what: str) -> click.Command:
+    @click.command(name, help=f"Not built yet: {what}.", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def cmd(args: tuple[str, ...]) -> None:
+        click.echo(f"warpforge {name}: not built yet ({what}).", err=True)
+        sys.exit(2)
+
+    return cmd
+
+
+for _name, _what in NOT_BUILT.items():
+    main.add_command(_not_built(_name, _what))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Test set-up: GPU tests skip without CUDA; on CPU, Triton kernels run through the interpreter."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    # Must be set before any @triton.jit decorates a function (warpforge.kernels does the same).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (make test-gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory, monkeypatch):
+    """Keep every test's cache and results store out of the user's home."""
+    root = tmp_path_factory.mktemp("wf")
+    monkeypatch.setenv("WARPFORGE_CACHE_DIR", str(root / "cache"))
+    monkeypatch.setenv("WARPFORGE_DATA_DIR", str(root / "data"))
+    monkeypatch.delenv("WARPFORGE_STORE", raising=False)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device kernel tests run on: the GPU when present, else CPU through the interpreter."""
+    return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture
+def triton_on_cpu():
+    """Force the Triton path for CPU tensors (interpreter) so the kernel's own code is tested."""
+    from warpforge.kernels import force_triton
+
+    with force_triton():
+        yield

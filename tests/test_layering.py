@@ -1,0 +1,50 @@
+"""DESIGN.md: arrows point inward only. kernels, hw and bench import no product part."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "warpforge"
+PRODUCTS = {"llm", "optimize", "splat", "profile", "models", "cli", "demo"}
+LOWER = ["kernels", "hw", "bench"]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("part", LOWER)
+def test_lower_layers_import_no_product(part):
+    bad = []
+    for path in sorted((SRC / part).rglob("*.py")):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "warpforge" and len(parts) > 1 and parts[1] in PRODUCTS:
+                bad.append(f"{path.relative_to(SRC)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_kernels_import_only_torch_triton_and_stdlib():
+    import sys
+
+    allowed = {"torch", "triton", "warpforge", "numpy"} | set(sys.stdlib_module_names)
+    bad = []
+    for path in sorted((SRC / "kernels").rglob("*.py")):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top not in allowed:
+                bad.append(f"{path.relative_to(SRC)} imports {name}")
+            if top == "warpforge" and name.split(".")[1:2] and name.split(".")[1] != "kernels":
+                bad.append(f"{path.relative_to(SRC)} imports {name} (kernels import only warpforge.kernels)")
+    assert not bad, "\n".join(bad)
