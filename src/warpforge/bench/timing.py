@@ -1,0 +1,224 @@
+"""Timing harness: CUDA events with a cold L2, CUDA-graph replay, a host timer on CPU.
+
+Every measurement is a list of per-call samples summarized by the median with p20/p80 and the
+IQR, never a mean (one preempted repeat would drag it). On the GPU:
+
+* warm-up calls first (autotuning, lazy module loads, allocator growth happen there, untimed);
+* one ``torch.cuda.Event`` pair per repeat around the call alone;
+* between repeats, a buffer of at least twice the L2 is written (outside the events) so that
+  inputs written by the previous repeat are not served from L2: a cached input would flatter
+  exactly the memory-bound kernels we care about;
+* ``cuda_graph=True`` captures several back-to-back calls in one graph and times replays: for
+  launch-bound work the CPU launch cost would otherwise be what we measure. Only the first call
+  of a replay sees a cold L2, so this mode reports steady-state back-to-back time, which is what
+  a captured decode step sees.
+
+On CPU the host clock (``time.perf_counter_ns``) times each call; there is no flush.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+# Fallback flush size when the driver does not report the L2 size (larger than any current L2 x 2).
+_FALLBACK_FLUSH_BYTES = 256 << 20
+# Calls captured per graph: amortizes the graph-launch cost (~a few us) over several calls.
+GRAPH_CALLS = 10
+
+_flush_buffers: dict[int, torch.Tensor] = {}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of one timed callable; all times in milliseconds per call."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    iqr_ms: float  # p75 - p25
+    min_ms: float
+    n: int  # number of samples
+    method: str  # "cuda_event", "cuda_graph" or "host", with "+l2flush" when the L2 was flushed
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"Timing.n must be >= 1, got {self.n}")
+        if not (self.min_ms <= self.p20_ms <= self.median_ms <= self.p80_ms):
+            raise ValueError(f"Timing percentiles out of order: {self}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(sorted_samples: Sequence[float], q: float) -> float:
+    """The q-th quantile (0 <= q <= 1) of already-sorted samples, by linear interpolation.
+
+    Same definition as numpy's default ("linear"): position h = (n - 1) q between order statistics.
+    """
+    if not sorted_samples:
+        raise ValueError("percentile of an empty sample list")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    h = (len(sorted_samples) - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, len(sorted_samples) - 1)
+    return sorted_samples[lo] + (h - lo) * (sorted_samples[hi] - sorted_samples[lo])
+
+
+def summarize(samples_ms: Sequence[float], method: str) -> Timing:
+    """Median, p20, p80, IQR (p75 - p25) and min of per-call samples in milliseconds."""
+    s = sorted(float(x) for x in samples_ms)
+    if not s:
+        raise ValueError("summarize needs at least one sample")
+    if not all(math.isfinite(x) and x >= 0 for x in s):
+        raise ValueError(f"samples must be finite and non-negative, got {list(samples_ms)[:8]}...")
+    return Timing(
+        median_ms=percentile(s, 0.5),
+        p20_ms=percentile(s, 0.2),
+        p80_ms=percentile(s, 0.8),
+        iqr_ms=percentile(s, 0.75) - percentile(s, 0.25),
+        min_ms=s[0],
+        n=len(s),
+        method=method,
+    )
+
+
+def _resolve_device(device: torch.device | str | int | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {dev} requested but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be cuda or cpu, got {dev}")
+    return dev
+
+
+def flush_bytes(device: torch.device) -> int:
+    """Bytes written per flush: twice the device's L2 (so no line of the previous repeat survives)."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0
+    return 2 * l2 if l2 > 0 else _FALLBACK_FLUSH_BYTES
+
+
+def _flush_l2(device: torch.device) -> None:
+    # Allocated once per device and reused: allocating 100+ MiB per repeat would time the allocator.
+    buf = _flush_buffers.get(device.index)
+    if buf is None:
+        buf = torch.empty(flush_bytes(device), dtype=torch.uint8, device=device)
+        _flush_buffers[device.index] = buf
+    buf.fill_(0x5A)  # a write: dirty lines of the previous repeat are evicted, not just shadowed
+
+
+def _check_counts(warmup: int, rep: int) -> None:
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if rep < 1:
+        raise ValueError(f"rep must be >= 1, got {rep}")
+
+
+def _capture(fn: Callable[[], Any], device: torch.device, warmup: int, calls: int) -> torch.cuda.CUDAGraph:
+    """Warm fn up on a side stream (as capture requires), then capture ``calls`` back-to-back calls."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):  # captures on its own side stream
+            for _ in range(calls):
+                fn()
+    except Exception as e:  # noqa: BLE001 - re-raised with the reason capture usually fails
+        raise RuntimeError(
+            f"CUDA-graph capture failed ({type(e).__name__}: {e}); the callable must not synchronize "
+            "with the host (.item(), .cpu(), printing tensors) or change shapes between calls"
+        ) from e
+    torch.cuda.synchronize(device)
+    return graph
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    warmup: int = 10,
+    rep: int = 50,
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+    device: torch.device | str | int | None = None,
+    graph_calls: int = GRAPH_CALLS,
+) -> dict[str, Timing]:
+    """Time several callables round-robin so clock and thermal drift hit each alike.
+
+    Repeat i runs every callable once, starting at a rotating position so none always runs right
+    after the flush or right after a particular neighbour. Returns one Timing per name.
+    """
+    if not fns:
+        raise ValueError("time_interleaved needs at least one callable")
+    _check_counts(warmup, rep)
+    dev = _resolve_device(device)
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    order = [names[(i + j) % len(names)] for i in range(rep) for j in range(len(names))]
+
+    if dev.type == "cpu":
+        for name in names:
+            for _ in range(warmup):
+                fns[name]()
+        for name in order:
+            t0 = time.perf_counter_ns()
+            fns[name]()
+            samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+        return {n: summarize(samples[n], "host") for n in names}
+
+    if graph_calls < 1:
+        raise ValueError(f"graph_calls must be >= 1, got {graph_calls}")
+    with torch.cuda.device(dev):
+        if cuda_graph:
+            graphs = {n: _capture(fns[n], dev, warmup, graph_calls) for n in names}
+            calls: dict[str, Callable[[], Any]] = {n: graphs[n].replay for n in names}
+            per_sample = graph_calls
+        else:
+            for name in names:
+                for _ in range(warmup):
+                    fns[name]()
+            calls, per_sample = fns, 1
+        torch.cuda.synchronize(dev)
+        events = [(name, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for name in order]
+        for name, start, end in events:
+            if flush_l2:
+                _flush_l2(dev)  # enqueued before `start`, so not inside the timed span
+            start.record()
+            calls[name]()
+            end.record()
+        torch.cuda.synchronize(dev)
+        for name, start, end in events:
+            samples[name].append(start.elapsed_time(end) / per_sample)
+    method = ("cuda_graph" if cuda_graph else "cuda_event") + ("+l2flush" if flush_l2 else "")
+    return {n: summarize(samples[n], method) for n in names}
+
+
+def time_fn(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 10,
+    rep: int = 50,
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+    device: torch.device | str | int | None = None,
+    graph_calls: int = GRAPH_CALLS,
+) -> Timing:
+    """Time one callable (see the module docstring for the method). ``device`` defaults to the
+    current CUDA device when there is one, else the CPU host timer."""
+    return time_interleaved({"fn": fn}, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
+                            device=device, graph_calls=graph_calls)["fn"]
