@@ -2,7 +2,8 @@
 #
 # On a machine whose python3 already has a CUDA build of torch (a GPU box), the venv sees that
 # torch through a .pth file and nothing GPU-related is reinstalled. Elsewhere the CPU wheel of
-# torch goes into .venv and Triton kernels run through the Triton interpreter.
+# torch goes into .venv and Triton kernels run through the Triton interpreter. GPU boxes are often
+# offline: the editable install then builds without isolation, with the setuptools already there.
 SHELL := /bin/bash
 HOST_PY ?= python3
 VENV ?= .venv
@@ -11,6 +12,10 @@ STAMP := $(VENV)/.warpforge-installed
 HAS_CUDA := $(shell $(HOST_PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1)
 # Triton's interpreter fails inside range() loops with numpy >= 2.3.
 CPU_PINS := torch==2.13.0 triton==3.6.0 'numpy<2.3'
+
+ifeq ($(HAS_CUDA),1)
+BUILD_FLAGS := --no-build-isolation
+endif
 
 .PHONY: install demo test test-gpu bench-memory clean
 install: $(STAMP)
@@ -25,7 +30,7 @@ else
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(CPU_PINS)
 endif
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q $(BUILD_FLAGS) -e '.[test]'
 	@touch $@
 
 demo: $(STAMP)
