@@ -1,0 +1,285 @@
+"""`warpforge bench` and `warpforge results`: the terminal side of the bench part.
+
+Each function returns the exit code: 0 fine, 1 a correctness check of ours failed (the run is still
+stored and written), 2 a usage or store problem (unknown suite, unusable results store).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from warpforge._paths import default_store_url
+
+UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s"}
+CPU_NOTE = ("No CUDA device: 'ours' ran the torch reference path on the CPU (DESIGN.md \"Dispatch\"), "
+            "so these are reference-path figures, not Triton-kernel figures.")
+
+
+# ---- formatting --------------------------------------------------------------------------------
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.4f}" if x < 1 else f"{x:.3f}" if x < 100 else f"{x:.1f}"
+
+
+def _fig(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def _ratio(r: float | None) -> str:
+    if r is None:
+        return "—"
+    color = "green" if r > 1 else "red" if r < 1 else ""
+    return f"[{color}]{r:.2f}x[/]" if color else f"{r:.2f}x"
+
+
+def _correct(c: dict[str, Any]) -> str:
+    err = c.get("rel_err")
+    shown = "—" if err is None else f"{err:.1e}"
+    if c.get("ok"):
+        return f"[green]ok[/] {shown}"
+    return f"[bold red]FAIL[/] {shown}" + (f" ({escape(c['note'])})" if c.get("note") else "")
+
+
+def _roof(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "—"
+    return f"{100 * r['fraction']:.0f}% {'mem' if r['bound'] == 'memory' else 'compute'}"
+
+
+def records_table(records: list[dict[str, Any]], title: str | None = None) -> Table:
+    """case | ours ms | figure | each peer's ms | ours vs each peer | roofline | correct."""
+    peers: list[str] = []
+    for r in records:
+        peers += [p for p in r["peers"] if p not in peers]
+    metrics = {r.get("metric", "GBps") for r in records}
+    unit = UNITS.get(next(iter(metrics)), "figure") if len(metrics) == 1 else "figure"
+    t = Table(title=title, title_justify="left", header_style="bold")
+    t.add_column("case")
+    t.add_column("ours ms", justify="right")
+    t.add_column(unit, justify="right")
+    for p in peers:
+        t.add_column(f"{p} ms", justify="right")
+    for p in peers:
+        t.add_column(f"vs {p}", justify="right")
+    t.add_column("roofline", justify="right")
+    t.add_column("correct")
+    for r in records:
+        ours, metric = r["ours"], r.get("metric", "GBps")
+        fig = _fig(ours.get(metric)) + ("" if len(metrics) == 1 else f" {UNITS.get(metric, metric)}")
+        row = [escape(r["case"]), "[bold red]error[/]" if "error" in ours else _ms(ours["ms"]),
+               "—" if "error" in ours else fig]
+        for p in peers:
+            pr = r["peers"].get(p)
+            row.append("—" if pr is None else "[yellow]error[/]" if "error" in pr else _ms(pr["ms"]))
+        row += [_ratio(r["ratio"].get(p)) for p in peers]
+        row += [_roof(r["roofline"]), _correct(r["correct"])]
+        t.add_row(*row)
+    return t
+
+
+def _print_errors(records: list[dict[str, Any]], console: Console) -> None:
+    for r in records:
+        if "error" in r["ours"]:
+            console.print(f"[bold red]ours failed[/] in {escape(r['case'])}: {escape(r['ours']['error'])}")
+        for name, p in r["peers"].items():
+            if "error" in p:
+                console.print(f"[yellow]peer {escape(name)} unavailable[/] in {escape(r['case'])}: "
+                              f"{escape(p['error'])}")
+        for name, p in r["peers"].items():
+            if "error" not in p and not p["correct"]["ok"]:
+                console.print(f"[yellow]peer {escape(name)} is wrong[/] in {escape(r['case'])} "
+                              f"(rel_err {p['correct'].get('rel_err')})")
+
+
+def _environment(records: list[dict[str, Any]], console: Console) -> None:
+    if not records:
+        return
+    r = records[0]
+    d = r["device"]
+    what = d["name"] if d["name"] != "cpu" else f"cpu ({d.get('model', '?')}, {d.get('threads', '?')} threads)"
+    extra = ", ".join(f"{k} {d[k]}" for k in ("driver", "cuda", "torch", "triton") if d.get(k))
+    t = r.get("timing", {})
+    console.print(f"[dim]device: {escape(what)}; {escape(extra)}; git {r['git'] or 'none'}; "
+                  f"timing: {t.get('method')}, {t.get('warmup')} warm-up, median of {t.get('rep')}; "
+                  "ratio = peer ms / ours ms (above 1: warpforge faster)[/]")
+    if d["name"] == "cpu":
+        console.print(f"[yellow]{CPU_NOTE}[/]")
+
+
+def _store_error(e: Exception, console: Console) -> int:
+    console.print(f"[bold red]results store error:[/] {escape(str(e))}")
+    return 2
+
+
+# ---- warpforge bench -----------------------------------------------------------------------------
+
+def _list(console: Console, quick: bool) -> int:
+    from warpforge.bench.runner import list_suites, load_suite
+
+    for name in list_suites():
+        try:
+            suite = load_suite(name)
+            cases = suite.build(quick)
+        except Exception as e:  # noqa: BLE001 - one broken suite must not hide the others
+            console.print(f"[bold]{name}[/]: [red]cannot load ({escape(type(e).__name__ + ': ' + str(e))})[/]")
+            continue
+        console.print(f"[bold]{name}[/]: {escape(suite.description)}")
+        for c in cases:
+            console.print(f"  {escape(c.name)}  [dim](peers: {', '.join(c.peers)})[/]")
+    return 0
+
+
+def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
+              no_store: bool, out: str | None, console: Console) -> int:
+    from warpforge.bench.record import now_iso, write_jsonl
+    from warpforge.bench.runner import UnknownSuiteError, default_device, list_suites as _names, load_suite, run_suite
+
+    if list_suites:
+        return _list(console, quick)
+    if not suite:
+        console.print(f"[red]name a suite:[/] warpforge bench SUITE (available: {', '.join(_names()) or 'none'})")
+        return 2
+    try:
+        s = load_suite(suite)
+    except UnknownSuiteError as e:
+        console.print(f"[red]{escape(str(e))}[/]")
+        return 2
+    device = default_device()
+    if device.type == "cpu":
+        console.print(f"[yellow]{CPU_NOTE}[/]")
+    started = now_iso()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[case]}"), console=console, transient=True) as bar:
+        task = bar.add_task(f"bench {s.name}", total=None, case="")
+
+        def progress(done: int, total: int, name: str) -> None:
+            bar.update(task, completed=done, total=total, case=name)
+
+        records = run_suite(s, quick=quick, case_filter=case_filter, progress=progress, device=device)
+    finished = now_iso()
+    if not records:
+        console.print(f"[red]no case of {s.name} matches -k {case_filter!r}[/]")
+        return 2
+    console.print(records_table(records, title=f"{s.name}" + (" (quick)" if quick else "")))
+    _print_errors(records, console)
+    _environment(records, console)
+
+    rc = 0
+    if out:
+        write_jsonl(out, records)
+        console.print(f"wrote {len(records)} records to {escape(out)}")
+    if not no_store:
+        from warpforge.bench.store import Store, StoreError
+
+        try:
+            with Store(store_url or default_store_url()) as store:
+                run_id = store.add_run(s.name, records, {"started": started, "finished": finished,
+                                                         "argv": ["warpforge", *sys.argv[1:]]})
+                console.print(f"stored as run {run_id} in {escape(store.where)} "
+                              f"([dim]warpforge results show {run_id}[/])")
+        except StoreError as e:
+            rc = _store_error(e, console)
+    failed = [r["case"] for r in records if not r["correct"]["ok"]]
+    if failed:
+        console.print(f"[bold red]correctness FAILED for ours in {len(failed)} case(s):[/] "
+                      f"{escape(', '.join(failed))}")
+        rc = rc or 1
+    return rc
+
+
+# ---- warpforge results ---------------------------------------------------------------------------
+
+def _open(store_url: str | None) -> Any:
+    from warpforge.bench.store import Store
+
+    return Store(store_url or default_store_url(), create=False)
+
+
+def cli_results_list(store_url: str | None, suite: str | None, limit: int, console: Console) -> int:
+    from warpforge.bench.store import StoreError, StoreMissing
+
+    try:
+        with _open(store_url) as store:
+            runs = store.list_runs(suite=suite, limit=limit)
+            where = store.where
+    except StoreMissing as e:
+        console.print(str(e))
+        return 0
+    except StoreError as e:
+        return _store_error(e, console)
+    if not runs:
+        console.print(f"no runs{f' of suite {suite}' if suite else ''} in {escape(where)}")
+        return 0
+    t = Table(title=f"runs in {where}", title_justify="left", header_style="bold")
+    for col in ("run", "suite", "started (UTC)", "device", "git", "cases", "failed", "host"):
+        t.add_column(col, justify="right" if col in ("run", "cases", "failed") else "left")
+    for r in runs:
+        failed = f"[bold red]{r['n_failed']}[/]" if r["n_failed"] else "0"
+        t.add_row(str(r["id"]), escape(r["suite"]), r["started"].replace("+00:00", ""), escape(r["device"]),
+                  (r["git"] or "—")[:12] + ("-dirty" if (r["git"] or "").endswith("-dirty") else ""),
+                  str(r["n_records"]), failed, escape(r["host"] or ""))
+    console.print(t)
+    return 0
+
+
+def cli_results_show(run: str, store_url: str | None, console: Console) -> int:
+    from warpforge.bench.store import StoreError
+
+    try:
+        with _open(store_url) as store:
+            got = store.get_run(run)
+    except StoreError as e:
+        return _store_error(e, console)
+    meta, records = got["run"], got["records"]
+    console.print(f"[bold]run {meta['id']}[/]: suite {escape(meta['suite'])}, {meta['started']} -> {meta['finished']}, "
+                  f"host {escape(meta['host'] or '?')}, warpforge {meta['warpforge_version']}")
+    if meta.get("argv"):
+        console.print(f"[dim]command: {escape(' '.join(map(str, meta['argv'])))}[/]")
+    if records:
+        console.print(records_table(records))
+        _print_errors(records, console)
+        _environment(records, console)
+    else:
+        console.print("(no records)")
+    return 0
+
+
+def cli_results_compare(run_a: str, run_b: str, store_url: str | None, console: Console) -> int:
+    from warpforge.bench.store import FLAG_FLOOR, StoreError, compare_records
+
+    try:
+        with _open(store_url) as store:
+            a, b = store.get_run(run_a), store.get_run(run_b)
+    except StoreError as e:
+        return _store_error(e, console)
+    ra, rb = a["run"], b["run"]
+    console.print(f"A = run {ra['id']} ({escape(ra['suite'])}, {escape(ra['device'])}, {ra['started']}, "
+                  f"git {(ra['git'] or '—')[:12]})")
+    console.print(f"B = run {rb['id']} ({escape(rb['suite'])}, {escape(rb['device'])}, {rb['started']}, "
+                  f"git {(rb['git'] or '—')[:12]})")
+    if ra["suite"] != rb["suite"] or ra["device"] != rb["device"]:
+        console.print("[yellow]warning: the runs differ in suite or device; only same-named cases are compared[/]")
+    rows = compare_records(a["records"], b["records"])
+    t = Table(header_style="bold")
+    for col in ("case", "A ms", "B ms", "A/B", "IQR/med A", "IQR/med B", "change"):
+        t.add_column(col, justify="left" if col in ("case", "change") else "right")
+    counts = {"faster": 0, "slower": 0}
+    for row in rows:
+        flag = row["flag"]
+        counts[flag] = counts.get(flag, 0) + 1
+        shown = {"faster": "[green]B faster[/]", "slower": "[red]B slower[/]"}.get(flag, f"[dim]{flag}[/]" if flag
+                                                                                    else "[dim]within spread[/]")
+        spread = [("—" if s is None else f"{100 * s:.1f}%") for s in (row["a_spread"], row["b_spread"])]
+        t.add_row(escape(row["case"]), _ms(row["a_ms"]), _ms(row["b_ms"]), _ratio(row["ratio"]), *spread, shown)
+    console.print(t)
+    console.print(f"{counts['faster']} faster, {counts['slower']} slower in B; a change is flagged when it exceeds "
+                  f"both runs' relative spread (IQR/median) plus {100 * FLAG_FLOOR:.0f}%. A/B above 1: B is faster.")
+    return 0

@@ -1,0 +1,160 @@
+"""The side-by-side: one case, ours and every peer, same fresh inputs, checked, then timed interleaved.
+
+Order of work for a case:
+1. the reference runs on a freshly drawn input set (seeded per case, so the draw is reproducible);
+2. ours and then each peer run once, each on its OWN fresh draw from the same seed: identical values,
+   but output buffers are newly poisoned, so a callable that leaves elements unwritten cannot pass
+   on what a previous callable wrote; each result is checked against the reference right away;
+3. everything that ran is timed round-robin (``time_interleaved``) on one shared input set.
+
+A peer that raises (torch.compile unavailable, an unsupported dtype) is recorded as an error and
+left out of the ratios; it never stops the run. If ours raises, the case is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import traceback
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from warpforge.bench.suite import Case
+from warpforge.bench.timing import Timing, time_fn, time_interleaved
+from warpforge.kernels.tolerance import check, tolerance
+
+OURS = "ours"
+
+
+@dataclass
+class Outcome:
+    """What happened to one callable (ours or a peer) in a case."""
+
+    timing: Timing | None = None
+    correct: dict[str, Any] | None = None  # {"rel_err", "tol", "ok", "against"}
+    error: str | None = None  # set when the callable raised; timing is then None
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    seed: int
+    device: torch.device
+    ours: Outcome
+    peers: dict[str, Outcome] = field(default_factory=dict)
+    warmup: int = 0
+    rep: int = 0
+    interleaved: bool = True  # False when interleaved timing failed and each was timed alone
+
+    @property
+    def ratio(self) -> dict[str, float]:
+        """peer_ms / ours_ms for each peer that ran (above 1: ours is faster)."""
+        if self.ours.timing is None:
+            return {}
+        return {n: o.timing.median_ms / self.ours.timing.median_ms
+                for n, o in self.peers.items() if o.timing is not None and self.ours.timing.median_ms > 0}
+
+
+def case_seed(suite: str, case: str) -> int:
+    """A stable seed per (suite, case): reruns draw the same inputs, different cases different ones."""
+    return zlib.crc32(f"{suite}/{case}".encode()) & 0x7FFFFFFF
+
+
+def _inputs(case: Case, seed: int, device: torch.device) -> tuple:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    inputs = case.make_inputs(gen, device)
+    if not isinstance(inputs, tuple):
+        raise ValueError(f"case {case.name!r}: make_inputs must return a tuple, got {type(inputs).__name__}")
+    return inputs
+
+
+def _as_tensors(out: Any, who: str) -> list[torch.Tensor]:
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not items or not all(isinstance(t, torch.Tensor) for t in items):
+        raise TypeError(f"{who} must return a tensor or a tuple of tensors, got {type(out).__name__}")
+    return items
+
+
+def _check(out: Any, ref: list[torch.Tensor], case: Case, against: str, who: str) -> dict[str, Any]:
+    outs = _as_tensors(out, who)
+    if len(outs) != len(ref):
+        raise ValueError(f"{who} returned {len(outs)} outputs, the reference {len(ref)}")
+    tol = case.tol if case.tol is not None else tolerance(case.dtype)
+    checks = [check(o, r, tol=tol) for o, r in zip(outs, ref)]
+    worst = max(checks, key=lambda c: c["rel_err"])  # inf (non-finite output) sorts last
+    return {"rel_err": worst["rel_err"], "tol": tol, "ok": all(c["ok"] for c in checks), "against": against}
+
+
+def _short(e: BaseException) -> str:
+    lines = traceback.format_exception_only(type(e), e)
+    return lines[-1].strip()[:500]
+
+
+def _run_checked(fn: Callable[..., Any], case: Case, seed: int, device: torch.device,
+                 ref: list[torch.Tensor] | None, against: str, who: str) -> tuple[Outcome, Any]:
+    """Run once on a fresh draw; check against ref (if any). Returns the outcome and the raw output."""
+    try:
+        out = fn(*_inputs(case, seed, device))
+        _as_tensors(out, who)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # surface asynchronous kernel errors here, not later
+        correct = _check(out, ref, case, against, who) if ref is not None else None
+    except Exception as e:  # noqa: BLE001 - any failure of a callable is data for the record
+        return Outcome(error=_short(e)), None
+    return Outcome(correct=correct), out
+
+
+def compare_case(case: Case, *, suite: str, device: torch.device, warmup: int, rep: int,
+                 flush_l2: bool = True) -> CaseResult:
+    """Check ours and every peer against the reference, then time them interleaved."""
+    seed = case_seed(suite, case.name)
+    ref: list[torch.Tensor] | None = None
+    against = "reference"
+    if case.reference is not None:
+        with torch.no_grad():
+            ref = [t.detach() for t in _as_tensors(case.reference(*_inputs(case, seed, device)), "reference")]
+
+    with torch.no_grad():
+        peers: dict[str, Outcome] = {}
+        if ref is None:
+            # No reference: the first peer that runs stands in for it (its own check is trivially ok).
+            for name, fn in case.peers.items():
+                peers[name], out = _run_checked(fn, case, seed, device, None, against, f"peer {name!r}")
+                if out is not None:
+                    ref = [t.detach().to(torch.float64) for t in _as_tensors(out, name)]
+                    against = f"peer:{name}"
+                    peers[name].correct = {"rel_err": 0.0, "tol": None, "ok": True, "against": against}
+                    break
+        ours, _ = _run_checked(case.ours, case, seed, device, ref, against, "ours")
+        for name, fn in case.peers.items():
+            if name not in peers:
+                peers[name], _ = _run_checked(fn, case, seed, device, ref, against, f"peer {name!r}")
+        del ref
+
+        result = CaseResult(case=case, seed=seed, device=device, ours=ours, peers=peers, warmup=warmup, rep=rep)
+        runnable = ([OURS] if ours.error is None else []) + [n for n, o in peers.items() if o.error is None]
+        if not runnable:
+            return result
+        inputs = _inputs(case, seed, device)
+        fns = {n: _bind(case.ours if n == OURS else case.peers[n], inputs) for n in runnable}
+        opts = dict(warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=case.cuda_graph, device=device)
+        try:
+            timings = time_interleaved(fns, **opts)
+        except Exception:  # noqa: BLE001 - find who fails (e.g. graph capture) and time the rest alone
+            result.interleaved = False
+            timings = {}
+            for n, fn in fns.items():
+                try:
+                    timings[n] = time_fn(fn, **opts)
+                except Exception as e:  # noqa: BLE001
+                    (ours if n == OURS else peers[n]).error = f"timing failed: {_short(e)}"
+        for n, t in timings.items():
+            (ours if n == OURS else peers[n]).timing = t
+    return result
+
+
+def _bind(fn: Callable[..., Any], inputs: tuple) -> Callable[[], Any]:
+    return lambda: fn(*inputs)

@@ -1,0 +1,101 @@
+"""Find suites, run their cases side by side, and emit one record per case.
+
+The hot path is ``run_suite``: build the cases, then for each one ``compare_case`` (check, time)
+and ``build_record``. Device facts, the git version and the roofline ceilings are gathered once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from warpforge.bench import suites as _suites_pkg
+from warpforge.bench.compare import CaseResult, Outcome, case_seed, compare_case
+from warpforge.bench.record import build_record, device_info, git_version
+from warpforge.bench.suite import Suite
+
+# (warmup, rep): quick trades spread for speed; the full run keeps enough repeats for a stable p20/p80.
+REPEATS = {False: (10, 50), True: (3, 15)}
+
+Progress = Callable[[int, int, str], None]  # (cases done, cases total, name of the case starting)
+
+
+class UnknownSuiteError(LookupError):
+    """No suite of that name; the message lists the available ones."""
+
+
+def list_suites() -> list[str]:
+    """Suite names: modules under warpforge.bench.suites (dotted for sub-packages), none starting with "_"."""
+    names = []
+    for info in pkgutil.walk_packages(_suites_pkg.__path__, prefix=""):
+        if info.ispkg or any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        names.append(info.name)
+    return sorted(names)
+
+
+def load_suite(name: str) -> Suite:
+    """Import ``warpforge.bench.suites.<name>`` and return its SUITE."""
+    available = list_suites()
+    if name not in available:
+        raise UnknownSuiteError(f"unknown suite {name!r}; available: {', '.join(available) or '(none)'}")
+    module = importlib.import_module(f"{_suites_pkg.__name__}.{name}")
+    suite = getattr(module, "SUITE", None)
+    if not isinstance(suite, Suite):
+        raise TypeError(f"{module.__name__} must define SUITE = Suite(...)")
+    if suite.name != name:
+        raise ValueError(f"{module.__name__}: SUITE.name is {suite.name!r}, expected {name!r} (its module name)")
+    return suite
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _ceilings(device: torch.device) -> Any:
+    """The roofline's ceilings for this device: measured (probe cache) or datasheet, else None.
+
+    Nominal estimates (a CPU or an unknown GPU without a probe cache) are not used: a roofline
+    fraction against a guessed ceiling would be an invented number, so the record says null.
+    """
+    try:
+        from warpforge.hw.roofline import ceilings
+
+        ceil = ceilings(device)
+    except Exception:  # noqa: BLE001 - hw part absent or device unknown: the record says null
+        return None
+    source = str(getattr(ceil, "source", ""))
+    return ceil if source.startswith(("probe", "datasheet")) else None
+
+
+def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = None,
+              progress: Progress | None = None, device: torch.device | str | None = None) -> list[dict]:
+    """Run every case (whose name contains ``case_filter``) and return one record per case."""
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    cases = suite.build(quick)
+    if case_filter:
+        cases = [c for c in cases if case_filter in c.name]
+    warmup, rep = REPEATS[bool(quick)]
+    env = {"suite": suite.name, "device": device_info(dev), "git": git_version(), "ceil": _ceilings(dev)}
+    records = []
+    for i, case in enumerate(cases):
+        if progress is not None:
+            progress(i, len(cases), case.name)
+        try:
+            result = compare_case(case, suite=suite.name, device=dev, warmup=warmup, rep=rep)
+        except Exception as e:  # noqa: BLE001 - a broken case (its inputs or reference) fails alone
+            result = CaseResult(case=case, seed=case_seed(suite.name, case.name), device=dev,
+                                ours=Outcome(error=f"case failed before timing: {type(e).__name__}: {str(e)[:400]}"),
+                                warmup=warmup, rep=rep, interleaved=False)
+        records.append(build_record(result, **env))
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the next case's 1 GiB inputs should not fight this one's cache
+    if progress is not None:
+        progress(len(cases), len(cases), "")
+    return records

@@ -1,0 +1,87 @@
+"""`warpforge bench` and `warpforge results` through the real CLI entry point, on CPU."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from warpforge.bench.record import read_jsonl
+from warpforge.cli import main
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps narrow tables; tests read whole cells
+    runner = CliRunner()
+    return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)
+
+
+def test_bench_list(cli):
+    out = cli("bench", "--list")
+    assert out.exit_code == 0
+    assert "memory" in out.output and "copy fp32" in out.output and "sum bf16" in out.output
+
+
+def test_bench_unknown_suite_exits_2_with_list(cli):
+    out = cli("bench", "nosuchsuite")
+    assert out.exit_code == 2 and "unknown suite 'nosuchsuite'" in out.output and "memory" in out.output
+    out = cli("bench")
+    assert out.exit_code == 2 and "memory" in out.output
+
+
+def test_bench_memory_quick_then_results(cli, tmp_path):
+    store, jsonl = tmp_path / "r.sqlite", tmp_path / "m.jsonl"
+    out = cli("bench", "memory", "--quick", "--store", str(store), "--out", str(jsonl))
+    assert out.exit_code == 0, out.output
+    recs = read_jsonl(jsonl)  # validates every record
+    assert len(recs) == 6 and all(r["device"]["name"] == "cpu" and r["correct"]["ok"] for r in recs)
+    assert {r["params"]["op"] for r in recs} == {"copy", "fill", "sum"}
+    assert all(set(r["peers"]) == {"torch"} for r in recs)  # no compile peers on CPU
+    assert "reference-path figures" in out.output and "stored as run 1" in out.output
+    assert "copy fp32 4MiB" in out.output and "vs torch" in out.output
+
+    out = cli("bench", "memory", "--quick", "-k", "sum", "--store", str(store))
+    assert out.exit_code == 0 and "stored as run 2" in out.output
+
+    out = cli("results", "list", "--store", str(store))
+    assert out.exit_code == 0 and "memory" in out.output
+    out = cli("results", "show", "latest", "--store", str(store))
+    assert out.exit_code == 0 and "run 2" in out.output and "sum fp32 4MiB" in out.output
+    assert "copy fp32" not in out.output
+    out = cli("results", "compare", "1", "2", "--store", str(store))
+    assert out.exit_code == 0 and "only in A" in out.output and "sum bf16 4MiB" in out.output
+    out = cli("results", "show", "9", "--store", str(store))
+    assert out.exit_code == 2 and "no run 9" in out.output
+
+
+def test_failing_ours_exits_1_after_storing(cli, tmp_path, monkeypatch):
+    from warpforge.bench.suites import memory
+
+    monkeypatch.setattr(memory, "_ours_copy", lambda src, out: out.copy_(src * 2))
+    store = tmp_path / "r.sqlite"
+    out = cli("bench", "memory", "--quick", "-k", "copy", "--store", str(store))
+    assert out.exit_code == 1
+    assert "FAIL" in out.output and "correctness FAILED" in out.output and "stored as run 1" in out.output
+    out = cli("results", "list", "--store", str(store))
+    assert out.exit_code == 0
+
+
+def test_store_error_exits_2_but_writes_out(cli, tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database at all\n" * 100)
+    jsonl = tmp_path / "m.jsonl"
+    out = cli("bench", "memory", "--quick", "-k", "fill fp32", "--store", str(bad), "--out", str(jsonl))
+    assert out.exit_code == 2
+    assert "results store error" in out.output and "not an SQLite database" in out.output
+    assert "Traceback" not in out.output
+    assert len(read_jsonl(jsonl)) == 1
+    for args in (["list"], ["show", "latest"], ["compare", "1", "2"]):
+        out = cli("results", *args, "--store", str(bad))
+        assert out.exit_code == 2 and "not an SQLite database" in out.output
+
+
+def test_results_on_a_fresh_machine(cli, tmp_path):
+    out = cli("results", "list")  # default store under the test's WARPFORGE_DATA_DIR: not created yet
+    assert out.exit_code == 0 and "no results store" in out.output
+    out = cli("bench", "memory", "--quick", "-k", "sum fp32", "--no-store")
+    assert out.exit_code == 0 and "stored as" not in out.output
