@@ -1,0 +1,419 @@
+"""``conv2d`` on channels_last tensors with bias, residual add and activation fused into the epilogue.
+
+Convention (drop-in for ``model.to(memory_format=torch.channels_last)`` torchvision models): x is
+NCHW-shaped [N, C, H, W] and channels_last in memory (``x.is_contiguous(memory_format=
+torch.channels_last)``, i.e. NHWC physically); the output is [N, Cout, OH, OW], channels_last too.
+weight has torch's shape [Cout, C/groups, KH, KW]. The result is
+
+    out = act(conv2d(x, weight) + bias + residual)          (residual [N, Cout, OH, OW], channels_last)
+
+so a ResNet bottleneck's ``relu(bn3(conv3(h)) + identity)`` is one call once BN is folded into
+(weight, bias).
+
+Kernels:
+- ``_conv_gemm_kernel``: implicit GEMM, M = N*OH*OW output pixels, N = Cout/groups, K = KH*KW*C/groups,
+  the im2col gather done inside the K loop (fp32 accumulation through ``tl.dot``). Three K loops:
+  MODE_PLAIN (1x1, stride 1, no padding: a plain GEMM over [N*H*W, C]), MODE_TAPS (one (kh, kw) tap
+  and a chunk of channels per step: contiguous channel loads, for C/groups a multiple of 16) and
+  MODE_FLAT (K walked as one flat index: no padding of small C such as the RGB stem's 3).
+- ``_conv_depthwise_kernel``: groups == C (channel multiplier Cout/C), direct, vectorized over channels.
+
+Weight layout the kernels want: channels_last ([Cout, KH, KW, C/groups] physically) for the GEMM, and
+[KH, KW, Cout] physically for depthwise. :func:`prepare_conv_weight` returns that (same torch shape,
+kernel-friendly strides, usable by ``F.conv2d`` too); ``conv2d`` repacks any other weight once and
+caches it per weight tensor (invalidated when the tensor changes in place or is freed).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels import reference as ref
+from warpforge.kernels._autotune import Tuner, pow2_bucket
+from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge.kernels.activation import ACTIVATIONS, apply_activation
+
+CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
+MODE_PLAIN, MODE_TAPS, MODE_FLAT = 0, 1, 2
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+@triton.jit
+def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
+    # acc [BM, BN] fp32 for output pixels offs_m and output channels co; out/residual are [M, COUT]
+    # (channels_last [N, Cout, OH, OW] is exactly that matrix).
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
+    acc = apply_activation(acc, ACT)
+    tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
+                      M, OH, OW, H, W, CIN_G, COUT_G, COUT,
+                      s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
+                      s_wo, s_wc, s_wh, s_ww,  # weight strides for [Cout, C/g, KH, KW] (prepared: s_wc == 1)
+                      stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                      KH: tl.constexpr, KW: tl.constexpr, MODE: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups). Output tile [BM pixels, BN channels] of group g.
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(COUT_G, BLOCK_N)
+    # Grouped ordering: GROUP_M consecutive M tiles share each weight tile while it is in L2.
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % gsize
+    pid_n = (pid % per_group) // gsize
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < COUT_G
+    ow = offs_m % OW
+    t = offs_m // OW
+    oh = t % OH
+    nb = t // OH
+    x_img = x_ptr + nb.to(tl.int64) * s_xn + (g * CIN_G).to(tl.int64) * s_xc  # [BM] image base pointers
+    w_col = w_ptr + (g * COUT_G + offs_n).to(tl.int64) * s_wo  # [BN] weight row pointers
+    ih0 = oh * stride_h - pad_h
+    iw0 = ow * stride_w - pad_w
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    if MODE == 0:  # plain GEMM: pixel m reads x[n, :, oh, ow]
+        a_row = x_img + oh * s_xh + ow * s_xw
+        for k0 in range(0, CIN_G, BLOCK_K):
+            c = k0 + offs_k
+            c_mask = c < CIN_G
+            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0.0)
+            b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+    elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
+        c_steps = tl.cdiv(CIN_G, BLOCK_K)
+        for step in range(0, KH * KW * c_steps):
+            tap = step // c_steps
+            c0 = (step - tap * c_steps) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0 + kh * dil_h
+            iw = iw0 + kw * dil_w
+            valid = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            c = c0 + offs_k
+            c_mask = c < CIN_G
+            a_row = x_img + ih * s_xh + iw * s_xw
+            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=valid[:, None] & c_mask[None, :], other=0.0)
+            b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
+                        mask=c_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+    else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
+        K = KH * KW * CIN_G
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            k_mask = k < K
+            c = k % CIN_G
+            tap = k // CIN_G
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0[:, None] + (kh * dil_h)[None, :]  # [BM, BK]
+            iw = iw0[:, None] + (kw * dil_w)[None, :]
+            valid = (m_mask[:, None] & k_mask[None, :]) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=0.0)
+            w_off = kh * s_wh + kw * s_ww + c * s_wc
+            b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+
+    _epilogue_store(acc, offs_m, g * COUT_G + offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
+                    HAS_BIAS, HAS_RES, ACT)
+
+
+@triton.jit
+def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
+                           M, OH, OW, H, W, COUT, MULT,
+                           s_xn, s_xc, s_xh, s_xw, s_wo, s_wh, s_ww,
+                           stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                           KH: tl.constexpr, KW: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                           BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT.
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_mask = offs_p < M
+    c_mask = co < COUT
+    ci = co // MULT
+    ow = offs_p % OW
+    t = offs_p // OW
+    oh = t % OH
+    nb = t // OH
+    x_img = x_ptr + nb.to(tl.int64) * s_xn  # [BP]
+    w_c = w_ptr + co * s_wo  # [BC]
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        ih = oh * stride_h - pad_h + kh * dil_h
+        h_ok = p_mask & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = ow * stride_w - pad_w + kw * dil_w
+            valid = h_ok & (iw >= 0) & (iw < W)
+            xv = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + (ci * s_xc)[None, :],
+                         mask=valid[:, None] & c_mask[None, :], other=0.0)
+            wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, COUT, HAS_BIAS, HAS_RES, ACT)
+
+
+# ---- configs ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Implicit-GEMM tiling: BM output pixels x BN output channels, K in BK steps."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
+            v = getattr(self, f)
+            if v < lo or v & (v - 1):
+                raise ValueError(f"ConvConfig.{f} must be a power of two >= {lo}, got {v}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"ConvConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"ConvConfig.num_stages must be in [1, 8], got {self.num_stages}")
+
+
+# Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
+CONV_CONFIGS = [
+    ConvConfig(128, 128, 64, 8, 8, 3),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(128, 256, 64, 8, 8, 3),
+    ConvConfig(256, 128, 64, 8, 8, 3),
+    ConvConfig(64, 64, 64, 8, 4, 4),
+    ConvConfig(64, 64, 32, 8, 4, 5),  # small Cout (stem) and small K steps
+    ConvConfig(32, 64, 64, 4, 4, 4),  # batch-1 late layers: few pixels, many channels
+]
+INTERPRET_CONFIG = ConvConfig(32, 32, 16, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
+_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm", CONV_CONFIGS, ConvConfig)
+# Winners seen by this process: the Tuner answers its default during CUDA-graph capture, but a graph
+# captured after a warm-up call should replay the tuned tiling.
+_CHOSEN: dict[tuple, ConvConfig] = {}
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig:
+    block_p: int
+    block_c: int
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for f in ("block_p", "block_c"):
+            v = getattr(self, f)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"DepthwiseConfig.{f} must be a power of two >= 1, got {v}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"DepthwiseConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
+
+
+def depthwise_config(cout: int) -> DepthwiseConfig:
+    """~2K outputs per program, channels the contiguous (vectorized) axis."""
+    bc = min(128, triton.next_power_of_2(cout))
+    return DepthwiseConfig(block_p=max(1, 2048 // bc), block_c=bc, num_warps=4)
+
+
+# ---- weight preparation ------------------------------------------------------------------------
+
+def _is_depthwise(cin: int, cout: int, groups: int) -> bool:
+    return groups > 1 and groups == cin and cout % cin == 0
+
+
+def prepare_conv_weight(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """weight [Cout, C/groups, KH, KW] with the strides the kernels read fastest; same values and shape.
+
+    GEMM convs: channels_last. Depthwise (C/groups == 1 and groups > 1): [KH, KW, Cout] physically.
+    The result is a valid ``F.conv2d`` weight too, so a model can keep it as its parameter.
+    """
+    if weight.dim() != 4:
+        raise ValueError(f"weight must be [Cout, C/groups, KH, KW], got shape {tuple(weight.shape)}")
+    if weight.shape[1] == 1 and groups > 1:
+        return weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
+    return weight.contiguous(memory_format=torch.channels_last)
+
+
+def _is_prepared(weight: torch.Tensor, depthwise: bool) -> bool:
+    cout, cg, kh, kw = weight.shape
+    if depthwise:
+        want = {0: 1, 2: kw * cout, 3: cout}
+        return all(weight.stride(d) == s or weight.shape[d] == 1 for d, s in want.items())
+    return weight.is_contiguous(memory_format=torch.channels_last)
+
+
+# id(weight) -> (weakref to it, (data_ptr, version, depthwise), prepared tensor)
+_PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+
+def _prepared(weight: torch.Tensor, groups: int, depthwise: bool) -> torch.Tensor:
+    """The weight in the kernel layout, repacked at most once per (tensor, version)."""
+    if _is_prepared(weight, depthwise):
+        return weight
+    key = (weight.data_ptr(), weight._version, depthwise)
+    hit = _PREPARED.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == key:
+        return hit[2]
+    packed = prepare_conv_weight(weight.detach(), groups)
+    wid = id(weight)
+    _PREPARED[wid] = (weakref.ref(weight, lambda _r, wid=wid: _PREPARED.pop(wid, None)), key, packed)
+    return packed
+
+
+# ---- launcher --------------------------------------------------------------------------------
+
+def _pair(v, name: str, lo: int) -> tuple[int, int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = (v, v)
+    if (not isinstance(v, (tuple, list)) or len(v) != 2
+            or not all(isinstance(e, int) and not isinstance(e, bool) and e >= lo for e in v)):
+        raise ValueError(f"{name} must be an int >= {lo} or a pair of them, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
+def _check_nchw_cl(t: torch.Tensor, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D [N, C, H, W] (channels_last memory), got shape {tuple(t.shape)}")
+    if not t.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError(f"{name} must be channels_last contiguous (t.contiguous(memory_format="
+                         f"torch.channels_last)), got strides {tuple(t.stride())}")
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
+           residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           config: ConvConfig | DepthwiseConfig | None = None) -> torch.Tensor:
+    """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last.
+
+    weight [Cout, C/groups, KH, KW] (any memory format; see :func:`prepare_conv_weight`), bias [Cout],
+    residual [N, Cout, OH, OW] channels_last in x's dtype. groups: 1, any divisor of C and Cout
+    (implicit GEMM per group), or C (depthwise, its own direct kernel). activation: None, "relu",
+    "silu", "gelu" (erf) or "relu6". ``config`` pins a tiling (otherwise tuned per shape on the GPU).
+    """
+    _check_nchw_cl(x, "x")
+    if x.dtype not in CONV_DTYPES:
+        raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        raise ValueError(f"weight must be a 4-D tensor [Cout, C/groups, KH, KW], got {getattr(weight, 'shape', weight)}")
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
+    sh, sw = _pair(stride, "stride", 1)
+    ph, pw = _pair(padding, "padding", 0)
+    dh, dw = _pair(dilation, "dilation", 1)
+    n, cin, h, w = x.shape
+    cout, cin_g, kh, kw = weight.shape
+    if not isinstance(groups, int) or groups < 1 or cin % groups or cout % groups:
+        raise ValueError(f"groups must be an int >= 1 dividing C={cin} and Cout={cout}, got {groups!r}")
+    if cin_g * groups != cin:
+        raise ValueError(f"weight must be [Cout, C/groups={cin // groups}, KH, KW] for x with C={cin} and "
+                         f"groups={groups}, got shape {tuple(weight.shape)}")
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"x spatial size {h}x{w} is too small for kernel {kh}x{kw} with padding {(ph, pw)} "
+                         f"and dilation {(dh, dw)} (output would be {oh}x{ow})")
+    if activation not in CONV_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {CONV_ACTIVATIONS}, got {activation!r}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (cout,) or bias.device != x.device \
+                or not bias.is_floating_point():
+            raise ValueError(f"bias must be a float tensor [{cout}] on {x.device}, got "
+                             f"{getattr(bias, 'shape', bias)}")
+        bias = bias.contiguous()
+    out_shape = (n, cout, oh, ow)
+    for t, name in ((residual, "residual"), (out, "out")):
+        if t is None:
+            continue
+        _check_nchw_cl(t, name)
+        if tuple(t.shape) != out_shape or t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{name} must be {list(out_shape)} {x.dtype} on {x.device}, got "
+                             f"{list(t.shape)} {t.dtype} on {t.device}")
+    if out is None:
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+
+    if not use_triton(x):
+        out.copy_(ref.conv2d_reference(x, weight, bias, stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw),
+                                       groups=groups, activation=activation, residual=residual))
+        return out
+    m = n * oh * ow
+    depthwise = _is_depthwise(cin, cout, groups)
+    wp = _prepared(weight, groups, depthwise)
+    dummy = out
+    common = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[activation])
+    b_arg = bias if bias is not None else dummy
+    r_arg = residual if residual is not None else dummy
+    geom = (sh, sw, ph, pw, dh, dw)
+
+    if depthwise:
+        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(cout)
+        grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(cout, cfg.block_c))
+        _conv_depthwise_kernel[grid](
+            x, wp, b_arg, r_arg, out, m, oh, ow, h, w, cout, cout // cin, *x.stride(),
+            wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=kh, KW=kw, **common,
+            BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
+        return out
+
+    cout_g = cout // groups
+    plain = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
+    mode = MODE_PLAIN if plain else (MODE_TAPS if cin_g % 16 == 0 else MODE_FLAT)
+
+    def launch(cfg: ConvConfig) -> None:
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), groups)
+        _conv_gemm_kernel[grid](
+            x, wp, b_arg, r_arg, out, m, oh, ow, h, w, cin_g, cout_g, cout, *x.stride(), *wp.stride(), *geom,
+            KH=kh, KW=kw, MODE=mode, **common,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    if isinstance(config, ConvConfig):
+        cfg = config
+    elif INTERPRET:
+        cfg = INTERPRET_CONFIG
+    else:
+        bucket = (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, cin_g, kh, kw, sh, groups)
+        cfg = _CHOSEN.get((str(x.device), bucket))
+        if cfg is None:
+            cfg = _TUNER.choose(bucket, x.device, launch, valid=lambda c: _fits(c, m, cout_g, cin_g * kh * kw))
+            if not torch.cuda.is_current_stream_capturing():
+                _CHOSEN[(str(x.device), bucket)] = cfg
+    launch(cfg)
+    return out
+
+
+def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int) -> bool:
+    """Drop tiles far larger than the problem (all-masked work); always keeps the default."""
+    if cfg == CONV_CONFIGS[0]:
+        return True
+    return (cfg.block_n <= max(32, triton.next_power_of_2(cout_g))
+            and cfg.block_m <= max(32, triton.next_power_of_2(m))
+            and cfg.block_k <= max(16, triton.next_power_of_2(k)))
+
+
+__all__ = ["CONV_CONFIGS", "ConvConfig", "DepthwiseConfig", "conv2d", "depthwise_config", "prepare_conv_weight"]
