@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from warpforge.bench.record import read_jsonl
@@ -12,6 +13,12 @@ from warpforge.cli import main
 @pytest.fixture
 def cli(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps narrow tables; tests read whole cells
+    # These tests check the CPU path (what CI runs), also on a GPU machine; test_bench_memory_gpu covers the GPU.
+    # Import the kernels first: their dispatch decides once, at import, whether to use Triton's
+    # interpreter, and it must see the real answer.
+    import warpforge.kernels  # noqa: F401
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     runner = CliRunner()
     return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)
 
@@ -85,3 +92,19 @@ def test_results_on_a_fresh_machine(cli, tmp_path):
     assert out.exit_code == 0 and "no results store" in out.output
     out = cli("bench", "memory", "--quick", "-k", "sum fp32", "--no-store")
     assert out.exit_code == 0 and "stored as" not in out.output
+
+
+@pytest.mark.gpu
+def test_bench_memory_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    jsonl = tmp_path / "m.jsonl"
+    out = CliRunner().invoke(main, ["bench", "memory", "--quick", "-k", "fp32", "--store", str(tmp_path / "r.sqlite"),
+                                    "--out", str(jsonl)], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    recs = read_jsonl(jsonl)
+    assert len(recs) == 3 and "reference-path" not in out.output
+    for r in recs:
+        assert r["device"]["name"] != "cpu" and r["device"]["sms"] > 0
+        assert r["correct"]["ok"] and r["timing"]["method"] == "cuda_event+l2flush"
+        assert "torch.compile" in r["peers"]  # run, or recorded with its error
+        assert r["roofline"] is not None and 0 < r["roofline"]["fraction"] <= 1.05, r["roofline"]

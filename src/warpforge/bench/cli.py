@@ -110,6 +110,12 @@ def _environment(records: list[dict[str, Any]], console: Console) -> None:
     console.print(f"[dim]device: {escape(what)}; {escape(extra)}; git {r['git'] or 'none'}; "
                   f"timing: {t.get('method')}, {t.get('warmup')} warm-up, median of {t.get('rep')}; "
                   "ratio = peer ms / ours ms (above 1: warpforge faster)[/]")
+    sources = {r["roofline"].get("ceilings") for r in records if r["roofline"]}
+    if sources:
+        console.print(f"[dim]roofline against: {escape('; '.join(sorted(str(x) for x in sources)))}[/]")
+    else:
+        console.print("[dim]roofline: none (no measured or datasheet ceilings for this device; "
+                      "`warpforge probe` measures them)[/]")
     if d["name"] == "cpu":
         console.print(f"[yellow]{CPU_NOTE}[/]")
 

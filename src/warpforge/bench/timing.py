@@ -68,7 +68,9 @@ def percentile(sorted_samples: Sequence[float], q: float) -> float:
     h = (len(sorted_samples) - 1) * q
     lo = math.floor(h)
     hi = min(lo + 1, len(sorted_samples) - 1)
-    return sorted_samples[lo] + (h - lo) * (sorted_samples[hi] - sorted_samples[lo])
+    a, b = sorted_samples[lo], sorted_samples[hi]
+    # Clamped so rounding can never put a lower quantile above a higher one (Timing checks the order).
+    return min(max(a + (h - lo) * (b - a), a), b)
 
 
 def summarize(samples_ms: Sequence[float], method: str) -> Timing:
