@@ -1,0 +1,156 @@
+"""The one attention inner loop every kernel in this package runs: online softmax over key blocks.
+
+``flash_attention`` (contiguous K/V), ``chunked_prefill`` and ``paged_decode`` (K/V gathered through a
+block table) differ only in which query rows a program owns and where its keys live. They all:
+
+1. compute the key range a program's rows may see with :func:`key_range`, split into masked edges and
+   an unmasked interior (no per-element mask math and no load masks in the hot loop);
+2. run :func:`attend_blocks` over the three pieces, keeping (acc, l, m) in fp32 registers;
+3. normalize with :func:`finalize`.
+
+Logits live in the log2 domain (scale folded with log2(e)) so the loop uses ``exp2``. Row positions
+(``q_pos``) are in key coordinates: a query at position p sees key j iff
+``p - window_left <= j <= p + window_right`` and ``j < seqlen_k``; causal is ``window_right = 0``.
+"""
+
+from __future__ import annotations
+
+import warpforge.kernels._dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# Running-max start: finite so a row whose first blocks are all masked gives exp2(-inf - m) = 0 and
+# alpha = exp2(0) = 1 instead of the NaN that (-inf) - (-inf) would give.
+NEG_BIG = -1.0e30
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp2 (no libdevice dependency, works in the interpreter); saturates to +-1 cleanly
+    # because exp2 overflows to inf (-> 1) or underflows to 0 (-> -1).
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def key_range(min_pos, max_pos, seqlen_k, window_left, window_right,
+              BLOCK_N: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
+    """Keys some valid row may see, [lo, hi), and keys all valid rows see, [full_lo, full_hi).
+
+    min_pos/max_pos: smallest/largest key-coordinate position among the program's valid rows.
+    lo, full_lo, full_hi are multiples of BLOCK_N (or equal hi); lo <= full_lo <= full_hi <= hi.
+    """
+    hi = seqlen_k
+    if MASK_RIGHT:
+        hi = tl.minimum(hi, max_pos + window_right + 1)
+    lo = 0
+    if MASK_LEFT:
+        lo = tl.maximum(min_pos - window_left, 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    full_lo = lo
+    if MASK_LEFT:
+        full_lo = tl.cdiv(tl.maximum(max_pos - window_left, 0), BLOCK_N) * BLOCK_N
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if MASK_RIGHT:
+        full_hi = tl.minimum(full_hi, (tl.maximum(min_pos + window_right + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def attend_blocks(acc, l_i, m_i, q, q_pos,
+                  k_base, v_base, stride_kn, stride_vn,
+                  page_row, stride_kp, stride_vp,
+                  lo, hi, seqlen_k, window_left, window_right,
+                  qk_scale, cap_scale, cap_log2,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  MASK: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+                  SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    """Online-softmax update over key blocks [lo, hi) (lo a multiple of BLOCK_N).
+
+    acc [M, BLOCK_D] fp32, l_i/m_i [M] fp32 (m in log2 units), q [M, BLOCK_D], q_pos [M] int32.
+    Contiguous keys: token n at k_base + n * stride_kn. Paged keys (PAGED): token n at
+    k_base + page_row[n // PAGE_SIZE] * stride_kp + (n % PAGE_SIZE) * stride_kn.
+    Logits: q.k * qk_scale (log2 units), or with SOFTCAP: cap_log2 * tanh(q.k * cap_scale).
+    MASK=False promises every key in [lo, hi) is in bounds and visible to every row.
+    """
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    d_ok = offs_d[None, :] < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        n_ok = offs_n < seqlen_k
+        if PAGED:
+            if MASK:
+                page = tl.load(page_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+            else:
+                page = tl.load(page_row + offs_n // PAGE_SIZE)
+            page = page.to(tl.int64)
+            tok = offs_n % PAGE_SIZE
+            k_off = page * stride_kp + tok * stride_kn
+            v_off = page * stride_vp + tok * stride_vn
+        else:
+            k_off = offs_n * stride_kn
+            v_off = offs_n * stride_vn
+        k_ptrs = k_base + k_off[:, None] + offs_d[None, :]
+        v_ptrs = v_base + v_off[:, None] + offs_d[None, :]
+        if MASK:
+            if PAD_D:
+                k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok, other=0.0)
+            else:
+                k = tl.load(k_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            if PAD_D:
+                k = tl.load(k_ptrs, mask=d_ok, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+        # fp8 pages: e4m3 values are exact in fp16/bf16; the per-head scale sits in qk_scale.
+        k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, BLOCK_N] fp32
+        if SOFTCAP:
+            s = cap_log2 * _tanh(s * cap_scale)
+        else:
+            s = s * qk_scale
+        if MASK:
+            keep = n_ok[None, :]
+            if MASK_RIGHT:
+                keep = keep & (offs_n[None, :] <= q_pos[:, None] + window_right)
+            if MASK_LEFT:
+                keep = keep & (offs_n[None, :] >= q_pos[:, None] - window_left)
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASK:
+            if PAD_D:
+                v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok, other=0.0)
+            else:
+                v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            if PAD_D:
+                v = tl.load(v_ptrs, mask=d_ok, other=0.0)
+            else:
+                v = tl.load(v_ptrs)
+        v = v.to(q.dtype)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(q.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def finalize(acc, l_i, m_i):
+    """(out [M, BLOCK_D] fp32, lse [M] fp32 natural log); rows that saw no key give 0 and -inf."""
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    return out, lse

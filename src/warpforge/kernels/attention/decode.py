@@ -1,0 +1,236 @@
+"""Decode attention over the paged KV cache: one new query token per sequence, split-KV + reduce.
+
+One program per (sequence, KV head, split) owns ALL query heads of its KV head (the q tile is
+[group, D]), so each K/V page is read from HBM once per KV head, not once per query head. Each split
+takes an equal share of the sequence's visible pages, computed in the kernel from ``seq_lens``; the
+launch grid (B, Hkv, num_splits) depends only on the batch size and the static table capacity, never
+on the actual lengths, so one CUDA-graph capture replays for any lengths. Splits with nothing to do
+write an empty partial (lse = -inf) and exit; a second kernel merges the partials per query head.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge.kernels.attention._online_softmax import LOG2E, NEG_BIG, attend_blocks, finalize, key_range
+from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
+from warpforge.kernels.reference import attention_window, paged_decode_ref
+
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch knobs of paged decode (sweep these on the GPU)."""
+
+    block_n: int = 64  # tokens per inner step: 4 pages of 16, 16 KiB of bf16 K at D=128
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 4  # split until B * Hkv * splits reaches this many programs per SM
+    min_split_tokens: int = 256  # a split shorter than this costs more in merging than it gains
+    max_splits: int = 64
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n: expected a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"DecodeConfig.num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps}")
+        for name in ("num_stages", "programs_per_sm", "min_split_tokens", "max_splits"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DecodeConfig.{name}: expected >= 1, got {getattr(self, name)}")
+
+
+INTERPRET_DECODE_CONFIG = DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=1,
+                                       min_split_tokens=16, max_splits=4)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, *, num_sms: int,
+                      config: DecodeConfig | None = None) -> int:
+    """Splits per (sequence, KV head): a power of two, a function of static sizes only.
+
+    Enough programs to fill ``num_sms * programs_per_sm`` slots, but no split shorter than
+    ``min_split_tokens`` of the largest context the grid is built for, and at most ``max_splits``.
+    """
+    cfg = config or DecodeConfig()
+    want = math.ceil(num_sms * cfg.programs_per_sm / max(1, batch * num_kv_heads))
+    cap = min(cfg.max_splits, max(1, max_seq_len // cfg.min_split_tokens))
+    splits = 1
+    while splits * 2 <= cap and splits < want:
+        splits *= 2
+    return splits
+
+
+@triton.jit
+def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_part, LSE_part,
+                   stride_qb, stride_qh,
+                   stride_kp, stride_kh, stride_kt,
+                   stride_vp, stride_vh, stride_vt,
+                   stride_bt, stride_ob, stride_oh,
+                   sm_scale, softcap, window_left,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, FP8: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    L = tl.load(seq_lens + b)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_g
+    g_ok = offs_g < GROUP
+    io_mask = g_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=io_mask, other=0.0)
+    q_pos = tl.zeros([BLOCK_G], dtype=tl.int32) + (L - 1)
+
+    # The query sits at L - 1 and sees [max(0, L - 1 - window_left), L); this split gets an equal
+    # run of whole key blocks of that range.
+    lo, full_lo, full_hi, hi = key_range(L - 1, L - 1, L, window_left, 0, BLOCK_N, MASK_LEFT, False)
+    per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
+    s_lo = tl.minimum(lo + split * per_split, hi)
+    s_hi = tl.minimum(s_lo + per_split, hi)
+    a = tl.minimum(tl.maximum(full_lo, s_lo), s_hi)
+    c = tl.minimum(tl.maximum(full_hi, a), s_hi)
+
+    if FP8:  # per-head scales: k's folds into the logit scale, v's into the output
+        ks = tl.load(k_scale + kvh)
+        vs = tl.load(v_scale + kvh)
+    else:
+        ks = 1.0
+        vs = 1.0
+    qk_scale = sm_scale * ks * 1.4426950408889634
+    cap_scale = sm_scale * ks / softcap
+    cap_log2 = softcap * 1.4426950408889634
+
+    k_base = KC + kvh.to(tl.int64) * stride_kh
+    v_base = VC + kvh.to(tl.int64) * stride_vh
+    page_row = block_tables + b.to(tl.int64) * stride_bt
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    m_i = tl.zeros([BLOCK_G], dtype=tl.float32) + NEG_BIG
+    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                  page_row, stride_kp, stride_vp, s_lo, a, L, window_left, 0,
+                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                  True, MASK_LEFT, False, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
+    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                  page_row, stride_kp, stride_vp, a, c, L, window_left, 0,
+                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                  False, MASK_LEFT, False, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
+    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                  page_row, stride_kp, stride_vp, c, s_hi, L, window_left, 0,
+                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                  True, MASK_LEFT, False, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
+    out, lse = finalize(acc, l_i, m_i)
+    out = out * vs
+    if NUM_SPLITS == 1:
+        o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=io_mask)
+    else:
+        # partials: O_part [B, Hq, NUM_SPLITS, BLOCK_D] fp32, LSE_part [B, Hq, NUM_SPLITS] fp32
+        row = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(O_part + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=io_mask)
+        tl.store(LSE_part + row, lse, mask=g_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(O_part, LSE_part, O, stride_ob, stride_oh, num_heads,
+                          NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    # out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max); empty splits weigh 0.
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    row = (b.to(tl.int64) * num_heads + h) * NUM_SPLITS
+    lse = tl.load(LSE_part + row + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)
+    o = tl.load(O_part + (row + offs_s)[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+
+
+def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 *, scale: float | None = None, softcap: float | None = None, window: int | None = None,
+                 max_seq_len: int | None = None, num_splits: int | None = None,
+                 out: torch.Tensor | None = None, config: DecodeConfig | None = None,
+                 check_values: bool | None = None) -> torch.Tensor:
+    """Attention of one query per sequence over its paged K/V: q [B, Hq, D] -> [B, Hq, D].
+
+    block_tables int32 [B, max_pages], seq_lens int32 [B] (0 allowed: gives zeros, e.g. CUDA-graph
+    padding). The query sits at position seq_lens[b] - 1 (its K/V already stored). ``window`` w: it
+    sees the last w + 1 keys. ``max_seq_len`` (default: the table's capacity) and the batch size fix
+    the number of splits, hence the grid; ``num_splits`` overrides. ``check_values``: see
+    :func:`check_paged_inputs`.
+    """
+    check_paged_inputs(q, cache, block_tables, seq_lens, check_values=check_values)
+    if q.dim() != 3 or q.shape[0] != block_tables.shape[0]:
+        raise ValueError(f"q: expected [B={block_tables.shape[0]}, Hq, D] (one token per sequence), got {tuple(q.shape)}")
+    left, _ = attention_window(window, causal=True)
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap: expected a positive float or None, got {softcap}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+                            or out.stride(-1) != 1):
+        raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")
+    if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
+        raise ValueError(f"num_splits: expected a power of two >= 1, got {num_splits}")
+    out = torch.empty_like(q) if out is None else out
+    if not use_triton(q, cache.k_cache, block_tables, seq_lens):
+        out.copy_(paged_decode_ref(q, cache.k_cache, cache.v_cache, block_tables, seq_lens, scale=scale,
+                                   softcap=softcap, window=window, k_scale=cache.k_scale, v_scale=cache.v_scale))
+        return out
+
+    B, Hq, D = q.shape
+    Hkv, group = cache.num_kv_heads, q.shape[1] // cache.num_kv_heads
+    if B == 0:
+        return out
+    cfg = config or (INTERPRET_DECODE_CONFIG if INTERPRET else DecodeConfig())
+    if num_splits is None:
+        capacity = block_tables.shape[1] * cache.page_size if max_seq_len is None else max_seq_len
+        sms = _num_sms(q.device.index or 0) if q.is_cuda else 4
+        num_splits = num_decode_splits(B, Hkv, capacity, num_sms=sms, config=cfg)
+    block_d = max(16, triton.next_power_of_2(D))
+    if num_splits > 1:
+        o_part = torch.empty((B, Hq, num_splits, block_d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = None
+    kc, vc = cache.k_cache, cache.v_cache
+    _decode_kernel[(B, Hkv, num_splits)](
+        q, kc, vc, block_tables, seq_lens, cache.k_scale, cache.v_scale, out, o_part, lse_part,
+        q.stride(0), q.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        scale, softcap or 1.0, left,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=D, BLOCK_D=block_d, PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n,
+        NUM_SPLITS=num_splits, MASK_LEFT=left >= 0, SOFTCAP=softcap is not None, FP8=cache.is_fp8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(B, Hq)](
+            o_part, lse_part, out, out.stride(0), out.stride(1), Hq,
+            NUM_SPLITS=num_splits, BLOCK_S=max(2, num_splits), HEAD_DIM=D, BLOCK_D=block_d, num_warps=4,
+        )
+    return out
