@@ -50,8 +50,9 @@ def build_paged(lens, *, page_size, num_kv_heads, head_dim, dtype, device, gen, 
     for b, L in enumerate(lens):
         for pos in range(L):
             used[table[b, pos // P], pos % P] = True
-    k[~used] = float("nan")
-    v[~used] = float("nan")
+    unused = ~used[:, None, :, None].expand(shape)  # pages are [page, head, row, dim]
+    k[unused] = float("nan")
+    v[unused] = float("nan")
     scales = {}
     if dtype == torch.float8_e4m3fn:
         s = torch.full((num_kv_heads,), fp8_scale or 0.5, dtype=torch.float32)

@@ -1,0 +1,174 @@
+"""paged_decode against the float32 reference: shuffled pages, shared prefixes, NaN in every unused row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from warpforge.kernels.attention import DecodeConfig, num_decode_splits, paged_decode
+from warpforge.kernels.reference import paged_decode_ref
+from warpforge.kernels.tolerance import check
+
+from .conftest import build_paged
+
+
+def _ref(q, p, **kw):
+    c = p.cache
+    return paged_decode_ref(q, c.k_cache, c.v_cache, p.block_tables, p.seq_lens, k_scale=c.k_scale,
+                            v_scale=c.v_scale, **kw)
+
+
+def _assert_close(out, ref, dtype):
+    res = check(out, ref, dtype)
+    assert res["ok"], f"rel_err {res['rel_err']:.3g} > tol {res['tol']:.3g}"
+
+
+# ---- CPU (interpreter) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("Hq,Hkv,D", [(8, 2, 64), (4, 1, 80), (3, 3, 64)])  # GQA 4:1, MQA, MHA
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_cpu(triton_on_cpu, gen, Hq, Hkv, D, num_splits):
+    lens = [1, 2, 17, 33, 0, 20]  # 0: a padded batch slot (CUDA-graph capture pads with those)
+    p = build_paged(lens, page_size=4, num_kv_heads=Hkv, head_dim=D, dtype=torch.float16, device="cpu",
+                    gen=gen, shared_prefix_pages=0)
+    q = torch.randn(len(lens), Hq, D, generator=gen).half()
+    out = torch.full_like(q, float("nan"))
+    res = paged_decode(q, p.cache, p.block_tables, p.seq_lens, num_splits=num_splits, out=out)
+    assert res is out
+    _assert_close(out, _ref(q, p), torch.float16)
+    assert torch.equal(out[4], torch.zeros_like(out[4]))  # length 0 -> zeros, not NaN
+
+
+@pytest.mark.parametrize("window,softcap,num_splits", [(5, None, 2), (None, 20.0, 4), (9, 30.0, 1), (0, None, 2)])
+def test_decode_window_softcap_shared_prefix_cpu(triton_on_cpu, gen, window, softcap, num_splits):
+    lens = [33, 23, 2, 17]
+    p = build_paged(lens, page_size=4, num_kv_heads=2, head_dim=64, dtype=torch.float32, device="cpu",
+                    gen=gen, shared_prefix_pages=5)
+    q = torch.randn(len(lens), 4, 64, generator=gen)
+    out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, window=window, softcap=softcap,
+                       num_splits=num_splits)
+    _assert_close(out, _ref(q, p, window=window, softcap=softcap), torch.float32)
+
+
+def test_decode_large_page_and_block_config_cpu(triton_on_cpu, gen):
+    # page 32 > block_n 16 and block_n 32 > page 8 both take the gather path correctly.
+    for page_size, block_n in ((32, 16), (8, 32)):
+        p = build_paged([33, 1, 40], page_size=page_size, num_kv_heads=1, head_dim=64, dtype=torch.float16,
+                        device="cpu", gen=gen)
+        q = torch.randn(3, 2, 64, generator=gen).half()
+        out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, num_splits=2,
+                           config=DecodeConfig(block_n=block_n, num_warps=1, num_stages=1))
+        _assert_close(out, _ref(q, p), torch.float16)
+
+
+def test_decode_reference_path_on_cpu_tensors(gen):
+    p = build_paged([5, 9], page_size=4, num_kv_heads=1, head_dim=64, dtype=torch.float16, device="cpu", gen=gen)
+    q = torch.randn(2, 2, 64, generator=gen).half()
+    out = paged_decode(q, p.cache, p.block_tables, p.seq_lens)
+    _assert_close(out, _ref(q, p), torch.float16)
+
+
+def test_num_decode_splits_is_static_and_fills_the_gpu():
+    # depends on sizes only; small batches split more, never below min_split_tokens per split
+    assert num_decode_splits(256, 8, 8192, num_sms=132) == 1
+    assert num_decode_splits(16, 8, 8192, num_sms=132) == 8
+    assert num_decode_splits(1, 8, 131072, num_sms=132) == 64
+    assert num_decode_splits(1, 8, 512, num_sms=132) == 2
+    assert num_decode_splits(1, 8, 100, num_sms=132) == 1
+    for b in (1, 3, 8, 64, 256):
+        s = num_decode_splits(b, 8, 32768, num_sms=132)
+        assert s & (s - 1) == 0
+
+
+def test_decode_validation(gen):
+    p = build_paged([5, 9], page_size=4, num_kv_heads=2, head_dim=64, dtype=torch.float16, device="cpu", gen=gen)
+    c, bt, sl = p.cache, p.block_tables, p.seq_lens
+    q = torch.randn(2, 4, 64, generator=gen).half()
+    with pytest.raises(ValueError, match="multiple of the cache's KV heads"):
+        paged_decode(q[:, :3], c, bt, sl)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_decode(torch.zeros(2, 4, 80, dtype=torch.float16), c, bt, sl)
+    with pytest.raises(ValueError, match="pages of q's dtype"):
+        paged_decode(q.bfloat16(), c, bt, sl)
+    with pytest.raises(ValueError, match="block_tables"):
+        paged_decode(q, c, bt.long(), sl)
+    with pytest.raises(ValueError, match="seq_lens"):
+        paged_decode(q, c, bt, sl[:1])
+    with pytest.raises(ValueError, match="one token per sequence"):
+        paged_decode(q[:1], c, bt, sl)
+    with pytest.raises(ValueError, match="seq_lens: expected values"):
+        paged_decode(q, c, bt, torch.tensor([5, 999], dtype=torch.int32))
+    bad = bt.clone()
+    bad[0, 0] = 999
+    with pytest.raises(ValueError, match="page indices"):
+        paged_decode(q, c, bad, sl)
+    with pytest.raises(ValueError, match="num_splits"):
+        paged_decode(q, c, bt, sl, num_splits=3)
+    with pytest.raises(ValueError, match="cache"):
+        paged_decode(q, c.k_cache, bt, sl)
+
+
+# ---- GPU ------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_gpu(gen, D, dtype):
+    lens = [1, 2, 17, 1000, 4097, 0, 300]
+    p = build_paged(lens, page_size=16, num_kv_heads=2, head_dim=D, dtype=dtype, device="cuda", gen=gen,
+                    shared_prefix_pages=0)
+    q = torch.randn(len(lens), 8, D, generator=gen).to(dtype).cuda()
+    for splits in (None, 1, 8):
+        out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, num_splits=splits,
+                           out=torch.full_like(q, float("nan")))
+        _assert_close(out, _ref(q, p), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Hq,Hkv", [(32, 8), (8, 1), (12, 12), (14, 2)])  # 4:1, MQA, MHA, group 7
+def test_decode_heads_window_softcap_shared_prefix_gpu(gen, Hq, Hkv):
+    lens = [4097, 1000, 17, 2, 1]
+    p = build_paged(lens, page_size=16, num_kv_heads=Hkv, head_dim=128, dtype=torch.bfloat16, device="cuda",
+                    gen=gen, shared_prefix_pages=40)
+    q = torch.randn(len(lens), Hq, 128, generator=gen).bfloat16().cuda()
+    for window, softcap in ((None, None), (511, None), (None, 50.0), (100, 30.0)):
+        out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, window=window, softcap=softcap)
+        _assert_close(out, _ref(q, p, window=window, softcap=softcap), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qdtype", [torch.bfloat16, torch.float16])
+def test_decode_fp8_pages_gpu(gen, qdtype):
+    lens = [4097, 1000, 17, 2, 1, 0]
+    p = build_paged(lens, page_size=16, num_kv_heads=8, head_dim=128, dtype=torch.float8_e4m3fn, device="cuda",
+                    gen=gen, shared_prefix_pages=20, fp8_scale=0.03)
+    q = torch.randn(len(lens), 32, 128, generator=gen).to(qdtype).cuda()
+    for splits in (None, 1, 16):
+        out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, num_splits=splits)
+        # the reference dequantizes the same e4m3 values, so only the kernel's own rounding counts
+        _assert_close(out, _ref(q, p), qdtype)
+
+
+@pytest.mark.gpu
+def test_decode_cuda_graph_replays_for_any_lengths(gen):
+    B, Hq, Hkv, D = 4, 16, 4, 128
+    p = build_paged([4097, 3000, 2000, 1000], page_size=16, num_kv_heads=Hkv, head_dim=D, dtype=torch.bfloat16,
+                    device="cuda", gen=gen)
+    q = torch.randn(B, Hq, D, generator=gen).bfloat16().cuda()
+    seq_lens = p.seq_lens.clone()
+    out = torch.empty_like(q)
+    paged_decode(q, p.cache, p.block_tables, seq_lens, out=out)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode(q, p.cache, p.block_tables, seq_lens, out=out)
+    for lens in ([4097, 3000, 2000, 1000], [1, 2, 17, 1000], [0, 3000, 5, 0], [4097, 1, 1999, 999]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        c = p.cache
+        ref = paged_decode_ref(q, c.k_cache, c.v_cache, p.block_tables, seq_lens)
+        # lengths shorter than what was stored just see fewer keys; the NaN poison past the stored
+        # lengths is never reached because every new length is within the stored ones
+        _assert_close(out, ref, torch.bfloat16)
