@@ -1,0 +1,140 @@
+"""Autotuning with the winners cached on disk, so a second process does not tune again.
+
+Triton's own ``@triton.autotune(cache_results=True)`` keys its cache on exact argument values,
+stores it in Triton's cache directory, and gives up on configs with pre-hooks; our TMA kernels
+build host-side tensor descriptors whose block shape depends on the config. So we tune in the
+launcher: a :class:`Tuner` times each candidate config on the caller's tensors and remembers the
+winner per *shape bucket* (sizes rounded up to powers of two) in
+
+    cache_dir()/autotune/<device name>--triton-<version>--<kernel>.json
+
+Knobs (environment):
+  WARPFORGE_AUTOTUNE=0        never tune; use each kernel's default config (first in its list)
+  WARPFORGE_AUTOTUNE=retune   ignore cached winners and tune again (and overwrite them)
+  WARPFORGE_AUTOTUNE_VERBOSE=1  print each config's time while tuning
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import torch
+import triton
+
+from warpforge import _paths
+
+C = TypeVar("C")  # a frozen dataclass config
+
+
+def pow2_bucket(n: int, lo: int = 1, hi: int = 1 << 20) -> int:
+    """``n`` rounded up to a power of two, clamped to [lo, hi]: configs tuned for 4096 serve 3000..4096."""
+    n = max(int(n), 1)
+    return max(lo, min(hi, 1 << (n - 1).bit_length()))
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "unknown"
+
+
+class Tuner(Generic[C]):
+    """Pick the fastest of ``configs`` per shape bucket on the current device, cached in memory and on disk.
+
+    ``configs[0]`` is the default: used when tuning is off, during CUDA-graph capture (timing would
+    break the capture), and as the answer when only one candidate is valid.
+    """
+
+    def __init__(self, kernel: str, configs: Sequence[C], config_type: type):
+        if not configs:
+            raise ValueError(f"Tuner {kernel!r}: configs must not be empty")
+        self.kernel = kernel
+        self.configs = list(configs)
+        self.config_type = config_type
+        # A changed candidate list invalidates old winners (the lead sweeps by editing the list).
+        self.candidates_hash = hashlib.sha256(repr(self.configs).encode()).hexdigest()[:16]
+        self._memory: dict[tuple[str, str], C] = {}
+        self._lock = threading.Lock()
+
+    # ---- disk cache ---------------------------------------------------------------------------
+    def _path(self, device: torch.device) -> Path:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        return _paths.cache_dir() / "autotune" / f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
+
+    def _load(self, path: Path) -> dict[str, Any]:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, path: Path, key: str, cfg: C, ms: float) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self._load(path)  # re-read: another process may have added buckets meanwhile
+        data[key] = {"config": dataclasses.asdict(cfg), "ms": ms, "candidates": self.candidates_hash}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+
+    # ---- choose -------------------------------------------------------------------------------
+    def choose(self, bucket: tuple, device: torch.device, run: Callable[[C], Any],
+               valid: Callable[[C], bool] | None = None) -> C:
+        """The config to use for ``bucket``; tunes (calling ``run(cfg)`` repeatedly) on a miss.
+
+        ``run`` must be safe to call many times (it rewrites the output each time). ``valid`` drops
+        candidates that cannot serve this call (e.g. a block larger than a quantization group).
+        """
+        candidates = [c for c in self.configs if valid is None or valid(c)]
+        if not candidates:
+            raise ValueError(f"{self.kernel}: no candidate config fits bucket {bucket}")
+        mode = os.environ.get("WARPFORGE_AUTOTUNE", "1").lower()
+        if mode in ("0", "off", "false") or len(candidates) == 1 or device.type != "cuda" \
+                or torch.cuda.is_current_stream_capturing():
+            return candidates[0]
+        key = repr(bucket)
+        mem_key = (str(device), key)
+        with self._lock:
+            if mode != "retune" and mem_key in self._memory:
+                return self._memory[mem_key]
+            path = self._path(device)
+            entry = self._load(path).get(key) if mode != "retune" else None
+            if entry and entry.get("candidates") == self.candidates_hash:
+                cfg = self.config_type(**entry["config"])
+                self._memory[mem_key] = cfg
+                return cfg
+            cfg, ms = self._tune(candidates, run, bucket)
+            self._memory[mem_key] = cfg
+            try:
+                self._save(path, key, cfg, ms)
+            except OSError as e:  # a read-only cache costs a re-tune next process, not a failure
+                print(f"warpforge autotune: could not write {path}: {e}", file=sys.stderr)
+            return cfg
+
+    def _tune(self, candidates: list[C], run: Callable[[C], Any], bucket: tuple) -> tuple[C, float]:
+        from triton.testing import do_bench
+
+        verbose = os.environ.get("WARPFORGE_AUTOTUNE_VERBOSE", "0") == "1"
+        best, best_ms = None, float("inf")
+        for cfg in candidates:
+            try:
+                run(cfg)  # compile outside the timed region
+                ms = do_bench(lambda: run(cfg), warmup=5, rep=25)
+            except Exception as e:  # noqa: BLE001 - out of shared memory, unsupported combination
+                ms = float("inf")
+                if verbose:
+                    print(f"[autotune {self.kernel} {bucket}] {cfg}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+            else:
+                if verbose:
+                    print(f"[autotune {self.kernel} {bucket}] {cfg}: {ms:.4f} ms", file=sys.stderr)
+            if ms < best_ms:
+                best, best_ms = cfg, ms
+        if best is None:
+            raise RuntimeError(f"{self.kernel}: every candidate config failed for bucket {bucket} "
+                               f"(WARPFORGE_AUTOTUNE_VERBOSE=1 shows why)")
+        return best, best_ms

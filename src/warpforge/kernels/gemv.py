@@ -1,0 +1,323 @@
+"""``linear(x, weight)``: decode-shaped products that stream the weight, dense or quantized.
+
+At decode (M = 1..64 rows of activations against a [N, K] weight) the work is reading the weight
+once at full HBM bandwidth; the arithmetic is almost free. ``_linear_kernel`` gives each program
+BLOCK_N weight rows and (with split-K) a slice of K, loads contiguous [BLOCK_N, BLOCK_K] weight
+tiles (dequantized in registers for int8/int4/fp8 weights) and multiplies them against every row
+of x, so the weight is read once whatever M is:
+
+* BLOCK_M < 16 (M <= 8): CUDA-core FMAs into a [BM, BN, BK] fp32 accumulator, reduced over K once
+  at the end (no shuffles in the loop);
+* BLOCK_M >= 16: tensor cores with the weight tile as the *left* operand (out.T = W @ x.T), so the
+  MMA's large M dimension is the weight rows, not the few activation rows.
+
+When N / BLOCK_N gives too few programs to fill the SMs, split-K writes fp32 partial sums and
+``_splitk_reduce_kernel`` adds them and applies the epilogue (deterministic: no atomics). The same
+kernel serves quantized weights at any M (prefill), as a plain tiled GEMM with dequantization.
+``linear()`` picks: dense and M <= 64 -> this kernel; dense and M > 64 -> ``matmul`` (persistent
+TMA GEMM); quantized -> this kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter before any @jit)
+from warpforge.kernels import reference
+from warpforge.kernels._autotune import Tuner, pow2_bucket
+from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge.kernels.matmul import (
+    FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _store, activation_code, check_epilogue_operands,
+    check_tensor, matmul,
+)
+from warpforge.kernels.quant_linear import FMT_DENSE, FMT_FP8, FMT_INT4, QuantizedWeight, _load_weight_tile
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+GEMV_MAX_M = 64  # linear() streams dense weights through this kernel up to here, then uses matmul
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Launch configuration of ``_linear_kernel``. block_m < 16 selects the CUDA-core (FMA) path."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipelining depth of the K loop
+
+    def __post_init__(self) -> None:
+        if not (_pow2(self.block_m) and self.block_m <= 128):
+            raise ValueError(f"LinearConfig.block_m must be a power of two <= 128, got {self.block_m}")
+        if not (_pow2(self.block_n) and 8 <= self.block_n <= 256):
+            raise ValueError(f"LinearConfig.block_n must be a power of two in [8, 256], got {self.block_n}")
+        if not (_pow2(self.block_k) and 16 <= self.block_k <= 1024):
+            raise ValueError(f"LinearConfig.block_k must be a power of two in [16, 1024], got {self.block_k}")
+        if self.use_dot and self.block_n < 16:
+            raise ValueError("LinearConfig.block_n must be >= 16 on the tensor-core path (block_m >= 16)")
+        if not 1 <= self.split_k <= 32:
+            raise ValueError(f"LinearConfig.split_k must be in [1, 32], got {self.split_k}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"LinearConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"LinearConfig.num_stages must be in [1, 8], got {self.num_stages}")
+
+    @property
+    def use_dot(self) -> bool:
+        return self.block_m >= 16
+
+
+def _m_class(M: int) -> int:
+    """The block_m a call with M rows uses: 1, 2, 4 (FMA), 16, 32, 64 (tensor cores), 128 (prefill)."""
+    if M <= 4:
+        return pow2_bucket(M)
+    if M <= 64:
+        return max(16, pow2_bucket(M))
+    return 128
+
+
+def _configs(bm: int) -> list[LinearConfig]:
+    """4-8 candidates per M class; the first is the class's untuned default."""
+    if bm < 16:  # FMA: the accumulator bm*bn*bk fp32 is spread over 32*num_warps threads
+        bk = 512 // bm
+        return [
+            LinearConfig(bm, 16, bk, 1, 4, 3),
+            LinearConfig(bm, 32, bk // 2, 1, 4, 3),
+            LinearConfig(bm, 8, bk, 1, 4, 4),
+            LinearConfig(bm, 16, bk, 2, 4, 3),
+            LinearConfig(bm, 16, bk, 4, 4, 3),
+            LinearConfig(16, 64, 128, 1, 4, 4),  # tensor cores even for tiny M: padding rows costs nothing
+            LinearConfig(16, 64, 128, 4, 4, 4),
+        ]
+    if bm <= 64:
+        return [
+            LinearConfig(bm, 64, 128, 1, 4, 4),
+            LinearConfig(bm, 128, 128, 1, 4, 3),
+            LinearConfig(bm, 64, 256, 1, 4, 3),
+            LinearConfig(bm, 64, 128, 2, 4, 4),
+            LinearConfig(bm, 64, 128, 4, 4, 4),
+            LinearConfig(bm, 128, 128, 1, 8, 4),
+        ]
+    return [  # M > 64: quantized weights at prefill (dense weights go to matmul)
+        LinearConfig(128, 128, 64, 1, 8, 3),
+        LinearConfig(128, 128, 128, 1, 8, 3),
+        LinearConfig(128, 64, 128, 1, 4, 4),
+        LinearConfig(64, 128, 128, 1, 4, 4),
+    ]
+
+
+M_CLASSES = (1, 2, 4, 16, 32, 64, 128)
+LINEAR_CONFIGS: dict[int, list[LinearConfig]] = {bm: _configs(bm) for bm in M_CLASSES}
+TUNERS = {bm: Tuner(f"linear_m{bm}", cfgs, LinearConfig) for bm, cfgs in LINEAR_CONFIGS.items()}
+
+
+def _interpret_config(M: int, group: int | None) -> LinearConfig:
+    bm = _m_class(M)
+    return LinearConfig(min(bm, 16), 16, max(32, group or 0), 1, 4, 1)
+
+
+def _fits(cfg: LinearConfig, group: int | None) -> bool:
+    return group is None or cfg.block_k % group == 0
+
+
+# ---- device code ------------------------------------------------------------------------------
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
+    M, N, K, K_w, stride_xm, stride_xk, stride_wn, stride_sn, stride_bias, stride_om, stride_on, k_per_split,
+    FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.where(offs_n < N, offs_n, 0).to(tl.int64)  # clamp: loads in range, stores masked
+    xrows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    k_lo = pid_k * k_per_split  # k_per_split is a multiple of BLOCK_K: no tile straddles two splits
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    DT = x_ptr.dtype.element_ty
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + xrows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        if EVEN_K:
+            xt = tl.load(x_ptrs)  # [BM, BK]
+        else:
+            xt = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
+        w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k0, K_w, stride_wn, stride_sn,
+                              FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
+        if USE_DOT:
+            acc = tl.dot(w, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
+        else:
+            acc += w.to(tl.float32)[None, :, :] * xt.to(tl.float32)[:, None, :]
+    if USE_DOT:
+        res = tl.trans(acc)  # [BM, BN]
+    else:
+        res = tl.sum(acc, axis=2)
+    if SPLIT_K > 1:
+        p_ptrs = part_ptr + pid_k.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(p_ptrs, res, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    else:
+        res = _epilogue(res, offs_m, offs_n, M, N, ws_ptr, ws_ptr, bias_ptr, stride_bias, out_ptr, 0, 0,
+                        0, SCALE_B, HAS_BIAS, ACTIVATION, False)
+        _store(out_ptr, res, offs_m, offs_n, M, N, stride_om, stride_on)
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias, stride_om, stride_on,
+                          SPLIT_K: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out = epilogue(sum over splits of part[s]); part fp32 [SPLIT_K, M, N]."""
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ptrs = part_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0)
+    acc = _epilogue(acc, offs_m, offs_n, M, N, ws_ptr, ws_ptr, bias_ptr, stride_bias, out_ptr, 0, 0,
+                    0, SCALE_B, HAS_BIAS, ACTIVATION, False)
+    _store(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on)
+
+
+# ---- launcher ---------------------------------------------------------------------------------
+def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: int | None, K_w: int,
+            bias, act: int, out: torch.Tensor, config: LinearConfig | None) -> None:
+    """x [M, K] (any strides), w [N, K_w or K_w/2] unit inner stride, out [M, N]."""
+    M, K = x.shape
+    N = out.shape[1]
+    if M == 0 or N == 0:
+        return
+    device = x.device
+    scale_mode = SCALE_VECTOR if fmt not in (FMT_DENSE, FMT_INT4) else SCALE_NONE
+    bias_stride = bias.stride(0) if bias is not None else 0
+    sn = scales.stride(0) if fmt == FMT_INT4 else 0
+
+    def run(cfg: LinearConfig) -> None:
+        k_per_split = triton.cdiv(triton.cdiv(max(K, 1), cfg.block_k), cfg.split_k) * cfg.block_k
+        splits = triton.cdiv(max(K, 1), k_per_split)
+        part = torch.empty((splits, M, N), device=device, dtype=torch.float32) if splits > 1 else None
+        grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), splits)
+        _linear_kernel[grid](
+            x, w, scales, zeros, bias, out, part,
+            M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
+            k_per_split,
+            FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
+            SPLIT_K=splits, EVEN_K=(K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        if splits > 1:
+            rbm, rbn = min(16, pow2_bucket(M)), 128
+            _splitk_reduce_kernel[(triton.cdiv(N, rbn), triton.cdiv(M, rbm))](
+                part, scales, bias, out, M, N, bias_stride, out.stride(0), out.stride(1),
+                SPLIT_K=splits, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
+                BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
+
+    if config is None:
+        if INTERPRET:
+            config = _interpret_config(M, group)
+        else:
+            bm = _m_class(M)
+            bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18), pow2_bucket(K, 16, 1 << 18))
+            config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group))
+    elif group is not None and config.block_k % group:
+        raise ValueError(f"config: block_k {config.block_k} must be a multiple of the quantization group {group}")
+    run(config)
+
+
+def _check_linear_args(x, N, bias, activation, out, weight_tensors) -> int:
+    M = x.shape[0]
+    act = activation_code(activation)
+    check_epilogue_operands(M, N, x.device, bias, None, out, x.dtype, weight_tensors + (x,))
+    return act
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K] fp16/bf16/fp32, any strides (M <= 64 is the case this is built for)
+    weight: torch.Tensor,  # [N, K] same dtype, unit stride along K
+    bias: torch.Tensor | None = None,  # [N]
+    *,
+    activation: str | None = None,
+    out: torch.Tensor | None = None,  # [M, N] of x.dtype
+    config: LinearConfig | None = None,  # fixed launch config (skips autotuning; for sweeps)
+) -> torch.Tensor:  # [M, N]
+    """``activation(x @ weight.T + bias)`` by streaming the weight once (split-K when N is small)."""
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2)
+    check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, device=x.device)
+    if weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight: expected shape (N, {x.shape[1]}) to match x {tuple(x.shape)}, "
+                         f"got {tuple(weight.shape)}")
+    if weight.stride(1) != 1 and weight.shape[1] > 1:
+        raise ValueError(f"weight: expected unit stride along K (rows contiguous), got strides {weight.stride()}; "
+                         "pass weight.contiguous()")
+    if config is not None and not isinstance(config, LinearConfig):
+        raise ValueError(f"config: expected a LinearConfig, got {type(config).__name__}")
+    N = weight.shape[0]
+    act = _check_linear_args(x, N, bias, activation, out, (weight,))
+    if not use_triton(x, weight, bias, out):
+        ref = reference.linear_ref(x, weight, bias, activation, x.dtype)
+        return out.copy_(ref) if out is not None else ref
+    if out is None:
+        out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
+    _launch(x, weight, None, None, FMT_DENSE, None, x.shape[1], bias, act, out, config)
+    return out
+
+
+def _quantized(x: torch.Tensor, qw: QuantizedWeight, bias, activation, out, config) -> torch.Tensor:
+    N, K = qw.shape
+    if qw.device != x.device:
+        raise ValueError(f"weight: expected a QuantizedWeight on {x.device} (the device of x), got {qw.device}")
+    act = _check_linear_args(x, N, bias, activation, out, (qw.data,))
+    if not use_triton(x, qw.data, bias, out):
+        ref = reference.linear_ref(x, qw.dequantize(), bias, activation, x.dtype)
+        return out.copy_(ref) if out is not None else ref
+    if out is None:
+        out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
+    data = qw.data.view(torch.uint8) if qw.format == FMT_FP8 else qw.data  # see _load_weight_tile
+    _launch(x, data, qw.scales, qw.zeros, qw.format, qw.group, qw.k_stored, bias, act, out, config)
+    return out
+
+
+def linear(
+    x: torch.Tensor,  # [..., K] fp16/bf16/fp32
+    weight: torch.Tensor | QuantizedWeight,  # [N, K] like nn.Linear.weight, or quantize_weight(...) of one
+    bias: torch.Tensor | None = None,  # [N]
+    *,
+    activation: str | None = None,  # None | "relu" | "gelu" | "gelu_tanh" | "silu"
+    config: LinearConfig | None = None,  # fixed config for the streaming kernel (not used by the matmul path)
+) -> torch.Tensor:  # [..., N] in x.dtype
+    """``activation(x @ weight.T + bias)``, choosing the weight-streaming kernel or the GEMM by shape."""
+    check_tensor("x", x, dtypes=FLOAT_DTYPES)
+    if x.dim() < 1:
+        raise ValueError("x: expected at least 1 dimension [..., K], got a scalar")
+    if isinstance(weight, QuantizedWeight):
+        N, K = weight.shape
+    else:
+        check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, device=x.device)
+        N, K = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"x: expected last dimension {K} to match weight {tuple((N, K))}, got shape {tuple(x.shape)}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)  # [M, K]: a view when it can be
+    if isinstance(weight, QuantizedWeight):
+        y = _quantized(x2, weight, bias, activation, None, config)
+    elif x2.shape[0] <= GEMV_MAX_M or config is not None:
+        y = gemv(x2, weight, bias, activation=activation, config=config)
+    else:
+        y = matmul(x2, weight.t(), bias=bias, activation=activation)
+    return y.reshape(*lead, N)

@@ -1,0 +1,204 @@
+"""Weight-only quantization: packed formats, ``quantize_weight``, and the in-register dequantization.
+
+Schemes (weight [N, K], one row per output channel):
+
+=============  =====================================  ==============================  ===============
+scheme         data                                   scales                          zeros
+=============  =====================================  ==============================  ===============
+``int8``       int8 [N, K], symmetric                 fp32 [N]                        --
+``fp8``        float8_e4m3fn [N, K]                   fp32 [N]                        --
+``int4_gG``    uint8 [N, Kp/2], two per byte: even k  weight dtype [N, Kp/G]          uint8 [N, Kp/G]
+               low nibble, odd k high nibble;         (one per group of G columns)    (0..15)
+               asymmetric: w = (q - zero) * scale
+=============  =====================================  ==============================  ===============
+
+G is 32, 64 or 128; Kp is K rounded up to a multiple of G (padding quantizes zeros and is never
+read against a nonzero activation). ``linear()`` in :mod:`warpforge.kernels.gemv` accepts the
+packed :class:`QuantizedWeight`; its kernel calls :func:`_load_weight_tile` below, which turns a
+packed tile into a [BLOCK_N, BLOCK_K] tile of the activation dtype in registers, so the bytes read
+from memory are 1/2 (int8, fp8) or ~1/4 (int4) of bf16. Per-channel scales (int8, fp8) factor out
+of the K sum and are applied once in the epilogue; int4 group scales are applied per tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter before any @jit)
+from warpforge.kernels import reference
+from warpforge.kernels.matmul import FLOAT_DTYPES, check_tensor
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+SCHEMES = ("int8", "int4_g32", "int4_g64", "int4_g128", "fp8")
+# Weight formats as the kernel sees them (constexpr FORMAT).
+FMT_DENSE, FMT_INT8, FMT_INT4, FMT_FP8 = 0, 1, 2, 3
+_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def _scheme_group(scheme: str) -> int | None:
+    return int(scheme.split("_g")[1]) if scheme.startswith("int4_g") else None
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A packed weight for ``linear()``; see the module table for each scheme's tensors."""
+
+    scheme: str
+    data: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    group: int | None
+    shape: tuple[int, int]  # (N, K) of the original weight
+    dtype: torch.dtype  # the original weight's dtype; dequantize() returns it
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"scheme: expected one of {SCHEMES}, got {self.scheme!r}")
+        if self.group != _scheme_group(self.scheme):
+            raise ValueError(f"group: scheme {self.scheme} needs group {_scheme_group(self.scheme)}, got {self.group}")
+        n, k = self.shape
+        dev = self.data.device
+        if self.scheme == "int8" or self.scheme == "fp8":
+            dt = torch.int8 if self.scheme == "int8" else torch.float8_e4m3fn
+            check_tensor("data", self.data, dtypes=(dt,), shape=(n, k))
+            check_tensor("scales", self.scales, dtypes=(torch.float32,), shape=(n,), device=dev)
+            if self.zeros is not None:
+                raise ValueError(f"zeros: scheme {self.scheme} is symmetric, expected None")
+        else:
+            kp = -(-k // self.group) * self.group
+            check_tensor("data", self.data, dtypes=(torch.uint8,), shape=(n, kp // 2))
+            check_tensor("scales", self.scales, dtypes=FLOAT_DTYPES, shape=(n, kp // self.group), device=dev)
+            check_tensor("zeros", self.zeros, dtypes=(torch.uint8,), shape=(n, kp // self.group), device=dev)
+        for name in ("data", "scales", "zeros"):
+            t = getattr(self, name)
+            if t is not None and not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+        if self.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype: expected float16, bfloat16 or float32, got {self.dtype}")
+
+    @property
+    def format(self) -> int:
+        return {"int8": FMT_INT8, "fp8": FMT_FP8}.get(self.scheme, FMT_INT4)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def k_stored(self) -> int:
+        """Columns held per row (K rounded up to the group for int4)."""
+        return self.data.shape[1] * 2 if self.format == FMT_INT4 else self.data.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a kernel streams: data, scales and zeros."""
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.zeros) if t is not None)
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] in self.dtype
+        return reference.dequantize_ref(self.scheme, self.data, self.scales, self.zeros, self.group, self.shape,
+                                        self.dtype)
+
+    def to(self, device: torch.device | str) -> QuantizedWeight:
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return QuantizedWeight(self.scheme, move(self.data), move(self.scales), move(self.zeros), self.group,
+                               self.shape, self.dtype)
+
+
+def quantize_weight(w: torch.Tensor, scheme: str) -> QuantizedWeight:
+    """Quantize a [N, K] weight (rows = output channels, like nn.Linear.weight) to ``scheme``."""
+    check_tensor("w", w, dtypes=FLOAT_DTYPES, ndim=2)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    n, k = w.shape
+    if n == 0 or k == 0:
+        raise ValueError(f"w: expected a non-empty [N, K] weight, got shape {tuple(w.shape)}")
+    wf = w.detach().to(torch.float32)
+    if not torch.isfinite(wf).all():
+        raise ValueError("w: contains NaN or Inf")
+    if scheme in ("int8", "fp8"):
+        qmax = 127.0 if scheme == "int8" else _FP8_MAX
+        amax = wf.abs().amax(dim=1)
+        scales = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))  # an all-zero row gets scale 1
+        y = wf / scales[:, None]
+        data = y.round().clamp(-127, 127).to(torch.int8) if scheme == "int8" \
+            else y.clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+        return QuantizedWeight(scheme, data.contiguous(), scales.contiguous(), None, None, (n, k), w.dtype)
+
+    group = _scheme_group(scheme)
+    kp = -(-k // group) * group
+    wp = torch.nn.functional.pad(wf, (0, kp - k)).reshape(n, kp // group, group)
+    # The range always includes 0, so zero weights stay exact and the zero point is in [0, 15].
+    lo = wp.amin(dim=2).clamp(max=0.0)
+    hi = wp.amax(dim=2).clamp(min=0.0)
+    s = torch.where(hi > lo, (hi - lo) / 15.0, torch.ones_like(hi))
+    scales = s.to(w.dtype)
+    if not torch.isfinite(scales).all():
+        raise ValueError(f"w: a group's range overflows {w.dtype} scales; quantize a float32 copy instead")
+    tiny = torch.finfo(w.dtype).tiny
+    scales = torch.where(scales > 0, scales, torch.full_like(scales, tiny))  # underflow to 0 would erase the group
+    sf = scales.to(torch.float32)  # quantize against the scale the kernel will read
+    zeros = (-lo / sf).round().clamp(0, 15)
+    q = ((wp / sf[:, :, None]).round() + zeros[:, :, None]).clamp(0, 15).to(torch.uint8).reshape(n, kp)
+    data = q[:, 0::2] | (q[:, 1::2] << 4)
+    return QuantizedWeight(scheme, data.contiguous(), scales.contiguous(), zeros.to(torch.uint8).contiguous(), group,
+                           (n, k), w.dtype)
+
+
+# ---- device code: packed tile -> activation-dtype tile in registers ------------------------------
+@triton.jit
+def _nibbles_to_float(q, DT: tl.constexpr):
+    """Small unsigned ints (< 16) to DT exactly, without int->float converts for fp16/bf16.
+
+    OR-ing q into the mantissa of 1024.0 (fp16 0x6400) or 128.0 (bf16 0x4300), where one mantissa
+    step is 1.0, gives the float 1024 + q or 128 + q by a bit operation; the offset cancels when the
+    zero point (built the same way) is subtracted.
+    """
+    if DT == tl.float16:
+        return (q.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+    elif DT == tl.bfloat16:
+        return (q.to(tl.uint16) | 0x4300).to(tl.bfloat16, bitcast=True)
+    else:
+        return q.to(tl.float32)
+
+
+@triton.jit
+def _load_weight_tile(w_ptr, s_ptr, z_ptr, rows, k0, K_w, stride_wn, stride_sn,
+                      FORMAT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVEN_K: tl.constexpr, DT: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile at rows ``rows`` (int64, in range), columns k0.. as DT.
+
+    K_w: stored columns (multiple of GROUP for int4). Columns >= K_w read as 0. Per-channel scales
+    (int8, fp8) are left to the epilogue; int4 group scales and zero points are applied here.
+    """
+    if FORMAT == 2:
+        offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # packed bytes of this tile
+        p_ptrs = w_ptr + rows[:, None] * stride_wn + offs_b[None, :]
+        offs_g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        g_off = rows[:, None] * stride_sn + offs_g[None, :]
+        if EVEN_K:
+            p = tl.load(p_ptrs)
+            s = tl.load(s_ptr + g_off)
+            z = tl.load(z_ptr + g_off)
+        else:
+            p = tl.load(p_ptrs, mask=offs_b[None, :] < K_w // 2, other=0)
+            s = tl.load(s_ptr + g_off, mask=offs_g[None, :] < K_w // GROUP, other=0.0)
+            z = tl.load(z_ptr + g_off, mask=offs_g[None, :] < K_w // GROUP, other=0)
+        q = tl.reshape(tl.join(p & 0xF, p >> 4), (BLOCK_N, BLOCK_K))  # [BN, BK/2, 2] -> k = 2j + {0, 1}
+        d = tl.reshape(_nibbles_to_float(q, DT), (BLOCK_N, BLOCK_K // GROUP, GROUP)) \
+            - _nibbles_to_float(z, DT)[:, :, None]  # q - zero, exact
+        w = tl.reshape(d * s.to(DT)[:, :, None], (BLOCK_N, BLOCK_K))
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < K_w, other=0)
+        if FORMAT == 3:  # e4m3 bytes arrive as uint8 (a masked fp8 load needs an fp8 `other`)
+            w = w.to(tl.float8e4nv, bitcast=True)
+        w = w.to(DT)  # int8 and e4m3 convert exactly to fp16/bf16/fp32
+    return w

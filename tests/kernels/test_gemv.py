@@ -1,0 +1,142 @@
+"""gemv / linear (dense weights) against the float64 reference.
+
+CPU: the Triton interpreter with fp32/fp16 at small odd sizes, both the CUDA-core (block_m < 16)
+and tensor-core paths, split-K, strided x, padded weight rows. GPU: bf16 at decode sizes.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from warpforge.kernels import reference
+from warpforge.kernels.gemv import GEMV_MAX_M, LINEAR_CONFIGS, LinearConfig, gemv, linear
+from warpforge.kernels.tolerance import rel_err, tolerance
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(request.node.name.encode()))
+
+
+def _randn(shape, dtype, gen, device="cpu", scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def _check(out, ref, dtype):
+    e = rel_err(out, ref)
+    assert e <= tolerance(dtype), f"rel_err {e:.3e} > {tolerance(dtype):.1e}"
+
+
+# ---- CPU (interpreter) ------------------------------------------------------------------------
+@pytest.mark.parametrize("M", [1, 3, 7, 16, 33])
+@pytest.mark.parametrize("N,K", [(29, 45), (40, 64)])
+def test_gemv_default_config(triton_on_cpu, gen, M, N, K):
+    x, w = _randn((M, K), torch.float16, gen), _randn((N, K), torch.float16, gen, scale=0.2)
+    out = torch.full((M, N), float("nan"), dtype=torch.float16)
+    gemv(x, w, out=out)
+    _check(out, reference.linear_ref(x, w, acc_dtype=torch.float64), torch.float16)
+
+
+@pytest.mark.parametrize("config", [
+    LinearConfig(1, 16, 16, 1, 4, 1), LinearConfig(2, 8, 32, 3, 4, 2), LinearConfig(4, 16, 64, 2, 4, 1),
+    LinearConfig(16, 16, 16, 1, 4, 1), LinearConfig(16, 32, 32, 4, 4, 2), LinearConfig(32, 16, 64, 2, 4, 1),
+], ids=str)
+@pytest.mark.parametrize("K", [64, 95])  # 64: every block_k divides K (unmasked loop); 95: ragged tail
+def test_gemv_configs(triton_on_cpu, gen, config, K):
+    M, N = 5, 37
+    x, w = _randn((M, K), torch.float32, gen), _randn((N, K), torch.float32, gen, scale=0.2)
+    bias = _randn((N,), torch.float32, gen)
+    out = torch.full((M, N), float("nan"), dtype=torch.float32)
+    gemv(x, w, bias, activation="silu", out=out, config=config)
+    _check(out, reference.linear_ref(x, w, bias, "silu", acc_dtype=torch.float64), torch.float32)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+def test_linear_epilogue(triton_on_cpu, gen, activation):
+    x, w = _randn((3, 50), torch.float16, gen), _randn((24, 50), torch.float16, gen, scale=0.2)
+    bias = _randn((24,), torch.float16, gen)
+    y = linear(x, w, bias, activation=activation)
+    _check(y, reference.linear_ref(x, w, bias, activation, acc_dtype=torch.float64), torch.float16)
+
+
+def test_gemv_strided_x_and_padded_weight_rows(triton_on_cpu, gen):
+    M, N, K = 4, 21, 40
+    x = _randn((K, 2 * M), torch.float32, gen)[:, ::2].t()  # [M, K], strides (2, 2M)
+    w = _randn((N, K + 9), torch.float32, gen, scale=0.2)[:, 3:K + 3]  # unit stride, rows K + 9 apart
+    _check(gemv(x, w), reference.linear_ref(x, w, acc_dtype=torch.float64), torch.float32)
+
+
+def test_linear_batched_input_and_matmul_path(triton_on_cpu, gen):
+    w, bias = _randn((19, 33), torch.float16, gen, scale=0.2), _randn((19,), torch.float16, gen)
+    x = _randn((2, 3, 33), torch.float16, gen)  # M = 6: streaming kernel
+    y = linear(x, w, bias, activation="gelu")
+    assert y.shape == (2, 3, 19)
+    _check(y, reference.linear_ref(x, w, bias, "gelu", acc_dtype=torch.float64), torch.float16)
+    xl = _randn((GEMV_MAX_M + 7, 33), torch.float16, gen)  # M > 64: the matmul path with w.T
+    _check(linear(xl, w, bias), reference.linear_ref(xl, w, bias, acc_dtype=torch.float64), torch.float16)
+
+
+def test_linear_cpu_tensors_use_reference(gen):
+    x, w = _randn((2, 8), torch.float32, gen), _randn((5, 8), torch.float32, gen)
+    torch.testing.assert_close(linear(x, w), torch.nn.functional.linear(x, w))
+
+
+def test_linear_configs_table():
+    for bm, cfgs in LINEAR_CONFIGS.items():
+        assert 4 <= len(cfgs) <= 8, f"class {bm}: keep tuning short"
+        assert cfgs[0].block_m == bm or bm > 64, f"class {bm}: the default must be the class's own block_m"
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(8, 4).t()), "^weight: expected unit stride along K"),
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 8, dtype=torch.float16)), "^weight: expected dtype float32"),
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 7)), r"^weight: expected shape \(N, 8\)"),
+    (lambda: gemv(torch.zeros(2, 8, dtype=torch.int8), torch.zeros(4, 8)), "^x: expected dtype"),
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 8), torch.zeros(3)), r"^bias: expected shape \(4,\)"),
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 8), activation="elu"), "^activation: expected one of"),
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 8), out=torch.zeros(2, 5)), r"^out: expected shape \(2, 4\)"),
+    (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 8), config=(1, 16, 64)), "^config: expected a LinearConfig"),
+    (lambda: linear(torch.zeros(2, 9), torch.zeros(4, 8)), "^x: expected last dimension 8"),
+    (lambda: linear(torch.tensor(1.0), torch.zeros(4, 8)), "^x: expected at least 1 dimension"),
+    (lambda: linear(torch.zeros(2, 8), torch.zeros(4, 8, device="meta")), "^weight: expected a tensor on cpu"),
+    (lambda: LinearConfig(3, 16, 64), "block_m must be a power of two"),
+    (lambda: LinearConfig(16, 8, 64), "block_n must be >= 16 on the tensor-core path"),
+])
+def test_gemv_validation(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2, 5, 16, 33, 64])
+@pytest.mark.parametrize("N,K", [(14336, 4096), (4096, 14336), (4097, 4095)])
+def test_gemv_bf16_gpu(gen, M, N, K):
+    x, w = _randn((M, K), torch.bfloat16, gen, "cuda"), _randn((N, K), torch.bfloat16, gen, "cuda", 0.02)
+    bias = _randn((N,), torch.bfloat16, gen, "cuda")
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemv(x, w, bias, activation="silu", out=out)
+    _check(out, reference.linear_ref(x, w, bias, "silu", acc_dtype=torch.float64), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [c for cfgs in LINEAR_CONFIGS.values() for c in cfgs if c.block_m <= 64], ids=str)
+def test_gemv_every_candidate_gpu(gen, config):
+    """Each decode candidate must be right on its own: autotuning must never pick a wrong fast one."""
+    M = max(1, config.block_m - 1) if config.block_m > 1 else 1
+    N, K = 4100, 4095
+    x, w = _randn((M, K), torch.bfloat16, gen, "cuda"), _randn((N, K), torch.bfloat16, gen, "cuda", 0.02)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemv(x, w, out=out, config=config)
+    _check(out, reference.linear_ref(x, w, acc_dtype=torch.float64), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_linear_large_m_uses_matmul_gpu(gen):
+    x, w = _randn((4, 300, 4096), torch.bfloat16, gen, "cuda"), _randn((1024, 4096), torch.bfloat16, gen, "cuda", 0.02)
+    bias = _randn((1024,), torch.bfloat16, gen, "cuda")
+    _check(linear(x, w, bias, activation="gelu_tanh"),
+           reference.linear_ref(x, w, bias, "gelu_tanh", acc_dtype=torch.float64), torch.bfloat16)

@@ -1,0 +1,197 @@
+"""Weight-only quantization: packing round trips and the fused dequantizing linear.
+
+The fused kernel is checked against dequantize-then-linear (the reference for the kernel's
+in-register dequantization); the quantizer is checked against the original weight with an error
+bound per scheme. CPU uses the interpreter with fp16/fp32 activations; bf16 at decode sizes is GPU.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from warpforge.kernels import reference
+from warpforge.kernels.gemv import LinearConfig, linear
+from warpforge.kernels.quant_linear import SCHEMES, QuantizedWeight, quantize_weight
+from warpforge.kernels.tolerance import rel_err, tolerance
+
+# Relative Frobenius error of dequantize(quantize(w)) against w for Gaussian rows, with the reason.
+ROUND_TRIP_TOL = {
+    "int8": (1.5e-2, "step amax/127 ~ 3.5 sigma/127; uniform rounding noise step/sqrt(12) ~ 0.8% of sigma"),
+    "fp8": (4e-2, "e4m3 keeps 3 mantissa bits: relative rounding up to 2^-4, ~2.5% rms"),
+    "int4_g32": (0.11, "16 levels over each group's [min, max]: step ~ range/15, noise step/sqrt(12)"),
+    "int4_g64": (0.11, "as g32, a wider range per group"),
+    "int4_g128": (0.12, "as g32, the widest range per group"),
+}
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(request.node.name.encode()))
+
+
+def _randn(shape, dtype, gen, device="cpu", scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def _check(out, ref, dtype):
+    e = rel_err(out, ref)
+    assert e <= tolerance(dtype), f"rel_err {e:.3e} > {tolerance(dtype):.1e}"
+
+
+# ---- packing ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_round_trip_error(gen, scheme, dtype):
+    w = _randn((48, 300), dtype, gen, scale=0.05)
+    qw = quantize_weight(w, scheme)
+    dq = qw.dequantize()
+    assert dq.shape == w.shape and dq.dtype == dtype
+    bound, why = ROUND_TRIP_TOL[scheme]
+    assert rel_err(dq, w) <= bound, why
+
+
+def test_int4_error_shrinks_with_group(gen):
+    w = _randn((64, 512), torch.float32, gen)
+    errs = [rel_err(quantize_weight(w, f"int4_g{g}").dequantize(), w) for g in (32, 64, 128)]
+    assert errs[0] < errs[1] < errs[2]
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_exact_on_grid_values(gen, group):
+    """Weights already on a group's 16-level grid (power-of-two scale) come back bit-exact."""
+    n, k = 8, 2 * group
+    q = torch.randint(0, 16, (n, k), generator=gen).float()
+    q[:, ::group] = 0.0  # each group spans the full 0..15 range, so its scale is exactly 2^-4
+    q[:, 1::group] = 15.0
+    z = torch.randint(0, 16, (n, k // group), generator=gen).float().repeat_interleave(group, dim=1)
+    w = (q - z) * 2.0**-4
+    qw = quantize_weight(w, f"int4_g{group}")
+    assert torch.equal(qw.dequantize(), w)
+
+
+def test_int4_layout_and_padding():
+    """Even k in the low nibble, odd k in the high one; K padded up to the group."""
+    qw = quantize_weight(torch.zeros(3, 45), "int4_g32")
+    assert qw.data.shape == (3, 32) and qw.scales.shape == (3, 2) and qw.zeros.shape == (3, 2)
+    assert qw.k_stored == 64 and qw.dequantize().shape == (3, 45)
+    assert torch.equal(qw.dequantize(), torch.zeros(3, 45))  # all-zero groups: no NaN from a zero range
+    data = torch.tensor([[0x21, 0xF0]], dtype=torch.uint8).repeat(1, 8)  # k0=1, k1=2, k2=0, k3=15, ...
+    hand = QuantizedWeight("int4_g32", data, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.uint8), 32,
+                           (1, 32), torch.float32)
+    assert hand.dequantize()[0, :4].tolist() == [1.0, 2.0, 0.0, 15.0]
+
+
+def test_int8_fp8_per_channel_scales(gen):
+    w = _randn((4, 64), torch.float32, gen) * torch.tensor([[1e-3], [1.0], [1e3], [0.0]])
+    for scheme, qmax in (("int8", 127.0), ("fp8", 448.0)):
+        qw = quantize_weight(w, scheme)
+        torch.testing.assert_close(qw.scales[:3], w[:3].abs().amax(dim=1) / qmax)
+        assert qw.scales[3] == 1.0 and torch.equal(qw.dequantize()[3], torch.zeros(64))
+        assert qw.data.float().abs().max() == qmax
+
+
+def test_nbytes_is_smaller_than_bf16(gen):
+    w = _randn((256, 1024), torch.bfloat16, gen)
+    dense = w.numel() * 2
+    assert quantize_weight(w, "int8").nbytes < 0.51 * dense
+    assert quantize_weight(w, "fp8").nbytes < 0.51 * dense
+    assert quantize_weight(w, "int4_g128").nbytes < 0.27 * dense
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: quantize_weight(torch.zeros(4, 8), "int3"), "^scheme: expected one of"),
+    (lambda: quantize_weight(torch.zeros(2, 4, 8), "int8"), "^w: expected a 2-D"),
+    (lambda: quantize_weight(torch.zeros(4, 8, dtype=torch.int32), "int8"), "^w: expected dtype"),
+    (lambda: quantize_weight(torch.full((4, 8), float("nan")), "int8"), "^w: contains NaN"),
+    (lambda: quantize_weight(torch.zeros(0, 8), "int8"), "^w: expected a non-empty"),
+    (lambda: QuantizedWeight("int8", torch.zeros(4, 8), torch.ones(4), None, None, (4, 8), torch.float16),
+     "^data: expected dtype int8"),
+    (lambda: QuantizedWeight("int8", torch.zeros(4, 8, dtype=torch.int8), torch.ones(3), None, None, (4, 8),
+                             torch.float16), r"^scales: expected shape \(4,\)"),
+    (lambda: QuantizedWeight("int4_g64", torch.zeros(4, 4, dtype=torch.uint8), torch.ones(4, 1), None, 64, (4, 8),
+                             torch.float16), r"^data: expected shape \(4, 32\)"),
+    (lambda: QuantizedWeight("int4_g64", torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), None, 32, (4, 8),
+                             torch.float16), "^group: scheme int4_g64 needs group 64"),
+])
+def test_quant_validation(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ---- fused linear (interpreter) ---------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("M", [1, 5, 17, 70])
+def test_fused_linear_matches_dequantized(triton_on_cpu, gen, scheme, M):
+    N, K = 29, 200  # K is not a multiple of any group: the int4 tail is padding
+    w = _randn((N, K), torch.float16, gen, scale=0.05)
+    qw = quantize_weight(w, scheme)
+    x, bias = _randn((M, K), torch.float16, gen), _randn((N,), torch.float16, gen)
+    y = linear(x, qw, bias, activation="gelu")
+    _check(y, reference.linear_ref(x, qw.dequantize(), bias, "gelu", acc_dtype=torch.float64), torch.float16)
+
+
+@pytest.mark.parametrize("scheme,config", [
+    ("int4_g32", LinearConfig(1, 16, 64, 3, 4, 1)), ("int4_g64", LinearConfig(2, 8, 128, 2, 4, 2)),
+    ("int4_g128", LinearConfig(16, 16, 128, 2, 4, 1)), ("int8", LinearConfig(16, 32, 32, 4, 4, 1)),
+    ("fp8", LinearConfig(4, 16, 32, 2, 4, 1)), ("int8", LinearConfig(1, 16, 256, 1, 4, 1)),
+], ids=str)
+def test_fused_linear_configs(triton_on_cpu, gen, scheme, config):
+    M, N, K = 3, 37, 256  # K a multiple of 256: the unmasked (EVEN_K) loop where the config allows it
+    w = _randn((N, K), torch.float32, gen, scale=0.05)
+    qw = quantize_weight(w, scheme)
+    x = _randn((M, K), torch.float32, gen)
+    y = linear(x, qw, activation="relu", config=config)
+    _check(y, reference.linear_ref(x, qw.dequantize(), None, "relu", acc_dtype=torch.float64), torch.float32)
+
+
+def test_fused_linear_batched_and_cpu_fallback(gen):
+    w = _randn((24, 64), torch.float32, gen, scale=0.05)
+    qw = quantize_weight(w, "int4_g32")
+    x = _randn((2, 3, 64), torch.float32, gen)
+    y = linear(x, qw)  # CPU tensors, no forcing: the reference path
+    assert y.shape == (2, 3, 24)
+    torch.testing.assert_close(y, x @ qw.dequantize().T)
+
+
+def test_fused_linear_validation(triton_on_cpu):
+    qw = quantize_weight(torch.randn(16, 64), "int4_g64")
+    with pytest.raises(ValueError, match="^x: expected last dimension 64"):
+        linear(torch.zeros(2, 63), qw)
+    with pytest.raises(ValueError, match="^config: block_k 32 must be a multiple of the quantization group 64"):
+        linear(torch.zeros(2, 64), qw, config=LinearConfig(1, 16, 32))
+    with pytest.raises(ValueError, match="^weight: expected a QuantizedWeight on meta"):
+        linear(torch.zeros(2, 64, device="meta"), qw)
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("M", [1, 16, 64, 300])
+@pytest.mark.parametrize("N,K", [(14336, 4096), (4097, 4095)])
+def test_fused_linear_bf16_gpu(gen, scheme, M, N, K):
+    w = _randn((N, K), torch.bfloat16, gen, "cuda", 0.02)
+    qw = quantize_weight(w, scheme)
+    x, bias = _randn((M, K), torch.bfloat16, gen, "cuda"), _randn((N,), torch.bfloat16, gen, "cuda")
+    y = linear(x, qw, bias, activation="silu")
+    _check(y, reference.linear_ref(x, qw.dequantize(), bias, "silu", acc_dtype=torch.float64), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["int8", "int4_g128", "fp8"])
+def test_fused_linear_every_candidate_gpu(gen, scheme):
+    from warpforge.kernels.gemv import LINEAR_CONFIGS
+
+    N, K = 4100, 4096
+    w = _randn((N, K), torch.bfloat16, gen, "cuda", 0.02)
+    qw = quantize_weight(w, scheme)
+    for bm, cfgs in LINEAR_CONFIGS.items():
+        M = 1 if bm == 1 else bm - 1
+        x = _randn((M, K), torch.bfloat16, gen, "cuda")
+        ref = reference.linear_ref(x, qw.dequantize(), acc_dtype=torch.float64)
+        for cfg in cfgs:
+            if cfg.block_k % (qw.group or 1):
+                continue
+            _check(linear(x, qw, config=cfg), ref, torch.bfloat16)
