@@ -27,6 +27,21 @@ ACTIVATIONS: dict[str | None, int] = {None: 0, "relu": 1, "silu": 2, "gelu": 3, 
 
 
 @triton.jit
+def _erfc_pos(z):
+    """erfc(z) for z >= 0, fractional error < 1.2e-7 (Chebyshev fit, Numerical Recipes' erfcc)."""
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = -0.82215223 + t * 0.17087277
+    p = 1.48851587 + t * p
+    p = -1.13520398 + t * p
+    p = 0.27886807 + t * p
+    p = -0.18628806 + t * p
+    p = 0.09678418 + t * p
+    p = 0.37409196 + t * p
+    p = 1.00002368 + t * p
+    return t * tl.exp(-z * z - 1.26551223 + t * p)
+
+
+@triton.jit
 def apply_activation(x, ACT: tl.constexpr):
     """fp32 ``x`` -> act(x); ACT is a code from ``ACTIVATIONS``."""
     if ACT == 1:
@@ -34,11 +49,14 @@ def apply_activation(x, ACT: tl.constexpr):
     elif ACT == 2:
         x = x / (1.0 + tl.exp(-x))
     elif ACT == 3:
-        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        # gelu = x * Phi(x) = 0.5 * x * erfc(-x / sqrt 2). 1 + erf(z) cancels catastrophically for
+        # x << 0 (torch's fp32 formula loses most digits there); erfc of |z| does not.
+        e = _erfc_pos(tl.abs(x) * 0.7071067811865476)
+        x = 0.5 * x * tl.where(x >= 0, 2.0 - e, e)
     elif ACT == 4:
-        # tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp overflow gives 1, underflow -1).
+        # 0.5 * (1 + tanh(u)) == sigmoid(2u): no cancellation in the negative tail, no NaN at overflow.
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        x = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+        x = x / (1.0 + tl.exp(-2.0 * u))
     elif ACT == 5:
         x = tl.minimum(tl.maximum(x, 0.0), 6.0)
     return x

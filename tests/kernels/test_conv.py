@@ -1,0 +1,186 @@
+"""conv2d on channels_last tensors (implicit GEMM modes, depthwise, fused epilogue) vs the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from warpforge.kernels import conv as conv_mod
+from warpforge.kernels import reference as ref
+from warpforge.kernels.conv import ConvConfig, DepthwiseConfig, conv2d, prepare_conv_weight
+from warpforge.kernels.tolerance import rel_err, tolerance
+
+pytestmark = pytest.mark.usefixtures("triton_on_cpu")
+CL = torch.channels_last
+F64 = torch.float64
+
+
+def tol(dtype: torch.dtype) -> float:
+    # Straight from the table: fp32 allows for tf32 dots on the GPU.
+    return tolerance(dtype)
+
+
+def _out_hw(h, w, k, s, p, d):
+    return (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _run(device, dtype, n, cin, h, w, cout, k, s, p, d, g, act, res, bias=True, **kw):
+    x = torch.randn(n, cin, h, w, device=device, dtype=dtype).to(memory_format=CL)
+    wt = torch.randn(cout, cin // g, k, k, device=device, dtype=dtype) / (cin // g * k * k) ** 0.5
+    b = torch.randn(cout, device=device, dtype=dtype) if bias else None
+    oh, ow = _out_hw(h, w, k, s, p, d)
+    r = torch.randn(n, cout, oh, ow, device=device, dtype=dtype).to(memory_format=CL) if res else None
+    out = torch.full((n, cout, oh, ow), float("nan"), device=device, dtype=dtype).to(memory_format=CL)
+    got = conv2d(x, wt, b, stride=s, padding=p, dilation=d, groups=g, activation=act, residual=r, out=out, **kw)
+    assert got is out and out.is_contiguous(memory_format=CL)
+    want = ref.conv2d_reference(x, wt, b, stride=s, padding=p, dilation=d, groups=g, activation=act,
+                                residual=r, compute_dtype=F64)
+    assert rel_err(out, want) <= tol(dtype), (n, cin, h, w, cout, k, s, p, d, g, act, res)
+
+
+CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, residual
+    (1, 3, 9, 9, 7, 3, 2, 1, 1, 1, "relu", False),  # flat K (C=3): RGB-stem-like, strided
+    (1, 3, 5, 9, 7, 7, 2, 3, 1, 1, "relu", False),  # 7x7/2 stem shape, tiny
+    (2, 32, 5, 9, 33, 3, 1, 1, 1, 1, "silu", True),  # taps mode (C % 16 == 0), odd Cout
+    (2, 33, 5, 5, 16, 1, 1, 0, 1, 1, None, True),  # plain GEMM 1x1, odd C
+    (1, 16, 9, 5, 20, 1, 2, 0, 1, 1, "gelu", False),  # strided 1x1 (downsample), taps
+    (1, 7, 9, 9, 33, 3, 1, 2, 2, 1, "relu6", False),  # dilation, flat K
+    (1, 8, 5, 5, 12, 3, 1, 1, 1, 2, "relu", True),  # grouped (2 groups), flat K
+    (1, 7, 9, 9, 7, 3, 1, 2, 2, 7, "relu6", True),  # depthwise, dilated
+    (2, 6, 9, 5, 12, 5, 2, 2, 1, 6, None, False),  # depthwise with channel multiplier 2
+    (1, 33, 5, 5, 33, 3, 2, 1, 1, 33, "silu", False),  # depthwise 3x3/2, odd C
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:10])))
+def test_conv_matches_reference(device, dtype, case):
+    _run(device, dtype, *case)
+
+
+def test_no_bias_and_asymmetric_geometry(device):
+    x = torch.randn(1, 16, 9, 7, device=device).to(memory_format=CL)
+    wt = torch.randn(10, 16, 3, 1, device=device) / 7
+    got = conv2d(x, wt, None, stride=(2, 1), padding=(1, 0), dilation=(1, 1))
+    want = ref.conv2d_reference(x, wt, None, stride=(2, 1), padding=(1, 0), compute_dtype=F64)
+    assert got.shape == want.shape and rel_err(got, want) <= tol(torch.float32)
+
+
+@pytest.mark.parametrize("mode_case", [(3, 3), (32, 3), (33, 1)])
+def test_explicit_configs(device, mode_case):
+    cin, k = mode_case
+    _run(device, torch.float32, 1, cin, 5, 5, 17, k, 1, k // 2, 1, 1, "relu", False,
+         config=ConvConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1))
+    _run(device, torch.float32, 1, 8, 5, 5, 8, 3, 1, 1, 1, 8, None, True,
+         config=DepthwiseConfig(block_p=4, block_c=2, num_warps=1))
+
+
+def test_weight_layouts_and_repack_cache(device):
+    x = torch.randn(1, 16, 6, 6, device=device).to(memory_format=CL)
+    w_nchw = torch.randn(8, 16, 3, 3, device=device)  # torch's default layout: repacked once, cached
+    want = ref.conv2d_reference(x, w_nchw, padding=1, compute_dtype=F64)
+    assert rel_err(conv2d(x, w_nchw, padding=1), want) <= tol(torch.float32)
+    packed = conv_mod._PREPARED[id(w_nchw)][2]
+    conv2d(x, w_nchw, padding=1)
+    assert conv_mod._PREPARED[id(w_nchw)][2] is packed  # cache hit: no second repack
+    with torch.no_grad():
+        w_nchw.mul_(2)  # in-place change bumps the version: the cache must not serve stale values
+    assert rel_err(conv2d(x, w_nchw, padding=1), 2 * want) <= tol(torch.float32)
+    # prepare_conv_weight keeps shape and values; the kernels read it without a copy; F.conv2d accepts it.
+    wp = prepare_conv_weight(w_nchw)
+    assert wp.shape == w_nchw.shape and torch.equal(wp, w_nchw) and wp.is_contiguous(memory_format=CL)
+    assert conv_mod._prepared(wp, 1, False) is wp
+    dw = torch.randn(16, 1, 3, 3, device=device)
+    dwp = prepare_conv_weight(dw, groups=16)
+    assert torch.equal(dwp, dw) and (dwp.stride(0), dwp.stride(2), dwp.stride(3)) == (1, 48, 16)
+    assert conv_mod._prepared(dwp, 16, True) is dwp
+    assert torch.allclose(F.conv2d(x, dwp, padding=1, groups=16), F.conv2d(x, dw, padding=1, groups=16), atol=1e-5)
+    got = conv2d(x, dwp, padding=1, groups=16)
+    assert rel_err(got, ref.conv2d_reference(x, dw, padding=1, groups=16, compute_dtype=F64)) <= tol(torch.float32)
+    del w_nchw, packed
+    import gc
+
+    gc.collect()
+    assert not any(v[0]() is None for v in conv_mod._PREPARED.values())  # freed weights leave the cache
+
+
+def test_validation(device):
+    x = torch.randn(1, 4, 6, 6, device=device).to(memory_format=CL)
+    w = torch.randn(8, 4, 3, 3, device=device)
+    with pytest.raises(ValueError, match="channels_last"):
+        conv2d(x.contiguous(), w)
+    with pytest.raises(ValueError, match="4-D"):
+        conv2d(torch.randn(4, 6, 6, device=device), w)
+    with pytest.raises(ValueError, match="x must have dtype"):
+        conv2d(x.double(), w.double())
+    with pytest.raises(ValueError, match="weight must match"):
+        conv2d(x, w.half())
+    with pytest.raises(ValueError, match="groups must be"):
+        conv2d(x, w, groups=3)
+    with pytest.raises(ValueError, match="weight must be"):
+        conv2d(x, torch.randn(8, 3, 3, 3, device=device))
+    with pytest.raises(ValueError, match="bias must be"):
+        conv2d(x, w, torch.randn(7, device=device))
+    with pytest.raises(ValueError, match="stride"):
+        conv2d(x, w, stride=0)
+    with pytest.raises(ValueError, match="padding"):
+        conv2d(x, w, padding=(1, -1))
+    with pytest.raises(ValueError, match="too small"):
+        conv2d(torch.randn(1, 4, 2, 2, device=device).to(memory_format=CL), w)
+    with pytest.raises(ValueError, match="activation"):
+        conv2d(x, w, activation="tanh")
+    with pytest.raises(ValueError, match="residual must be channels_last"):
+        conv2d(x, w, residual=torch.randn(1, 8, 4, 4, device=device))
+    with pytest.raises(ValueError, match="residual must be"):
+        conv2d(x, w, residual=torch.randn(1, 8, 6, 6, device=device).to(memory_format=CL))
+    with pytest.raises(ValueError, match="out must be"):
+        conv2d(x, w, out=torch.empty(1, 8, 4, 4, device=device, dtype=torch.float16).to(memory_format=CL))
+
+
+def test_cpu_dispatch_without_force_runs_reference():
+    from warpforge.kernels import _dispatch
+
+    prev, _dispatch._forced = _dispatch._forced, False
+    try:
+        x = torch.randn(2, 5, 7, 7).to(memory_format=CL)
+        w, b = torch.randn(6, 5, 3, 3), torch.randn(6)
+        r = torch.randn(2, 6, 4, 4).to(memory_format=CL)
+        got = conv2d(x, w, b, stride=2, padding=1, activation="relu", residual=r)
+        want = ref.conv2d_reference(x, w, b, stride=2, padding=1, activation="relu", residual=r, compute_dtype=F64)
+        assert got.is_contiguous(memory_format=CL) and rel_err(got, want) <= tol(torch.float32)
+    finally:
+        _dispatch._forced = prev
+
+
+# ---- GPU: ResNet-50 layer shapes, bf16, depthwise at MobileNet sizes --------------------------
+
+RESNET_LAYERS = [  # cin, hw, cout, k, stride
+    (3, 224, 64, 7, 2), (64, 56, 64, 1, 1), (64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 128, 1, 1),
+    (128, 56, 128, 3, 2), (256, 56, 512, 1, 2), (512, 28, 128, 1, 1), (256, 14, 256, 3, 1),
+    (1024, 14, 2048, 1, 2), (512, 7, 512, 3, 1), (2048, 7, 512, 1, 1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 32])
+@pytest.mark.parametrize("layer", RESNET_LAYERS, ids=lambda layer: "x".join(map(str, layer)))
+def test_gpu_resnet50_layers(dtype, batch, layer):
+    cin, hw, cout, k, s = layer
+    _run("cuda", dtype, batch, cin, hw, hw, cout, k, s, k // 2, 1, 1, "relu", k == 1 and s == 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer", [(32, 112, 3, 1), (144, 56, 3, 2), (960, 7, 3, 1), (96, 56, 7, 1)])
+def test_gpu_depthwise(dtype, layer):
+    c, hw, k, s = layer
+    _run("cuda", dtype, 8, c, hw, hw, c, k, s, k // 2, 1, c, "relu6", s == 1)
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_and_odd_shapes():
+    _run("cuda", torch.float16, 4, 256, 28, 28, 256, 3, 1, 1, 1, 32, "relu", False)  # ResNeXt-style groups
+    _run("cuda", torch.float16, 3, 33, 17, 19, 65, 3, 2, 2, 2, 1, "silu", False)
+    _run("cuda", torch.float32, 2, 64, 15, 15, 96, 3, 1, 1, 1, 1, "gelu", True)
