@@ -76,7 +76,12 @@ def test_linear_batched_input_and_matmul_path(triton_on_cpu, gen):
     assert y.shape == (2, 3, 19)
     _check(y, reference.linear_ref(x, w, bias, "gelu", acc_dtype=torch.float64), torch.float16)
     xl = _randn((GEMV_MAX_M + 7, 33), torch.float16, gen)  # M > 64: the matmul path with w.T
-    _check(linear(xl, w, bias), reference.linear_ref(xl, w, bias, acc_dtype=torch.float64), torch.float16)
+    out = torch.full((GEMV_MAX_M + 7, 19), float("nan"), dtype=torch.float16)
+    assert linear(xl, w, bias, out=out) is out
+    _check(out, reference.linear_ref(xl, w, bias, acc_dtype=torch.float64), torch.float16)
+    out3 = torch.full((2, 3, 19), float("nan"), dtype=torch.float16)
+    linear(x, w, bias, activation="gelu", out=out3)
+    _check(out3, reference.linear_ref(x, w, bias, "gelu", acc_dtype=torch.float64), torch.float16)
 
 
 def test_linear_cpu_tensors_use_reference(gen):
@@ -102,6 +107,8 @@ def test_linear_configs_table():
     (lambda: linear(torch.zeros(2, 9), torch.zeros(4, 8)), "^x: expected last dimension 8"),
     (lambda: linear(torch.tensor(1.0), torch.zeros(4, 8)), "^x: expected at least 1 dimension"),
     (lambda: linear(torch.zeros(2, 8), torch.zeros(4, 8, device="meta")), "^weight: expected a tensor on cpu"),
+    (lambda: linear(torch.zeros(2, 8), torch.zeros(4, 8), out=torch.zeros(4, 2).t()), "^out: expected a contiguous"),
+    (lambda: linear(torch.zeros(2, 8), torch.zeros(4, 8), out=torch.zeros(2, 5)), r"^out: expected shape \(2, 4\)"),
     (lambda: LinearConfig(3, 16, 64), "block_m must be a power of two"),
     (lambda: LinearConfig(16, 8, 64), "block_n must be >= 16 on the tensor-core path"),
 ])

@@ -311,3 +311,14 @@ def test_matmul_fp8_matches_scaled_mm_gpu(gen):
     ours = matmul_fp8(a, b, sa, sb)
     theirs = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     assert rel_err(ours, theirs.float()) <= tolerance(torch.bfloat16)
+
+
+def test_bench_cases_build_on_cpu():
+    from warpforge.bench.suite import Case
+    from warpforge.bench.suites._kernels_matmul import cases
+
+    built = cases(quick=True)
+    assert built and all(isinstance(c, Case) for c in built)
+    assert len({c.name for c in built}) == len(built)
+    for c in built:
+        assert c.flops > 0 and c.bytes > 0 and c.peers

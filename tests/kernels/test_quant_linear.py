@@ -195,3 +195,13 @@ def test_fused_linear_every_candidate_gpu(gen, scheme):
             if cfg.block_k % (qw.group or 1):
                 continue
             _check(linear(x, qw, config=cfg), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_bench_weight_bytes_match_nbytes(gen, scheme):
+    """The benchmark's analytic byte count is what a QuantizedWeight actually stores."""
+    from warpforge.bench.suites._kernels_matmul import _weight_bytes
+
+    for n, k in ((24, 4096), (7, 200)):
+        qw = quantize_weight(_randn((n, k), torch.bfloat16, gen), scheme)
+        assert _weight_bytes(scheme, n, k, torch.bfloat16) == qw.nbytes

@@ -299,6 +299,7 @@ def linear(
     bias: torch.Tensor | None = None,  # [N]
     *,
     activation: str | None = None,  # None | "relu" | "gelu" | "gelu_tanh" | "silu"
+    out: torch.Tensor | None = None,  # [..., N] of x.dtype, contiguous (e.g. a CUDA-graph buffer)
     config: LinearConfig | None = None,  # fixed config for the streaming kernel (not used by the matmul path)
 ) -> torch.Tensor:  # [..., N] in x.dtype
     """``activation(x @ weight.T + bias)``, choosing the weight-streaming kernel or the GEMM by shape."""
@@ -314,10 +315,16 @@ def linear(
         raise ValueError(f"x: expected last dimension {K} to match weight {tuple((N, K))}, got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)  # [M, K]: a view when it can be
+    out2 = None
+    if out is not None:
+        check_tensor("out", out, dtypes=(x.dtype,), shape=(*lead, N), device=x.device)
+        if not out.is_contiguous():
+            raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
+        out2 = out.view(-1, N)
     if isinstance(weight, QuantizedWeight):
-        y = _quantized(x2, weight, bias, activation, None, config)
+        y = _quantized(x2, weight, bias, activation, out2, config)
     elif x2.shape[0] <= GEMV_MAX_M or config is not None:
-        y = gemv(x2, weight, bias, activation=activation, config=config)
+        y = gemv(x2, weight, bias, activation=activation, out=out2, config=config)
     else:
-        y = matmul(x2, weight.t(), bias=bias, activation=activation)
-    return y.reshape(*lead, N)
+        y = matmul(x2, weight.t(), bias=bias, activation=activation, out=out2)
+    return out if out is not None else y.reshape(*lead, N)
