@@ -338,7 +338,7 @@ def render(result: dict[str, Any], console) -> None:
     dev, sheet = result["device"], result.get("datasheet")
     title = f"warpforge probe: {dev['name']}"
     if sheet:
-        title += f"  (datasheet: {sheet['name']} {sheet['source']})"
+        title += f"\ndatasheet: {sheet['name']}, from the {sheet['source']}"
     table = Table(title=title, title_justify="left")
     for col, just in (("figure", "left"), ("measured", "right"), ("datasheet", "right"), ("fraction", "right")):
         table.add_column(col, justify=just)

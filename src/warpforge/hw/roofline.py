@@ -187,7 +187,7 @@ def ceilings(device: torch.device | str | int | None = None) -> Ceilings:
     spec = spec_for(name)
     if spec is not None:
         return Ceilings(device=name, hbm_GBps=float(spec.hbm_GBps), tflops=_fill_missing(spec.tflops),
-                        source=f"datasheet {spec.name} {spec.source} (no probe cache; run `warpforge probe`)")
+                        source=f"datasheet {spec.name} (no probe cache; run `warpforge probe`)")
     return Ceilings(device=name, hbm_GBps=UNKNOWN_GPU_GBPS,
                     tflops=_fill_missing({"fp32": UNKNOWN_GPU_FP16_TFLOPS / 16, "fp16": UNKNOWN_GPU_FP16_TFLOPS}),
                     source="nominal estimate for an unknown GPU (no datasheet, no probe cache; run `warpforge probe`)")

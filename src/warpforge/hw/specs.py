@@ -68,45 +68,49 @@ class DeviceSpec:
         return d
 
 
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet"
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet"
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet"
+
 # Hopper SXM: 132 SMs, 1980 MHz boost. H200 = H100 compute with HBM3e; its driver reports a 60 MiB
 # L2 (62914560 B, measured on our H200) where the H100 reports 50 MiB.
 SPECS: tuple[DeviceSpec, ...] = (
     DeviceSpec("H100 SXM", ("H100 80GB HBM3", "H100 SXM", "H100 SXM5", "H100"), sms=132, l2_MiB=50,
                hbm_GBps=3350, pcie_GBps=64, sm_clock_MHz=1980,
-               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source="[H100] SXM5"),
+               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source=f"{_H100}, SXM5 column"),
     DeviceSpec("H100 PCIe", ("H100 PCIe",), sms=114, l2_MiB=50, hbm_GBps=2000, pcie_GBps=64, sm_clock_MHz=1755,
-               fp32=51, tf32=378, fp16=756.5, bf16=756.5, fp8=1513, int8=1513, source="[H100] PCIe"),
+               fp32=51, tf32=378, fp16=756.5, bf16=756.5, fp8=1513, int8=1513, source=f"{_H100}, PCIe column"),
     DeviceSpec("H100 NVL", ("H100 NVL",), sms=132, l2_MiB=50, hbm_GBps=3900, pcie_GBps=64, sm_clock_MHz=1785,
-               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source="[H100] NVL"),
+               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source=f"{_H100}, NVL column"),
     DeviceSpec("H200", ("H200", "H200 SXM"), sms=132, l2_MiB=60, hbm_GBps=4800, pcie_GBps=64, sm_clock_MHz=1980,
-               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source="[H200] SXM"),
+               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source=f"{_H200}, SXM column"),
     DeviceSpec("H200 NVL", ("H200 NVL",), sms=132, l2_MiB=60, hbm_GBps=4800, pcie_GBps=64, sm_clock_MHz=1785,
-               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source="[H200] NVL"),
+               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source=f"{_H200}, NVL column"),
     # Ampere A100: 108 SMs, 1410 MHz, 40 MiB L2; no fp8 tensor cores.
     DeviceSpec("A100 SXM 80GB", ("A100-SXM4-80GB", "A100 SXM4 80GB", "A100 SXM 80GB", "A100"), sms=108, l2_MiB=40,
                hbm_GBps=2039, pcie_GBps=32, sm_clock_MHz=1410,
-               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source="[A100] 80GB SXM"),
+               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 80GB SXM column"),
     DeviceSpec("A100 PCIe 80GB", ("A100 80GB PCIe", "A100-PCIE-80GB"), sms=108, l2_MiB=40,
                hbm_GBps=1935, pcie_GBps=32, sm_clock_MHz=1410,
-               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source="[A100] 80GB PCIe"),
+               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 80GB PCIe column"),
     DeviceSpec("A100 40GB", ("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 40GB"), sms=108, l2_MiB=40,
                hbm_GBps=1555, pcie_GBps=32, sm_clock_MHz=1410,
-               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source="[A100] 40GB"),
+               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 40GB columns"),
     # Ada: L40S 142 SMs / 96 MiB L2, L4 58 SMs / 48 MiB, RTX 4090 128 SMs / 72 MiB.
     DeviceSpec("L40S", ("L40S",), sms=142, l2_MiB=96, hbm_GBps=864, pcie_GBps=32, sm_clock_MHz=2520,
-               fp32=91.6, tf32=183, fp16=362.05, bf16=362.05, fp8=733, int8=733, source="[L40S]"),
+               fp32=91.6, tf32=183, fp16=362.05, bf16=362.05, fp8=733, int8=733, source="NVIDIA L40S GPU datasheet"),
     DeviceSpec("L4", ("L4",), sms=58, l2_MiB=48, hbm_GBps=300, pcie_GBps=32, sm_clock_MHz=2040,
-               fp32=30.3, tf32=60, fp16=121, bf16=121, fp8=242.5, int8=242.5, source="[L4]"),
+               fp32=30.3, tf32=60, fp16=121, bf16=121, fp8=242.5, int8=242.5, source="NVIDIA L4 Tensor Core GPU datasheet"),
     DeviceSpec("RTX 4090", ("RTX 4090", "GeForce RTX 4090"), sms=128, l2_MiB=72, hbm_GBps=1008, pcie_GBps=32,
                sm_clock_MHz=2520, fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2, fp8=330.3, int8=660.6,
-               source="[ADA] RTX 4090, fp32-accumulate columns"),
+               source="NVIDIA Ada Lovelace architecture whitepaper, RTX 4090, fp32-accumulate rates"),
     # Orin's datasheet gives the GPU's sparse INT8 (170 TOPS) and FP32 (5.3 TFLOPS) only. Its
     # GA10B SMs have A100-class tensor cores (170/2 TOPS dense at 16 SMs x 1.3 GHz = 2048 int8
     # FMA/clk/SM, as on A100), so fp16/bf16 = int8/2 and tf32 = int8/4, as on A100. LPDDR5 shared
     # with the CPU: no PCIe link to measure.
     DeviceSpec("Jetson AGX Orin", ("Orin", "Jetson AGX Orin"), sms=16, l2_MiB=4, hbm_GBps=204.8, pcie_GBps=None,
                sm_clock_MHz=1300, fp32=5.3, tf32=21.25, fp16=42.5, bf16=42.5, fp8=None, int8=85,
-               source="[ORIN] 64GB; tensor rates derived from the sparse INT8 figure"),
+               source="NVIDIA Jetson AGX Orin series datasheet (64GB); tensor rates derived from its sparse INT8 figure"),
 )
 
 
