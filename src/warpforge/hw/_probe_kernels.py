@@ -33,7 +33,8 @@ SWEEP_WARPS = 4
 SWEEP_PROGRAMS_PER_SM = 8  # 8 x 8 KiB in flight per SM: well past L2 and HBM latency x bandwidth
 
 
-@triton.jit
+# Not specialized on the sizes: one compiled kernel serves the whole sweep (a recompile costs ~1 s).
+@triton.jit(do_not_specialize=["num_tiles", "iters"])
 def _sweep_read_kernel(x_ptr, out_ptr, num_tiles, iters, TILE: tl.constexpr, CACHE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)

@@ -13,6 +13,7 @@ scalar accesses for the whole kernel; only the one ragged block pays for the mas
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -131,10 +132,8 @@ def _check_input(x: torch.Tensor, name: str) -> None:
                          f"{tuple(x.shape)}); call .contiguous() first")
 
 
-def _device_ctx(device: torch.device):
+def _device_ctx(device: torch.device) -> contextlib.AbstractContextManager:
     # Triton launches on the current CUDA device; make it the tensors' device.
-    import contextlib
-
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
