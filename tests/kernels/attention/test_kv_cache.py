@@ -126,3 +126,11 @@ def test_store_kv_fp8_gpu(gen, src):
     assert torch.equal(got_k, quantize_kv_ref(k, scales[0]).float())
     assert torch.equal(got_v, quantize_kv_ref(v, scales[1]).float())
     assert got_k[5, 3, 7].item() == 448.0
+
+
+def test_fp8_scales_must_be_positive():
+    f8 = torch.zeros(4, 2, 16, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="positive"):
+        PagedKVCache(f8, f8.clone(), torch.tensor([1.0, -1.0]), torch.ones(2))
+    with pytest.raises(ValueError, match="fp8 pages need"):
+        store_kv(torch.zeros(1, 2, 64), torch.zeros(1, 2, 64), f8, f8.clone(), torch.zeros(1, dtype=torch.int32))

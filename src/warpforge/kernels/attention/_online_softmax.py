@@ -116,7 +116,7 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, BLOCK_N] fp32
         if SOFTCAP:
             s = cap_log2 * _tanh(s * cap_scale)
-        else:
+        elif MASK:
             s = s * qk_scale
         if MASK:
             keep = n_ok[None, :]
@@ -125,8 +125,14 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
             if MASK_LEFT:
                 keep = keep & (offs_n[None, :] >= q_pos[:, None] - window_left)
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        if SOFTCAP or MASK:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            # hot path: scale the row max instead of the tile, then one FMA per element
+            # (s * qk_scale - m); valid because qk_scale > 0 (the launchers check it)
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASK:

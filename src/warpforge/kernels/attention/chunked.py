@@ -141,8 +141,8 @@ def chunked_prefill(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Te
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap: expected a positive float or None, got {softcap}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite float, got {scale}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a finite float > 0, got {scale}")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
                             or out.stride(-1) != 1):
         raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")

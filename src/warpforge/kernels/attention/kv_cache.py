@@ -33,6 +33,35 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _is_fp8(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == FP8
+
+
+def _check_pages(k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
+    """Layout, dtype and scale checks of a K/V page pair (no host sync: runs on every store)."""
+    for name, t in (("k_cache", k), ("v_cache", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name}: expected a tensor [num_pages, num_kv_heads, page_size, head_dim]")
+        if t.dtype not in CACHE_DTYPES:
+            raise ValueError(f"{name}: expected dtype in {CACHE_DTYPES}, got {t.dtype}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected a unit stride on head_dim, got strides {t.stride()}")
+    if v.shape != k.shape or v.dtype != k.dtype or v.device != k.device:
+        raise ValueError(f"v_cache: expected k_cache's {tuple(k.shape)} {k.dtype} on {k.device}, "
+                         f"got {tuple(v.shape)} {v.dtype} on {v.device}")
+    head_dim, num_kv_heads = k.shape[3], k.shape[1]
+    if head_dim % 8 or not 8 <= head_dim <= 256:
+        raise ValueError(f"k_cache: head_dim must be a multiple of 8 in [8, 256], got {head_dim}")
+    if _is_fp8(k):
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if (not isinstance(s, torch.Tensor) or s.shape != (num_kv_heads,) or s.dtype != torch.float32
+                    or s.device != k.device):
+                got = f"{s.dtype} {tuple(s.shape)} on {s.device}" if isinstance(s, torch.Tensor) else repr(s)
+                raise ValueError(f"{name}: fp8 pages need float32 [{num_kv_heads}] scales on {k.device}, got {got}")
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"k_scale, v_scale: only fp8 pages carry scales, these pages are {k.dtype}")
+
+
 @dataclass
 class PagedKVCache:
     """One attention layer's paged K and V (see the module docstring for the layout)."""
@@ -43,29 +72,16 @@ class PagedKVCache:
     v_scale: torch.Tensor | None = None  # [num_kv_heads] fp32, fp8 pages only
 
     def __post_init__(self) -> None:
-        k, v = self.k_cache, self.v_cache
-        for name, t in (("k_cache", k), ("v_cache", v)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                raise ValueError(f"{name}: expected a tensor [num_pages, num_kv_heads, page_size, head_dim]")
-            if t.dtype not in CACHE_DTYPES:
-                raise ValueError(f"{name}: expected dtype in {CACHE_DTYPES}, got {t.dtype}")
-            if t.stride(-1) != 1:
-                raise ValueError(f"{name}: expected a unit stride on head_dim, got strides {t.stride()}")
-        if v.shape != k.shape or v.dtype != k.dtype or v.device != k.device:
-            raise ValueError(f"v_cache: expected k_cache's {tuple(k.shape)} {k.dtype} on {k.device}, "
-                             f"got {tuple(v.shape)} {v.dtype} on {v.device}")
-        if self.head_dim % 8 or not 8 <= self.head_dim <= 256:
-            raise ValueError(f"k_cache: head_dim must be a multiple of 8 in [8, 256], got {self.head_dim}")
-        if self.is_fp8:
-            for name in ("k_scale", "v_scale"):
-                s = getattr(self, name)
-                if s is None:
-                    setattr(self, name, s := torch.ones(self.num_kv_heads, dtype=torch.float32, device=k.device))
-                if s.shape != (self.num_kv_heads,) or s.dtype != torch.float32 or s.device != k.device:
-                    raise ValueError(f"{name}: expected float32 [{self.num_kv_heads}] on {k.device}, "
-                                     f"got {s.dtype} {tuple(s.shape)} on {s.device}")
-        elif self.k_scale is not None or self.v_scale is not None:
-            raise ValueError(f"k_scale, v_scale: only fp8 pages carry scales, these pages are {k.dtype}")
+        if _is_fp8(self.k_cache) and self.k_cache.dim() == 4:  # missing scales default to 1.0
+            n, dev = self.k_cache.shape[1], self.k_cache.device
+            if self.k_scale is None:
+                self.k_scale = torch.ones(n, dtype=torch.float32, device=dev)
+            if self.v_scale is None:
+                self.v_scale = torch.ones(n, dtype=torch.float32, device=dev)
+        _check_pages(self.k_cache, self.v_cache, self.k_scale, self.v_scale)
+        # Once per cache (one sync): the kernels fold k_scale into a logit scale that must stay > 0.
+        if self.is_fp8 and not (bool((self.k_scale > 0).all()) and bool((self.v_scale > 0).all())):
+            raise ValueError("k_scale, v_scale: expected positive per-head scales")
 
     @classmethod
     def allocate(cls, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, *,
@@ -160,41 +176,43 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     ``slot_mapping`` (int32 or int64): page * page_size + row per token; -1 skips the token (padding).
     fp8 caches need ``k_scale``/``v_scale`` [num_kv_heads] fp32 and are quantized here.
     """
-    cache = PagedKVCache(k_cache, v_cache, k_scale, v_scale)  # validates the cache and the scales
+    _check_pages(k_cache, v_cache, k_scale, v_scale)
+    num_pages, num_kv_heads, page_size, head_dim = k_cache.shape
+    fp8, device = _is_fp8(k_cache), k_cache.device
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name}: expected a tensor [T, num_kv_heads, head_dim]")
-        if t.shape[1:] != (cache.num_kv_heads, cache.head_dim):
-            raise ValueError(f"{name}: expected [T, {cache.num_kv_heads}, {cache.head_dim}], got {tuple(t.shape)}")
-        if t.dtype not in QUERY_DTYPES or (not cache.is_fp8 and t.dtype != cache.dtype):
-            want = "float16/bfloat16/float32" if cache.is_fp8 else str(cache.dtype)
-            raise ValueError(f"{name}: expected dtype {want} for {cache.dtype} pages, got {t.dtype}")
-        if t.stride(-1) != 1 or t.device != cache.device:
-            raise ValueError(f"{name}: expected unit last stride on {cache.device}, got {t.stride()} on {t.device}")
+        if t.shape[1:] != (num_kv_heads, head_dim):
+            raise ValueError(f"{name}: expected [T, {num_kv_heads}, {head_dim}], got {tuple(t.shape)}")
+        if t.dtype not in QUERY_DTYPES or (not fp8 and t.dtype != k_cache.dtype):
+            want = "float16/bfloat16/float32" if fp8 else str(k_cache.dtype)
+            raise ValueError(f"{name}: expected dtype {want} for {k_cache.dtype} pages, got {t.dtype}")
+        if t.stride(-1) != 1 or t.device != device:
+            raise ValueError(f"{name}: expected unit last stride on {device}, got {t.stride()} on {t.device}")
     if v.shape != k.shape:
         raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if (not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype not in (torch.int32, torch.int64)
-            or slot_mapping.shape != (k.shape[0],) or slot_mapping.device != cache.device):
-        raise ValueError(f"slot_mapping: expected int32/int64 [{k.shape[0]}] on {cache.device}")
+            or slot_mapping.shape != (k.shape[0],) or slot_mapping.device != device):
+        raise ValueError(f"slot_mapping: expected int32/int64 [{k.shape[0]}] on {device}")
     if not slot_mapping.is_cuda:  # free on CPU; on the GPU it would cost a sync per step
-        bad = (slot_mapping < -1) | (slot_mapping >= cache.num_pages * cache.page_size)
+        bad = (slot_mapping < -1) | (slot_mapping >= num_pages * page_size)
         if bad.any():
-            raise ValueError(f"slot_mapping: expected -1 or slots in [0, {cache.num_pages * cache.page_size}), "
+            raise ValueError(f"slot_mapping: expected -1 or slots in [0, {num_pages * page_size}), "
                              f"got {slot_mapping[bad][:4].tolist()}")
     if k.shape[0] == 0:
         return
     if not use_triton(k, v, k_cache, v_cache, slot_mapping):
-        store_kv_ref(k, v, k_cache, v_cache, slot_mapping, cache.k_scale, cache.v_scale)
+        store_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
     _store_kv_kernel[(k.shape[0],)](
-        k, v, k_cache, v_cache, slot_mapping, cache.k_scale, cache.v_scale,
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        cache.num_kv_heads,
-        PAGE_SIZE=cache.page_size, HEAD_DIM=cache.head_dim,
-        BLOCK_H=triton.next_power_of_2(cache.num_kv_heads), BLOCK_D=triton.next_power_of_2(cache.head_dim),
-        QUANT=cache.is_fp8, num_warps=4,
+        num_kv_heads,
+        PAGE_SIZE=page_size, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        QUANT=fp8, num_warps=4,
     )
 
 
