@@ -62,6 +62,10 @@ def _ceilings(device: torch.device) -> Any:
     Nominal estimates (a CPU or an unknown GPU without a probe cache) are not used: a roofline
     fraction against a guessed ceiling would be an invented number, so the record says null.
     """
+    if device.type == "cpu":
+        # CPU runs use cache-resident sizes on the torch reference path: a fraction of the DRAM
+        # roofline would read above 100% and mean nothing.
+        return None
     try:
         from warpforge.hw.roofline import ceilings
 

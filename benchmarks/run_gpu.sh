@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: install, GPU tests, probe, suites. Writes everything under $OUT
+# (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
+# Stages: install test-gpu[:path,path] probe bench:<suite>[:-k filter] (default: install test-gpu probe bench:memory)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-$PWD/out}; OUT=$FINAL/run; mkdir -p "$OUT"  # tarred at the end: few files come back
+export PYTHONUNBUFFERED=1
+# GPU boxes are offline: wheels the machine lacks travel in .whl/.
+[ -d .whl ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl
+export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
+stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-gpu probe bench:memory)
+summary=()
+for st in "${stages[@]}"; do
+  t0=$(date +%s)
+  case "$st" in
+    install) make install > "$OUT/install.log" 2>&1; rc=$? ;;
+    test-gpu|test-gpu:*) paths=${st#test-gpu}; paths=${paths#:}; IFS=, read -ra p <<< "$paths"
+       .venv/bin/python -m pytest -q -m gpu --timeout 300 "${p[@]}" 2>&1 | tee "$OUT/test-gpu.log" | tail -40; rc=${PIPESTATUS[0]} ;;
+    probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
+    bench:*) IFS=: read -r _ suite filt <<< "$st"
+       args=(bench "$suite" --out "$OUT/$suite.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
+       .venv/bin/warpforge "${args[@]}" 2>&1 | tee "$OUT/$suite.txt"; rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown stage $st"; rc=2 ;;
+  esac
+  summary+=("$st rc=$rc $(( $(date +%s) - t0 ))s")
+  [ "$st" = install ] && [ $rc -ne 0 ] && { tail -30 "$OUT/install.log"; break; }
+done
+printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+tar czf "$FINAL/run.tgz" -C "$OUT" . && rm -rf "$OUT"
+echo "== summary"; printf '%s\n' "${summary[@]}"

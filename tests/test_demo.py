@@ -1,0 +1,24 @@
+"""`warpforge demo` runs end to end on this machine and prints measured figures."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from warpforge.cli import main
+
+
+def test_demo_runs_and_reports_measured_figures(tmp_path):
+    store = tmp_path / "r.sqlite"
+    out = CliRunner().invoke(main, ["demo", "--store", str(store)])
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert "probe" in text and "memory" in text
+    # The headline carries figures read back from the store: one line per memory case, each checked.
+    bench_lines = [ln for ln in text.splitlines() if ln.strip().startswith("bench ")]
+    assert len(bench_lines) >= 4
+    assert all("correct=ok" in ln for ln in bench_lines)
+    assert all("GB/s" in ln for ln in bench_lines)
+    res = CliRunner().invoke(main, ["results", "list", "--store", str(store)])
+    assert res.exit_code == 0 and "memory" in res.output
