@@ -172,7 +172,8 @@ def test_cpu_dispatch_without_force_rotates_in_place():
 @pytest.mark.parametrize("layout", ["neox", "interleaved"])
 @pytest.mark.parametrize("T,hq,hk,d,rot", [(4096, 32, 8, 128, 128), (1, 32, 8, 128, 128), (777, 16, 16, 256, 64)])
 def test_gpu_rope_bf16(layout, T, hq, hk, d, rot):
-    cache = rope_cache(131072, rot, base=500000.0, device="cuda", scaling={**LLAMA3, "original_max_position_embeddings": 8192})
+    scaling = {**LLAMA3, "original_max_position_embeddings": 8192}
+    cache = rope_cache(131072, rot, base=500000.0, device="cuda", scaling=scaling)
     q = torch.randn(T, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(T, hk, d, device="cuda", dtype=torch.bfloat16)
     pos = torch.randint(0, 131072, (T,), device="cuda")

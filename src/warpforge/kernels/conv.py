@@ -67,8 +67,8 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
                       s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
                       s_wo, s_wc, s_wh, s_ww,  # weight strides for [Cout, C/g, KH, KW] (prepared: s_wc == 1)
                       stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                      KH: tl.constexpr, KW: tl.constexpr, MODE: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                      KH: tl.constexpr, KW: tl.constexpr, MODE: tl.constexpr, EVEN_C: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups). Output tile [BM pixels, BN channels] of group g.
     pid = tl.program_id(0)
@@ -101,10 +101,10 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
         a_row = x_img + oh * s_xh + ow * s_xw
         for k0 in range(0, CIN_G, BLOCK_K):
             c = k0 + offs_k
-            c_mask = c < CIN_G
+            c_mask = (c < CIN_G) | EVEN_C  # EVEN_C (BLOCK_K divides C/groups): no channel tail to mask
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0.0)
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
         c_steps = tl.cdiv(CIN_G, BLOCK_K)
         for step in range(0, KH * KW * c_steps):
@@ -116,12 +116,12 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
             iw = iw0 + kw * dil_w
             valid = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             c = c0 + offs_k
-            c_mask = c < CIN_G
+            c_mask = (c < CIN_G) | EVEN_C
             a_row = x_img + ih * s_xh + iw * s_xw
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=valid[:, None] & c_mask[None, :], other=0.0)
             b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
                         mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
         K = KH * KW * CIN_G
         for k0 in range(0, K, BLOCK_K):
@@ -137,7 +137,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
             a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=0.0)
             w_off = kh * s_wh + kw * s_ww + c * s_wc
             b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     _epilogue_store(acc, offs_m, g * COUT_G + offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
                     HAS_BIAS, HAS_RES, ACT)
@@ -321,7 +321,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype not in CONV_DTYPES:
         raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
-        raise ValueError(f"weight must be a 4-D tensor [Cout, C/groups, KH, KW], got {getattr(weight, 'shape', weight)}")
+        raise ValueError("weight must be a 4-D tensor [Cout, C/groups, KH, KW], got "
+                         f"{getattr(weight, 'shape', weight)}")
     if weight.dtype != x.dtype or weight.device != x.device:
         raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
     sh, sw = _pair(stride, "stride", 1)
@@ -388,7 +389,9 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), groups)
         _conv_gemm_kernel[grid](
             x, wp, b_arg, r_arg, out, m, oh, ow, h, w, cin_g, cout_g, cout, *x.stride(), *wp.stride(), *geom,
-            KH=kh, KW=kw, MODE=mode, **common,
+            KH=kh, KW=kw, MODE=mode, EVEN_C=cin_g % cfg.block_k == 0, **common,
+            # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 

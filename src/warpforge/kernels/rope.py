@@ -45,10 +45,12 @@ def _pow2(n: int) -> int:
 
 
 def rope_config(hq: int, hk: int, rotary_dim: int) -> RopeConfig:
-    """Default: ~2K elements per program; heads per block no more than the smaller head count."""
+    """Default: up to ~2K elements per program, heads per block no more than the smaller head count
+    (no masked-off k heads), and ~8 elements per thread in each half tile (16-byte bf16 accesses)."""
+    half = _pow2(rotary_dim // 2)
     heads = _pow2(min(hq, hk) if hk else hq)
-    block_h = max(1, min(heads, 2048 // _pow2(rotary_dim)))
-    warps = max(1, min(8, block_h * _pow2(rotary_dim) // 256))
+    block_h = max(1, min(heads, 1024 // half))
+    warps = max(1, min(8, block_h * half // 256))
     return RopeConfig(block_h=block_h, num_warps=_pow2(warps))
 
 

@@ -110,7 +110,8 @@ def _conv_counts(layer: ConvLayer, batch: int, itemsize: int) -> tuple[float, fl
 def _conv_inputs(layer: ConvLayer, batch: int, dtype: torch.dtype, gen: torch.Generator, device) -> tuple:
     x = torch.randn(batch, layer.cin, layer.hw, layer.hw, generator=gen, device=device).to(dtype)
     # He-scaled weights keep activations O(1) through the relu.
-    w = torch.randn(layer.cout, layer.cin, layer.k, layer.k, generator=gen, device=device) * (2.0 / (layer.cin * layer.k ** 2)) ** 0.5
+    w = torch.randn(layer.cout, layer.cin, layer.k, layer.k, generator=gen, device=device)
+    w = w * (2.0 / (layer.cin * layer.k ** 2)) ** 0.5
     b = torch.randn(layer.cout, generator=gen, device=device) * 0.1
     return x.to(memory_format=CL), w.to(dtype).to(memory_format=CL), b.to(dtype)
 
