@@ -86,7 +86,13 @@ def device_info(device: torch.device) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def git_version() -> str | None:
-    """HEAD of the checkout warpforge is imported from, "-dirty" if tracked files changed; None if none."""
+    """HEAD of the checkout warpforge is imported from, "-dirty" if tracked files changed; None if none.
+
+    ``WARPFORGE_GIT`` names the revision where the code runs from a copy without .git (a GPU box
+    that received the working tree).
+    """
+    if os.environ.get("WARPFORGE_GIT"):
+        return os.environ["WARPFORGE_GIT"]
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
