@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/run; mkdir -p "$OUT"  # tarred at the end: few files come back
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
 # GPU boxes are offline: wheels the machine lacks travel in .whl/.
 [ -d .whl ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl
 export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
