@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from warpforge.kernels.attention import AttentionConfig, flash_attention
+from warpforge.kernels.attention.prefill import _tma_descriptors, default_config
 from warpforge.kernels.reference import flash_attention_ref
 from warpforge.kernels.tolerance import check, tolerance
 
@@ -206,3 +209,41 @@ def test_prefill_matches_sdpa_gpu(gen):
         ours = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
         assert check(ours.transpose(1, 2), sdpa, tol=tolerance(torch.bfloat16))["ok"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_tma_descriptors_cpu(triton_on_cpu, gen, causal):
+    # The TMA path (Hopper tensor descriptors) through the interpreter: batched, SDPA layout, packed.
+    cfg = AttentionConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, tma=True)
+    q, k, v = _qkv(2, 33, 40, 4, 2, 64, torch.float16, "cpu", gen)
+    assert _tma_descriptors(q, k, v, cfg, 64) is not None
+    out = flash_attention(q, k, v, causal=causal, window=9, config=cfg)
+    _assert_close(out, flash_attention_ref(q, k, v, causal=causal, window=9), torch.float16, "batched")
+    q4 = torch.randn(2, 4, 33, 64, generator=gen).half()
+    out = flash_attention(q4.transpose(1, 2), k, v, causal=causal, config=cfg)
+    _assert_close(out, flash_attention_ref(q4.transpose(1, 2), k, v, causal=causal), torch.float16, "sdpa layout")
+    cu = torch.tensor([0, 1, 18, 20, 53], dtype=torch.int32)
+    qp, kp, vp = (torch.randn(53, h, 64, generator=gen).half() for h in (4, 1, 1))
+    out, lse = flash_attention(qp, kp, vp, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, config=cfg,
+                               return_lse=True)
+    ref, ref_lse = flash_attention_ref(qp, kp, vp, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, return_lse=True)
+    _assert_close(out, ref, torch.float16, "packed")
+    _assert_lse(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_tma_gpu(gen, D, causal):
+    cfg = dataclasses.replace(default_config(D, causal), tma=True)
+    q, k, v = _qkv(2, 1000, 1000, 8, 2, D, torch.bfloat16, "cuda", gen)
+    out, lse = flash_attention(q, k, v, causal=causal, config=cfg, return_lse=True)
+    ref, ref_lse = flash_attention_ref(q, k, v, causal=causal, return_lse=True)
+    _assert_close(out, ref, torch.bfloat16)
+    _assert_lse(lse, ref_lse)
+    lens = [1, 17, 1000, 4097]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    qp, kp, vp = (torch.randn(int(cu[-1]), h, D, generator=gen).bfloat16().cuda() for h in (8, 2, 2))
+    out = flash_attention(qp, kp, vp, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, config=cfg)
+    _assert_close(out, flash_attention_ref(qp, kp, vp, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu),
+                  torch.bfloat16)

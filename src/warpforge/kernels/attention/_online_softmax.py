@@ -5,7 +5,8 @@ block table) differ only in which query rows a program owns and where its keys l
 
 1. compute the key range a program's rows may see with :func:`key_range`, split into masked edges and
    an unmasked interior (no per-element mask math and no load masks in the hot loop);
-2. run :func:`attend_blocks` over the three pieces, keeping (acc, l, m) in fp32 registers;
+2. run :func:`attend_span` (:func:`attend_blocks` over the three pieces), keeping (acc, l, m) in
+   fp32 registers;
 3. normalize with :func:`finalize`.
 
 Logits live in the log2 domain (scale folded with log2(e)) so the loop uses ``exp2``. Row positions
@@ -24,7 +25,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # Running-max start: finite so a row whose first blocks are all masked gives exp2(-inf - m) = 0 and
 # alpha = exp2(0) = 1 instead of the NaN that (-inf) - (-inf) would give.
-NEG_BIG = -1.0e30
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -62,20 +63,37 @@ def key_range(min_pos, max_pos, seqlen_k, window_left, window_right,
 
 
 @triton.jit
+def _load_tile(base, row_off, offs_d, n_ok, d_ok, MASK: tl.constexpr, PAD_D: tl.constexpr):
+    """[BLOCK_N, BLOCK_D] rows at base + row_off; masks only where rows or padded dims can be invalid."""
+    ptrs = base + row_off[:, None] + offs_d[None, :]
+    if MASK:
+        if PAD_D:
+            return tl.load(ptrs, mask=n_ok[:, None] & d_ok, other=0.0)
+        return tl.load(ptrs, mask=n_ok[:, None], other=0.0)
+    if PAD_D:
+        return tl.load(ptrs, mask=d_ok, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
 def attend_blocks(acc, l_i, m_i, q, q_pos,
                   k_base, v_base, stride_kn, stride_vn,
                   page_row, stride_kp, stride_vp,
+                  k_desc, v_desc, desc_b, desc_row, desc_h,
                   lo, hi, seqlen_k, window_left, window_right,
                   qk_scale, cap_scale, cap_log2,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                   MASK: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
                   SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+                  TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online-softmax update over key blocks [lo, hi) (lo a multiple of BLOCK_N).
 
     acc [M, BLOCK_D] fp32, l_i/m_i [M] fp32 (m in log2 units), q [M, BLOCK_D], q_pos [M] int32.
-    Contiguous keys: token n at k_base + n * stride_kn. Paged keys (PAGED): token n at
-    k_base + page_row[n // PAGE_SIZE] * stride_kp + (n % PAGE_SIZE) * stride_kn.
+    Where key n lives:
+    * contiguous: k_base + n * stride_kn;
+    * PAGED: k_base + page_row[n // PAGE_SIZE] * stride_kp + (n % PAGE_SIZE) * stride_kn;
+    * TMA: k_desc (a [B, S, H, D] tensor descriptor) at [desc_b, desc_row + n, desc_h, 0]; rows past
+      the tensor read as zeros, rows of a neighbouring packed sequence are masked like any n >= seqlen_k.
     Logits: q.k * qk_scale (log2 units), or with SOFTCAP: cap_log2 * tanh(q.k * cap_scale).
     MASK=False promises every key in [lo, hi) is in bounds and visible to every row.
     """
@@ -99,18 +117,10 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
         else:
             k_off = offs_n * stride_kn
             v_off = offs_n * stride_vn
-        k_ptrs = k_base + k_off[:, None] + offs_d[None, :]
-        v_ptrs = v_base + v_off[:, None] + offs_d[None, :]
-        if MASK:
-            if PAD_D:
-                k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok, other=0.0)
-            else:
-                k = tl.load(k_ptrs, mask=n_ok[:, None], other=0.0)
+        if TMA:
+            k = k_desc.load([desc_b, desc_row + start_n, desc_h, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
-            if PAD_D:
-                k = tl.load(k_ptrs, mask=d_ok, other=0.0)
-            else:
-                k = tl.load(k_ptrs)
+            k = _load_tile(k_base, k_off, offs_d, n_ok, d_ok, MASK, PAD_D)
         # fp8 pages: e4m3 values are exact in fp16/bf16; the per-head scale sits in qk_scale.
         k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, BLOCK_N] fp32
@@ -135,20 +145,43 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
             p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASK:
-            if PAD_D:
-                v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok, other=0.0)
-            else:
-                v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+        if TMA:
+            v = v_desc.load([desc_b, desc_row + start_n, desc_h, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
-            if PAD_D:
-                v = tl.load(v_ptrs, mask=d_ok, other=0.0)
-            else:
-                v = tl.load(v_ptrs)
+            v = _load_tile(v_base, v_off, offs_d, n_ok, d_ok, MASK, PAD_D)
         v = v.to(q.dtype)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(q.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attend_span(acc, l_i, m_i, q, q_pos,
+                k_base, v_base, stride_kn, stride_vn,
+                page_row, stride_kp, stride_vp,
+                k_desc, v_desc, desc_b, desc_row, desc_h,
+                lo, full_lo, full_hi, hi, seqlen_k, window_left, window_right,
+                qk_scale, cap_scale, cap_log2,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+                PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """attend_blocks over a key_range: left edge masked, interior unmasked, right edge masked."""
+    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
+                                  page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  lo, full_lo, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
+                                  BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
+                                  PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
+    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
+                                  page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
+                                  BLOCK_N, BLOCK_D, HEAD_DIM, False, MASK_LEFT, MASK_RIGHT, SOFTCAP,
+                                  PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
+    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
+                                  page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  full_hi, hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
+                                  BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
+                                  PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
     return acc, l_i, m_i
 
 

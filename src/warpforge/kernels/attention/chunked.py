@@ -18,7 +18,7 @@ import math
 import torch
 
 from warpforge.kernels._dispatch import INTERPRET, use_triton
-from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_blocks, finalize, key_range
+from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.attention.prefill import INTERPRET_CONFIG, AttentionConfig
 from warpforge.kernels.reference import attention_window, paged_attention_ref
@@ -83,18 +83,11 @@ def _chunked_kernel(Q, KC, VC, block_tables, seq_lens, cu_q, k_scale, v_scale, O
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                  page_row, stride_kp, stride_vp, lo, full_lo, L, window_left, 0,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  True, MASK_LEFT, True, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                  page_row, stride_kp, stride_vp, full_lo, full_hi, L, window_left, 0,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  False, MASK_LEFT, True, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                  page_row, stride_kp, stride_vp, full_hi, hi, L, window_left, 0,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  True, MASK_LEFT, True, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
+    acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                page_row, stride_kp, stride_vp, None, None, 0, 0, 0,
+                                lo, full_lo, full_hi, hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
+                                BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, True, SOFTCAP,
+                                True, PAGE_SIZE, False, DOT_PRECISION)
     out, _ = finalize(acc, l_i, m_i)
     out = out * vs
     tl.store(O + t64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],

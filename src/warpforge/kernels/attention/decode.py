@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from warpforge.kernels._dispatch import INTERPRET, use_triton
-from warpforge.kernels.attention._online_softmax import LOG2E, NEG_BIG, attend_blocks, finalize, key_range
+from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.reference import attention_window, paged_decode_ref
 
@@ -122,18 +122,11 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_G], dtype=tl.float32) + NEG_BIG
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                  page_row, stride_kp, stride_vp, s_lo, a, L, window_left, 0,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  True, MASK_LEFT, False, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                  page_row, stride_kp, stride_vp, a, c, L, window_left, 0,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  False, MASK_LEFT, False, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                  page_row, stride_kp, stride_vp, c, s_hi, L, window_left, 0,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  True, MASK_LEFT, False, SOFTCAP, True, PAGE_SIZE, DOT_PRECISION)
+    acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                page_row, stride_kp, stride_vp, None, None, 0, 0, 0,
+                                s_lo, a, c, s_hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
+                                BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, False, SOFTCAP,
+                                True, PAGE_SIZE, False, DOT_PRECISION)
     out, lse = finalize(acc, l_i, m_i)
     out = out * vs
     if NUM_SPLITS == 1:

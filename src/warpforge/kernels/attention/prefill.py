@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from warpforge.kernels._dispatch import INTERPRET, use_triton
-from warpforge.kernels.attention._online_softmax import LOG2E, NEG_BIG, attend_blocks, finalize, key_range
+from warpforge.kernels.attention._online_softmax import LOG2E, NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.reference import attention_window, flash_attention_ref
 
 import triton
@@ -41,6 +41,9 @@ class AttentionConfig:
     block_n: int = 64  # keys per inner-loop step
     num_warps: int = 8
     num_stages: int = 3
+    # Load Q/K/V through Hopper TMA descriptors instead of pointer loads (cp.async). Used where the
+    # layout allows it (power-of-two head dim, 16-byte aligned base and strides), else ignored.
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -69,25 +72,32 @@ _DEFAULTS: dict[tuple[int, bool], AttentionConfig] = {
 }
 
 PREFILL_SWEEP: tuple[AttentionConfig, ...] = tuple(
-    AttentionConfig(bm, bn, w, s)
+    AttentionConfig(bm, bn, w, s, tma)
     for bm in (64, 128)
     for bn in (32, 64, 128)
     for w in (4, 8)
     for s in (2, 3, 4)
+    for tma in (False, True)
     if not (bm * bn < 128 * 64 and w == 8)
 )
 
 
-def default_config(head_dim: int, causal: bool) -> AttentionConfig:
+# fp32 inputs run an IEEE (non-tensor-core) dot: a small tile keeps it from spilling.
+FP32_CONFIG = AttentionConfig(64, 32, 4, 2)
+
+
+def default_config(head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16) -> AttentionConfig:
     """The launch config used when ``config`` is not given (interpreter: tiny tiles)."""
     if INTERPRET:
         return INTERPRET_CONFIG
+    if dtype == torch.float32:
+        return FP32_CONFIG
     padded = max(16, triton.next_power_of_2(head_dim))
     return _DEFAULTS.get((min(padded, 256), causal), _DEFAULTS[(128, causal)])
 
 
 @triton.jit
-def _flash_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k,
+def _flash_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, q_desc, k_desc, v_desc,
                       stride_qb, stride_qs, stride_qh,
                       stride_kb, stride_ks, stride_kh,
                       stride_vb, stride_vs, stride_vh,
@@ -98,7 +108,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-                      VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, TMA: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
     # Heaviest query blocks first: under causal masking the last blocks see the most keys, and
     # starting them early keeps the tail of the launch short.
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -120,18 +131,22 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k,
         k_off += k_start.to(tl.int64) * stride_ks
         v_off += k_start.to(tl.int64) * stride_vs
         lse_off += q_start.to(tl.int64)
+        desc_b = 0  # packed tensors are described as [1, T, H, D]
+    else:
+        q_start = 0
+        k_start = 0
+        desc_b = b
     if start_m * BLOCK_M >= seqlen_q:
         return
-    q_base = Q + q_off
-    k_base = K + k_off
-    v_base = V + v_off
-    o_base = O + o_off
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < seqlen_q
     io_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=io_mask, other=0.0)
+    if TMA:  # rows past this sequence are zeros or a neighbour's: computed, never stored
+        q = q_desc.load([desc_b, q_start + start_m * BLOCK_M, h, 0]).reshape(BLOCK_M, BLOCK_D)
+    else:
+        q = tl.load(Q + q_off + offs_m[:, None] * stride_qs + offs_d[None, :], mask=io_mask, other=0.0)
 
     shift = seqlen_k - seqlen_q  # bottom-right alignment
     q_pos = offs_m + shift
@@ -143,21 +158,13 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
-    # left edge (window), unmasked interior, right edge (causal diagonal / window / last partial block)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_ks, stride_vs,
-                                  None, 0, 0, lo, full_lo, seqlen_k, window_left, window_right,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  True, MASK_LEFT, MASK_RIGHT, SOFTCAP, False, 1, DOT_PRECISION)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_ks, stride_vs,
-                                  None, 0, 0, full_lo, full_hi, seqlen_k, window_left, window_right,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  False, MASK_LEFT, MASK_RIGHT, SOFTCAP, False, 1, DOT_PRECISION)
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_ks, stride_vs,
-                                  None, 0, 0, full_hi, hi, seqlen_k, window_left, window_right,
-                                  qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
-                                  True, MASK_LEFT, MASK_RIGHT, SOFTCAP, False, 1, DOT_PRECISION)
+    acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, K + k_off, V + v_off, stride_ks, stride_vs,
+                                None, 0, 0, k_desc, v_desc, desc_b, k_start, kvh,
+                                lo, full_lo, full_hi, hi, seqlen_k, window_left, window_right,
+                                qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                MASK_LEFT, MASK_RIGHT, SOFTCAP, False, 1, TMA, DOT_PRECISION)
     out, lse = finalize(acc, l_i, m_i)
-    tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :], out.to(O.dtype.element_ty), mask=io_mask)
+    tl.store(O + o_off + offs_m[:, None] * stride_os + offs_d[None, :], out.to(O.dtype.element_ty), mask=io_mask)
     if STORE_LSE:
         tl.store(LSE + lse_off + offs_m, lse, mask=row_ok)
 
@@ -203,6 +210,27 @@ def _check_cu_values(cu_q: torch.Tensor, cu_k: torch.Tensor, tq: int, tk: int) -
     if last != [tq, tk]:
         raise ValueError(f"cu_seqlens_q/k: expected totals ({tq}, {tk}) = rows of q and k, got {tuple(last)}")
     return int(lq.max())
+
+
+def _tma_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig, block_d: int):
+    """[B, S, H, D] descriptors (packed [T, H, D] as [1, T, H, D]) for Q, K, V; None if TMA cannot apply.
+
+    A 4-D descriptor keeps any batch/sequence/head strides and zero-fills rows past a sequence.
+    """
+    if block_d != q.shape[-1] or not (q.is_cuda or INTERPRET):
+        return None
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # older Triton: pointer loads only
+        return None
+    descs = []
+    for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)):
+        t4 = t if t.dim() == 4 else t.unsqueeze(0)
+        size = t4.element_size()
+        if t4.data_ptr() % 16 or any(st * size % 16 for st in t4.stride()[:-1]):
+            return None
+        descs.append(TensorDescriptor(t4, list(t4.shape), list(t4.stride()), [1, rows, 1, block_d]))
+    return tuple(descs)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
@@ -286,18 +314,19 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         sl = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     else:
         lse, sl = None, (0, 0)
-    cfg = config or default_config(D, causal)
+    cfg = config or default_config(D, causal, q.dtype)
     block_d = max(16, triton.next_power_of_2(D))
+    descs = _tma_descriptors(q, k, v, cfg, block_d) if cfg.tma else None
     grid = (triton.cdiv(max(Sq, 1), cfg.block_m), H, B)
     _flash_fwd_kernel[grid](
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *(descs or (None, None, None)),
         *sq, *sk, *sv, *so, *sl,
         Sq, Sk, H // Hkv,
         scale * LOG2E, scale / softcap if softcap else 0.0, softcap * LOG2E if softcap else 0.0,
         left, right,
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0, SOFTCAP=softcap is not None,
-        VARLEN=varlen, STORE_LSE=return_lse,
+        VARLEN=varlen, STORE_LSE=return_lse, TMA=descs is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
