@@ -35,7 +35,7 @@ def _gated_ref(kind, x, approximate=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("rows,d", [(1, 1), (7, 33), (129, 5), (3, 4095)])
+@pytest.mark.parametrize("rows,d", [(1, 9), (7, 33), (129, 5), (3, 4095)])
 @pytest.mark.parametrize("kind,kw", GATED)
 def test_gated_matches_reference(device, dtype, rows, d, kind, kw):
     x = torch.randn(rows, 2 * d, device=device, dtype=dtype) * 3
@@ -124,6 +124,11 @@ def test_softmax_leading_dims_and_validation(device):
         RowConfig(3, 16, 4)
     with pytest.raises(ValueError, match="dtype"):
         softmax(torch.ones(3, dtype=torch.int64, device=device))
+
+
+def test_empty_inputs(device):
+    assert silu_and_mul(torch.randn(0, 8, device=device)).shape == (0, 4)
+    assert softmax(torch.randn(3, 0, 5, device=device)).shape == (3, 0, 5)
 
 
 def test_cpu_dispatch_without_force_runs_reference():

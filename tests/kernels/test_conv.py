@@ -59,6 +59,22 @@ def test_conv_matches_reference(device, dtype, case):
     _run(device, dtype, *case)
 
 
+def test_residual_added_in_place(device):
+    # out == residual (the bottleneck's identity buffer reused): each element is read before it is written.
+    x = torch.randn(2, 16, 5, 5, device=device).to(memory_format=CL)
+    w = torch.randn(16, 16, 1, 1, device=device) / 4
+    r = torch.randn(2, 16, 5, 5, device=device).to(memory_format=CL)
+    want = ref.conv2d_reference(x, w, residual=r, activation="relu", compute_dtype=F64)
+    assert conv2d(x, w, residual=r, activation="relu", out=r) is r
+    assert rel_err(r, want) <= tol(torch.float32)
+
+
+def test_empty_batch(device):
+    x = torch.randn(0, 8, 5, 5, device=device).to(memory_format=CL)
+    got = conv2d(x, torch.randn(4, 8, 3, 3, device=device), padding=1)
+    assert got.shape == (0, 4, 5, 5)
+
+
 def test_no_bias_and_asymmetric_geometry(device):
     x = torch.randn(1, 16, 9, 7, device=device).to(memory_format=CL)
     wt = torch.randn(10, 16, 3, 1, device=device) / 7
@@ -134,6 +150,8 @@ def test_validation(device):
         conv2d(x, w, residual=torch.randn(1, 8, 4, 4, device=device))
     with pytest.raises(ValueError, match="residual must be"):
         conv2d(x, w, residual=torch.randn(1, 8, 6, 6, device=device).to(memory_format=CL))
+    with pytest.raises(ValueError, match="out must not share memory with x"):
+        conv2d(x, torch.randn(4, 4, 1, 1, device=device), out=x)
     with pytest.raises(ValueError, match="out must be"):
         conv2d(x, w, out=torch.empty(1, 8, 4, 4, device=device, dtype=torch.float16).to(memory_format=CL))
 

@@ -141,6 +141,12 @@ def test_gpu_fp8_values(kind, static):
     assert rel_err(q.double() * scale.double(), want) <= tolerance(FP8)
 
 
+def test_empty_rows(device):
+    x = torch.randn(0, 16, device=device)
+    out, new_r = rms_norm(x, torch.randn(16, device=device), residual=torch.randn(0, 16, device=device))
+    assert out.shape == (0, 16) and new_r.shape == (0, 16)
+
+
 def test_validation(device):
     x, w, b = _inputs(4, 16, torch.float16, device)
     with pytest.raises(ValueError, match="weight must have shape"):

@@ -306,17 +306,31 @@ def _check_nchw_cl(t: torch.Tensor, name: str) -> None:
                          f"torch.channels_last)), got strides {tuple(t.stride())}")
 
 
-def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
-           residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           config: ConvConfig | DepthwiseConfig | None = None) -> torch.Tensor:
-    """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last.
+@dataclass(frozen=True)
+class _Geometry:
+    """A validated conv problem: sizes, stride/padding/dilation pairs, output size."""
 
-    weight [Cout, C/groups, KH, KW] (any memory format; see :func:`prepare_conv_weight`), bias [Cout],
-    residual [N, Cout, OH, OW] channels_last in x's dtype. groups: 1, any divisor of C and Cout
-    (implicit GEMM per group), or C (depthwise, its own direct kernel). activation: None, "relu",
-    "silu", "gelu" (erf) or "relu6". ``config`` pins a tiling (otherwise tuned per shape on the GPU).
-    """
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    cin_g: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    oh: int
+    ow: int
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.cout, self.oh, self.ow)
+
+
+def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out) -> _Geometry:
     _check_nchw_cl(x, "x")
     if x.dtype not in CONV_DTYPES:
         raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
@@ -342,54 +356,69 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                          f"and dilation {(dh, dw)} (output would be {oh}x{ow})")
     if activation not in CONV_ACTIVATIONS:
         raise ValueError(f"activation must be one of {CONV_ACTIVATIONS}, got {activation!r}")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.shape != (cout,) or bias.device != x.device \
-                or not bias.is_floating_point():
-            raise ValueError(f"bias must be a float tensor [{cout}] on {x.device}, got "
-                             f"{getattr(bias, 'shape', bias)}")
-        bias = bias.contiguous()
-    out_shape = (n, cout, oh, ow)
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (cout,)
+                             or bias.device != x.device or not bias.is_floating_point()):
+        raise ValueError(f"bias must be a float tensor [{cout}] on {x.device}, got {getattr(bias, 'shape', bias)}")
+    geo = _Geometry(n, cin, h, w, cout, cin_g, kh, kw, (sh, sw), (ph, pw), (dh, dw), groups, oh, ow)
     for t, name in ((residual, "residual"), (out, "out")):
         if t is None:
             continue
         _check_nchw_cl(t, name)
-        if tuple(t.shape) != out_shape or t.dtype != x.dtype or t.device != x.device:
-            raise ValueError(f"{name} must be {list(out_shape)} {x.dtype} on {x.device}, got "
+        if tuple(t.shape) != geo.out_shape or t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{name} must be {list(geo.out_shape)} {x.dtype} on {x.device}, got "
                              f"{list(t.shape)} {t.dtype} on {t.device}")
-    if out is None:
-        out = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if out is not None and _shares_storage(out, x):
+        raise ValueError("out must not share memory with x (other output pixels still read it)")
+    return geo
 
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
+           residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           config: ConvConfig | DepthwiseConfig | None = None) -> torch.Tensor:
+    """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last.
+
+    weight [Cout, C/groups, KH, KW] (any memory format; see :func:`prepare_conv_weight`), bias [Cout]
+    (any float dtype), residual [N, Cout, OH, OW] channels_last in x's dtype (``out=residual`` adds in
+    place). groups: 1, any divisor of C and Cout (implicit GEMM per group), or C (depthwise, its own
+    direct kernel). activation: None, "relu", "silu", "gelu" (erf) or "relu6". ``config`` pins a
+    tiling (otherwise tuned per shape on the GPU).
+    """
+    g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out)
+    if out is None:
+        out = torch.empty(g.out_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if not use_triton(x):
-        out.copy_(ref.conv2d_reference(x, weight, bias, stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw),
+        out.copy_(ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
                                        groups=groups, activation=activation, residual=residual))
         return out
-    m = n * oh * ow
-    depthwise = _is_depthwise(cin, cout, groups)
-    wp = _prepared(weight, groups, depthwise)
-    dummy = out
-    common = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[activation])
-    b_arg = bias if bias is not None else dummy
-    r_arg = residual if residual is not None else dummy
-    geom = (sh, sw, ph, pw, dh, dw)
+    m = g.n * g.oh * g.ow
+    if m == 0 or g.cout == 0:
+        return out
+    epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[activation])
+    b_arg = bias.contiguous() if bias is not None else out  # absent operands: any pointer, never read
+    r_arg = residual if residual is not None else out
+    geom = (*g.stride, *g.padding, *g.dilation)
 
-    if depthwise:
-        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(cout)
-        grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(cout, cfg.block_c))
+    if _is_depthwise(g.cin, g.cout, groups):
+        wp = _prepared(weight, groups, True)
+        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
+        grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
-            x, wp, b_arg, r_arg, out, m, oh, ow, h, w, cout, cout // cin, *x.stride(),
-            wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=kh, KW=kw, **common,
+            x, wp, b_arg, r_arg, out, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin, *x.stride(),
+            wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
             BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
         return out
 
-    cout_g = cout // groups
-    plain = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
-    mode = MODE_PLAIN if plain else (MODE_TAPS if cin_g % 16 == 0 else MODE_FLAT)
+    wp = _prepared(weight, groups, False)
+    cout_g = g.cout // groups
+    plain = g.kh == 1 and g.kw == 1 and g.stride == (1, 1) and g.padding == (0, 0)
+    mode = MODE_PLAIN if plain else (MODE_TAPS if g.cin_g % 16 == 0 else MODE_FLAT)
 
-    def launch(cfg: ConvConfig) -> None:
+    def launch(cfg: ConvConfig, dst: torch.Tensor = out) -> None:
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), groups)
         _conv_gemm_kernel[grid](
-            x, wp, b_arg, r_arg, out, m, oh, ow, h, w, cin_g, cout_g, cout, *x.stride(), *wp.stride(), *geom,
-            KH=kh, KW=kw, MODE=mode, EVEN_C=cin_g % cfg.block_k == 0, **common,
+            x, wp, b_arg, r_arg, dst, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, *x.stride(),
+            *wp.stride(), *geom, KH=g.kh, KW=g.kw, MODE=mode, EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue,
             # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
@@ -400,14 +429,21 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     elif INTERPRET:
         cfg = INTERPRET_CONFIG
     else:
-        bucket = (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, cin_g, kh, kw, sh, groups)
+        bucket = (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, g.cin_g, g.kh, g.kw, g.stride[0], groups)
         cfg = _CHOSEN.get((str(x.device), bucket))
         if cfg is None:
-            cfg = _TUNER.choose(bucket, x.device, launch, valid=lambda c: _fits(c, m, cout_g, cin_g * kh * kw))
+            # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
+            scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
+            cfg = _TUNER.choose(bucket, x.device, lambda c: launch(c, scratch),
+                                valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw))
             if not torch.cuda.is_current_stream_capturing():
                 _CHOSEN[(str(x.device), bucket)] = cfg
     launch(cfg)
     return out
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int) -> bool:
