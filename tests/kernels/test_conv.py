@@ -83,13 +83,28 @@ def test_no_bias_and_asymmetric_geometry(device):
     assert got.shape == want.shape and rel_err(got, want) <= tol(torch.float32)
 
 
-@pytest.mark.parametrize("mode_case", [(3, 3), (32, 3), (33, 1)])
-def test_explicit_configs(device, mode_case):
+@pytest.mark.parametrize("mode_case", [(3, 3), (32, 3), (33, 1)])  # flat K, taps, plain GEMM
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_explicit_configs(device, mode_case, split_k):
     cin, k = mode_case
-    _run(device, torch.float32, 1, cin, 5, 5, 17, k, 1, k // 2, 1, 1, "relu", False,
-         config=ConvConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1))
+    # split 3 over 2..9 K steps: uneven shares, and for short K an empty share that must add zeros.
+    _run(device, torch.float32, 1, cin, 5, 5, 17, k, 1, k // 2, 1, 1, "relu", True,
+         config=ConvConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1, split_k=split_k))
     _run(device, torch.float32, 1, 8, 5, 5, 8, 3, 1, 1, 1, 8, None, True,
          config=DepthwiseConfig(block_p=4, block_c=2, num_warps=1))
+
+
+def test_split_k_grouped(device):
+    _run(device, torch.float16, 2, 32, 5, 5, 34, 3, 1, 1, 1, 2, "silu", True, config=ConvConfig(16, 16, 16, split_k=4))
+
+
+def test_split_k_candidates_only_for_few_tiles():
+    from warpforge.kernels.conv import CONV_CONFIGS, _fits
+
+    split = [c for c in CONV_CONFIGS if c.split_k > 1]
+    assert split and all(_fits(c, 49, 512, 4608, 1) for c in split)  # batch 1, 7x7, 3x3 512->512
+    assert not any(_fits(c, 32 * 56 * 56, 64, 576, 1) for c in split)  # batch 32: tiles fill the GPU
+    assert len(CONV_CONFIGS) <= 8
 
 
 def test_weight_layouts_and_repack_cache(device):

@@ -62,17 +62,21 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
 
 
 @triton.jit
-def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
-                      M, OH, OW, H, W, CIN_G, COUT_G, COUT,
+def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
+                      M, OH, OW, H, W, CIN_G, COUT_G, COUT, SPLIT_STRIDE,
                       s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
                       s_wo, s_wc, s_wh, s_ww,  # weight strides for [Cout, C/g, KH, KW] (prepared: s_wc == 1)
                       stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
                       KH: tl.constexpr, KW: tl.constexpr, MODE: tl.constexpr, EVEN_C: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups). Output tile [BM pixels, BN channels] of group g.
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      SPLIT_K: tl.constexpr):
+    # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
+    # group g; with SPLIT_K > 1 program z sums its share of the K steps into fp32 workspace slice z
+    # (ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
     pid = tl.program_id(0)
     g = tl.program_id(1)
+    pid_k = tl.program_id(2)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(COUT_G, BLOCK_N)
     # Grouped ordering: GROUP_M consecutive M tiles share each weight tile while it is in L2.
@@ -96,18 +100,27 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
     ih0 = oh * stride_h - pad_h
     iw0 = ow * stride_w - pad_w
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_steps = tl.cdiv(CIN_G, BLOCK_K)
+    if MODE == 0:
+        total = c_steps
+    elif MODE == 1:
+        total = KH * KW * c_steps
+    else:
+        total = tl.cdiv(KH * KW * CIN_G, BLOCK_K)
+    per_split = tl.cdiv(total, SPLIT_K)
+    lo = pid_k * per_split
+    hi = tl.minimum(lo + per_split, total)
 
     if MODE == 0:  # plain GEMM: pixel m reads x[n, :, oh, ow]
         a_row = x_img + oh * s_xh + ow * s_xw
-        for k0 in range(0, CIN_G, BLOCK_K):
-            c = k0 + offs_k
+        for step in range(lo, hi):
+            c = step * BLOCK_K + offs_k
             c_mask = (c < CIN_G) | EVEN_C  # EVEN_C (BLOCK_K divides C/groups): no channel tail to mask
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0.0)
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
-        c_steps = tl.cdiv(CIN_G, BLOCK_K)
-        for step in range(0, KH * KW * c_steps):
+        for step in range(lo, hi):
             tap = step // c_steps
             c0 = (step - tap * c_steps) * BLOCK_K
             kh = tap // KW
@@ -124,8 +137,8 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
         K = KH * KW * CIN_G
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
+        for step in range(lo, hi):
+            k = step * BLOCK_K + offs_k
             k_mask = k < K
             c = k % CIN_G
             tap = k // CIN_G
@@ -139,8 +152,29 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
             b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    _epilogue_store(acc, offs_m, g * COUT_G + offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
-                    HAS_BIAS, HAS_RES, ACT)
+    co = g * COUT_G + offs_n
+    if SPLIT_K == 1:
+        _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT, HAS_BIAS, HAS_RES, ACT)
+    else:
+        ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
+        tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, M, COUT, SPLIT_STRIDE,
+                            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < COUT
+    off = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for z in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0.0)
+    _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT, HAS_BIAS, HAS_RES, ACT)
 
 
 @triton.jit
@@ -181,7 +215,7 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
 
 @dataclass(frozen=True)
 class ConvConfig:
-    """Implicit-GEMM tiling: BM output pixels x BN output channels, K in BK steps."""
+    """Implicit-GEMM tiling: BM output pixels x BN output channels, K in BK steps, K split ``split_k`` ways."""
 
     block_m: int
     block_n: int
@@ -189,6 +223,7 @@ class ConvConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # > 1: partial sums in an fp32 workspace, then a small epilogue kernel
 
     def __post_init__(self) -> None:
         for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
@@ -199,6 +234,8 @@ class ConvConfig:
             raise ValueError(f"ConvConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
         if not 1 <= self.num_stages <= 8:
             raise ValueError(f"ConvConfig.num_stages must be in [1, 8], got {self.num_stages}")
+        if not 1 <= self.split_k <= 32:
+            raise ValueError(f"ConvConfig.split_k must be in [1, 32], got {self.split_k}")
 
 
 # Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
@@ -207,11 +244,13 @@ CONV_CONFIGS = [
     ConvConfig(128, 64, 64, 8, 4, 4),
     ConvConfig(64, 128, 64, 8, 4, 4),
     ConvConfig(128, 256, 64, 8, 8, 3),
-    ConvConfig(256, 128, 64, 8, 8, 3),
     ConvConfig(64, 64, 64, 8, 4, 4),
-    ConvConfig(64, 64, 32, 8, 4, 5),  # small Cout (stem) and small K steps
-    ConvConfig(32, 64, 64, 4, 4, 4),  # batch-1 late layers: few pixels, many channels
+    ConvConfig(64, 64, 32, 8, 4, 5),  # small Cout (stem) and short K
+    # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
+    ConvConfig(64, 64, 64, 8, 4, 4, split_k=4),
+    ConvConfig(32, 64, 64, 4, 4, 4, split_k=8),
 ]
+SPLIT_K_MAX_TILES = 66  # split K only when the output tiles fill at most half of the H200's 132 SMs
 INTERPRET_CONFIG = ConvConfig(32, 32, 16, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm", CONV_CONFIGS, ConvConfig)
 # Winners seen by this process: the Tuner answers its default during CUDA-graph capture, but a graph
@@ -415,14 +454,21 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     mode = MODE_PLAIN if plain else (MODE_TAPS if g.cin_g % 16 == 0 else MODE_FLAT)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor = out) -> None:
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), groups)
+        split = cfg.split_k
+        ws = torch.empty((split, m, g.cout), dtype=torch.float32, device=x.device) if split > 1 else dst
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), groups, split)
         _conv_gemm_kernel[grid](
-            x, wp, b_arg, r_arg, dst, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, *x.stride(),
-            *wp.stride(), *geom, KH=g.kh, KW=g.kw, MODE=mode, EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue,
+            x, wp, b_arg, r_arg, dst, ws, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
+            *x.stride(), *wp.stride(), *geom, KH=g.kh, KW=g.kw, MODE=mode, EVEN_C=g.cin_g % cfg.block_k == 0,
+            **epilogue,
             # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if split > 1:
+            egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
+            _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, m, g.cout, m * g.cout, **epilogue,
+                                           SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4)
 
     if isinstance(config, ConvConfig):
         cfg = config
@@ -435,7 +481,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
             scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
             cfg = _TUNER.choose(bucket, x.device, lambda c: launch(c, scratch),
-                                valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw))
+                                valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, groups))
             if not torch.cuda.is_current_stream_capturing():
                 _CHOSEN[(str(x.device), bucket)] = cfg
     launch(cfg)
@@ -446,10 +492,15 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int) -> bool:
-    """Drop tiles far larger than the problem (all-masked work); always keeps the default."""
+def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int) -> bool:
+    """Drop tiles far larger than the problem (all-masked work) and split-K where the output tiles
+    already fill the GPU or K is too short to share; always keeps the default."""
     if cfg == CONV_CONFIGS[0]:
         return True
+    if cfg.split_k > 1:
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n) * groups
+        if tiles > SPLIT_K_MAX_TILES or triton.cdiv(k, cfg.block_k) < 4 * cfg.split_k:
+            return False
     return (cfg.block_n <= max(32, triton.next_power_of_2(cout_g))
             and cfg.block_m <= max(32, triton.next_power_of_2(m))
             and cfg.block_k <= max(16, triton.next_power_of_2(k)))
