@@ -14,12 +14,13 @@ Layouts at a glance:
 """
 
 from warpforge.kernels.attention.chunked import chunked_prefill
-from warpforge.kernels.attention.decode import DecodeConfig, num_decode_splits, paged_decode
+from warpforge.kernels.attention.decode import DECODE_SWEEP, DecodeConfig, num_decode_splits, paged_decode
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_page_tables, fp8_scales, store_kv
 from warpforge.kernels.attention.prefill import PREFILL_SWEEP, AttentionConfig, flash_attention
 
 __all__ = [
     "AttentionConfig",
+    "DECODE_SWEEP",
     "DecodeConfig",
     "PREFILL_SWEEP",
     "PagedKVCache",

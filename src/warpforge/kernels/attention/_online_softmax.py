@@ -101,15 +101,18 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
     offs_d = tl.arange(0, BLOCK_D)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     d_ok = offs_d[None, :] < HEAD_DIM
+    if PAGED:
+        # Block-table entries are fetched one step ahead, so the K/V gathers of a step depend on a
+        # loop-carried value instead of a load in the same step: the pipeliner can then keep
+        # several K/V tiles in flight (a same-step index load limits it to one).
+        page = tl.load(page_row + (lo + offs_n0) // PAGE_SIZE, mask=lo + offs_n0 < seqlen_k, other=0)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         n_ok = offs_n < seqlen_k
         if PAGED:
-            if MASK:
-                page = tl.load(page_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
-            else:
-                page = tl.load(page_row + offs_n // PAGE_SIZE)
+            next_n = offs_n + BLOCK_N
+            page_next = tl.load(page_row + next_n // PAGE_SIZE, mask=next_n < seqlen_k, other=0)
             page = page.to(tl.int64)
             tok = offs_n % PAGE_SIZE
             k_off = page * stride_kp + tok * stride_kn
@@ -153,6 +156,8 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(q.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
+        if PAGED:
+            page = page_next
     return acc, l_i, m_i
 
 

@@ -49,6 +49,25 @@ class DecodeConfig:
 INTERPRET_DECODE_CONFIG = DecodeConfig(block_n=16, num_warps=1, num_stages=1, programs_per_sm=1,
                                        min_split_tokens=16, max_splits=4)
 
+# Knobs for the GPU sweep (tile height x pipeline depth x warps; splits via programs_per_sm).
+DECODE_SWEEP: tuple[DecodeConfig, ...] = tuple(
+    DecodeConfig(block_n=bn, num_warps=w, num_stages=s, programs_per_sm=pps)
+    for bn in (32, 64, 128)
+    for w in (4, 8)
+    for s in (2, 3, 4)
+    for pps in (2, 4, 8)
+)
+
+
+def default_decode_config(head_dim: int, fp8: bool) -> DecodeConfig:
+    """Per-step tiles of ~16 KiB of K (and V), double-buffered: 64 bf16 tokens at D=128, 128 fp8
+    tokens, 32 tokens at D=256 (keeps 2-3 programs per SM within 228 KiB of shared memory)."""
+    if INTERPRET:
+        return INTERPRET_DECODE_CONFIG
+    if head_dim > 128:
+        return DecodeConfig(block_n=32)
+    return DecodeConfig(block_n=128 if fp8 else 64)
+
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
@@ -198,7 +217,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
     Hkv, group = cache.num_kv_heads, q.shape[1] // cache.num_kv_heads
     if B == 0:
         return out
-    cfg = config or (INTERPRET_DECODE_CONFIG if INTERPRET else DecodeConfig())
+    cfg = config or default_decode_config(D, cache.is_fp8)
     if num_splits is None:
         capacity = block_tables.shape[1] * cache.page_size if max_seq_len is None else max_seq_len
         sms = _num_sms(q.device.index or 0) if q.is_cuda else 4
