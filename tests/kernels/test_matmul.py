@@ -270,6 +270,18 @@ def test_matmul_every_candidate_gpu(gen, config):
     _check(out, reference.matmul_ref(a, b, bias, "gelu", res, acc_dtype=torch.float64), torch.bfloat16)
 
 
+@pytest.mark.gpu
+def test_matmul_residual_in_place_while_tuning_gpu(gen, monkeypatch):
+    """Tuning launches the kernel once per candidate: an in-place residual must still be added once."""
+    monkeypatch.setenv("WARPFORGE_AUTOTUNE", "retune")
+    M, N, K = 1024, 1024, 1024
+    a, b = _randn((M, K), torch.bfloat16, gen, "cuda"), _randn((K, N), torch.bfloat16, gen, "cuda")
+    res = _randn((M, N), torch.bfloat16, gen, "cuda")
+    expect = reference.matmul_ref(a, b, None, None, res, acc_dtype=torch.float64)
+    matmul(a, b, residual=res, out=res)
+    _check(res, expect, torch.bfloat16)
+
+
 def _fp8_operands(M, N, K, gen):
     a = _randn((M, K), torch.float32, gen, "cuda").to(torch.float8_e4m3fn)
     b = _randn((N, K), torch.float32, gen, "cuda").to(torch.float8_e4m3fn).t()  # [K, N] column-major
@@ -322,3 +334,22 @@ def test_bench_cases_build_on_cpu():
     assert len({c.name for c in built}) == len(built)
     for c in built:
         assert c.flops > 0 and c.bytes > 0 and c.peers
+
+
+@pytest.mark.slow
+def test_default_configs_compile_for_sm90(tmp_path):
+    """Without a GPU: each family's default config compiles for Hopper, fits shared memory, does not
+    spill, and the GEMMs reach wgmma (tests/kernels/sm90_compile.py --all checks every candidate)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("sm90_compile.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert rows, r.stderr[-2000:]
+    bad = [row for row in rows if not row["ok"]]
+    assert not bad and r.returncode == 0, bad or r.stderr[-2000:]
+    assert all(row["wgmma"] for row in rows if row["kernel"].startswith(("matmul", "fp8")))

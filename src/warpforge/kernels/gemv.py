@@ -148,6 +148,8 @@ def _linear_kernel(
     DT = x_ptr.dtype.element_ty
     if USE_DOT:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    elif BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # one activation row: plain 2-D tiles
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
@@ -161,10 +163,14 @@ def _linear_kernel(
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         if USE_DOT:
             acc = tl.dot(w, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
+        elif BLOCK_M == 1:
+            acc += w.to(tl.float32) * xt.to(tl.float32)  # [BN, BK] * [1, BK]
         else:
             acc += w.to(tl.float32)[None, :, :] * xt.to(tl.float32)[:, None, :]
     if USE_DOT:
         res = tl.trans(acc)  # [BM, BN]
+    elif BLOCK_M == 1:
+        res = tl.sum(acc, axis=1)[None, :]
     else:
         res = tl.sum(acc, axis=2)
     if SPLIT_K > 1:

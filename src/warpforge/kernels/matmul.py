@@ -75,23 +75,31 @@ class MatmulConfig:
 
 
 def _tma_configs(bk: int) -> list[MatmulConfig]:
-    """Hopper starting points: 128x256 tiles with 8 warps (two consumer warp groups), 3-4 stages."""
+    """Hopper starting points; offline sm_90 compiles (bf16, bias+gelu epilogue) fit 227 KB of shared
+    memory without spills, except the plain 128x256 one, which spills ~130 B with a heavy epilogue.
+
+    8 warps = two consumer warp groups sharing one 128-row tile. Warp specialization in Triton 3.6
+    engages on Hopper only with num_warps=4 (it adds a producer group and splits the tile between two
+    consumer groups: 12 warps in all); with 8 warps it is silently ignored.
+    """
     return [
+        MatmulConfig(128, 256, bk, 8, 8, 3, epilogue_subtile=True),  # default: no spills with any epilogue
         MatmulConfig(128, 256, bk, 8, 8, 3),
         MatmulConfig(128, 256, bk, 8, 8, 4, epilogue_subtile=True),
         MatmulConfig(128, 128, bk, 8, 8, 4),
-        MatmulConfig(128, 128, bk, 8, 4, 4),
-        MatmulConfig(128, 256, bk, 8, 8, 3, warp_specialize=True),
+        MatmulConfig(128, 256, bk, 8, 4, 3, warp_specialize=True),
         MatmulConfig(128, 128, bk, 8, 4, 4, warp_specialize=True),
+        MatmulConfig(128, 128, 2 * bk, 8, 4, 3, warp_specialize=True),
         MatmulConfig(64, 128, bk, 8, 4, 4),  # small problems: more tiles than SMs
     ]
 
 
 def _ptr_configs(bk: int) -> list[MatmulConfig]:
+    """Pointer kernel: every A/B element address is a 64-bit register, so tiles stay smaller than TMA's."""
     return [
         MatmulConfig(128, 128, bk, 8, 8, 3, tma=False),
-        MatmulConfig(128, 256, bk, 8, 8, 3, tma=False),
-        MatmulConfig(64, 128, bk, 8, 4, 4, tma=False),
+        MatmulConfig(128, 128, bk // 2, 8, 8, 4, tma=False),
+        MatmulConfig(64, 128, bk, 8, 8, 3, tma=False),
         MatmulConfig(64, 64, bk, 8, 4, 4, tma=False),
     ]
 
@@ -353,7 +361,7 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, scale_a=
     bias_stride = bias.stride(0) if bias is not None else 0
     rs = residual.stride() if residual is not None else (0, 0)
 
-    def run(cfg: MatmulConfig) -> None:
+    def run(cfg: MatmulConfig, out: torch.Tensor = out) -> None:
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
         if cfg.tma:
@@ -362,12 +370,15 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, scale_a=
             b_desc = (_descriptor(b.t(), [cfg.block_n, cfg.block_k]) if b_layout == "col"
                       else _descriptor(b, [cfg.block_k, cfg.block_n]))
             c_block_n = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
-            c_desc = _descriptor(out, [cfg.block_m, c_block_n]) if c_tma_ok else None
+            # Triton 3.6's Hopper warp specialization splits the tile between two consumer warp groups
+            # and then rejects a full-tile TMA store: warp-specialized configs store through pointers.
+            c_tma = c_tma_ok and not cfg.warp_specialize
+            c_desc = _descriptor(out, [cfg.block_m, c_block_n]) if c_tma else None
             tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
             _matmul_tma_kernel[(min(sms, tiles),)](
                 a_desc, b_desc, c_desc, out, scale_a, scale_b, bias, residual,
                 M, N, K, out.stride(0), out.stride(1), bias_stride, rs[0], rs[1],
-                A_KMAJOR=a_layout == "row", B_KMAJOR=b_layout == "col", C_TMA=c_tma_ok, NUM_SMS=sms,
+                A_KMAJOR=a_layout == "row", B_KMAJOR=b_layout == "col", C_TMA=c_tma, NUM_SMS=sms,
                 WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.flatten, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
                 **meta)
         else:
@@ -383,7 +394,9 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, scale_a=
         else:
             bucket = (str(a.dtype), str(out.dtype), a_layout, b_layout, c_tma_ok,
                       pow2_bucket(M, 16, 16384), pow2_bucket(N, 16, 16384), pow2_bucket(K, 16, 16384))
-            config = tuner.choose(bucket, device, run, valid=lambda c: c.tma == tma_ok)
+            # Tuning runs the kernel many times: an in-place residual (out is residual) would pile up.
+            scratch = torch.empty_like(out) if _shares_storage(out, residual) else out
+            config = tuner.choose(bucket, device, lambda c: run(c, scratch), valid=lambda c: c.tma == tma_ok)
     elif config.tma and not tma_ok:
         raise ValueError("config: tma=True needs sm_90+ and operands whose inner stride is 1 with 16-byte aligned "
                          f"outer stride and base (a strides {a.stride()}, b strides {b.stride()})")

@@ -17,22 +17,14 @@ from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.matmul import (
-    SCALE_TENSOR, SCALE_VECTOR, MatmulConfig, activation_code, check_epilogue_operands,
-    check_out_dtype, check_tensor, launch_gemm,
+    SCALE_TENSOR, SCALE_VECTOR, MatmulConfig, _ptr_configs, _tma_configs, activation_code,
+    check_epilogue_operands, check_out_dtype, check_tensor, launch_gemm,
 )
 
 FP8_DTYPE = torch.float8_e4m3fn
 
-FP8_CONFIGS = [
-    MatmulConfig(128, 256, 128, 8, 8, 3),
-    MatmulConfig(128, 256, 128, 8, 8, 4, epilogue_subtile=True),
-    MatmulConfig(128, 128, 128, 8, 8, 4),
-    MatmulConfig(128, 128, 128, 8, 4, 4),
-    MatmulConfig(128, 256, 128, 8, 8, 3, warp_specialize=True),
-    MatmulConfig(64, 128, 128, 8, 4, 4),
-    MatmulConfig(128, 128, 128, 8, 8, 3, tma=False),
-    MatmulConfig(64, 128, 128, 8, 4, 4, tma=False),
-]
+# e4m3 tiles hold twice the K of bf16 ones for the same bytes: the bf16 lists with block_k 128.
+FP8_CONFIGS = _tma_configs(128) + _ptr_configs(128)
 FP8_TUNER = Tuner("matmul_fp8", FP8_CONFIGS, MatmulConfig)
 FP8_INTERPRET_CONFIG = MatmulConfig(32, 32, 32, 2, 4, 1)
 

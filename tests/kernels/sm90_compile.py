@@ -1,0 +1,156 @@
+"""Compile the matmul-family kernels for sm_90 without a GPU; report shared memory, registers, spills.
+
+Triton compiles for any target offline (its wheel bundles ptxas), so a CPU machine can tell whether
+a config fits Hopper's 227 KB of shared memory, spills registers, reaches wgmma (HGMMA), or gets
+warp-specialized. Kernels are compiled as the JIT would for aligned tensors and sizes/strides that
+are multiples of 16 (``tt.divisibility`` on every pointer and integer argument).
+
+    python tests/kernels/sm90_compile.py            # the default (first) config of each family
+    python tests/kernels/sm90_compile.py --all      # every autotune candidate (~1 minute)
+
+GEMMs compile with the heaviest epilogue (bias + erf gelu), so a candidate meant for plain GEMMs
+may report a small spill here that it does not have without an epilogue.
+
+Must run in its own process: the interpreter (TRITON_INTERPRET=1) must be off before kernels load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from warpforge.kernels import gemv, matmul, matmul_fp8  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
+_PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int) -> dict:
+    sig = {n: sig[n] for n in fn.arg_names}  # in parameter order
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t.startswith("*") or t == "i32"}
+    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET,
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = k.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        r = subprocess.run([_PTXAS, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                           capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return {"shared": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
+            "spill": int(spill.group(1)) if spill else 0, "wgmma": "wgmma" in ptx,
+            "warp_specialized": "ttg.warp_specialize" in k.asm["ttgir"]}
+
+
+def _flags(sig: dict, consts: dict, **flags) -> None:
+    for k, v in flags.items():
+        sig[k], consts[k] = "constexpr", v
+
+
+def matmul_tma(cfg, dt="bf16", out="bf16", fp8=False, b_kmajor=True, epilogue=True) -> dict:
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    c_tma = not cfg.warp_specialize  # as launch_gemm: warp-specialized configs store through pointers
+    cbn = bn // 2 if cfg.epilogue_subtile else bn
+    sig = {"a_desc": f"tensordesc<{dt}[{bm},{bk}]>",
+           "b_desc": f"tensordesc<{dt}[{bn},{bk}]>" if b_kmajor else f"tensordesc<{dt}[{bk},{bn}]>",
+           "c_desc": f"tensordesc<{out}[{bm},{cbn}]>", "c_ptr": f"*{out}", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+           "bias_ptr": f"*{out}", "res_ptr": "constexpr", "M": "i32", "N": "i32", "K": "i32", "stride_cm": "i32",
+           "stride_cn": "constexpr", "stride_bias": "constexpr", "stride_rm": "constexpr", "stride_rn": "constexpr"}
+    consts = {"res_ptr": None, "stride_cn": 1, "stride_bias": 1, "stride_rm": 0, "stride_rn": 0}
+    for name, keep in (("c_desc", c_tma), ("sa_ptr", fp8), ("sb_ptr", fp8), ("bias_ptr", epilogue)):
+        if not keep:
+            sig[name], consts[name] = "constexpr", None
+    _flags(sig, consts, A_KMAJOR=True, B_KMAJOR=b_kmajor, C_TMA=c_tma, SCALE_A=2 * fp8, SCALE_B=2 * fp8,
+           HAS_BIAS=epilogue, ACTIVATION=2 if epilogue else 0, HAS_RES=False, DOT_PRECISION="tf32",
+           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_SMS=132,
+           WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.flatten, EPILOGUE_SUBTILE=cfg.epilogue_subtile)
+    return compile_sm90(matmul._matmul_tma_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
+
+
+def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True) -> dict:
+    ints = ["M", "N", "K", "stride_am", "stride_bk", "stride_bn", "stride_cm"]
+    sig = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "c_ptr": f"*{out}", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+           "bias_ptr": f"*{out}", **{n: "i32" for n in ints}}
+    consts = {"res_ptr": None, "stride_ak": 1, "stride_cn": 1, "stride_bias": 1, "stride_rm": 0, "stride_rn": 0}
+    for name, keep in (("sa_ptr", fp8), ("sb_ptr", fp8), ("bias_ptr", epilogue)):
+        if not keep:
+            consts[name] = None
+    consts["stride_bk" if fp8 else "stride_bn"] = 1  # fp8: b column-major, as matmul_fp8 requires
+    for n in consts:
+        sig[n] = "constexpr"
+    _flags(sig, consts, SCALE_A=2 * fp8, SCALE_B=2 * fp8, HAS_BIAS=epilogue, ACTIVATION=2 if epilogue else 0,
+           HAS_RES=False, DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+           GROUP_M=cfg.group_m)
+    return compile_sm90(matmul._matmul_ptr_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
+
+
+def linear(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
+    wdt = {0: dt, 1: "i8", 2: "u8", 3: "u8"}[fmt]
+    ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split"]
+    sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
+           "out_ptr": f"*{dt}", "part_ptr": "*fp32", **{n: "i32" for n in ints}}
+    consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1}
+    if fmt == 0:
+        consts["ws_ptr"] = None
+    if fmt != 2:
+        consts.update(wz_ptr=None, stride_sn=0)
+    if cfg.split_k == 1:
+        consts["part_ptr"] = None
+    for n in consts:
+        sig[n] = "constexpr"
+    _flags(sig, consts, FORMAT=fmt, GROUP=group or 1, SCALE_B=2 if fmt in (1, 3) else 0, HAS_BIAS=False,
+           ACTIVATION=0, SPLIT_K=cfg.split_k, EVEN_K=True, USE_DOT=cfg.use_dot, DOT_PRECISION="tf32",
+           LOOP_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+    return compile_sm90(gemv._linear_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
+
+
+def jobs(every: bool) -> list[tuple[str, object]]:
+    """(label, thunk) per kernel/config: the first candidate of each family, or all of them."""
+    pick = (lambda cfgs: cfgs) if every else (lambda cfgs: cfgs[:1])
+    out = []
+    for cfg in pick([c for c in matmul.MATMUL_CONFIGS if c.tma]):
+        out.append((f"matmul tma {cfg}", lambda cfg=cfg: matmul_tma(cfg)))
+    for cfg in pick([c for c in matmul.MATMUL_CONFIGS if not c.tma]):
+        out.append((f"matmul ptr {cfg}", lambda cfg=cfg: matmul_ptr(cfg)))
+    for cfg in pick([c for c in matmul_fp8.FP8_CONFIGS if c.tma]):
+        out.append((f"fp8 tma {cfg}", lambda cfg=cfg: matmul_tma(cfg, "fp8e4nv", fp8=True)))
+    for cfg in pick([c for c in matmul_fp8.FP8_CONFIGS if not c.tma]):
+        out.append((f"fp8 ptr {cfg}", lambda cfg=cfg: matmul_ptr(cfg, "fp8e4nv", fp8=True)))
+    for cfgs in gemv.LINEAR_CONFIGS.values():
+        for cfg in pick(cfgs):
+            for fmt, group in ((0, None), (1, None), (2, 128), (3, None)):
+                if group is None or cfg.block_k % group == 0:
+                    out.append((f"linear fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear(cfg, fmt, g)))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    bad = 0
+    for label, thunk in jobs("--all" in argv):
+        try:
+            info = thunk()
+        except Exception as e:  # noqa: BLE001 - report and go on
+            info = {"error": str(e).strip().splitlines()[-1][:300]}
+        ok = "error" not in info and info["shared"] <= SMEM_LIMIT and info["spill"] == 0
+        bad += not ok
+        print(json.dumps({"kernel": label, "ok": ok, **info}), flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
