@@ -76,18 +76,16 @@ def _num_sms(device_index: int) -> int:
 
 def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, *, num_sms: int,
                       config: DecodeConfig | None = None) -> int:
-    """Splits per (sequence, KV head): a power of two, a function of static sizes only.
+    """Splits per (sequence, KV head), a function of static sizes only (so a CUDA graph stays valid).
 
     Enough programs to fill ``num_sms * programs_per_sm`` slots, but no split shorter than
     ``min_split_tokens`` of the largest context the grid is built for, and at most ``max_splits``.
+    The count is a runtime argument of the kernel: any value reuses the same compiled kernel.
     """
     cfg = config or DecodeConfig()
     want = math.ceil(num_sms * cfg.programs_per_sm / max(1, batch * num_kv_heads))
     cap = min(cfg.max_splits, max(1, max_seq_len // cfg.min_split_tokens))
-    splits = 1
-    while splits * 2 <= cap and splits < want:
-        splits *= 2
-    return splits
+    return max(1, min(want, cap))
 
 
 @triton.jit
@@ -96,10 +94,10 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
                    stride_kp, stride_kh, stride_kt,
                    stride_vp, stride_vh, stride_vt,
                    stride_bt, stride_ob, stride_oh,
-                   sm_scale, softcap, window_left,
+                   sm_scale, softcap, window_left, num_splits,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, FP8: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     b = tl.program_id(0)
@@ -119,7 +117,7 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
     # The query sits at L - 1 and sees [max(0, L - 1 - window_left), L); this split gets an equal
     # run of whole key blocks of that range.
     lo, full_lo, full_hi, hi = key_range(L - 1, L - 1, L, window_left, 0, BLOCK_N, MASK_LEFT, False)
-    per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits) * BLOCK_N
     s_lo = tl.minimum(lo + split * per_split, hi)
     s_hi = tl.minimum(s_lo + per_split, hi)
     a = tl.minimum(tl.maximum(full_lo, s_lo), s_hi)
@@ -148,27 +146,27 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
                                 True, PAGE_SIZE, False, DOT_PRECISION)
     out, lse = finalize(acc, l_i, m_i)
     out = out * vs
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=io_mask)
     else:
-        # partials: O_part [B, Hq, NUM_SPLITS, BLOCK_D] fp32, LSE_part [B, Hq, NUM_SPLITS] fp32
-        row = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        # partials: O_part [B, Hq, num_splits, BLOCK_D] fp32, LSE_part [B, Hq, num_splits] fp32
+        row = (b.to(tl.int64) * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
         tl.store(O_part + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=io_mask)
         tl.store(LSE_part + row, lse, mask=g_ok)
 
 
 @triton.jit
-def _decode_reduce_kernel(O_part, LSE_part, O, stride_ob, stride_oh, num_heads,
-                          NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+def _decode_reduce_kernel(O_part, LSE_part, O, stride_ob, stride_oh, num_heads, num_splits,
+                          BLOCK_S: tl.constexpr,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     # out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max); empty splits weigh 0.
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < NUM_SPLITS
-    row = (b.to(tl.int64) * num_heads + h) * NUM_SPLITS
+    s_ok = offs_s < num_splits
+    row = (b.to(tl.int64) * num_heads + h) * num_splits
     lse = tl.load(LSE_part + row + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
@@ -205,8 +203,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
                             or out.stride(-1) != 1):
         raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")
-    if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
-        raise ValueError(f"num_splits: expected a power of two >= 1, got {num_splits}")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
     out = torch.empty_like(q) if out is None else out
     if not use_triton(q, cache.k_cache, block_tables, seq_lens):
         out.copy_(paged_decode_ref(q, cache.k_cache, cache.v_cache, block_tables, seq_lens, scale=scale,
@@ -235,16 +233,16 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        scale, softcap or 1.0, left,
+        scale, softcap or 1.0, left, num_splits,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=D, BLOCK_D=block_d, PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n,
-        NUM_SPLITS=num_splits, MASK_LEFT=left >= 0, SOFTCAP=softcap is not None, FP8=cache.is_fp8,
+        SPLIT=num_splits > 1, MASK_LEFT=left >= 0, SOFTCAP=softcap is not None, FP8=cache.is_fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
-            o_part, lse_part, out, out.stride(0), out.stride(1), Hq,
-            NUM_SPLITS=num_splits, BLOCK_S=max(2, num_splits), HEAD_DIM=D, BLOCK_D=block_d, num_warps=4,
+            o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=D, BLOCK_D=block_d, num_warps=4,
         )
     return out
