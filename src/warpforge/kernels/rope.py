@@ -56,20 +56,22 @@ def rope_config(hq: int, hk: int, rotary_dim: int) -> RopeConfig:
 
 @triton.jit
 def _rotate_heads(base, stride_h, nh, h0, cos, sin, i, imask, HALF,
-                  INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr):
+                  INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     # Rotate heads [h0, h0 + BLOCK_H) of one token in place; cos/sin [BLOCK_HALF] fp32.
     h = h0 + tl.arange(0, BLOCK_H)
     hmask = h < nh
     if INTERLEAVED:
-        # [BLOCK_H, BLOCK_HALF, 2]: contiguous pairs (2i, 2i + 1), split into even/odd lanes.
-        j = tl.arange(0, 2)
-        offs = h[:, None, None] * stride_h + 2 * i[None, :, None] + j[None, None, :]
-        mask = hmask[:, None, None] & imask[None, :, None] & (j < 2)[None, None, :]
+        # Rows of 2 * BLOCK_HALF contiguous elements (wide loads), viewed as pairs (2i, 2i + 1) and
+        # split into even/odd lanes in registers.
+        d = tl.arange(0, 2 * BLOCK_HALF)
+        offs = h[:, None] * stride_h + d[None, :]
+        mask = hmask[:, None] & (d < 2 * HALF)[None, :]
         x = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
-        x1, x2 = tl.split(x)
+        x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_HALF, 2)))
         o1 = x1 * cos[None, :] - x2 * sin[None, :]
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
-        tl.store(base + offs, tl.join(o1, o2).to(base.dtype.element_ty), mask=mask)
+        o = tl.reshape(tl.join(o1, o2), (BLOCK_H, 2 * BLOCK_HALF))
+        tl.store(base + offs, o.to(base.dtype.element_ty), mask=mask)
     else:
         offs = h[:, None] * stride_h + i[None, :]
         mask = hmask[:, None] & imask[None, :]
@@ -97,10 +99,10 @@ def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
     sin = tl.load(sin_ptr + pos * stride_sin + i, mask=imask, other=0.0).to(tl.float32)
     if b < NUM_QB:
         _rotate_heads(q_ptr + t * stride_qt, stride_qh, HQ, b * BLOCK_H, cos, sin, i, imask, HALF,
-                      INTERLEAVED, BLOCK_H)
+                      INTERLEAVED, BLOCK_H, BLOCK_HALF)
     else:
         _rotate_heads(k_ptr + t * stride_kt, stride_kh, HK, (b - NUM_QB) * BLOCK_H, cos, sin, i, imask, HALF,
-                      INTERLEAVED, BLOCK_H)
+                      INTERLEAVED, BLOCK_H, BLOCK_HALF)
 
 
 def _check_qk(t: torch.Tensor, name: str) -> None:
