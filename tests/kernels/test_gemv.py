@@ -33,9 +33,9 @@ def _check(out, ref, dtype):
 # ---- CPU (interpreter) ------------------------------------------------------------------------
 @pytest.mark.parametrize("M", [1, 3, 7, 16, 33])
 @pytest.mark.parametrize("N,K", [(29, 45), (40, 64)])
-def test_gemv_default_config(triton_on_cpu, gen, M, N, K):
-    x, w = _randn((M, K), torch.float16, gen), _randn((N, K), torch.float16, gen, scale=0.2)
-    out = torch.full((M, N), float("nan"), dtype=torch.float16)
+def test_gemv_default_config(triton_on_cpu, device, gen, M, N, K):
+    x, w = _randn((M, K), torch.float16, gen, device), _randn((N, K), torch.float16, gen, device, scale=0.2)
+    out = torch.full((M, N), float("nan"), dtype=torch.float16, device=device)
     gemv(x, w, out=out)
     _check(out, reference.linear_ref(x, w, acc_dtype=torch.float64), torch.float16)
 
@@ -45,41 +45,41 @@ def test_gemv_default_config(triton_on_cpu, gen, M, N, K):
     LinearConfig(16, 16, 16, 1, 4, 1), LinearConfig(16, 32, 32, 4, 4, 2), LinearConfig(32, 16, 64, 2, 4, 1),
 ], ids=str)
 @pytest.mark.parametrize("K", [64, 95])  # 64: every block_k divides K (unmasked loop); 95: ragged tail
-def test_gemv_configs(triton_on_cpu, gen, config, K):
+def test_gemv_configs(triton_on_cpu, device, gen, config, K):
     M, N = 5, 37
-    x, w = _randn((M, K), torch.float32, gen), _randn((N, K), torch.float32, gen, scale=0.2)
-    bias = _randn((N,), torch.float32, gen)
-    out = torch.full((M, N), float("nan"), dtype=torch.float32)
+    x, w = _randn((M, K), torch.float32, gen, device), _randn((N, K), torch.float32, gen, device, scale=0.2)
+    bias = _randn((N,), torch.float32, gen, device)
+    out = torch.full((M, N), float("nan"), dtype=torch.float32, device=device)
     gemv(x, w, bias, activation="silu", out=out, config=config)
     _check(out, reference.linear_ref(x, w, bias, "silu", acc_dtype=torch.float64), torch.float32)
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
-def test_linear_epilogue(triton_on_cpu, gen, activation):
-    x, w = _randn((3, 50), torch.float16, gen), _randn((24, 50), torch.float16, gen, scale=0.2)
-    bias = _randn((24,), torch.float16, gen)
+def test_linear_epilogue(triton_on_cpu, device, gen, activation):
+    x, w = _randn((3, 50), torch.float16, gen, device), _randn((24, 50), torch.float16, gen, device, scale=0.2)
+    bias = _randn((24,), torch.float16, gen, device)
     y = linear(x, w, bias, activation=activation)
     _check(y, reference.linear_ref(x, w, bias, activation, acc_dtype=torch.float64), torch.float16)
 
 
-def test_gemv_strided_x_and_padded_weight_rows(triton_on_cpu, gen):
+def test_gemv_strided_x_and_padded_weight_rows(triton_on_cpu, device, gen):
     M, N, K = 4, 21, 40
-    x = _randn((K, 2 * M), torch.float32, gen)[:, ::2].t()  # [M, K], strides (2, 2M)
-    w = _randn((N, K + 9), torch.float32, gen, scale=0.2)[:, 3:K + 3]  # unit stride, rows K + 9 apart
+    x = _randn((K, 2 * M), torch.float32, gen, device)[:, ::2].t()  # [M, K], strides (2, 2M)
+    w = _randn((N, K + 9), torch.float32, gen, device, scale=0.2)[:, 3:K + 3]  # unit stride, rows K + 9 apart
     _check(gemv(x, w), reference.linear_ref(x, w, acc_dtype=torch.float64), torch.float32)
 
 
-def test_linear_batched_input_and_matmul_path(triton_on_cpu, gen):
-    w, bias = _randn((19, 33), torch.float16, gen, scale=0.2), _randn((19,), torch.float16, gen)
-    x = _randn((2, 3, 33), torch.float16, gen)  # M = 6: streaming kernel
+def test_linear_batched_input_and_matmul_path(triton_on_cpu, device, gen):
+    w, bias = _randn((19, 33), torch.float16, gen, device, scale=0.2), _randn((19,), torch.float16, gen, device)
+    x = _randn((2, 3, 33), torch.float16, gen, device)  # M = 6: streaming kernel
     y = linear(x, w, bias, activation="gelu")
     assert y.shape == (2, 3, 19)
     _check(y, reference.linear_ref(x, w, bias, "gelu", acc_dtype=torch.float64), torch.float16)
-    xl = _randn((GEMV_MAX_M + 7, 33), torch.float16, gen)  # M > 64: the matmul path with w.T
-    out = torch.full((GEMV_MAX_M + 7, 19), float("nan"), dtype=torch.float16)
+    xl = _randn((GEMV_MAX_M + 7, 33), torch.float16, gen, device)  # M > 64: the matmul path with w.T
+    out = torch.full((GEMV_MAX_M + 7, 19), float("nan"), dtype=torch.float16, device=device)
     assert linear(xl, w, bias, out=out) is out
     _check(out, reference.linear_ref(xl, w, bias, acc_dtype=torch.float64), torch.float16)
-    out3 = torch.full((2, 3, 19), float("nan"), dtype=torch.float16)
+    out3 = torch.full((2, 3, 19), float("nan"), dtype=torch.float16, device=device)
     linear(x, w, bias, activation="gelu", out=out3)
     _check(out3, reference.linear_ref(x, w, bias, "gelu", acc_dtype=torch.float64), torch.float16)
 

@@ -53,65 +53,65 @@ def _check(out, ref, dtype):
 # ---- CPU (interpreter) ------------------------------------------------------------------------
 @pytest.mark.parametrize("M,N,K", [(1, 40, 48), (7, 24, 64), (129, 72, 96), (33, 29, 45)])
 @pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
-def test_matmul_shapes_layouts(triton_on_cpu, gen, M, N, K, a_layout, b_layout):
-    a = _operand(M, K, torch.float16, gen, a_layout)
-    b = _operand(K, N, torch.float16, gen, b_layout)
-    out = torch.full((M, N), float("nan"), dtype=torch.float16)
+def test_matmul_shapes_layouts(triton_on_cpu, device, gen, M, N, K, a_layout, b_layout):
+    a = _operand(M, K, torch.float16, gen, a_layout, device)
+    b = _operand(K, N, torch.float16, gen, b_layout, device)
+    out = torch.full((M, N), float("nan"), dtype=torch.float16, device=device)
     matmul(a, b, out=out)
     _check(out, reference.matmul_ref(a, b, acc_dtype=torch.float64), torch.float16)
 
 
 @pytest.mark.parametrize("config", [SMALL_TMA, SMALL_PTR, MatmulConfig(32, 64, 32, 1, 4, 1, epilogue_subtile=True),
-                                    MatmulConfig(16, 32, 16, 4, 4, 2, warp_specialize=True)],
+                                    MatmulConfig(128, 128, 64, 8, 4, 4, warp_specialize=True)],
                          ids=["tma", "ptr", "tma-subtile", "tma-ws"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_matmul_configs(triton_on_cpu, gen, config, dtype):
+def test_matmul_configs(triton_on_cpu, device, gen, config, dtype):
     # 48 columns of fp16/fp32 are 16-byte aligned rows: every config above can run (tma=True raises otherwise).
     M, N, K = 37, 48, 80
-    a, b = _randn((M, K), dtype, gen), _randn((K, N), dtype, gen)
-    bias, res = _randn((N,), dtype, gen), _randn((M, N), dtype, gen)
+    a, b = _randn((M, K), dtype, gen, device), _randn((K, N), dtype, gen, device)
+    bias, res = _randn((N,), dtype, gen, device), _randn((M, N), dtype, gen, device)
     out = matmul(a, b, bias=bias, activation="gelu", residual=res, config=config)
     _check(out, reference.matmul_ref(a, b, bias, "gelu", res, acc_dtype=torch.float64), dtype)
 
 
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("with_bias,with_res", [(True, False), (False, True), (True, True)])
-def test_matmul_epilogue(triton_on_cpu, gen, activation, with_bias, with_res):
+def test_matmul_epilogue(triton_on_cpu, device, gen, activation, with_bias, with_res):
     M, N, K = 19, 40, 56
-    a, b = _randn((M, K), torch.float16, gen), _randn((K, N), torch.float16, gen)
-    bias = _randn((N,), torch.float16, gen) if with_bias else None
-    res = _randn((M, N), torch.float32, gen) if with_res else None  # residual dtype may differ from a
-    out = torch.full((M, N), float("nan"), dtype=torch.float16)
+    a, b = _randn((M, K), torch.float16, gen, device), _randn((K, N), torch.float16, gen, device)
+    bias = _randn((N,), torch.float16, gen, device) if with_bias else None
+    res = _randn((M, N), torch.float32, gen, device) if with_res else None  # residual dtype may differ from a
+    out = torch.full((M, N), float("nan"), dtype=torch.float16, device=device)
     matmul(a, b, bias=bias, activation=activation, residual=res, out=out)
     _check(out, reference.matmul_ref(a, b, bias, activation, res, acc_dtype=torch.float64), torch.float16)
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16)])
-def test_matmul_out_dtype(triton_on_cpu, gen, in_dtype, out_dtype):
+def test_matmul_out_dtype(triton_on_cpu, device, gen, in_dtype, out_dtype):
     M, N, K = 9, 33, 70
-    a, b = _randn((M, K), in_dtype, gen), _randn((K, N), in_dtype, gen)
-    bias = _randn((N,), in_dtype, gen)
+    a, b = _randn((M, K), in_dtype, gen, device), _randn((K, N), in_dtype, gen, device)
+    bias = _randn((N,), in_dtype, gen, device)
     out = matmul(a, b, bias=bias, activation="silu", out_dtype=out_dtype)
     assert out.dtype == out_dtype and out.shape == (M, N)
     # fp16 inputs are exact; the result carries only fp32 accumulation, checked at the output's precision
     _check(out, reference.matmul_ref(a, b, bias, "silu", acc_dtype=torch.float64), out_dtype)
 
 
-def test_matmul_strided_operands_and_out(triton_on_cpu, gen):
+def test_matmul_strided_operands_and_out(triton_on_cpu, device, gen):
     M, N, K = 21, 26, 31
-    a = _operand(M, K, torch.float32, gen, "strided")
-    b = _operand(K, N, torch.float32, gen, "strided")
-    big = torch.full((N, 2 * M), float("nan"), dtype=torch.float32)
+    a = _operand(M, K, torch.float32, gen, "strided", device)
+    b = _operand(K, N, torch.float32, gen, "strided", device)
+    big = torch.full((N, 2 * M), float("nan"), dtype=torch.float32, device=device)
     out = big[:, :M].t()  # [M, N] with strides (1, 2M): written through pointers
     matmul(a, b, out=out)
     _check(out, reference.matmul_ref(a, b, acc_dtype=torch.float64), torch.float32)
     assert torch.isnan(big[:, M:]).all(), "wrote outside out"
 
 
-def test_matmul_residual_in_place(triton_on_cpu, gen):
+def test_matmul_residual_in_place(triton_on_cpu, device, gen):
     M, N, K = 17, 32, 40
-    a, b = _randn((M, K), torch.float16, gen), _randn((K, N), torch.float16, gen)
-    res = _randn((M, N), torch.float16, gen)
+    a, b = _randn((M, K), torch.float16, gen, device), _randn((K, N), torch.float16, gen, device)
+    res = _randn((M, N), torch.float16, gen, device)
     expect = reference.matmul_ref(a, b, None, "relu", res, acc_dtype=torch.float64)
     out = matmul(a, b, activation="relu", residual=res, out=res)
     assert out.data_ptr() == res.data_ptr()
@@ -124,8 +124,8 @@ def test_matmul_cpu_tensors_use_reference(gen):
     torch.testing.assert_close(out, torch.relu(a @ b))
 
 
-def test_matmul_empty(triton_on_cpu):
-    assert matmul(torch.zeros(0, 8), torch.zeros(8, 5)).shape == (0, 5)
+def test_matmul_empty(triton_on_cpu, device):
+    assert matmul(torch.zeros(0, 8, device=device), torch.zeros(8, 5, device=device)).shape == (0, 5)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -150,11 +150,11 @@ def test_matmul_validation(kwargs, match):
         matmul(a, b, **args)
 
 
-def test_matmul_validation_aliasing_and_tma_config(triton_on_cpu):
-    a = torch.zeros(4, 4)
+def test_matmul_validation_aliasing_and_tma_config(triton_on_cpu, device):
+    a = torch.zeros(4, 4, device=device)
     with pytest.raises(ValueError, match="^out: must not share memory"):
-        matmul(a, torch.zeros(4, 4), out=a)
-    odd = torch.zeros(4, 5)  # 20-byte rows: no TMA descriptor
+        matmul(a, torch.zeros(4, 4, device=device), out=a)
+    odd = torch.zeros(4, 5, device=device)  # 20-byte rows: no TMA descriptor
     with pytest.raises(ValueError, match="^config: tma=True needs"):
         matmul(odd.t(), odd, config=SMALL_TMA)
 

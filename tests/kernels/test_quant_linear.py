@@ -124,11 +124,11 @@ def test_quant_validation(call, match):
 # ---- fused linear (interpreter) ---------------------------------------------------------------
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("M", [1, 5, 17, 70])
-def test_fused_linear_matches_dequantized(triton_on_cpu, gen, scheme, M):
+def test_fused_linear_matches_dequantized(triton_on_cpu, device, gen, scheme, M):
     N, K = 29, 200  # K is not a multiple of any group: the int4 tail is padding
-    w = _randn((N, K), torch.float16, gen, scale=0.05)
+    w = _randn((N, K), torch.float16, gen, device, scale=0.05)
     qw = quantize_weight(w, scheme)
-    x, bias = _randn((M, K), torch.float16, gen), _randn((N,), torch.float16, gen)
+    x, bias = _randn((M, K), torch.float16, gen, device), _randn((N,), torch.float16, gen, device)
     y = linear(x, qw, bias, activation="gelu")
     _check(y, reference.linear_ref(x, qw.dequantize(), bias, "gelu", acc_dtype=torch.float64), torch.float16)
 
@@ -138,11 +138,11 @@ def test_fused_linear_matches_dequantized(triton_on_cpu, gen, scheme, M):
     ("int4_g128", LinearConfig(16, 16, 128, 2, 4, 1)), ("int8", LinearConfig(16, 32, 32, 4, 4, 1)),
     ("fp8", LinearConfig(4, 16, 32, 2, 4, 1)), ("int8", LinearConfig(1, 16, 256, 1, 4, 1)),
 ], ids=str)
-def test_fused_linear_configs(triton_on_cpu, gen, scheme, config):
+def test_fused_linear_configs(triton_on_cpu, device, gen, scheme, config):
     M, N, K = 3, 37, 256  # K a multiple of 256: the unmasked (EVEN_K) loop where the config allows it
-    w = _randn((N, K), torch.float32, gen, scale=0.05)
+    w = _randn((N, K), torch.float32, gen, device, scale=0.05)
     qw = quantize_weight(w, scheme)
-    x = _randn((M, K), torch.float32, gen)
+    x = _randn((M, K), torch.float32, gen, device)
     y = linear(x, qw, activation="relu", config=config)
     _check(y, reference.linear_ref(x, qw.dequantize(), None, "relu", acc_dtype=torch.float64), torch.float32)
 
@@ -156,12 +156,12 @@ def test_fused_linear_batched_and_cpu_fallback(gen):
     torch.testing.assert_close(y, x @ qw.dequantize().T)
 
 
-def test_fused_linear_validation(triton_on_cpu):
-    qw = quantize_weight(torch.randn(16, 64), "int4_g64")
+def test_fused_linear_validation(triton_on_cpu, device):
+    qw = quantize_weight(torch.randn(16, 64, device=device), "int4_g64")
     with pytest.raises(ValueError, match="^x: expected last dimension 64"):
-        linear(torch.zeros(2, 63), qw)
+        linear(torch.zeros(2, 63, device=device), qw)
     with pytest.raises(ValueError, match="^config: block_k 32 must be a multiple of the quantization group 64"):
-        linear(torch.zeros(2, 64), qw, config=LinearConfig(1, 16, 32))
+        linear(torch.zeros(2, 64, device=device), qw, config=LinearConfig(1, 16, 32))
     with pytest.raises(ValueError, match="^weight: expected a QuantizedWeight on meta"):
         linear(torch.zeros(2, 64, device="meta"), qw)
 
