@@ -70,6 +70,10 @@ def _chunked_kernel(Q, KC, VC, block_tables, seq_lens, cu_q, k_scale, v_scale, O
     if FP8:  # per-head scales: k's folds into the logit scale, v's into the output
         ks = tl.load(k_scale + kvh)
         vs = tl.load(v_scale + kvh)
+        # e4m3 -> fp16 is one conversion per element pair, -> bf16 costs a second one per element:
+        # at fp8 streaming rates that ALU work matters, so the dots run in fp16 (a bf16 query must
+        # then stay within fp16's +-65504, true of attention queries in practice).
+        q = q.to(tl.float16)
     else:
         ks = 1.0
         vs = 1.0

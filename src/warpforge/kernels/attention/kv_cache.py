@@ -159,9 +159,13 @@ def _store_kv_kernel(K, V, KC, VC, slots, k_scale, v_scale,
         h_ok = offs_h < num_kv_heads
         ks = tl.load(k_scale + offs_h, mask=h_ok, other=1.0)
         vs = tl.load(v_scale + offs_h, mask=h_ok, other=1.0)
-        # Saturate explicitly: e4m3 has no inf, an overflow would otherwise become NaN.
-        k = tl.clamp(k.to(tl.float32) / ks[:, None], -448.0, 448.0)
-        v = tl.clamp(v.to(tl.float32) / vs[:, None], -448.0, 448.0)
+        # IEEE division (Triton's "/" is approximate) so pages match torch's quantization bit for
+        # bit; saturate explicitly: e4m3 has no inf, an overflow would otherwise become NaN.
+        shape: tl.constexpr = (BLOCK_H, BLOCK_D)
+        k = tl.math.div_rn(k.to(tl.float32), tl.broadcast_to(ks[:, None], shape))
+        v = tl.math.div_rn(v.to(tl.float32), tl.broadcast_to(vs[:, None], shape))
+        k = tl.clamp(k, -448.0, 448.0)
+        v = tl.clamp(v, -448.0, 448.0)
     kc = KC + page * stride_kcp + row * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :]
     vc = VC + page * stride_vcp + row * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :]
     tl.store(kc, k.to(KC.dtype.element_ty), mask=mask)
