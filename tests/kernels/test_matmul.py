@@ -228,6 +228,12 @@ def test_tuner_caches_winner_on_disk(monkeypatch, tmp_path):
     second = Tuner("unit", configs, MatmulConfig).choose(("b", 1), dev, run)  # a fresh process's tuner
     assert second == configs[1] and timed == [], "re-tuned despite the disk cache"
 
+    capturing = Tuner("unit", configs, MatmulConfig)  # inside CUDA-graph capture: cached winners only
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert capturing.choose(("b", 1), dev, run) == configs[1], "a tuned bucket must serve graph capture"
+    assert capturing.choose(("new", 3), dev, run) == configs[0] and timed == [], "no timing inside a capture"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
     changed = Tuner("unit", configs[:2], MatmulConfig).choose(("b", 1), dev, run)  # new candidate list
     assert changed == configs[1] and timed, "a changed candidate list must re-tune"
 

@@ -48,8 +48,9 @@ def _slug(s: str) -> str:
 class Tuner(Generic[C]):
     """Pick the fastest of ``configs`` per shape bucket on the current device, cached in memory and on disk.
 
-    ``configs[0]`` is the default: used when tuning is off, during CUDA-graph capture (timing would
-    break the capture), and as the answer when only one candidate is valid.
+    ``configs[0]`` is the default: used when tuning is off, on a miss during CUDA-graph capture (timing
+    would break the capture; a bucket tuned by an earlier eager call is used), and when only one
+    candidate is valid.
     """
 
     def __init__(self, kernel: str, configs: Sequence[C], config_type: type):
@@ -94,8 +95,7 @@ class Tuner(Generic[C]):
         if not candidates:
             raise ValueError(f"{self.kernel}: no candidate config fits bucket {bucket}")
         mode = os.environ.get("WARPFORGE_AUTOTUNE", "1").lower()
-        if mode in ("0", "off", "false") or len(candidates) == 1 or device.type != "cuda" \
-                or torch.cuda.is_current_stream_capturing():
+        if mode in ("0", "off", "false") or len(candidates) == 1 or device.type != "cuda":
             return candidates[0]
         key = repr(bucket)
         mem_key = (str(device), key)
@@ -108,6 +108,8 @@ class Tuner(Generic[C]):
                 cfg = self.config_type(**entry["config"])
                 self._memory[mem_key] = cfg
                 return cfg
+            if torch.cuda.is_current_stream_capturing():
+                return candidates[0]  # timing would break the capture; tune on an eager call instead
             cfg, ms = self._tune(candidates, run, bucket)
             self._memory[mem_key] = cfg
             try:
