@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 # Running-max start: finite so a row whose first blocks are all masked gives exp2(-inf - m) = 0 and
 # alpha = exp2(0) = 1 instead of the NaN that (-inf) - (-inf) would give.
 NEG_BIG = tl.constexpr(-1.0e30)

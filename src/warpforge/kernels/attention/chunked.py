@@ -20,7 +20,7 @@ import torch
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
-from warpforge.kernels.attention.prefill import INTERPRET_CONFIG, AttentionConfig
+from warpforge.kernels.attention.prefill import FP32_CONFIG, INTERPRET_CONFIG, AttentionConfig
 from warpforge.kernels.reference import attention_window, paged_attention_ref
 
 import triton
@@ -77,7 +77,7 @@ def _chunked_kernel(Q, KC, VC, block_tables, seq_lens, cu_q, k_scale, v_scale, O
     else:
         ks = 1.0
         vs = 1.0
-    qk_scale = sm_scale * ks * 1.4426950408889634
+    qk_scale = sm_scale * ks * 1.4426950408889634  # log2(e): the loop works in exp2
     cap_scale = sm_scale * ks / softcap
     cap_log2 = softcap * 1.4426950408889634
 
@@ -154,7 +154,12 @@ def chunked_prefill(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Te
 
     D, Hkv = q.shape[-1], cache.num_kv_heads
     group = q.shape[1] // Hkv
-    cfg = config or (INTERPRET_CONFIG if INTERPRET else DEFAULT_CHUNKED_CONFIG)
+    if config is not None:
+        cfg = config
+    elif INTERPRET:
+        cfg = INTERPRET_CONFIG
+    else:
+        cfg = FP32_CONFIG if q.dtype == torch.float32 else DEFAULT_CHUNKED_CONFIG
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     kc, vc = cache.k_cache, cache.v_cache

@@ -133,7 +133,7 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
     else:
         ks = 1.0
         vs = 1.0
-    qk_scale = sm_scale * ks * 1.4426950408889634
+    qk_scale = sm_scale * ks * 1.4426950408889634  # log2(e): the loop works in exp2
     cap_scale = sm_scale * ks / softcap
     cap_log2 = softcap * 1.4426950408889634
 
