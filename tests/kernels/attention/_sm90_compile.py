@@ -1,0 +1,97 @@
+"""Compile the attention kernels for sm_90 without a GPU (Triton's bundled ptxas); print one JSON line.
+
+Run as a script with TRITON_INTERPRET=0 (the interpreter accepts code the compiler rejects, e.g. a
+non-constexpr global inside @jit). Pointers and strides are marked divisible by 16, as the launcher
+specializes them at run time; without that hint the pipeliner emits no cp.async.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from warpforge.kernels.attention.chunked import DEFAULT_CHUNKED_CONFIG, _chunked_kernel
+from warpforge.kernels.attention.decode import _decode_kernel, _decode_reduce_kernel, default_decode_config
+from warpforge.kernels.attention.kv_cache import _store_kv_kernel
+from warpforge.kernels.attention.prefill import _flash_fwd_kernel, default_config
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+FLOATS = {"qk_scale", "cap_scale", "cap_log2", "sm_scale", "softcap"}
+
+
+def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int) -> dict:
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const:
+            sig[name] = "constexpr"
+        elif name in types:
+            sig[name] = types[name]
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+        if sig[name].startswith("*") or name.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = k.asm["ptx"]
+    res = {"shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+           "mma": len(re.findall(r"\bmma\.sync", ptx)), "cp_async": ptx.count("cp.async")}
+    if os.path.exists(PTXAS):  # registers and spills as ptxas reports them
+        path = os.path.join(os.environ["TRITON_CACHE_DIR"], "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                             capture_output=True, text=True, check=True).stderr
+        res["regs"] = int(re.search(r"Used (\d+) registers", out).group(1))
+        res["spill_bytes"] = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", out))
+    return res
+
+
+def main() -> None:
+    results = {}
+    prefill = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "cu_q": "*i32", "cu_k": "*i32"}
+    for D, causal, tma, varlen in ((128, False, False, False), (128, True, False, True), (64, True, False, False),
+                                   (256, False, False, False), (128, True, True, True)):
+        cfg = default_config(D, causal)
+        types = dict(prefill)
+        const = dict(HEAD_DIM=D, BLOCK_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, MASK_LEFT=False,
+                     MASK_RIGHT=causal, SOFTCAP=False, VARLEN=varlen, STORE_LSE=True, TMA=tma, DOT_PRECISION="tf32")
+        if tma:
+            for name, rows in (("q_desc", cfg.block_m), ("k_desc", cfg.block_n), ("v_desc", cfg.block_n)):
+                types[name] = f"tensordesc<bf16[1, {rows}, 1, {D}]>"
+        else:
+            const.update(q_desc=None, k_desc=None, v_desc=None)
+        results[f"prefill D{D} causal={causal} tma={tma} varlen={varlen}"] = compile_one(
+            _flash_fwd_kernel, types, const, cfg.num_warps, cfg.num_stages)
+    for kv in ("bf16", "fp8e4nv"):
+        cfg = default_decode_config(128, kv != "bf16")
+        types = {"Q": "*bf16", "KC": f"*{kv}", "VC": f"*{kv}", "block_tables": "*i32", "seq_lens": "*i32",
+                 "k_scale": "*fp32", "v_scale": "*fp32", "O": "*bf16", "O_part": "*fp32", "LSE_part": "*fp32"}
+        const = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16, BLOCK_N=cfg.block_n, SPLIT=True,
+                     MASK_LEFT=False, SOFTCAP=False, FP8=kv != "bf16", DOT_PRECISION="tf32")
+        results[f"decode {kv}"] = compile_one(_decode_kernel, types, const, cfg.num_warps, cfg.num_stages)
+        types = {"Q": "*bf16", "KC": f"*{kv}", "VC": f"*{kv}", "block_tables": "*i32", "seq_lens": "*i32",
+                 "cu_q": "*i32", "k_scale": "*fp32", "v_scale": "*fp32", "O": "*bf16"}
+        cc = DEFAULT_CHUNKED_CONFIG
+        const = dict(GROUP=4, BLOCK_M=cc.block_m, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16, BLOCK_N=cc.block_n,
+                     MASK_LEFT=True, SOFTCAP=True, FP8=kv != "bf16", DOT_PRECISION="tf32")
+        results[f"chunked {kv}"] = compile_one(_chunked_kernel, types, const, cc.num_warps, cc.num_stages)
+        types = {"K": "*bf16", "V": "*bf16", "KC": f"*{kv}", "VC": f"*{kv}", "slots": "*i64",
+                 "k_scale": "*fp32", "v_scale": "*fp32"}
+        const = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, QUANT=kv != "bf16")
+        results[f"store {kv}"] = compile_one(_store_kv_kernel, types, const, 4, 1)
+    types = {"O_part": "*fp32", "LSE_part": "*fp32", "O": "*bf16"}
+    results["reduce"] = compile_one(_decode_reduce_kernel, types, dict(BLOCK_S=8, HEAD_DIM=128, BLOCK_D=128), 4, 1)
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
