@@ -29,6 +29,9 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("WARPFORGE_CACHE_DIR", str(root / "cache"))
     monkeypatch.setenv("WARPFORGE_DATA_DIR", str(root / "data"))
     monkeypatch.delenv("WARPFORGE_STORE", raising=False)
+    # Tests check every tuning candidate explicitly (the *_every_candidate tests); tuning itself only
+    # times, and would spend minutes of GPU time per shape. Tests of the tuner set this themselves.
+    monkeypatch.setenv("WARPFORGE_AUTOTUNE", os.environ.get("WARPFORGE_AUTOTUNE", "0"))
 
 
 @pytest.fixture
