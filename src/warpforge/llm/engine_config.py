@@ -1,0 +1,90 @@
+"""EngineConfig: the serving knobs (batching, paging, memory, graphs), validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+# Decode batch sizes captured as CUDA graphs by default (nano-vllm's set): small sizes one by one
+# because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
+_GRAPH_SIZES = [1, 2, 4, 8, *range(16, 513, 16)]
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def _check_int(name: str, value, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
+
+
+@dataclass
+class EngineConfig:
+    """How the engine batches, pages and captures. Every field is checked in ``__post_init__``.
+
+    max_model_len           longest sequence (prompt + output) in tokens; None: the model's
+                            max_position_embeddings, filled in by :meth:`for_model`
+    max_num_seqs            most sequences running at once (and the largest decode batch)
+    max_num_batched_tokens  token budget of one step (decodes + prefill chunks); longer prompts are
+                            prefilled in chunks across steps
+    page_size               tokens per KV page
+    num_pages               KV pages; None: sized from the free GPU memory after a profiling run
+    gpu_memory_utilization  fraction of the GPU's memory the engine may use (weights + activations + KV)
+    enable_prefix_caching   reuse KV pages of full-page prompt prefixes seen before
+    enforce_eager           never capture CUDA graphs
+    cuda_graph_batch_sizes  decode batch sizes to capture (sorted); a batch pads to the next one.
+                            Default: 1, 2, 4, 8, 16, 32, 48, ... 512, cut at max_num_seqs (which is
+                            added when it is not in the list and <= 512)
+    kv_cache_dtype          "auto" (the model's dtype) or "fp8" (e4m3 pages with per-head scales)
+    seed                    seed of the unseeded sampling rows' random stream
+    """
+
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    page_size: int = 16
+    num_pages: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    cuda_graph_batch_sizes: list[int] | None = field(default=None)
+    kv_cache_dtype: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, 2)  # at least one prompt token + one new token
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("page_size", self.page_size, 1)
+        if self.num_pages is not None:
+            _check_int("num_pages", self.num_pages, 1)
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: expected 0 < x <= 1, got {u!r}")
+        for name in ("enable_prefix_caching", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        if self.cuda_graph_batch_sizes is None:
+            sizes = [s for s in _GRAPH_SIZES if s <= self.max_num_seqs]
+            if self.max_num_seqs <= _GRAPH_SIZES[-1] and self.max_num_seqs not in sizes:
+                sizes.append(self.max_num_seqs)
+            self.cuda_graph_batch_sizes = sizes
+        else:
+            sizes = list(self.cuda_graph_batch_sizes)
+            for s in sizes:
+                _check_int("cuda_graph_batch_sizes", s, 1)
+            self.cuda_graph_batch_sizes = sorted(set(sizes))
+
+    def for_model(self, max_position_embeddings: int) -> EngineConfig:
+        """A copy with ``max_model_len`` resolved against the model's context (None: take the model's).
+
+        Raises ValueError when an explicit max_model_len is longer than the model supports.
+        """
+        if self.max_model_len is None:
+            return replace(self, max_model_len=max_position_embeddings)
+        if self.max_model_len > max_position_embeddings:
+            raise ValueError(f"max_model_len: expected <= the model's max_position_embeddings "
+                             f"({max_position_embeddings}), got {self.max_model_len}")
+        return replace(self)

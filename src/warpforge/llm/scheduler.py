@@ -1,0 +1,211 @@
+"""Scheduler: continuous batching with chunked prefill, FCFS admission and preemption by recompute.
+
+One step = ``schedule()`` -> the runner computes ``batch.num_new_tokens[i]`` tokens of each
+``batch.seqs[i]`` starting at ``seq.num_computed_tokens`` and samples one token for each sequence
+in ``batch.sampling_seqs`` -> ``postprocess(batch, token_ids)``.
+
+Order inside a step: running sequences with one token left (decodes) first, so streams keep
+flowing; then running sequences still prefilling, chunk by chunk (oldest first); then waiting
+sequences FCFS while the token budget, max_num_seqs and free pages allow. The whole prompt's pages
+are allocated on admission, so only decodes need new pages; when one cannot get a page, the newest
+running sequence is preempted (pages freed, back to the front of the waiting queue, its tokens
+recomputed when readmitted) and no new sequence is admitted in that step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence as Seq
+from dataclasses import dataclass, field
+
+from warpforge.llm.block_manager import BlockManager
+from warpforge.llm.engine_config import EngineConfig
+from warpforge.llm.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work. ``seqs[i]`` computes tokens [start, start + num_new_tokens[i]) where
+    start = ``seqs[i].num_computed_tokens`` (unchanged until postprocess); it samples a token
+    when that range ends at its last token (the last chunk of a prefill, or a decode)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) pages, copy before the forward
+    preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting during this schedule()
+    finished: list[Sequence] = field(default_factory=list)  # ended in schedule(): out of KV pages, alone
+
+    def add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(n)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    @property
+    def decode_only(self) -> bool:
+        """Every sequence computes exactly one token (paged decode, CUDA-graph eligible)."""
+        return bool(self.seqs) and all(n == 1 for n in self.num_new_tokens)
+
+    @property
+    def sample_mask(self) -> list[bool]:
+        return [s.num_computed_tokens + n == s.num_tokens for s, n in zip(self.seqs, self.num_new_tokens)]
+
+    @property
+    def sampling_seqs(self) -> list[Sequence]:
+        """Sequences that sample this step, in batch order (the rows postprocess's token ids follow)."""
+        return [s for s, m in zip(self.seqs, self.sample_mask) if m]
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_token_ids: Iterable[int] = ()):
+        if config.max_model_len is None:
+            raise ValueError("max_model_len: the scheduler needs it resolved (EngineConfig.for_model)")
+        self.config = config
+        self.block_manager = block_manager
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: the newest is last
+        self._by_id: dict[object, Sequence] = {}
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get(self, seq_id) -> Sequence | None:
+        return self._by_id.get(seq_id)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq``; ValueError (naming the request) when it could never run."""
+        name = f"request {seq.seq_id!r}"
+        if seq.num_prompt_tokens == 0:
+            raise ValueError(f"{name}: empty prompt")
+        if seq.num_prompt_tokens + 1 > self.config.max_model_len:
+            raise ValueError(f"{name}: prompt of {seq.num_prompt_tokens} tokens leaves no room for a new token "
+                             f"within max_model_len {self.config.max_model_len}")
+        bm = self.block_manager
+        if bm.pages_for(seq.num_prompt_tokens) > bm.num_pages:
+            raise ValueError(f"{name}: prompt of {seq.num_prompt_tokens} tokens needs "
+                             f"{bm.pages_for(seq.num_prompt_tokens)} KV pages, the cache has {bm.num_pages}")
+        if seq.seq_id in self._by_id:
+            raise ValueError(f"{name}: already queued")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._by_id[seq.seq_id] = seq
+
+    def finish(self, seq: Sequence, status: SequenceStatus = SequenceStatus.FINISHED_STOPPED) -> None:
+        """End ``seq`` now from any queue and free its pages (keeps a finished status already set)."""
+        if not seq.is_finished:
+            seq.status = status
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        self._by_id.pop(seq.seq_id, None)
+
+    def abort(self, seq_id) -> Sequence | None:
+        """Abort a waiting or running sequence, freeing its pages at once; None if unknown/finished.
+
+        Call between steps. A sequence aborted between schedule() and postprocess() is skipped by
+        postprocess (its pages are free but nothing reallocates them before the next schedule())."""
+        seq = self._by_id.get(seq_id)
+        if seq is not None:
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return seq
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        # 1. Decodes (one token left), oldest first; a decode short of a page preempts the newest.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.num_uncomputed_tokens != 1:
+                i += 1
+                continue
+            while not bm.can_append(seq) and seq is not self.running[-1]:
+                self._preempt(self.running[-1], batch)
+            if bm.can_append(seq):
+                bm.append_slot(seq)
+                batch.add(seq, 1)
+                budget -= 1
+                i += 1
+            elif len(self.running) == 1:  # alone and the cache is full: it can never grow
+                self.finish(seq, SequenceStatus.FINISHED_LENGTH)
+                batch.finished.append(seq)
+            else:
+                self._preempt(seq, batch)
+        # 2. Prefill chunks of running sequences (pages allocated on admission).
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.num_uncomputed_tokens > 1:
+                n = min(seq.num_uncomputed_tokens, budget)
+                batch.add(seq, n)
+                budget -= n
+        # 3. Admit waiting sequences FCFS (not after a preemption: the pages just freed are spoken for).
+        while (self.waiting and budget > 0 and not batch.preempted
+               and len(self.running) < self.config.max_num_seqs):
+            seq = self.waiting[0]
+            if not bm.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            batch.add(seq, n)
+            budget -= n
+        batch.copies = bm.take_copies()
+        return batch
+
+    def postprocess(self, batch: ScheduledBatch, token_ids: Seq[int],
+                    logprobs: Seq[dict[int, float] | None] | None = None) -> list[Sequence]:
+        """Advance the batch by one step. ``token_ids[j]`` (and ``logprobs[j]``) belong to
+        ``batch.sampling_seqs[j]``. Returns the sequences that got a new token (finished ones
+        included: their status says why; their pages are already free)."""
+        sampling = batch.sample_mask  # before num_computed_tokens moves
+        if len(token_ids) != sum(sampling):
+            raise ValueError(f"token_ids: expected {sum(sampling)} ids (one per sampling sequence), "
+                             f"got {len(token_ids)}")
+        bm, max_len = self.block_manager, self.config.max_model_len
+        out: list[Sequence] = []
+        j = 0
+        for seq, n, samples in zip(batch.seqs, batch.num_new_tokens, sampling):
+            if seq.is_finished:  # aborted since schedule()
+                j += samples
+                continue
+            seq.num_computed_tokens += n
+            bm.cache_computed_pages(seq)
+            if not samples:
+                continue
+            token = int(token_ids[j])
+            seq.append_token(token, None if logprobs is None else logprobs[j])
+            j += 1
+            out.append(seq)
+            p = seq.params
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+                seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, (
+                    token if token in p.stop_token_ids else None)
+            elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_len:
+                seq.status = SequenceStatus.FINISHED_LENGTH
+        for seq in out:
+            if seq.is_finished:
+                self.finish(seq)
+        return out
