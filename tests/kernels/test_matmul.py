@@ -204,6 +204,7 @@ def test_tuner_caches_winner_on_disk(monkeypatch, tmp_path):
     import triton.testing
 
     monkeypatch.setenv("WARPFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("WARPFORGE_AUTOTUNE", "1")  # conftest turns tuning off for other tests
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     times = {0: 3.0, 1: 1.0, 2: 2.0}
