@@ -1,0 +1,168 @@
+"""The building blocks of every decoder: linear, RMSNorm, rotary, paged attention, gated MLP, embedding.
+
+Each runs on warpforge.kernels (Triton on CUDA tensors, the torch references on CPU). Parameters are
+created empty in the config's dtype on the current default device (``with torch.device(...)``) and
+filled by the loader, so building a model allocates its weights once, where they will live.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
+from warpforge.kernels.attention import PagedKVCache, chunked_prefill, flash_attention, paged_decode
+from warpforge.kernels.gemv import linear
+from warpforge.kernels.norm import rms_norm
+from warpforge.kernels.rope import rope, rope_inv_freq
+from warpforge.llm.config import ModelConfig
+from warpforge.llm.context import get_context
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x @ W.T (+ b) by ``kernels.linear``. Fused projections (q|k|v, gate|up) keep one weight whose
+    row blocks are the checkpoint's separate tensors: ``shards`` names them and gives their row counts."""
+
+    def __init__(self, in_features: int, out_features: int | list[int], *, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, shard_names: tuple[str, ...] = ()):
+        super().__init__()
+        sizes = list(out_features) if isinstance(out_features, (list, tuple)) else [out_features]
+        if shard_names and len(shard_names) != len(sizes):
+            raise ValueError(f"shard_names: expected {len(sizes)} names, got {shard_names}")
+        self.shards = tuple(zip(shard_names, sizes))
+        self.weight = _param(sum(sizes), in_features, dtype=dtype)  # [N, K]
+        self.bias = _param(sum(sizes), dtype=dtype) if bias else None  # [N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """``s / rms(s) * (weight + offset)`` in fp32, s = x (+ residual); Gemma uses offset 1.
+
+    With a residual it returns ``(out, s)``: the fused add that carries the residual stream.
+    """
+
+    def __init__(self, dim: int, eps: float, *, offset: float = 0.0, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = _param(dim, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps, weight_offset=self.offset)
+        return rms_norm(x, self.weight, self.eps, residual=residual, weight_offset=self.offset)
+
+
+class Rotary(nn.Module):
+    """Neox-style rotary embedding over the whole head_dim, cos|sin cached for every position."""
+
+    def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict | None = None,
+                 freq_factors: tuple[float, ...] | None = None):
+        super().__init__()
+        inv = rope_inv_freq(head_dim, theta, scaling)  # [D/2] float64
+        if freq_factors is not None:
+            inv = inv / torch.tensor(freq_factors, dtype=torch.float64)
+        # Angles rounded to fp32 as HF transformers computes them (the reference the weights were
+        # trained and checked with): at position p an fp32 angle is off by ~p * 6e-8 rad, and we
+        # want the same error, not a smaller one.
+        angles = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv.float()[None, :]  # [P, D/2]
+        cache = torch.cat([angles.double().cos(), angles.double().sin()], dim=-1).float()  # [P, D]
+        self.register_buffer("cos_sin", cache, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        rope(q, k, positions, self.cos_sin)  # q [T, Hq, D], k [T, Hkv, D] rotated in place
+
+
+class Attention(nn.Module):
+    """Paged self-attention of one layer: qkv projection, optional q/k RMSNorm, rope, KV store, attend."""
+
+    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
+        super().__init__()
+        c, dt = config, config.dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(c.hidden_size, self.sizes, bias=c.qkv_bias, dtype=dt,
+                               shard_names=("q_proj", "k_proj", "v_proj"))
+        self.o_proj = Linear(q_size, c.hidden_size, bias=c.o_bias, dtype=dt)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, offset=c.norm_weight_offset, dtype=dt)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, offset=c.norm_weight_offset, dtype=dt)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = rotary
+        self.scale, self.window, self.softcap = c.attn_scale, c.window(layer), c.attn_logit_softcapping
+        self.cache: PagedKVCache | None = None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # x [T, hidden]
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # views of one [T, (Hq + 2 Hkv) D] buffer
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # the norm needs whole rows: contiguous copies
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        self.rotary(positions, q, k)
+        out = self._attend(q, k, v)  # [T, Hq, D]
+        return self.o_proj(out.view(T, self.num_heads * self.head_dim))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        kw = {"scale": self.scale, "window": self.window, "softcap": self.softcap}
+        if self.cache is None:
+            # No KV cache bound yet (a profiling run before the cache is sized): causal attention over
+            # this step's tokens alone, which is right only when nothing is cached.
+            return flash_attention(q, k, v, causal=True, cu_seqlens_q=ctx.cu_seqlens_q,
+                                   cu_seqlens_k=ctx.cu_seqlens_q, max_seqlen_q=ctx.max_seqlen_q, **kw)
+        self.cache.store(k, v, ctx.slot_mapping)
+        if ctx.decode_only:
+            return paged_decode(q, self.cache, ctx.block_tables, ctx.seq_lens, max_seq_len=ctx.max_seq_len, **kw)
+        return chunked_prefill(q, self.cache, ctx.block_tables, ctx.seq_lens, ctx.cu_seqlens_q,
+                               max_seqlen_q=ctx.max_seqlen_q, **kw)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate|up fused in one projection."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.gate_up_proj = Linear(c.hidden_size, [c.intermediate_size] * 2, bias=c.mlp_bias, dtype=c.dtype,
+                                   shard_names=("gate_proj", "up_proj"))
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, dtype=c.dtype)
+        self.act = c.hidden_act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        h = self.gate_up_proj(x)  # [T, 2 I]
+        if self.act == "silu":
+            h = silu_and_mul(h)
+        else:
+            h = gelu_and_mul(h, approximate="tanh" if self.act == "gelu_pytorch_tanh" else "none")
+        return self.down_proj(h)
+
+
+class Embedding(nn.Module):
+    """Token embedding [vocab, hidden]; Gemma scales it by sqrt(hidden) rounded to the model dtype."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, scale: float | None = None,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.weight = _param(vocab_size, hidden_size, dtype=dtype)
+        self.register_buffer("scale", None if scale is None else torch.tensor(scale, dtype=dtype), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        x = nn.functional.embedding(ids, self.weight)
+        return x if self.scale is None else x * self.scale
+
+
+def lm_logits(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """float32 logits [N, vocab] from hidden [N, H]; ``softcap * tanh(logits / softcap)`` when given."""
+    logits = linear(hidden, weight).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits

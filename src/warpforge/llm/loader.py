@@ -1,0 +1,248 @@
+"""load(path) -> Loaded(model, tokenizer, config) from an HF directory or a single GGUF file.
+
+Weights go tensor by tensor into parameters that were allocated once on the target device:
+safetensors are opened with ``device=`` so each tensor is read straight there; GGUF tensors are
+dequantized one at a time (``gguf.quants.dequantize``) on the host and copied over. Every checkpoint
+tensor must fill exactly one model slot of the same shape, and every slot must be filled: anything
+else is a ValueError naming the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import mmap
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from warpforge.llm.config import ModelConfig
+from warpforge.llm.models import build_model
+from warpforge.llm.tokenizer import Tokenizer
+
+
+class Loaded(NamedTuple):
+    model: nn.Module
+    tokenizer: Tokenizer
+    config: ModelConfig
+
+
+def load(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu") -> Loaded:
+    """Model, tokenizer and config from ``path`` (HF directory or ``.gguf`` file).
+
+    ``dtype`` None: config.json's dtype for a directory, float32 for GGUF (its weights are dequantized).
+    """
+    path, device = Path(path), torch.device(device)
+    if path.is_file() and path.suffix == ".gguf":
+        return _load_gguf(path, dtype, device)
+    if path.is_dir():
+        return _load_hf_dir(path, dtype, device)
+    raise ValueError(f"{path}: expected an HF checkpoint directory or a .gguf file")
+
+
+def fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> None:
+    """Copy every (name, tensor) into the model slot of that name (converting dtype and device)."""
+    slots = model.weight_slots()
+    pending = set(slots)
+    for name, tensor in tensors:
+        if model.ignored_weight(name):
+            continue
+        slot = slots.get(name)
+        if slot is None:
+            raise ValueError(f"{source}: unexpected tensor {name!r} (not a parameter of {model.config.architecture})")
+        if tuple(tensor.shape) != tuple(slot.shape):
+            raise ValueError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                             f"{tuple(slot.shape)} (check the config against the weights)")
+        slot.copy_(tensor)
+        pending.discard(name)
+    if pending:
+        names = sorted(pending)
+        raise ValueError(f"{source}: missing tensor(s) {names[:6]}{' ...' if len(names) > 6 else ''} "
+                         f"({len(names)} of {len(slots)})")
+
+
+def _eos_union(config: ModelConfig, tokenizer: Tokenizer) -> None:
+    """One list of stop ids for both (config.json, generation_config.json and the tokenizer's)."""
+    ids = list(dict.fromkeys([*config.eos_token_ids, *tokenizer.eos_token_ids]))
+    config.eos_token_ids = ids
+    tokenizer.eos_token_ids = list(ids)
+    if config.bos_token_id is None:
+        config.bos_token_id = tokenizer.bos_token_id
+
+
+# ---- HF directory ------------------------------------------------------------------------------
+
+
+def _load_hf_dir(path: Path, dtype, device: torch.device) -> Loaded:
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"{path}: no config.json")
+    config = ModelConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
+    tokenizer = Tokenizer.from_dir(path)
+    _eos_union(config, tokenizer)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors files (only safetensors checkpoints are supported)")
+    model = build_model(config, device)
+    with torch.inference_mode():
+        fill(model, _safetensors(files, device), str(path))
+    return Loaded(model, tokenizer, config)
+
+
+def _safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    for f in files:
+        with safe_open(str(f), framework="pt", device=str(device)) as fh:
+            for name in fh.keys():
+                yield name, fh.get_tensor(name)  # read onto `device` directly, one tensor at a time
+
+
+# ---- GGUF --------------------------------------------------------------------------------------
+
+# llama.cpp tensor names -> HF names (per block: blk.N.<key> -> model.layers.N.<value>)
+_GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_BLOCK = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_to_hf_name(name: str, arch: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (unknown names pass through)."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_BLOCK:
+        target = _GGUF_BLOCK[parts[2]]
+        if arch == "gemma3" and parts[2] == "ffn_norm":  # Gemma's pre-MLP norm; Llama's post-attention one
+            target = "pre_feedforward_layernorm"
+        return f"model.layers.{parts[1]}.{target}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GGUF_TOP:
+        return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
+    return name
+
+
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (its Llama rope pairs adjacent dims; HF pairs i and i + D/2)."""
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _load_gguf(path: Path, dtype, device: torch.device) -> Loaded:
+    gf = GGUFFile(path)
+    arch = gf.meta.get("general.architecture")
+    config = ModelConfig.from_gguf(gf.meta, gf.tensors.keys(), dtype=dtype)
+    if "rope_freqs.weight" in gf.tensors:  # Llama 3.1 files carry the rope scaling as per-frequency factors
+        factors = tuple(float(f) for f in gf.tensor("rope_freqs.weight").reshape(-1))
+        config = dataclasses.replace(config, rope_freq_factors=factors)
+    tokenizer = Tokenizer.from_gguf(gf.meta)
+    _eos_union(config, tokenizer)
+    model = build_model(config, device)
+
+    def tensors():
+        for name in gf.tensors:
+            if name == "rope_freqs.weight":
+                continue
+            w = torch.from_numpy(gf.tensor(name))
+            if arch == "llama" and name.endswith("attn_q.weight"):
+                w = unpermute_qk(w, config.num_heads)
+            elif arch == "llama" and name.endswith("attn_k.weight"):
+                w = unpermute_qk(w, config.num_kv_heads)
+            elif arch == "gemma3" and name.endswith("norm.weight"):
+                w = w - 1  # llama.cpp's converter stores Gemma's (1 + w)
+            yield gguf_to_hf_name(name, arch), w
+
+    with torch.inference_mode():
+        fill(model, tensors(), str(path))
+    return Loaded(model, tokenizer, config)
+
+
+class GGUFFile:
+    """The metadata and tensor table of a GGUF file (v2/v3, little-endian); tensors memory-mapped.
+
+    ``gguf.GGUFReader`` builds a numpy view per array element, which takes ~16 s for Gemma 3's
+    262k-token vocabulary; this reads the same fields in well under a second. Values are plain Python
+    (ints, floats, str, lists). ``tensor(name)`` returns float32 (or float16) numpy data, dequantized by
+    ``gguf.quants.dequantize``, shaped like the torch weight ([out, in]).
+    """
+
+    _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+              12: "<f8"}
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._off = 0
+        if self._buf[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file (bad magic)")
+        self._off = 4
+        version = self._read("<I")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+        n_tensors, n_kv = self._read("<Q"), self._read("<Q")
+        self.meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._str()
+            self.meta[key] = self._value(self._read("<I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._str()
+            dims = [self._read("<Q") for _ in range(self._read("<I"))]
+            infos.append((name, dims, self._read("<I"), self._read("<Q")))
+        align = int(self.meta.get("general.alignment", 32))
+        start = -(-self._off // align) * align
+        # name -> (ggml type, torch-order shape, absolute offset)
+        self.tensors = {n: (t, tuple(reversed(d)), start + o) for n, d, t, o in infos}
+
+    def _read(self, fmt: str):
+        (v,) = struct.unpack_from(fmt, self._buf, self._off)
+        self._off += struct.calcsize(fmt)
+        return v
+
+    def _str(self) -> str:
+        n = self._read("<Q")
+        s = self._buf[self._off:self._off + n].decode("utf-8", errors="replace")
+        self._off += n
+        return s
+
+    def _value(self, vtype: int):
+        if vtype == 8:
+            return self._str()
+        if vtype in self._SCALARS:
+            return self._read(self._SCALARS[vtype])
+        if vtype != 9:
+            raise ValueError(f"{self.path}: unknown GGUF value type {vtype}")
+        etype, n = self._read("<I"), self._read("<Q")
+        if etype in self._NUMPY:
+            arr = np.frombuffer(self._buf, dtype=self._NUMPY[etype], count=n, offset=self._off)
+            self._off += arr.nbytes
+            return arr.tolist()
+        return [self._value(etype) for _ in range(n)]
+
+    def tensor(self, name: str) -> np.ndarray:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        ttype, shape, off = self.tensors[name]
+        qtype = GGMLQuantizationType(ttype)
+        block, size = GGML_QUANT_SIZES[qtype]
+        n = math.prod(shape)
+        raw = np.frombuffer(self._buf, dtype=np.uint8, count=n // block * size, offset=off)
+        if qtype == GGMLQuantizationType.F32:
+            return raw.view(np.float32).reshape(shape).copy()
+        if qtype == GGMLQuantizationType.F16:
+            return raw.view(np.float16).reshape(shape).astype(np.float32)
+        rows = raw.reshape(*shape[:-1], shape[-1] // block * size)
+        return dequantize(rows, qtype).reshape(shape)

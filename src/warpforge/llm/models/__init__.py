@@ -1,0 +1,51 @@
+"""Model registry: HF architecture name (config.json ``architectures[0]``) -> model class.
+
+``build_model(config)`` makes the model with empty parameters on the current default device; the
+loader fills them. GGUF files name their architecture in ``general.architecture``; ``GGUF_ARCHITECTURES``
+maps those names to the HF ones (llama.cpp files Mistral under "llama").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from warpforge.llm.config import ModelConfig
+from warpforge.llm.models.decoder import CausalLM
+from warpforge.llm.models.gemma3 import Gemma3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": CausalLM,
+    "MistralForCausalLM": CausalLM,
+    "Qwen2ForCausalLM": CausalLM,
+    "Qwen3ForCausalLM": CausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+}
+
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+
+
+def resolve(architecture: str) -> type[nn.Module]:
+    """The model class for an HF architecture name, or a ValueError naming it and the supported ones."""
+    try:
+        return MODEL_REGISTRY[architecture]
+    except KeyError:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                         f"{', '.join(sorted(MODEL_REGISTRY))}") from None
+
+
+def build_model(config: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
+    """The model for ``config`` with uninitialized parameters in ``config.dtype`` on ``device``."""
+    cls = resolve(config.architecture)
+    if device is None:  # the caller's default device (e.g. inside `with torch.device("cuda")`)
+        return cls(config).eval()
+    with torch.device(device):
+        return cls(config).eval()
+
+
+__all__ = ["GGUF_ARCHITECTURES", "MODEL_REGISTRY", "build_model", "resolve"]

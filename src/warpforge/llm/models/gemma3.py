@@ -1,0 +1,45 @@
+"""Gemma 3 (text): the shared decoder with Gemma's sandwich norms.
+
+What differs from Llama lives in the config (``ModelConfig.from_hf``/``from_gguf`` set it): embeddings
+scaled by sqrt(hidden), RMSNorm scaling by (1 + weight), q/k norms, softmax scale
+``query_pre_attn_scalar ** -0.5``, sliding layers with their own rope base between global ones, a
+gelu-tanh gated MLP, optional final logit softcapping. What differs in the block is here: the attention
+and the MLP outputs are normalized again before they join the residual stream.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from warpforge.llm.config import ModelConfig
+from warpforge.llm.layers import Attention, GatedMLP, Rotary
+from warpforge.llm.models.decoder import CausalLM, norm
+
+
+class Gemma3DecoderLayer(nn.Module):
+    """x + post_attn_norm(attn(input_norm(x))), then + post_ff_norm(mlp(pre_ff_norm(.)))."""
+
+    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
+        super().__init__()
+        self.self_attn = Attention(config, layer, rotary)
+        self.mlp = GatedMLP(config)
+        self.input_layernorm = norm(config)
+        self.post_attention_layernorm = norm(config)
+        self.pre_feedforward_layernorm = norm(config)
+        self.post_feedforward_layernorm = norm(config)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None):
+        # x [T, H]: the previous layer's (post-normed) output, not yet added to the residual stream
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.post_attention_layernorm(self.self_attn(positions, x))
+        x, residual = self.pre_feedforward_layernorm(x, residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
+
+
+class Gemma3ForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, Gemma3DecoderLayer)
