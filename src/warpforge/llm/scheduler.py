@@ -111,8 +111,8 @@ class Scheduler:
     def abort(self, seq_id) -> Sequence | None:
         """Abort a waiting or running sequence, freeing its pages at once; None if unknown/finished.
 
-        Call between steps. A sequence aborted between schedule() and postprocess() is skipped by
-        postprocess (its pages are free but nothing reallocates them before the next schedule())."""
+        Call between steps, or after the runner has run a batch and before postprocess() (which then
+        skips the sequence); never between schedule() and the runner reading the block tables."""
         seq = self._by_id.get(seq_id)
         if seq is not None:
             self.finish(seq, SequenceStatus.FINISHED_ABORTED)
