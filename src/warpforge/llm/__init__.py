@@ -1,0 +1,39 @@
+"""warpforge.llm: serve decoder-only LLMs (Llama, Mistral, Qwen2/3, Gemma 3) on warpforge's Triton kernels.
+
+>>> from warpforge.llm import LLM, SamplingParams
+>>> llm = LLM("path/to/hf-dir-or.gguf", max_model_len=4096)
+>>> llm.generate(["To be, or not to be"], SamplingParams(temperature=0, max_tokens=32))[0].text
+
+``LLM`` generates offline batches, ``AsyncLLM`` streams per-request outputs for servers, ``LLMEngine``
+is the step-by-step core both drive. Names load on first use, so ``import warpforge.llm`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "LLM": "engine", "LLMEngine": "engine",
+    "AsyncLLM": "async_engine",
+    "EngineConfig": "engine_config",
+    "SamplingParams": "sampling",
+    "RequestOutput": "outputs", "RequestMetrics": "outputs",
+    "ModelConfig": "config",
+    "load": "loader", "Loaded": "loader",
+    "Tokenizer": "tokenizer",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"warpforge.llm.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'warpforge.llm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

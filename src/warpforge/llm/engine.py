@@ -1,0 +1,264 @@
+"""LLMEngine (requests in, one step at a time, outputs out) and LLM (the batch-generation API).
+
+The hot path is ``LLMEngine.step``: schedule -> run -> postprocess, then text for the sequences
+that got a token. ``LLM.generate`` adds every prompt and steps until all are done; the async
+engine (:mod:`warpforge.llm.async_engine`) steps the same engine from an asyncio task.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from warpforge.llm.block_manager import BlockManager
+from warpforge.llm.engine_config import EngineConfig
+from warpforge.llm.outputs import Detokenizer, RequestMetrics, RequestOutput, now
+from warpforge.llm.runner import ModelRunner
+from warpforge.llm.sampling import SamplingParams
+from warpforge.llm.scheduler import Scheduler
+from warpforge.llm.sequence import Sequence, SequenceStatus
+
+Prompt = str | list[int]
+
+
+@dataclass
+class Request:
+    """The engine's state of one request next to its Sequence (what the scheduler sees)."""
+
+    request_id: str
+    prompt: str | None
+    seq: Sequence
+    detok: Detokenizer
+    metrics: RequestMetrics
+    stream: bool  # emit an output every step (else only when finished)
+    detok_tokens: int = 0  # output tokens already fed to the detokenizer
+    sent_tokens: int = 0  # output tokens already handed out
+    sent_chars: int = 0  # output text already handed out
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class LLMEngine:
+    """``LLMEngine(path | Loaded, engine_config, *, dtype, device)``.
+
+    ``path``: an HF checkpoint directory or a .gguf file (loaded with :func:`warpforge.llm.loader.load`);
+    or an already loaded ``(model, tokenizer, config)``. dtype None: bfloat16 on CUDA, float32 on CPU.
+    """
+
+    def __init__(self, model, engine_config: EngineConfig | None = None, *,
+                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
+        from warpforge.llm.config import to_dtype
+
+        self.device = torch.device(device) if device is not None else default_device()
+        if isinstance(model, (str, Path)):
+            from warpforge.llm.loader import load
+
+            dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+            model = load(model, dtype=dtype, device=self.device)
+        self.model, self.tokenizer, self.model_config = model
+        ec = (engine_config or EngineConfig()).for_model(self.model_config.max_position_embeddings)
+        self.config = ec
+        self.runner = ModelRunner(self.model, self.model_config, ec, self.device)
+        self.block_manager = BlockManager(self.runner.num_pages, ec.page_size, ec.enable_prefix_caching)
+        eos = self.model_config.eos_token_ids or list(getattr(self.tokenizer, "eos_token_ids", []) or [])
+        self.scheduler = Scheduler(ec, self.block_manager, eos)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def make_request(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
+                     stream: bool = False, add_special_tokens: bool = True) -> Request:
+        """Tokenize and check one request without queuing it (ValueError naming the problem)."""
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {rid}: params: expected SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, ids = prompt, (self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if prompt else [])
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            text, ids = None, list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"request {rid}: prompt token ids must be in [0, {self.model_config.vocab_size}), "
+                                 f"got {bad[:4]}")
+        else:
+            raise ValueError(f"request {rid}: prompt: expected a string or a list of token ids, "
+                             f"got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError(f"request {rid}: empty prompt")
+        limit = self.config.max_model_len
+        if len(ids) + 1 > limit:
+            raise ValueError(f"request {rid}: prompt of {len(ids)} tokens leaves no room for a new token "
+                             f"within max_model_len {limit}")
+        if rid in self.requests:
+            raise ValueError(f"request {rid}: a request with this id is still running")
+        t = now()
+        seq = Sequence(ids, params, seq_id=rid)
+        return Request(rid, text, seq, Detokenizer(self.tokenizer, ids), RequestMetrics(t, num_prompt_tokens=len(ids)),
+                       stream)
+
+    def add(self, req: Request) -> None:
+        """Queue a request built by :meth:`make_request` (the scheduler's checks may still refuse it)."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request {req.request_id}: a request with this id is still running")
+        self.scheduler.add(req.seq)
+        self.requests[req.request_id] = req
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
+                    stream: bool = False, add_special_tokens: bool = True) -> str:
+        """Queue one request; -> its id. A bad request raises ValueError and leaves the others running."""
+        req = self.make_request(prompt, params, request_id=request_id, stream=stream,
+                                add_special_tokens=add_special_tokens)
+        self.add(req)
+        return req.request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its pages; -> its last output (None: unknown or finished)."""
+        req = self.requests.pop(str(request_id), None)
+        if req is None:
+            return None
+        self.scheduler.abort(req.request_id)
+        req.seq.output_text = req.detok.add(req.seq.output_token_ids[req.detok_tokens:], final=True)
+        return self._output(req, now())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One step for every scheduled request; -> outputs of the finished ones and, for streamed
+        requests, of every one that got a token."""
+        batch = self.scheduler.schedule()
+        ids, logprobs = self.runner.run(batch) if not batch.is_empty else ([], [])
+        seqs = self.scheduler.postprocess(batch, ids, logprobs)
+        return self._outputs(seqs + batch.finished)
+
+    def _outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        t = now()
+        outs = []
+        for seq in seqs:
+            req = self.requests.get(seq.seq_id)
+            if req is None:  # aborted during the step
+                continue
+            if req.metrics.first_token_time is None and seq.num_output_tokens:
+                req.metrics.first_token_time = t
+            # Text only where someone reads it now: streams and stop strings every step, else once at the end.
+            if req.stream or seq.params.stop or seq.is_finished:
+                text = req.detok.add(seq.output_token_ids[req.detok_tokens:], final=seq.is_finished)
+                req.detok_tokens = seq.num_output_tokens
+                if seq.check_stop(text) or seq.is_finished:
+                    self.scheduler.finish(seq)  # frees the pages now (a no-op when postprocess already did)
+            if req.stream or seq.is_finished:
+                outs.append(self._output(req, t))
+        return outs
+
+    def _output(self, req: Request, t: float) -> RequestOutput:
+        seq, m = req.seq, req.metrics
+        finished = seq.is_finished
+        if finished:
+            m.finish_time = t
+            self.requests.pop(req.request_id, None)
+        m.num_output_tokens, m.num_cached_tokens = seq.num_output_tokens, seq.num_cached_tokens
+        text = seq.output_text
+        # A stop string may still be forming at the end of an unfinished stream: hold those chars back.
+        hold = 0 if finished or not seq.params.stop else max(len(s) for s in seq.params.stop) - 1
+        end = max(req.sent_chars, len(text) - hold)
+        out_ids = seq.output_token_ids
+        out = RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=seq.prompt_token_ids,
+            text=text[:end], token_ids=out_ids, delta_text=text[req.sent_chars:end],
+            delta_token_ids=out_ids[req.sent_tokens:], finish_reason=seq.finish_reason,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None, metrics=m)
+        req.sent_chars, req.sent_tokens = end, len(out_ids)
+        return out
+
+
+class LLM:
+    """Offline generation: ``LLM(path, dtype=..., max_model_len=..., **EngineConfig fields)``.
+
+    >>> llm = LLM("gemma-3-270m.gguf")
+    >>> llm.generate(["To be, or not"], SamplingParams(max_tokens=32))[0].text
+    """
+
+    def __init__(self, model, *, dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
+                 device: torch.device | str | None = None, **engine_kwargs):
+        config = EngineConfig(max_model_len=max_model_len, **engine_kwargs)
+        self.engine = LLMEngine(model, config, dtype=dtype, device=device)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 *, use_tqdm: bool = False, add_special_tokens: bool = True) -> list[RequestOutput]:
+        """One output per prompt, in order. A single prompt with bad input raises ValueError; in a
+        list, a bad prompt gets an output with finish_reason "error" (and ``error``) and the
+        others run."""
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts)
+                                              and all(isinstance(t, int) for t in prompts))
+        prompts = [prompts] if single else list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"sampling_params: expected one per prompt ({len(prompts)}), got {len(params)}")
+        engine = self.engine
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        index: dict[str, int] = {}
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                try:
+                    index[engine.add_request(prompt, p, add_special_tokens=add_special_tokens)] = i
+                except ValueError as e:
+                    if single:
+                        raise
+                    results[i] = RequestOutput(request_id=f"error-{i}", prompt=prompt if isinstance(prompt, str) else None,
+                                               prompt_token_ids=[], finish_reason="error", error=str(e))
+            with _progress(use_tqdm, len(index)) as advance:
+                while engine.has_unfinished():
+                    for out in engine.step():
+                        if out.finished and out.request_id in index:
+                            results[index.pop(out.request_id)] = out
+                            advance()
+        finally:
+            for rid in list(index):  # interrupted (or a failing step): do not leave requests behind
+                engine.abort(rid)
+        return results  # type: ignore[return-value]
+
+    def chat(self, messages: list[dict] | Seq[list[dict]], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+             *, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate replies to conversations ([{"role": ..., "content": ...}, ...], or a list of them)
+        through the tokenizer's chat template."""
+        single = bool(messages) and isinstance(messages[0], dict)
+        convs = [messages] if single else list(messages)
+        prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
+        # The template writes the special tokens (BOS) itself: do not add them twice.
+        return self.generate(prompts[0] if single else prompts, sampling_params, use_tqdm=use_tqdm,
+                             add_special_tokens=False)
+
+
+class _progress:
+    """A rich progress bar over finished requests (or nothing); yields the advance callback."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self._bar = enabled, total, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import Progress
+
+        self._bar = Progress(transient=True)
+        self._bar.start()
+        task = self._bar.add_task("generating", total=self.total)
+        return lambda: self._bar.advance(task)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
