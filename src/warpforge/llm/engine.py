@@ -55,12 +55,17 @@ class LLMEngine:
                  dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
         from warpforge.llm.config import to_dtype
 
-        self.device = torch.device(device) if device is not None else default_device()
         if isinstance(model, (str, Path)):
             from warpforge.llm.loader import load
 
+            self.device = torch.device(device) if device is not None else default_device()
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
             model = load(model, dtype=dtype, device=self.device)
+        else:  # already loaded: it runs where its weights are
+            self.device = next(model[0].parameters()).device
+            want = torch.device(device) if device is not None else None
+            if want is not None and (want.type != self.device.type or want.index not in (None, self.device.index)):
+                raise ValueError(f"device: the loaded model is on {self.device}, got {device}")
         self.model, self.tokenizer, self.model_config = model
         ec = (engine_config or EngineConfig()).for_model(self.model_config.max_position_embeddings)
         self.config = ec

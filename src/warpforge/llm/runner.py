@@ -68,11 +68,12 @@ class ModelRunner:
         return 2 * c.num_layers * c.num_kv_heads * self.page_size * c.head_dim * elem
 
     def _default_num_pages(self) -> int:
-        ec = self.engine_config
+        # Pages beyond every running sequence at full length serve only the prefix cache: cap at twice
+        # that, so a small model on a large GPU does not get millions of page records.
+        cap = 2 * self.engine_config.max_num_seqs * self.max_pages_per_seq
         if not self.on_cuda:
-            full = ec.max_num_seqs * self.max_pages_per_seq
-            return max(self.max_pages_per_seq, min(full, _CPU_KV_BYTES // self.page_bytes))
-        return self._num_pages_from_gpu_memory()
+            return max(self.max_pages_per_seq, min(cap, _CPU_KV_BYTES // self.page_bytes))
+        return min(cap, self._num_pages_from_gpu_memory())
 
     def _num_pages_from_gpu_memory(self) -> int:
         dev = self.device

@@ -1,0 +1,173 @@
+"""LLM/LLMEngine against HF transformers: greedy tokens identical for every tiny architecture, also
+with prefix-cache hits (and copy-on-write), forced preemption and chunked prefill; then stop strings
+and stop ids, lengths, seeds, logprobs, abort, bad requests and chat."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from warpforge.llm.engine import LLM, LLMEngine  # noqa: E402
+from warpforge.llm.engine_config import EngineConfig  # noqa: E402
+from warpforge.llm.sampling import SamplingParams  # noqa: E402
+
+from .engine_helpers import ARCHS, hf_greedy, loaded, one_thread, prompts  # noqa: E402,F401
+
+N = 64
+GREEDY = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
+
+
+def make_llm(arch: str = "llama", **kw) -> LLM:
+    kw.setdefault("page_size", 4)
+    kw.setdefault("num_pages", 256)
+    return LLM(loaded(arch), max_model_len=128, **kw)
+
+
+def spy(llm: LLM) -> dict:
+    """Count what the scheduler did: preemptions, CoW copies, steps mixing prefill chunks and decodes."""
+    stats = {"preempted": 0, "copies": 0, "mixed": 0, "chunked": 0}
+    sched = llm.engine.scheduler
+    schedule = sched.schedule
+
+    def counting():
+        b = schedule()
+        stats["preempted"] += len(b.preempted)
+        stats["copies"] += len(b.copies)
+        stats["mixed"] += 1 in b.num_new_tokens and any(n > 1 for n in b.num_new_tokens)
+        stats["chunked"] += any(s.num_computed_tokens + n < s.num_tokens for s, n in zip(b.seqs, b.num_new_tokens))
+        return b
+
+    sched.schedule = counting
+    return stats
+
+
+@pytest.mark.parametrize("variant", ["plain", "prefix_cache", "preemption", "chunked_prefill"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_hf(arch, variant):
+    ps = prompts()
+    kw = {"enable_prefix_caching": variant == "prefix_cache"}
+    if variant == "preemption":
+        kw["num_pages"] = 40  # 5 sequences of up to 27 pages each: the newest get preempted and recomputed
+    if variant == "chunked_prefill":
+        kw["max_num_batched_tokens"] = 8  # 43-token prompts prefill over 6+ steps, beside other decodes
+    llm = make_llm(arch, **kw)
+    stats = spy(llm)
+    if variant == "prefix_cache":
+        llm.generate([ps[0]], GREEDY)  # its 10 full pages enter the cache
+        ps = ps + [ps[0][:40]]  # fully cached, page-aligned: the last page is shared, then copied on write
+        hits_before = llm.engine.block_manager.prefix_hit_tokens
+    outs = llm.generate(ps, GREEDY)
+    for p, out in zip(ps, outs):
+        assert out.finish_reason == "length" and out.prompt_token_ids == p
+        assert out.token_ids == hf_greedy(arch, p, N), f"prompt of {len(p)} tokens"
+    if variant == "prefix_cache":
+        assert llm.engine.block_manager.prefix_hit_tokens - hits_before >= 4 * 39
+        assert stats["copies"] >= 1
+    if variant == "preemption":
+        assert stats["preempted"] > 0
+    if variant == "chunked_prefill":
+        assert stats["mixed"] > 0 and stats["chunked"] > 0
+    bm = llm.engine.block_manager
+    assert bm.num_free_pages == bm.num_pages and not llm.engine.requests
+
+
+def greedy_text(llm: LLM, prompt: str, n: int = 24):
+    return llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0]
+
+
+def test_stop_strings_and_stop_ids():
+    llm = make_llm()
+    prompt = "To be, or not to be, that is the question"
+    ref = greedy_text(llm, prompt)
+    text = ref.text
+    # A stop string of three printable chars that first occurs a few chars in (it may span tokens).
+    start = next(i for i in range(3, len(text) - 3) if text[i:i + 3].isprintable() and text.find(text[i:i + 3]) == i)
+    stop = text[start:start + 3]
+    out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]))[0]
+    assert out.text == text[:start] and out.finish_reason == "stop"
+    assert out.token_ids == ref.token_ids[:len(out.token_ids)] and len(out.token_ids) < 24
+    stop_id = ref.token_ids[10]
+    out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]))[0]
+    assert out.token_ids == ref.token_ids[:ref.token_ids.index(stop_id) + 1] and out.finish_reason == "stop"
+
+
+def test_length_limits():
+    llm = make_llm()
+    out = llm.generate([7] * 10, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))[0]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    out = llm.generate([7] * 120, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))[0]
+    assert len(out.token_ids) == 8 and out.finish_reason == "length"  # max_model_len 128
+
+
+def test_seed_reproduces_regardless_of_batch():
+    llm = make_llm()
+    p = prompts()[2]
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=7, ignore_eos=True)
+    alone = llm.generate(p, seeded)[0].token_ids
+    mixed = llm.generate([prompts()[0], p, prompts()[1]],
+                         [SamplingParams(temperature=1.0, max_tokens=16), seeded, SamplingParams(temperature=0.8)])
+    assert mixed[1].token_ids == alone
+    other = llm.generate(p, SamplingParams(temperature=1.0, max_tokens=16, seed=8, ignore_eos=True))[0].token_ids
+    assert other != alone
+
+
+def test_logprobs_and_metrics():
+    llm = make_llm()
+    out = llm.generate(prompts()[2], SamplingParams(temperature=0.0, max_tokens=6, logprobs=3, ignore_eos=True))[0]
+    assert len(out.logprobs) == 6
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert tok in lp and len(lp) == 3  # greedy: the chosen token is the top-1
+        assert lp[tok] == pytest.approx(max(lp.values())) and lp[tok] <= 0
+    m = out.metrics
+    assert m.num_prompt_tokens == 7 and m.num_output_tokens == 6
+    assert 0 < m.ttft <= m.e2e and m.decode_tokens_per_s > 0
+    assert llm.generate(prompts()[2], SamplingParams(max_tokens=2))[0].logprobs is None
+
+
+def test_abort_frees_pages_at_once():
+    engine = LLMEngine(loaded("llama"), EngineConfig(max_model_len=128, page_size=4, num_pages=64))
+    bm = engine.block_manager
+    ids = [engine.add_request(p, GREEDY) for p in prompts()[:3]]
+    engine.step()
+    engine.step()
+    assert bm.num_free_pages < bm.num_pages
+    out = engine.abort(ids[1])
+    assert out.finish_reason == "abort" and out.request_id == ids[1] and engine.abort(ids[1]) is None
+    for rid in (ids[0], ids[2]):
+        engine.abort(rid)
+    assert bm.num_free_pages == bm.num_pages and not engine.has_unfinished()
+
+
+def test_bad_request_fails_alone():
+    llm = make_llm()
+    p0, p2 = prompts()[0], prompts()[2]
+    outs = llm.generate([p0, "", [3] * 200, [99999], p2], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert [o.finish_reason for o in outs] == ["length", "error", "error", "error", "length"]
+    assert "empty prompt" in outs[1].error and "max_model_len" in outs[2].error and "[0, 512)" in outs[3].error
+    assert outs[0].token_ids == hf_greedy("llama", p0, N)[:8] and outs[4].token_ids == hf_greedy("llama", p2, N)[:8]
+    with pytest.raises(ValueError, match="empty prompt"):
+        llm.generate("", GREEDY)
+    with pytest.raises(ValueError, match="expected one per prompt"):
+        llm.generate([p0, p2], [GREEDY])
+    # On the engine: a bad request mid-run raises at add_request and the running ones carry on.
+    engine = llm.engine
+    rid = engine.add_request(p2, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.step()
+    with pytest.raises(ValueError, match="params"):
+        engine.add_request(p0, {"temperature": 0})
+    with pytest.raises(ValueError, match="still running"):
+        engine.add_request(p0, request_id=rid)
+    done = [o for _ in range(10) for o in engine.step() if o.finished]
+    assert [o.token_ids for o in done] == [outs[4].token_ids]
+
+
+def test_chat_uses_the_template_once():
+    llm = make_llm()
+    messages = [{"role": "user", "content": "Who's there?"}]
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert out.prompt_token_ids == llm.tokenizer.encode(text, add_special_tokens=False)
+    assert out.prompt_token_ids.count(llm.tokenizer.bos_token_id) == 1 and len(out.token_ids) == 4
+    two = llm.chat([messages, messages + [{"role": "assistant", "content": "Nay"}]], SamplingParams(max_tokens=2))
+    assert len(two) == 2 and two[0].prompt_token_ids == out.prompt_token_ids

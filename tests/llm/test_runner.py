@@ -1,0 +1,137 @@
+"""ModelRunner: step inputs (slots across scrambled pages, chunk offsets, sample rows), copy-on-write
+page copies, KV sizing; on the GPU: CUDA-graph decode equals eager decode, memory-sized cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from warpforge.llm.block_manager import BlockManager  # noqa: E402
+from warpforge.llm.engine import LLM  # noqa: E402
+from warpforge.llm.engine_config import EngineConfig  # noqa: E402
+from warpforge.llm.runner import ModelRunner  # noqa: E402
+from warpforge.llm.sampling import SamplingParams  # noqa: E402
+from warpforge.llm.scheduler import ScheduledBatch  # noqa: E402
+from warpforge.llm.sequence import Sequence  # noqa: E402
+
+from .engine_helpers import checkpoint, hf_greedy, loaded, one_thread, prompts  # noqa: E402,F401
+
+PS = 4
+
+
+def runner(num_pages: int = 32, **kw) -> ModelRunner:
+    model, _, config = loaded("llama")
+    ec = EngineConfig(max_model_len=64, page_size=PS, num_pages=num_pages, **kw).for_model(config.max_position_embeddings)
+    return ModelRunner(model, config, ec, "cpu")
+
+
+def seq_with_pages(tokens: list[int], pages: list[int], computed: int) -> Sequence:
+    s = Sequence(tokens, SamplingParams(temperature=0.0))
+    s.block_table, s.num_computed_tokens = list(pages), computed
+    return s
+
+
+def test_prepare_mixed_batch():
+    r = runner()
+    a = seq_with_pages(list(range(10, 20)), [7, 3, 12], computed=3)  # prefill chunk of tokens 3..8 (no sample)
+    b = seq_with_pages(list(range(30, 36)), [5, 9], computed=5)  # decode of its 6th token (samples)
+    c = seq_with_pages(list(range(40, 43)), [1], computed=0)  # whole prompt (samples)
+    batch = ScheduledBatch()
+    batch.add(a, 6)
+    batch.add(b, 1)
+    batch.add(c, 3)
+    ids, pos, ctx, sample_idx = r.prepare(batch)
+    assert ids.tolist() == list(range(13, 19)) + [35] + [40, 41, 42]
+    assert pos.tolist() == [3, 4, 5, 6, 7, 8, 5, 0, 1, 2]
+    # position p -> page block_table[p // 4], row p % 4
+    assert ctx.slot_mapping.tolist() == [7 * 4 + 3, 3 * 4, 3 * 4 + 1, 3 * 4 + 2, 3 * 4 + 3, 12 * 4, 9 * 4 + 1,
+                                         4, 5, 6]
+    assert ctx.block_tables.tolist() == [[7, 3, 12], [5, 9, 0], [1, 0, 0]]
+    assert ctx.block_tables.dtype == ctx.seq_lens.dtype == ctx.cu_seqlens_q.dtype == torch.int32
+    assert ctx.seq_lens.tolist() == [9, 6, 3] and ctx.cu_seqlens_q.tolist() == [0, 6, 7, 10]
+    assert ctx.max_seqlen_q == 6 and ctx.max_seq_len == 9 and not ctx.decode_only
+    assert sample_idx.tolist() == [6, 9] and batch.sampling_seqs == [b, c]
+
+
+def test_prepare_decode_graph_padding():
+    r = runner()
+    s = seq_with_pages([1, 2, 3, 4, 5], [2, 6], computed=4)
+    batch = ScheduledBatch()
+    batch.add(s, 1)
+    h = r.host_inputs(batch, pad_to=4)
+    assert batch.decode_only and h["slot_mapping"] == [6 * 4, -1, -1, -1] and h["seq_lens"] == [5, 0, 0, 0]
+    assert h["block_tables"] == [[2, 6], [0, 0], [0, 0], [0, 0]] and h["sample_rows"] == [0]
+
+
+def test_copy_on_write_copies_every_layer():
+    r = runner(num_pages=8)
+    for c in r.kv_caches:
+        c.k_cache.normal_()
+        c.v_cache.normal_()
+    before = [(c.k_cache.clone(), c.v_cache.clone()) for c in r.kv_caches]
+    r.copy_pages([(1, 5), (2, 6)])
+    for (k, v), c in zip(before, r.kv_caches):
+        assert torch.equal(c.k_cache[5], k[1]) and torch.equal(c.v_cache[6], v[2])
+        assert torch.equal(c.k_cache[:5], k[:5]) and torch.equal(c.k_cache[7], k[7])
+
+
+def test_run_samples_only_finished_ranges():
+    r = runner()
+    bm = BlockManager(r.num_pages, PS)
+    p = prompts()[2]
+    s = Sequence(p, SamplingParams(temperature=0.0))
+    bm.allocate(s)
+    first = ScheduledBatch()
+    first.add(s, 4)  # a chunk that does not reach the prompt's end: nothing to sample
+    assert r.run(first) == ([], [])
+    s.num_computed_tokens = 4
+    rest = ScheduledBatch()
+    rest.add(s, len(p) - 4)
+    ids, lps = r.run(rest)
+    assert ids == hf_greedy("llama", p, 64)[:1] and lps == [None]
+
+
+def test_kv_sizing_on_cpu():
+    r = runner(num_pages=None)
+    c = r.config
+    assert r.page_bytes == 2 * c.num_layers * c.num_kv_heads * PS * c.head_dim * 4
+    assert r.num_pages >= r.max_pages_per_seq == 16
+    assert r.kv_caches[0].k_cache.shape == (r.num_pages, c.num_kv_heads, PS, c.head_dim)
+    with pytest.raises(ValueError, match="fp8"):
+        runner(kv_cache_dtype="fp8")  # fp8 pages need 16-bit queries
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_equals_eager_and_hf():
+    ps = prompts()
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    kw = dict(dtype=torch.float32, device="cuda", max_model_len=128, page_size=16, num_pages=64,
+              cuda_graph_batch_sizes=[1, 2, 4, 8])
+    graphed = LLM(str(checkpoint("llama")), **kw)
+    assert graphed.engine.runner.graphs is not None and graphed.engine.runner.graphs.sizes == [1, 2, 4, 8]
+    eager = LLM(str(checkpoint("llama")), enforce_eager=True, **kw)
+    assert eager.engine.runner.graphs is None
+    # 5 prompts decode as a batch of 5 (padded to 8), then fewer as none finish early: 3 graph sizes used.
+    for a, b, p in zip(graphed.generate(ps, params), eager.generate(ps, params), ps):
+        assert a.token_ids == b.token_ids == hf_greedy("llama", p, 64)[:16]
+
+
+@pytest.mark.gpu
+def test_kv_cache_sized_from_free_memory(tmp_path):
+    from warpforge.llm.testing import tiny_checkpoint
+
+    # 256 KiB pages (head_dim 256) and room for 4096 sequences: the 10% budget, not the cap, decides.
+    path = tiny_checkpoint("llama", tmp_path / "wide", head_dim=256)
+    util = 0.1
+    llm = LLM(str(path), dtype=torch.bfloat16, device="cuda", max_model_len=256, max_num_seqs=4096,
+              gpu_memory_utilization=util, enforce_eager=True)
+    r = llm.engine.runner
+    free, total = torch.cuda.mem_get_info()
+    kv_bytes = r.num_pages * r.page_bytes
+    assert r.page_bytes == 2 * 2 * 2 * 16 * 256 * 2 and r.num_pages < 2 * 4096 * r.max_pages_per_seq
+    assert kv_bytes <= util * total and free >= (1 - util) * total - (256 << 20)
+    assert kv_bytes > util * total - (3 << 30)  # weights, context and the profiling step take the rest
+    out = llm.generate(prompts()[0], SamplingParams(temperature=0.0, max_tokens=4))[0]
+    assert len(out.token_ids) == 4
