@@ -31,6 +31,7 @@ class Request:
 
     request_id: str
     prompt: str | None
+    prompt_token_ids: list[int]  # one copy shared by every output of the request (do not mutate)
     seq: Sequence
     detok: Detokenizer
     metrics: RequestMetrics
@@ -106,8 +107,8 @@ class LLMEngine:
             raise ValueError(f"request {rid}: a request with this id is still running")
         t = now()
         seq = Sequence(ids, params, seq_id=rid)
-        return Request(rid, text, seq, Detokenizer(self.tokenizer, ids), RequestMetrics(t, num_prompt_tokens=len(ids)),
-                       stream)
+        return Request(rid, text, ids, seq, Detokenizer(self.tokenizer, ids),
+                       RequestMetrics(t, num_prompt_tokens=len(ids)), stream)
 
     def add(self, req: Request) -> None:
         """Queue a request built by :meth:`make_request` (the scheduler's checks may still refuse it)."""
@@ -178,7 +179,7 @@ class LLMEngine:
         end = max(req.sent_chars, len(text) - hold)
         out_ids = seq.output_token_ids
         out = RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=seq.prompt_token_ids,
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             text=text[:end], token_ids=out_ids, delta_text=text[req.sent_chars:end],
             delta_token_ids=out_ids[req.sent_tokens:], finish_reason=seq.finish_reason,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None, metrics=m)

@@ -12,6 +12,7 @@ largest batch (``max_num_batched_tokens`` tokens, ``max_num_seqs`` sampled rows)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
@@ -201,9 +202,13 @@ class ModelRunner:
         return (up(h["input_ids"], torch.int64), up(h["positions"], torch.int64), ctx,
                 up(h["sample_rows"], torch.int64))
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None]]:
         """Compute the batch; -> (token id, logprobs or None) per ``batch.sampling_seqs`` row."""
+        # The async engine steps from a worker thread, whose current CUDA device is not the model's.
+        with torch.inference_mode(), (torch.cuda.device(self.device) if self.on_cuda else contextlib.nullcontext()):
+            return self._run(batch)
+
+    def _run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None]]:
         if batch.copies:
             self.copy_pages(batch.copies)
         sampling = batch.sampling_seqs

