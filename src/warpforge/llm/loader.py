@@ -154,9 +154,9 @@ def _load_gguf(path: Path, dtype, device: torch.device) -> Loaded:
             if name == "rope_freqs.weight":
                 continue
             w = torch.from_numpy(gf.tensor(name))
-            if arch == "llama" and name.endswith("attn_q.weight"):
+            if arch == "llama" and ".attn_q." in name:  # weight and bias alike
                 w = unpermute_qk(w, config.num_heads)
-            elif arch == "llama" and name.endswith("attn_k.weight"):
+            elif arch == "llama" and ".attn_k." in name:
                 w = unpermute_qk(w, config.num_kv_heads)
             elif arch == "gemma3" and name.endswith("norm.weight"):
                 w = w - 1  # llama.cpp's converter stores Gemma's (1 + w)

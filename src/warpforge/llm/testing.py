@@ -90,19 +90,26 @@ def tiny_tokenizer_json() -> str:
 
 def _randomize(model: torch.nn.Module, seed: int, gemma: bool) -> None:
     """Seeded weights with O(1) activations: matrices ~ N(0, 1/fan_in), norms near 1 (Gemma: near 0, it
-    scales by 1 + w), biases ~ N(0, 0.1^2), embeddings ~ N(0, 1)."""
+    scales by 1 + w), biases ~ N(0, 0.1^2), embeddings ~ N(0, 1) after Gemma's sqrt(hidden) scale.
+
+    With tied embeddings the residual stream still holds the input token's embedding, so the head
+    favours repeating it and greedy decoding locks onto one token. Layer outputs 8-16x larger than
+    the embedding (o_proj/down_proj; Gemma's post-norms) drown most of that echo.
+    """
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if "norm" in name:
-                p.copy_(0.1 * r + (0.0 if gemma else 1.0))
+                post = gemma and ("post_attention" in name or "post_feedforward" in name)
+                p.copy_(0.1 * r + (8.0 if post else 0.0 if gemma else 1.0))
             elif p.dim() == 1:
                 p.copy_(0.1 * r)
-            elif "embed_tokens" in name:
-                p.copy_(r)
+            elif "embed_tokens" in name:  # Gemma multiplies by sqrt(hidden) itself
+                p.copy_(r / p.shape[1] ** 0.5 if gemma else r)
             else:
-                p.copy_(r / p.shape[1] ** 0.5)
+                boost = 16.0 if not gemma and ("o_proj" in name or "down_proj" in name) else 1.0
+                p.copy_(boost * r / p.shape[1] ** 0.5)
 
 
 def tiny_checkpoint(arch: str, path: str | Path, *, seed: int = 0, **overrides) -> Path:
@@ -206,3 +213,139 @@ class PagedDriver:
         for s in seqs:
             self.release(s)
         return out
+
+
+# ---- GGUF export (what llama.cpp's converter writes), to check GGUF loading against the HF original ----
+
+_HF_TO_GGUF_BLOCK = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+_GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's Q/K row permutation for its Llama rope (pairs (i, i + D/2) become adjacent rows)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _llama3_rope_factors(head_dim: int, theta: float, p: dict) -> list[float]:
+    """llama.cpp's rope_freqs tensor for Llama 3.1 scaling: per frequency, inv_freq divides by it."""
+    import math
+
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        low, high = p["original_max_position_embeddings"] / p["low_freq_factor"], \
+            p["original_max_position_embeddings"] / p["high_freq_factor"]
+        if wavelen < high:
+            factors.append(1.0)
+        elif wavelen > low:
+            factors.append(p["factor"])
+        else:
+            smooth = (p["original_max_position_embeddings"] / wavelen - p["low_freq_factor"]) / \
+                (p["high_freq_factor"] - p["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / p["factor"] + smooth))
+    return factors
+
+
+def write_gguf(hf_dir: str | Path, out: str | Path, *, qtype: str = "F32") -> Path:
+    """Export a tiny HF checkpoint (from ``tiny_checkpoint``) to a GGUF file the way llama.cpp does:
+    its tensor names, the Llama Q/K permutation, Gemma norms stored as 1 + w, Llama 3.1 rope factors,
+    the byte-level BPE vocabulary as ``gpt2``/``llama-bpe``. ``qtype`` (F32, F16, Q8_0) for matrices."""
+    import gguf
+    from safetensors.torch import load_file
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    mtype = cfg["model_type"]
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}[mtype]
+    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    rope = cfg["rope_parameters"]
+    rope_full = rope.get("full_attention", rope)
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(rope_full["rope_theta"])
+    w.add_rope_dimension_count(head_dim)
+    if rope_full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope_full["factor"])
+    if arch == "gemma3":
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = dict(tok["model"]["vocab"])
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    vocab.update({t["content"]: t["id"] for t in tok["added_tokens"]})
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_pad_token_id(cfg["pad_token_id"])
+    w.add_add_bos_token(True)
+    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+
+    state = load_file(str(hf_dir / "model.safetensors"))
+    if rope_full.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", torch.tensor(_llama3_rope_factors(head_dim, rope_full["rope_theta"],
+                                                                            rope_full)).numpy())
+    for name, t in state.items():
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        t = t.float()
+        if arch == "llama" and ".q_proj." in name:
+            t = permute_qk(t, heads)
+        elif arch == "llama" and ".k_proj." in name:
+            t = permute_qk(t, kv)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + 1
+        data, kw = _encode(t.numpy(), qtype)
+        w.add_tensor(_gguf_name(name, arch), data, **kw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _gguf_name(name: str, arch: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    _, _, layer, rest = name.split(".", 3)  # model.layers.N.<module>.<leaf>
+    module, leaf = rest.rsplit(".", 1)
+    if arch == "gemma3" and module in _GEMMA_NORMS:
+        return f"blk.{layer}.{_GEMMA_NORMS[module]}.{leaf}"
+    if module == "post_attention_layernorm":
+        return f"blk.{layer}.ffn_norm.{leaf}"
+    return f"blk.{layer}.{_HF_TO_GGUF_BLOCK[module]}.{leaf}"
+
+
+def _encode(a, qtype: str):
+    """(data, kwargs for GGUFWriter.add_tensor): norms and vectors stay F32, matrices in ``qtype``."""
+    import gguf
+
+    if a.ndim == 1 or qtype == "F32":
+        return a, {}
+    if qtype == "F16":
+        return a.astype("float16"), {}
+    q = gguf.GGMLQuantizationType[qtype]
+    return gguf.quants.quantize(a, q), {"raw_dtype": q}
