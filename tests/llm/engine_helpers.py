@@ -61,6 +61,8 @@ def hf_greedy(arch: str, prompt: list[int], n: int) -> list[int]:
     if key not in _HF:
         if arch not in _HF:
             _HF[arch] = transformers.AutoModelForCausalLM.from_pretrained(checkpoint(arch), dtype=torch.float32).eval()
+            # A GenerationConfig passed to generate() is merged over this one: clear EOS at the source.
+            _HF[arch].generation_config.eos_token_id = None
         # No EOS at all (not min_new_tokens, which would mask EOS logits): the engine's ignore_eos.
         config = transformers.GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
         ids = torch.tensor([prompt])

@@ -125,9 +125,21 @@ def test_async_abort_on_disconnect_frees_pages():
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    async def aborted_by_server():
+        # The server aborts a live request: its stream ends with a finish_reason "abort" output.
+        outs = []
+        async for out in llm.generate(prompts()[3], long, "ext"):
+            outs.append(out)
+            if len(outs) == 2:
+                llm.abort("ext")
+        return outs
+
     async def main():
         out = await leave_early()
         await cancelled()
+        ext = await aborted_by_server()
+        check_stream(ext)
+        assert ext[-1].finish_reason == "abort" and len(ext[-1].token_ids) < 10
         # The aborts were applied at the first step boundary: by the time a 4-token request is done,
         # the two ~95-token requests must be gone (not merely finished on their own later).
         others = await collect(llm, prompts()[2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), "z")

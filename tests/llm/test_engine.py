@@ -92,9 +92,20 @@ def test_stop_strings_and_stop_ids():
     assert out.token_ids == ref.token_ids[:ref.token_ids.index(stop_id) + 1] and out.finish_reason == "stop"
 
 
+def test_eos_ends_the_output_unless_ignored():
+    llm = make_llm("qwen2")
+    p = prompts()[1]
+    ref = hf_greedy("qwen2", p, N)
+    eos = llm.engine.model_config.eos_token_ids[0]
+    assert eos in ref[:10]  # this tiny model's greedy output reaches EOS early (found once, fixed by the seed)
+    out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=N))[0]
+    assert out.token_ids == ref[:ref.index(eos) + 1] and out.finish_reason == "stop"
+    assert out.text == llm.tokenizer.decode(out.token_ids)  # the EOS token is not in the text
+
+
 def test_length_limits():
     llm = make_llm()
-    out = llm.generate([7] * 10, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))[0]
+    out = llm.generate([7] * 10, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), use_tqdm=True)[0]
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
     out = llm.generate([7] * 120, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))[0]
     assert len(out.token_ids) == 8 and out.finish_reason == "length"  # max_model_len 128

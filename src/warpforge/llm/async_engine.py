@@ -76,15 +76,22 @@ class AsyncLLM:
             self._streams.pop(rid, None)
 
     def abort(self, request_id: str) -> None:
-        """Stop a request; its pages are freed before the next step."""
+        """Stop a request: its stream ends with a ``finish_reason="abort"`` output and its pages are
+        freed before the next step."""
         rid = str(request_id)
-        self._streams.pop(rid, None)
-        kept = [r for r in self._pending if r.request_id != rid]
-        if len(kept) != len(self._pending):
-            self._pending = kept
-            return
+        for req in self._pending:
+            if req.request_id == rid:  # never reached the engine
+                self._pending.remove(req)
+                self._deliver(RequestOutput(rid, req.prompt, req.prompt_token_ids, finish_reason="abort",
+                                            metrics=req.metrics))
+                return
         self._aborts.append(rid)
         self._kick()
+
+    def _deliver(self, item: RequestOutput | BaseException) -> None:
+        queue = self._streams.get(item.request_id) if isinstance(item, RequestOutput) else None
+        if queue is not None:
+            queue.put_nowait(item)
 
     async def chat(self, messages: list[dict], params: SamplingParams | None = None,
                    request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -98,12 +105,18 @@ class AsyncLLM:
 
     def _kick(self) -> None:
         if self.error is None and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a stream finalized after its loop closed: applied at the next kick
+                return
+            self._task = loop.create_task(self._run())
 
     def _apply_pending(self) -> None:
-        for rid in self._aborts:
-            self.engine.abort(rid)
-        self._aborts.clear()
+        aborts, self._aborts = self._aborts, []
+        for rid in aborts:
+            out = self.engine.abort(rid)
+            if out is not None:
+                self._deliver(out)
         pending, self._pending = self._pending, []
         for req in pending:
             try:
@@ -122,9 +135,7 @@ class AsyncLLM:
                     return  # no await between this check and the task ending: _kick restarts cleanly
                 outputs = await loop.run_in_executor(self._executor, self.engine.step)
                 for out in outputs:
-                    queue = self._streams.get(out.request_id)
-                    if queue is not None:
-                        queue.put_nowait(out)
+                    self._deliver(out)
         except Exception as e:  # a failed step leaves the engine's state unknown: fail every stream
             self.error = e
             for queue in self._streams.values():

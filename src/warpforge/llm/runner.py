@@ -211,9 +211,6 @@ class ModelRunner:
     def _run(self, batch: ScheduledBatch) -> tuple[list[int], list[dict[int, float] | None]]:
         if batch.copies:
             self.copy_pages(batch.copies)
-        sampling = batch.sampling_seqs
-        # Sampling parameters upload while the forward pass is queued (no wait in between).
-        st = SamplingTensors.from_sequences(sampling, self.config.vocab_size, self.device) if sampling else None
         graph_bs = self.graphs.padded_size(len(batch.seqs)) if self.graphs and batch.decode_only else None
         if graph_bs is not None:
             h = self.host_inputs(batch, pad_to=graph_bs)
@@ -229,7 +226,10 @@ class ModelRunner:
                 set_context(None)
             if sample_idx.shape[0] == hidden.shape[0]:
                 sample_idx = None  # every row samples (a decode step): skip the gather
-        if st is None:
+        sampling = batch.sampling_seqs
+        if not sampling:
             return [], []
+        # Built after the forward is queued: this host work overlaps the GPU's, its uploads queue behind it.
+        st = SamplingTensors.from_sequences(sampling, self.config.vocab_size, self.device)
         logits = self.model.compute_logits(hidden if sample_idx is None else hidden[sample_idx])  # [S, V] f32
         return self.sampler(logits, st).to_lists(st.num_logprobs)
