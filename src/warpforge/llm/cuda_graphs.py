@@ -37,6 +37,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [bs, hidden] written by each replay
         self.pool = None
+        self.replays = 0  # steps served by a graph (tests and stats)
         self._capture()
 
     def _context(self, bs: int) -> StepContext:
@@ -79,4 +80,5 @@ class DecodeGraphs:
         width = len(inputs["block_tables"][0])
         fill(self.block_tables[:bs, :width], inputs["block_tables"], torch.int32)
         self.graphs[bs].replay()
+        self.replays += 1
         return self.outputs[bs]

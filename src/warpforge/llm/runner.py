@@ -78,6 +78,9 @@ class ModelRunner:
 
     def _num_pages_from_gpu_memory(self) -> int:
         dev = self.device
+        # Unbind caches an earlier engine left on this model: the profiling step must not attend
+        # through them, and their memory must not count as taken.
+        self.model.bind_kv_caches([None] * self.config.num_layers)
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
