@@ -150,3 +150,29 @@ def test_async_abort_on_disconnect_frees_pages():
     out, others, (requests, unfinished, free) = asyncio.run(main())
     assert not out.finished and len(others[-1].token_ids) == 4
     assert not requests and not unfinished and free == bm.num_pages
+
+
+def test_async_failed_step_fails_every_stream_and_later_calls():
+    from warpforge.llm import SamplingParams
+
+    llm = make_async()
+    params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    step, calls = llm.engine.step, []
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return step()
+
+    llm.engine.step = failing_step
+
+    async def main():
+        results = await asyncio.gather(collect(llm, prompts()[0], params, "a"), collect(llm, prompts()[2], params, "b"),
+                                       return_exceptions=True)
+        with pytest.raises(RuntimeError, match="failed earlier"):
+            await collect(llm, prompts()[1], params, "c")
+        return results
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, RuntimeError) and "device lost" in str(r) for r in results)
