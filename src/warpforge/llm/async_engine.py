@@ -47,7 +47,7 @@ class AsyncLLM:
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
                        *, add_special_tokens: bool = True) -> AsyncIterator[RequestOutput]:
-        """Stream one request: an output per step that added text or tokens (``delta_text``,
+        """Stream one request: an output per step that sampled a token for it (``delta_text``,
         ``delta_token_ids``), the last one with ``finish_reason`` set. Leaving the loop early (a
         client disconnect, a cancelled task) aborts the request."""
         if self.error is not None:
