@@ -1,0 +1,115 @@
+"""The events the analysis works on, and the parser from a Kineto (Chrome/Perfetto) trace.
+
+Kineto's export is the same JSON that Perfetto, chrome://tracing and Holistic Trace Analysis read:
+``{"traceEvents": [{"ph": "X", "cat": ..., "name": ..., "ts": us, "dur": us, "tid": ..., "args": {...}}]}``.
+Host side: ``cpu_op`` (aten operators), ``user_annotation`` (record_function ranges: our module and
+iteration ranges), ``cuda_runtime``/``cuda_driver`` (launch calls, with ``args.correlation``). Device
+side: ``kernel``, ``gpu_memcpy``, ``gpu_memset``, with the same ``correlation`` as the call that
+queued them; kernels replayed from a CUDA graph carry the correlation of the ``cudaGraphLaunch``.
+GPU timestamps are already on the host clock. The analysis takes these dataclasses, so tests can
+build synthetic timelines directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ITER_ANNOTATION = "warpforge:iter"
+MODULE_PREFIX = "module:"
+
+HOST_KINDS = ("op", "annotation", "runtime")
+GPU_KINDS = ("kernel", "memcpy", "memset")
+_HOST_CATS = {"cpu_op": "op", "user_annotation": "annotation", "cuda_runtime": "runtime", "cuda_driver": "runtime"}
+_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+@dataclass(frozen=True)
+class HostSpan:
+    """A host-side range: an aten operator, a record_function annotation, or a runtime/driver call."""
+
+    name: str
+    kind: str  # "op" | "annotation" | "runtime"
+    ts_us: float
+    dur_us: float
+    tid: int | str = 0
+    correlation: int | None = None  # runtime/driver calls: links to the device work they queued
+
+    @property
+    def end_us(self) -> float:
+        return self.ts_us + self.dur_us
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """Device work: a kernel, a memcpy or a memset."""
+
+    name: str
+    kind: str  # "kernel" | "memcpy" | "memset"
+    ts_us: float
+    dur_us: float
+    stream: int | str = 0
+    device: int = 0
+    correlation: int | None = None
+    bytes: int | None = None  # memcpy/memset size as CUPTI reports it
+
+    @property
+    def end_us(self) -> float:
+        return self.ts_us + self.dur_us
+
+
+@dataclass
+class Trace:
+    """One profiled window: host spans on every thread and device events on every stream."""
+
+    host: list[HostSpan] = field(default_factory=list)
+    gpu: list[GpuEvent] = field(default_factory=list)
+    device_type: str = "cpu"  # "cuda" when device events were recorded
+
+    def __post_init__(self) -> None:
+        for s in self.host:
+            if s.kind not in HOST_KINDS:
+                raise ValueError(f"host span {s.name!r}: kind must be one of {HOST_KINDS}, got {s.kind!r}")
+            if s.dur_us < 0:
+                raise ValueError(f"host span {s.name!r}: negative duration {s.dur_us}")
+        for g in self.gpu:
+            if g.kind not in GPU_KINDS:
+                raise ValueError(f"gpu event {g.name!r}: kind must be one of {GPU_KINDS}, got {g.kind!r}")
+            if g.dur_us < 0:
+                raise ValueError(f"gpu event {g.name!r}: negative duration {g.dur_us}")
+
+
+def _int(x: Any) -> int | None:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_kineto(data: dict[str, Any], device_type: str | None = None) -> Trace:
+    """A :class:`Trace` from a Kineto trace dict (``json.load`` of ``export_chrome_trace``).
+
+    ``device_type`` defaults to "cuda" when the trace holds device events, else "cpu"."""
+    events = data.get("traceEvents")
+    if not isinstance(events, list):
+        raise ValueError("not a Kineto/Chrome trace: no traceEvents list")
+    host: list[HostSpan] = []
+    gpu: list[GpuEvent] = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat = e.get("cat")
+        args = e.get("args") or {}
+        ts, dur = e.get("ts"), e.get("dur", 0)
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            continue
+        if cat in _HOST_CATS:
+            host.append(HostSpan(name=str(e.get("name", "")), kind=_HOST_CATS[cat], ts_us=float(ts),
+                                 dur_us=max(float(dur), 0.0), tid=e.get("tid", 0),
+                                 correlation=_int(args.get("correlation"))))
+        elif cat in _GPU_CATS:
+            gpu.append(GpuEvent(name=str(e.get("name", "")), kind=_GPU_CATS[cat], ts_us=float(ts),
+                                dur_us=max(float(dur), 0.0), stream=args.get("stream", e.get("tid", 0)),
+                                device=_int(args.get("device", e.get("pid", 0))) or 0,
+                                correlation=_int(args.get("correlation")), bytes=_int(args.get("bytes"))))
+    return Trace(host=host, gpu=gpu, device_type=device_type or ("cuda" if gpu else "cpu"))
