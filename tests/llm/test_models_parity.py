@@ -103,11 +103,24 @@ def test_sliding_window_is_exercised(pair):
     assert (logits - ref).abs().max() > 1e-3 * ref.abs().max()
 
 
-def test_gemma3_layers_alternate_local_and_global_rope(pair):
+def test_rotary_tables_per_layer_type(pair):
+    """Gemma 3: sliding layers use the local rope base, global layers the scaled global one; else one table."""
     arch, ours, *_ = pair
-    if arch != "gemma3":
-        pytest.skip("Gemma 3 only")
     layers = ours.model.model.layers
+    tables = [layer.self_attn.rotary for layer in layers]
+    if arch != "gemma3":
+        assert all(t is tables[0] for t in tables)
+        return
     assert [layer.self_attn.window is not None for layer in layers] == [True, False, True, False]
-    local, glob = layers[0].self_attn.rotary, layers[1].self_attn.rotary
-    assert local is layers[2].self_attn.rotary and glob is layers[3].self_attn.rotary and local is not glob
+    assert tables[0] is tables[2] and tables[1] is tables[3] and tables[0] is not tables[1]
+    assert not torch.equal(tables[0].cos_sin, tables[1].cos_sin)
+
+
+def test_attention_without_kv_cache_matches_paged(pair):
+    """No cache bound (the runner's profiling pass): attention over the step's own tokens."""
+    arch, ours, _, a, b = pair
+    paged = PagedDriver(ours.model).step([("a", a), ("b", b)])
+    plain = PagedDriver(ours.model, kv_cache=False).step([("a", a), ("b", b)])
+    assert all(layer.self_attn.cache is None for layer in ours.model.model.layers)
+    for x, y in zip(plain, paged):
+        assert_close(x, y)

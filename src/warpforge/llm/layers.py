@@ -109,7 +109,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         self.rotary(positions, q, k)
         out = self._attend(q, k, v)  # [T, Hq, D]
-        return self.o_proj(out.view(T, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()

@@ -142,6 +142,9 @@ def _load_gguf(path: Path, dtype, device: torch.device) -> Loaded:
     gf = GGUFFile(path)
     arch = gf.meta.get("general.architecture")
     config = ModelConfig.from_gguf(gf.meta, gf.tensors.keys(), dtype=dtype)
+    rows = gf.tensors["token_embd.weight"][1][0] if "token_embd.weight" in gf.tensors else config.vocab_size
+    if rows != config.vocab_size:  # the embedding, not the token list, sizes the model
+        config = dataclasses.replace(config, vocab_size=rows)
     if "rope_freqs.weight" in gf.tensors:  # Llama 3.1 files carry the rope scaling as per-frequency factors
         factors = tuple(float(f) for f in gf.tensor("rope_freqs.weight").reshape(-1))
         config = dataclasses.replace(config, rope_freq_factors=factors)

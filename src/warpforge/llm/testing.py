@@ -83,7 +83,8 @@ def hamlet_text() -> str:
 
 @functools.cache
 def tiny_tokenizer_json() -> str:
-    """tokenizer.json of a byte-level BPE (Llama 3 split regex) trained on ~4000 words of Hamlet."""
+    """tokenizer.json of a byte-level BPE shaped like Llama 3's (split regex, ignore_merges) trained on
+    ~4000 words of Hamlet."""
     from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -100,6 +101,7 @@ def tiny_tokenizer_json() -> str:
     trainer = BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=SPECIAL_TOKENS, show_progress=False,
                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(lines, trainer)
+    tok.model.ignore_merges = True  # as Llama 3's tokenizer.json (and llama.cpp for "llama-bpe")
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
                                                        special_tokens=[("<bos>", BOS_ID)])
     return tok.to_str()
@@ -162,12 +164,13 @@ class PagedDriver:
     """
 
     def __init__(self, model: torch.nn.Module, *, num_pages: int = 64, page_size: int = 4, seed: int = 0,
-                 kv_dtype: torch.dtype | None = None):
+                 kv_dtype: torch.dtype | None = None, kv_cache: bool = True):
         cfg = model.config
         self.model, self.page_size = model, page_size
         self.device = next(model.parameters()).device
+        # kv_cache=False binds none: attention sees each step's own tokens only (a profiling pass)
         self.caches = [PagedKVCache.allocate(num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
-                                             dtype=kv_dtype or cfg.dtype, device=self.device)
+                                             dtype=kv_dtype or cfg.dtype, device=self.device) if kv_cache else None
                        for _ in range(cfg.num_layers)]
         model.bind_kv_caches(self.caches)
         # scrambled page order: a sequence's pages are neither contiguous nor ascending

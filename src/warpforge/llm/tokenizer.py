@@ -33,6 +33,9 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 GGUF_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
                "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+# Llama 3's vocabulary (tiktoken) maps a pre-token that is itself a token straight to it, without merges
+# (its tokenizer.json: "ignore_merges": true; llama.cpp sets the same for these pre-tokenizers).
+IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe"}
 
 # Gemma GGUFs often carry no template; this is Gemma 3's own (text-only messages).
 GEMMA_CHAT_TEMPLATE = (
@@ -210,7 +213,7 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Backen
     vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()): i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     backend = Backend(BPE(vocab=vocab, merges=pairs, continuing_subword_prefix="", end_of_word_suffix="",
-                          fuse_unk=False))
+                          fuse_unk=False, ignore_merges=pre in IGNORE_MERGES))
     split = GGUF_SPLITS.get(pre or "")
     if split is None:  # GPT-2's own regex
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
