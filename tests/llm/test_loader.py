@@ -161,6 +161,7 @@ def test_qwen2_window_only_with_use_sliding_window():
     ({"num_key_value_heads": 3}, "multiple of num_kv_heads"),
     ({"hidden_act": "relu"}, "hidden_act"),
     ({"architectures": []}, "architectures"),
+    ({"intermediate_size": None}, "missing intermediate_size"),
 ])
 def test_bad_configs(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -113,3 +113,16 @@ def test_not_a_gguf_file(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"NOPE" + bytes(64))
     with pytest.raises(ValueError, match="not a GGUF file"):
         load(tmp_path / "x.gguf")
+
+
+def test_incomplete_gguf_metadata_is_named():
+    from warpforge.llm.config import ModelConfig
+
+    meta = {"general.architecture": "qwen3", "qwen3.embedding_length": 64, "qwen3.block_count": 2,
+            "qwen3.attention.head_count": 4, "tokenizer.ggml.tokens": ["a"] * 10}
+    with pytest.raises(ValueError, match="missing metadata qwen3.feed_forward_length"):
+        ModelConfig.from_gguf(meta, [])
+    meta["qwen3.feed_forward_length"] = 128
+    assert ModelConfig.from_gguf(meta, ["blk.0.attn_q_norm.weight"]).qk_norm
+    with pytest.raises(ValueError, match="rope scaling 'yarn'"):
+        ModelConfig.from_gguf({**meta, "qwen3.rope.scaling.type": "yarn"}, [])

@@ -119,6 +119,9 @@ class ModelConfig:
             raise ValueError("config.json: no 'architectures' entry, cannot tell which model this is")
         arch = archs[0]
         resolve(arch)  # unsupported architecture: ValueError naming it and the supported ones
+        missing = [k for k in _HF_REQUIRED if cfg.get(k) is None]
+        if missing:
+            raise ValueError(f"config.json: missing {', '.join(missing)}")
         mtype = cfg.get("model_type", "")
         gemma = mtype.startswith("gemma")
         if cfg.get("use_bidirectional_attention"):
@@ -184,6 +187,11 @@ class ModelConfig:
         def key(suffix, default=None):
             return meta.get(f"{name}.{suffix}", default)
 
+        missing = [f"{name}.{k}" for k in _GGUF_REQUIRED if key(k) is None]
+        if missing:
+            raise ValueError(f"GGUF: missing metadata {', '.join(missing)}")
+        if key("rope.scaling.type") not in (None, "none", "linear"):
+            raise ValueError(f"GGUF: unsupported rope scaling {key('rope.scaling.type')!r} (supported: none, linear)")
         hidden, heads = key("embedding_length"), key("attention.head_count")
         layers = key("block_count")
         head_dim = key("attention.key_length") or hidden // heads
@@ -227,6 +235,10 @@ class ModelConfig:
             pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
             dtype=to_dtype(dtype),
         )
+
+
+_HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_GGUF_REQUIRED = ("embedding_length", "block_count", "feed_forward_length", "attention.head_count")
 
 
 def _hf_rope(cfg: Mapping[str, Any], gemma: bool) -> tuple[float, dict | None, float | None]:

@@ -166,7 +166,8 @@ class Tokenizer:
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = tojson
         env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
         return env.from_string(self.chat_template)
@@ -258,8 +259,8 @@ def _sentencepiece(tokens: list[str], meta: Mapping[str, Any], *, gemma: bool) -
         backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     else:
         prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
-                                                         split=False)
+        scheme = "first" if prefix else "never"
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
         if prefix:
             steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
