@@ -30,20 +30,20 @@ TINY_VOCAB = 512
 _BASE = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
              bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-# arch -> (HF model_type, config overrides); tied embeddings where the real family ties them
+# arch -> (HF model_type, config overrides); tied embeddings where the real family ties them. Rope in
+# transformers 4.x keyword style (rope_theta / rope_scaling / rope_local_base_freq), which 5.x converts.
 TINY_ARCHS: dict[str, tuple[str, dict]] = {
     "llama": ("llama", dict(rope_theta=10000.0, tie_word_embeddings=False)),
-    "llama3": ("llama", dict(tie_word_embeddings=True, rope_parameters=dict(
-        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+    "llama3": ("llama", dict(tie_word_embeddings=True, rope_theta=500000.0, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=32))),
     "mistral": ("mistral", dict(sliding_window=16, tie_word_embeddings=False)),
     "qwen2": ("qwen2", dict(tie_word_embeddings=True)),
     "qwen3": ("qwen3", dict(head_dim=32, tie_word_embeddings=True)),
     "gemma3": ("gemma3_text", dict(
         num_hidden_layers=4, head_dim=32, sliding_window=16, sliding_window_pattern=2, query_pre_attn_scalar=24,
-        final_logit_softcapping=30.0, tie_word_embeddings=True, rope_parameters={
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+        final_logit_softcapping=30.0, tie_word_embeddings=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0})),
 }
 
 _FALLBACK_TEXT = """Who's there? Nay, answer me: stand, and unfold yourself. Long live the king! You come most
@@ -145,7 +145,7 @@ def tiny_checkpoint(arch: str, path: str | Path, *, seed: int = 0, **overrides) 
     path.mkdir(parents=True, exist_ok=True)
     config = transformers.AutoConfig.for_model(model_type, **{**_BASE, **extra, **overrides})
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
     _randomize(model, seed, gemma=model_type.startswith("gemma"))
     model.save_pretrained(path)
     (path / "tokenizer.json").write_text(tiny_tokenizer_json())
@@ -278,34 +278,35 @@ def write_gguf(hf_dir: str | Path, out: str | Path, *, qtype: str = "F32") -> Pa
     import gguf
     from safetensors.torch import load_file
 
+    from warpforge.llm.config import SLIDING, ModelConfig
+
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
-    mtype = cfg["model_type"]
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}[mtype]
-    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
-    head_dim = cfg.get("head_dim") or hidden // heads
-    rope = cfg["rope_parameters"]
-    rope_full = rope.get("full_attention", rope)
+    mc = ModelConfig.from_hf(cfg)  # reads either config.json style
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+            "gemma3_text": "gemma3"}[cfg["model_type"]]
+    heads, kv, head_dim = mc.num_heads, mc.num_kv_heads, mc.head_dim
+    rope_type = (mc.rope_scaling or {}).get("rope_type")
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(hidden)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_context_length(mc.max_position_embeddings)
+    w.add_embedding_length(mc.hidden_size)
+    w.add_block_count(mc.num_layers)
+    w.add_feed_forward_length(mc.intermediate_size)
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(rope_full["rope_theta"])
+    w.add_layer_norm_rms_eps(mc.rms_norm_eps)
+    w.add_rope_freq_base(mc.rope_theta)
     w.add_rope_dimension_count(head_dim)
-    if rope_full.get("rope_type") == "linear":
+    if rope_type == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rope_full["factor"])
+        w.add_rope_scaling_factor(mc.rope_scaling["factor"])
     if arch == "gemma3":
-        w.add_sliding_window(cfg["sliding_window"])
-        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
-        if cfg.get("final_logit_softcapping"):
-            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(mc.sliding_window)
+        w.add_sliding_window_pattern([t == SLIDING for t in mc.layer_types])
+        if mc.final_logit_softcapping:
+            w.add_final_logit_softcapping(mc.final_logit_softcapping)
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     vocab = dict(tok["model"]["vocab"])
     special = {t["content"] for t in tok["added_tokens"] if t["special"]}
@@ -323,11 +324,11 @@ def write_gguf(hf_dir: str | Path, out: str | Path, *, qtype: str = "F32") -> Pa
     w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
 
     state = load_file(str(hf_dir / "model.safetensors"))
-    if rope_full.get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight", torch.tensor(_llama3_rope_factors(head_dim, rope_full["rope_theta"],
-                                                                            rope_full)).numpy())
+    if rope_type == "llama3":
+        factors = _llama3_rope_factors(head_dim, mc.rope_theta, mc.rope_scaling)
+        w.add_tensor("rope_freqs.weight", torch.tensor(factors).numpy())
     for name, t in state.items():
-        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+        if name == "lm_head.weight" and mc.tie_word_embeddings:
             continue
         t = t.float()
         if arch == "llama" and ".q_proj." in name:
