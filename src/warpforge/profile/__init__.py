@@ -1,0 +1,15 @@
+"""``warpforge profile``: where a model's time goes, against the roofline of the measured ceilings.
+
+``profile(fn, *inputs)`` warms up, counts FLOPs and bytes per operator (a dispatch-mode counter),
+captures a measured window with the PyTorch profiler (Kineto; NVTX ranges named by module path on
+CUDA), maps kernels to the operators that launched them, places each on the roofline, splits the
+window's time, and writes findings. ``Profile.write(dir)`` gives JSON and a self-contained HTML
+report; ``compare(a, b)`` shows what moved between two profiles.
+"""
+
+from warpforge.profile.api import Profile, profile
+from warpforge.profile.compare import compare
+from warpforge.profile.flops import Counts, FlopCounter, OpCount, count
+from warpforge.profile.trace import ProfileError
+
+__all__ = ["Counts", "FlopCounter", "OpCount", "Profile", "ProfileError", "compare", "count", "profile"]

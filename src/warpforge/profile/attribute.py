@@ -19,7 +19,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from warpforge.profile.events import ITER_ANNOTATION, MODULE_PREFIX, GpuEvent, HostSpan, Trace
+from warpforge.profile.events import ITER_ANNOTATION, MODULE_PREFIX, GpuEvent, HostSpan, Trace, normalize
 from warpforge.profile.flops import OpCount
 
 GRAPH_LABEL = "cuda_graph_replay"
@@ -116,14 +116,15 @@ def attribute(trace: Trace, records: list[OpCount] | None = None) -> Attribution
     """Operator instances of the measured iterations, each with its device work and counted work."""
     records = records or []
     notes: list[str] = []
-    iters = _iterations(trace.host)
+    host = normalize(trace.host)
+    iters = _iterations(host)
     starts = [a for a, _ in iters]
 
     def iteration(ts: float) -> int | None:
         i = bisect.bisect_right(starts, ts) - 1
         return i if i >= 0 and ts < iters[i][1] else None
 
-    spans, parent = _nest(trace.host)
+    spans, parent = _nest(host)
     children: list[list[int]] = [[] for _ in spans]
     for i, p in enumerate(parent):
         if p >= 0:

@@ -12,7 +12,7 @@ build synthetic timelines directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 ITER_ANNOTATION = "warpforge:iter"
@@ -79,6 +79,16 @@ class Trace:
                 raise ValueError(f"gpu event {g.name!r}: negative duration {g.dur_us}")
 
 
+def is_annotation(s: HostSpan) -> bool:
+    """Our module and iteration ranges count as annotations whatever category the profiler gave them."""
+    return s.kind == "annotation" or s.name == ITER_ANNOTATION or s.name.startswith(MODULE_PREFIX)
+
+
+def normalize(spans: list[HostSpan]) -> list[HostSpan]:
+    """Spans with our ranges re-kinded as annotations (the fast record function reports cpu_op)."""
+    return [s if s.kind == "annotation" or not is_annotation(s) else replace(s, kind="annotation") for s in spans]
+
+
 def _int(x: Any) -> int | None:
     try:
         return int(x)
@@ -112,4 +122,4 @@ def parse_kineto(data: dict[str, Any], device_type: str | None = None) -> Trace:
                                 dur_us=max(float(dur), 0.0), stream=args.get("stream", e.get("tid", 0)),
                                 device=_int(args.get("device", e.get("pid", 0))) or 0,
                                 correlation=_int(args.get("correlation")), bytes=_int(args.get("bytes"))))
-    return Trace(host=host, gpu=gpu, device_type=device_type or ("cuda" if gpu else "cpu"))
+    return Trace(host=normalize(host), gpu=gpu, device_type=device_type or ("cuda" if gpu else "cpu"))

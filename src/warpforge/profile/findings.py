@@ -104,7 +104,7 @@ def _gpu_findings(a: Analysis, att: Attribution) -> list[dict[str, Any]]:
         total = sum(s.syncs.values())
         shown = ", ".join(f"{k} x{v:g}" for k, v in list(s.syncs.items())[:4])
         out.append(_f("syncs", min(0.05 * total, 0.3),
-                      f"{total:g} blocking host-device syncs per iteration ({shown})",
+                      f"{total:g} blocking host-device sync{'' if total == 1 else 's'} per iteration ({shown})",
                       "each sync drains the GPU queue: keep values on the device (no .item(), .cpu(), "
                       "nonzero or data-dependent shapes in the step)", syncs=s.syncs))
     if (s.memory_us or 0.0) / w >= 0.05:
@@ -154,6 +154,7 @@ def _row_findings(a: Analysis) -> list[dict[str, Any]]:
             out.append(_f("near-roof", r.share * 0.1,
                           f"{r.name} runs at {pct(r.fraction)} of the {roof_name(r)} ({rate(r)}{_roof_value(a, r)}), "
                           f"{pct(r.share)} of {where}", advice, op=r.name, fraction=r.fraction, bound=r.bound))
+    out.extend(_op_type_findings(a, where))
     if a.device_type == "cuda":
         fp32 = [r for r in a.ops if r.kind in ("matmul", "conv", "attention") and r.ceiling == "fp32"]
         share = sum(r.share for r in fp32)
@@ -170,6 +171,29 @@ def _row_findings(a: Analysis) -> list[dict[str, Any]]:
                           f"{pct(unplaced)} of GPU time is in operators with no counted work (not on the roofline)",
                           "CUDA-graph replays, compiled regions and uncounted ops show time only; profile the eager "
                           "model (or pass count_fn) to count them", share=unplaced))
+    return out
+
+
+def _op_type_findings(a: Analysis, where: str) -> list[dict[str, Any]]:
+    """Repeated layers: one operator type spread over many modules, each too small to call out alone."""
+    by: dict[str, list] = {}
+    for r in a.ops:
+        if r.fraction is not None:
+            by.setdefault(r.op, []).append(r)
+    out = []
+    for op, rows in by.items():
+        share = sum(r.share for r in rows)
+        if len(rows) < 2 or share < 0.1:
+            continue
+        t = sum(r.time_us for r in rows)
+        frac = sum(r.fraction * r.time_us for r in rows) / t  # time-weighted
+        bound = max(("memory", "compute"), key=lambda b: sum(r.time_us for r in rows if r.bound == b))
+        if frac < LOW_FRACTION:
+            out.append(_f("below-roof-type", share * (1 - frac),
+                          f"{op} in {len(rows)} modules takes {pct(share)} of {where} at {pct(frac)} of the "
+                          f"{bound} roof on average (time-weighted)",
+                          "one better kernel (or a fusion) for this operator pays off in every layer",
+                          op=op, modules=[r.module for r in rows[:8]], fraction=frac, share=share))
     return out
 
 

@@ -62,6 +62,7 @@ class Counts:
 
     records: list[OpCount] = field(default_factory=list)
     uncounted: Counter[str] = field(default_factory=Counter)  # op -> calls with no FLOP formula
+    module_calls: Counter[str] = field(default_factory=Counter)  # module path -> forward calls
     error: str | None = None  # why counting stopped early (the model still ran)
 
     @property
@@ -279,4 +280,6 @@ def count(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None =
             warnings.simplefilter("ignore")  # the mode's presence triggers advisory warnings in some ops
             with counter:
                 fn(*inputs)
+        if scope is not None:
+            counter.counts.module_calls.update(scope.calls)
     return counter.counts

@@ -14,8 +14,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from warpforge.profile.attribute import Attribution
-from warpforge.profile.events import GpuEvent, HostSpan, Trace
+from warpforge.profile.attribute import Attribution, module_of_annotation
+from warpforge.profile.events import ITER_ANNOTATION, GpuEvent, HostSpan, Trace, normalize
 
 STRIP_MAX = 4000  # intervals kept for the report's one-iteration timeline strip
 
@@ -131,7 +131,7 @@ def split_time(trace: Trace, att: Attribution, ops: list, launch_us: float | Non
     bound: dict[str, float] = defaultdict(float)
     for r in ops:
         bound[r.bound or "unplaced"] += r.time_us
-    host = HostIndex(trace.host)
+    host = HostIndex(normalize(trace.host))
     return TimeSplit(
         window_us=window / n, busy_us=busy_us / n, compute_us=cat_us["compute"] / n, memory_us=cat_us["memory"] / n,
         comm_us=cat_us["comm"] / n, overlap_us=max(sum(cat_us.values()) - busy_us, 0.0) / n, idle_us=idle / n,
@@ -174,11 +174,21 @@ def _host_waits(gaps: list, host: HostIndex, att: Attribution, n: int) -> list[d
         during = None
         if att.main_tid is not None:
             during = host.at(att.main_tid, mid, kinds=("op",)) or host.at(att.main_tid, mid, kinds=("annotation",))
-        key = during.name if during is not None else "Python (no op running)"
+        key = _doing(during)
         waits[key][0] += h
         waits[key][1] += 1
     return [{"host_was_in": k, "us": v[0] / n, "gaps": v[1] / n}
             for k, v in sorted(waits.items(), key=lambda kv: -kv[1][0])[:5]]
+
+
+def _doing(s: HostSpan | None) -> str:
+    """What the host was running, in words: an op's name, else Python inside a module or between ops."""
+    if s is None or s.name == ITER_ANNOTATION:
+        return "Python between operators"
+    m = module_of_annotation(s.name)
+    if m is not None:
+        return f"Python in module {m or '(root)'}"
+    return s.name
 
 
 def _syncs(trace: Trace, att: Attribution, host: HostIndex, n: int) -> dict[str, float]:

@@ -1,0 +1,229 @@
+"""``warpforge.profile(fn, *inputs)``: warm up, count, capture, analyze — one call, one result.
+
+Order of work: warm-up calls (untimed); one counted call (FLOPs and bytes per operator, per module);
+the measured window under the profiler, between two plain windows that time the profiler's cost;
+then the analysis against the ceilings ``warpforge probe`` measured (the datasheet until it has).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import platform
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from warpforge.hw.roofline import Ceilings
+from warpforge.profile.analysis import Analysis, LaunchCost, analyze, launch_cost
+from warpforge.profile.flops import Counts, count
+from warpforge.profile.scope import module_depth
+from warpforge.profile.trace import Capture, CaptureConfig, ProfileError, capture, write_trace
+
+SCHEMA = 1
+
+
+@dataclass
+class Profile:
+    """The result of :func:`profile`: the analysis, the timing, and the trace to export."""
+
+    target: str
+    meta: dict[str, Any]
+    analysis: Analysis
+    counts: Counts
+    window_ms: float
+    plain_ms: float | None
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    raw_trace: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def overhead(self) -> float | None:
+        """Profiler + hooks cost on the window: profiled / plain - 1 (None when not measured)."""
+        return self.window_ms / self.plain_ms - 1.0 if self.plain_ms else None
+
+    @property
+    def verdict(self) -> str:
+        return self.analysis.verdict
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        return self.analysis.findings
+
+    def as_dict(self) -> dict[str, Any]:
+        a = self.analysis.as_dict()
+        by_kind: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "flops": 0, "bytes": 0})
+        for r in self.counts.records:
+            k = by_kind[r.kind]
+            k["calls"] += 1
+            k["flops"] += r.flops
+            k["bytes"] += r.bytes
+        return {
+            "schema": SCHEMA, "tool": "warpforge.profile", "target": self.target, "meta": self.meta,
+            "timing": {"window_ms": self.window_ms, "plain_ms": self.plain_ms, "overhead": self.overhead,
+                       "iters": self.meta.get("iters"), "warmup": self.meta.get("warmup")},
+            **a, "modules": self.modules,
+            "counts": {"flops": self.counts.flops, "bytes": self.counts.bytes, "records": len(self.counts.records),
+                       "by_kind": dict(by_kind), "error": self.counts.error},
+        }
+
+    def write(self, out_dir: str | Path, *, trace: bool = False) -> dict[str, Path]:
+        """profile.json, profile.html (self-contained) and, with ``trace``, trace.json.gz in ``out_dir``."""
+        import json
+
+        from warpforge.profile.report import render_html
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        d = self.as_dict()
+        paths: dict[str, Path] = {}
+        if trace and self.raw_trace is not None:
+            paths["trace"] = write_trace(self.raw_trace, out / "trace.json.gz")
+            d["trace_file"] = paths["trace"].name
+        paths["json"] = out / "profile.json"
+        paths["json"].write_text(json.dumps(d, indent=1, default=_json_default))
+        paths["html"] = out / "profile.html"
+        paths["html"].write_text(render_html(d), encoding="utf-8")
+        return paths
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float):
+        return x
+    return str(x)
+
+
+def _root_module(fn: Callable, module: torch.nn.Module | None) -> torch.nn.Module | None:
+    if module is not None:
+        return module
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)  # a bound method such as model.forward or model.generate
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _compiled_original(m: torch.nn.Module | None) -> torch.nn.Module | None:
+    """The eager module inside a torch.compile'd one (OptimizedModule keeps it as _orig_mod)."""
+    orig = getattr(m, "_orig_mod", None)
+    return orig if isinstance(orig, torch.nn.Module) else None
+
+
+def _device_of(inputs: tuple, module: torch.nn.Module | None) -> torch.device:
+    for t in tree_flatten(inputs)[0]:
+        if isinstance(t, torch.Tensor):
+            return t.device
+    if module is not None:
+        for t in list(module.parameters()) + list(module.buffers()):
+            return t.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _meta(target: str, device: torch.device, cfg: CaptureConfig) -> dict[str, Any]:
+    from warpforge.hw.probe import cpu_name
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tf32 = {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = None
+    cuda = device.type == "cuda"
+    return {"target": target, "device": torch.cuda.get_device_name(device) if cuda else cpu_name(),
+            "device_type": device.type, "torch": torch.__version__, "triton": triton_v,
+            "cuda": torch.version.cuda if cuda else None, "python": platform.python_version(),
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "iters": cfg.iters, "warmup": cfg.warmup, "grad": cfg.grad, "tf32": tf32}
+
+
+def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None = None,
+            count_fn: Callable[..., Any] | None = None, warmup: int = 5, iters: int = 20, grad: bool = False,
+            nvtx: bool = True, module_depth_timed: int = 2, device: torch.device | str | None = None,
+            ceilings: Ceilings | None = None, launch: LaunchCost | None = None, name: str | None = None,
+            measure_overhead: bool = True) -> Profile:
+    """Profile ``fn(*inputs)``: where its time goes, against the roofline of the measured ceilings.
+
+    ``module``: the nn.Module whose submodules name the operators (default: ``fn`` itself when it is
+    a Module, or the Module a bound method belongs to). ``count_fn``: an eager equivalent to count
+    FLOPs on when ``fn`` hides its operators (CUDA-graph replay); a torch.compile'd module is
+    counted on its eager original automatically. ``grad=False`` runs under ``torch.inference_mode``.
+    Raises :class:`ProfileError` when the model fails or the window records nothing.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn: expected a callable (a model or a function), got {type(fn).__name__}")
+    cfg = CaptureConfig(warmup=warmup, iters=iters, nvtx=nvtx, module_depth=module_depth_timed, grad=grad,
+                        overhead=measure_overhead)
+    target = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+    root = _root_module(fn, module)
+    eager = _compiled_original(root)
+    hook_root = None if eager is not None else root  # hooks inside a compiled graph would change it
+    dev = torch.device(device) if device is not None else _device_of(inputs, root)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise ProfileError(f"device {dev} requested but CUDA is not available")
+    grad_ctx = contextlib.nullcontext if grad else torch.inference_mode
+
+    try:
+        with (torch.cuda.device(dev) if cuda else contextlib.nullcontext()), grad_ctx():
+            for _ in range(cfg.warmup):
+                fn(*inputs)
+            if cuda:
+                torch.cuda.synchronize()
+    except Exception as e:
+        raise ProfileError(f"{target} failed during warm-up: {type(e).__name__}: {e}") from e
+
+    count_module = eager if eager is not None else root
+    counts = _count(count_fn or eager or fn, inputs, count_module, grad)
+    counts_note = ("compiled module: FLOPs counted on its eager original; the compiled kernels carry time only"
+                   if eager is not None else None)
+    module_calls = sum(v for p, v in counts.module_calls.items() if module_depth(p) <= cfg.module_depth)
+    try:
+        cap: Capture = capture(fn, inputs, module=hook_root, device=dev, cfg=cfg, module_calls=module_calls)
+    except Exception as e:
+        raise ProfileError(f"{target} failed in the measured window: {type(e).__name__}: {e}") from e
+
+    ceil = None
+    if cuda:
+        from warpforge.hw.roofline import ceilings as device_ceilings
+
+        ceil = ceilings or device_ceilings(dev)
+        launch = launch or launch_cost(torch.cuda.get_device_name(dev))
+    try:
+        analysis = analyze(cap.trace, counts, ceilings=ceil, launch=launch)
+    except ValueError as e:
+        raise ProfileError(f"{target}: {e}") from e
+    if counts_note:
+        analysis.notes.insert(0, counts_note)
+    if ceil is not None:
+        analysis.notes.append(f"ceilings: {ceil.source}")
+    return Profile(target=target, meta=_meta(target, dev, cfg), analysis=analysis, counts=counts,
+                   window_ms=cap.window_ms, plain_ms=cap.plain_ms, modules=_module_rows(cap, analysis),
+                   raw_trace=cap.raw)
+
+
+def _count(fn: Callable, inputs: tuple, module: torch.nn.Module | None, grad: bool) -> Counts:
+    """One counted call; a failure here costs the FLOP columns, not the profile."""
+    try:
+        return count(fn, *inputs, module=module, grad=grad)
+    except Exception as e:
+        return Counts(error=f"{type(e).__name__}: {e}")
+
+
+def _module_rows(cap: Capture, a: Analysis) -> list[dict[str, Any]]:
+    """Module spans (CUDA events / host timer) beside the device time of the operators inside them."""
+    rows = []
+    for m in cap.modules:
+        p = m["module"]
+        inside = [r for r in a.ops if r.module is not None and (p == "" or r.module == p or r.module.startswith(p + "."))]
+        t = sum(r.time_us for r in inside)
+        flops = sum(r.flops or 0.0 for r in inside)
+        rows.append({**m, "op_time_us": t, "flops": flops,
+                     "busy_share": t / m["span_us"] if m["span_us"] > 0 else None})
+    return rows
