@@ -10,7 +10,6 @@ import sys
 import click
 
 NOT_BUILT = {
-    "profile": "where the time goes against the roofline (issue 7)",
     "optimize": "capture, fuse, quantize under an accuracy budget (issue 6)",
     "serve": "the OpenAI-compatible LLM server (a later issue)",
     "splat": "Gaussian-splatting render and training (a later issue)",
@@ -152,6 +151,36 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
 
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
+
+
+@main.command()
+@click.argument("target", required=False)
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="SHAPE",
+              help="Shape of a random input, e.g. 1,3,224,224 (repeat for several inputs); passed to a factory "
+                   "that takes input_shape.")
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0), help="Untimed calls first.")
+@click.option("--iters", default=20, show_default=True, type=click.IntRange(min=1), help="Measured iterations.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Directory for profile.json and profile.html (default: out/profile/<target>).")
+@click.option("--compare", "compare_paths", nargs=2, type=click.Path(), default=None, metavar="A.json B.json",
+              help="Show what moved between two profiles instead of profiling.")
+@click.option("--trace", is_flag=True, help="Also write the Kineto trace as trace.json.gz (Perfetto, chrome://tracing).")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
+              help="Where the model runs (auto: cuda when available).")
+@click.option("--top", default=15, show_default=True, type=click.IntRange(min=1), help="Rows in the printed table.")
+def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iters: int, out: str | None,
+            compare_paths: tuple[str, str] | None, trace: bool, device: str, top: int) -> None:
+    """Where TARGET's time goes, against the roofline of the measured ceilings.
+
+    TARGET is `path/file.py:factory` or `package.module:factory` (the factory returns a model, or
+    `(model, inputs)`), or `bench:SUITE/CASE[@PEER]` for a benchmark case. Warm-up, FLOPs and bytes
+    per operator, a measured window under the PyTorch profiler (NVTX ranges per module on CUDA),
+    then a self-contained HTML report and JSON. Without a GPU it profiles on CPU with host timers.
+    """
+    from warpforge.profile.cli import cli_profile
+
+    sys.exit(cli_profile(target, input_shapes=input_shapes, warmup=warmup, iters=iters, out=out,
+                         compare_paths=compare_paths, trace=trace, device=device, top=top, console=_console()))
 
 
 def _not_built(name: str, what: str) -> click.Command:

@@ -40,6 +40,7 @@ class Profile:
     window_ms: float
     plain_ms: float | None
     modules: list[dict[str, Any]] = field(default_factory=list)
+    declared: dict[str, Any] | None = None  # the caller's per-call work and the rates it implies
     raw_trace: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -67,7 +68,7 @@ class Profile:
             "schema": SCHEMA, "tool": "warpforge.profile", "target": self.target, "meta": self.meta,
             "timing": {"window_ms": self.window_ms, "plain_ms": self.plain_ms, "overhead": self.overhead,
                        "iters": self.meta.get("iters"), "warmup": self.meta.get("warmup")},
-            **a, "modules": self.modules,
+            **a, "modules": self.modules, "declared": self.declared,
             "counts": {"flops": self.counts.flops, "bytes": self.counts.bytes, "records": len(self.counts.records),
                        "by_kind": dict(by_kind), "error": self.counts.error},
         }
@@ -147,13 +148,15 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
             count_fn: Callable[..., Any] | None = None, warmup: int = 5, iters: int = 20, grad: bool = False,
             nvtx: bool = True, module_depth_timed: int = 2, device: torch.device | str | None = None,
             ceilings: Ceilings | None = None, launch: LaunchCost | None = None, name: str | None = None,
-            measure_overhead: bool = True) -> Profile:
+            measure_overhead: bool = True, work: dict[str, Any] | None = None) -> Profile:
     """Profile ``fn(*inputs)``: where its time goes, against the roofline of the measured ceilings.
 
     ``module``: the nn.Module whose submodules name the operators (default: ``fn`` itself when it is
     a Module, or the Module a bound method belongs to). ``count_fn``: an eager equivalent to count
     FLOPs on when ``fn`` hides its operators (CUDA-graph replay); a torch.compile'd module is
     counted on its eager original automatically. ``grad=False`` runs under ``torch.inference_mode``.
+    ``work``: FLOPs and bytes one call does, as a benchmark case declares them ({"flops", "bytes",
+    "dtype"}); the profile then reports the rates they imply over the device time and the window.
     Raises :class:`ProfileError` when the model fails or the window records nothing.
     """
     if not callable(fn):
@@ -205,7 +208,31 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
         analysis.notes.append(f"ceilings: {ceil.source}")
     return Profile(target=target, meta=_meta(target, dev, cfg), analysis=analysis, counts=counts,
                    window_ms=cap.window_ms, plain_ms=cap.plain_ms, modules=_module_rows(cap, analysis),
-                   raw_trace=cap.raw)
+                   declared=declared_rates(work, analysis, ceil) if work else None, raw_trace=cap.raw)
+
+
+def declared_rates(work: dict[str, Any], a: Analysis, ceil: Ceilings | None) -> dict[str, Any]:
+    """Rates of declared per-call work: over the device's busy time per iteration (what a benchmark's
+    CUDA events around one call measure, less launch latency) and over the whole window."""
+    from warpforge.hw.roofline import roofline
+
+    flops, nbytes = float(work.get("flops", 0.0)), float(work.get("bytes", 0.0))
+    out: dict[str, Any] = {"flops": flops, "bytes": nbytes, "dtype": work.get("dtype")}
+    spans = {"device": a.split.busy_us if a.split.busy_us is not None else a.split.window_us,
+             "window": a.split.window_us}
+    for label, t_us in spans.items():
+        if not t_us:
+            continue
+        out[f"{label}_us"] = t_us
+        out[f"{label}_GBps"] = nbytes / (t_us * 1e-6) / 1e9
+        out[f"{label}_TFLOPs"] = flops / (t_us * 1e-6) / 1e12
+    if ceil is not None and spans["device"]:
+        try:
+            r = roofline(flops, nbytes, work.get("dtype") or "fp32", spans["device"] * 1e-3, ceil)
+            out["roofline"] = {"floor_us": r["floor_ms"] * 1e3, "fraction": r["fraction"], "bound": r["bound"]}
+        except ValueError as e:  # a dtype with no ceiling (float64)
+            out["roofline"] = {"error": str(e)}
+    return out
 
 
 def _count(fn: Callable, inputs: tuple, module: torch.nn.Module | None, grad: bool) -> Counts:

@@ -76,6 +76,11 @@ def _figs(d: dict[str, Any]) -> str:
         figs.append(("model TFLOP/s", f"{tf:.2f}") if tf >= 1 else ("model GFLOP/s", f"{tf * 1e3:.3g}"))
     if model.get("fraction") is not None:
         figs.append((f'of the {model.get("bound")} roof', _pct(model["fraction"])))
+    dec = d.get("declared") or {}
+    if dec.get("device_GBps") is not None:
+        figs.append(("declared bytes / device time", f'{dec["device_GBps"]:,.0f} GB/s'))
+    if dec.get("flops") and dec.get("device_TFLOPs") is not None:
+        figs.append(("declared FLOPs / device time", f'{dec["device_TFLOPs"]:.1f} TFLOP/s'))
     figs.append(("GFLOP / iteration", f'{d["counts"]["flops"] / 1e9:.3g}'))
     figs.append(("MB moved / iteration", f'{d["counts"]["bytes"] / 1e6:.3g}'))
     return '<div class="figs">' + "".join(f'<div class="fig"><b>{escape(v)}</b><span>{escape(k)}</span></div>'

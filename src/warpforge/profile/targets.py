@@ -1,0 +1,187 @@
+"""What ``warpforge profile TARGET`` profiles: a factory in a file or module, or a benchmark case.
+
+TARGET forms:
+  ``path/to/file.py:factory``     a function in a Python file
+  ``package.module:factory``      a function in an importable module
+  ``bench:SUITE/CASE[@PEER]``     a case of a benchmark suite (ours, or the named peer), with the
+                                  case's explicit FLOP and byte counts declared for the window
+A factory returns a model or callable (inputs from ``--input-shape``), ``(model, inputs)``, or a dict
+``{"fn", "inputs", "module", "count_fn", "work", "name"}`` for a callable that is not a module (an
+engine step replaying CUDA graphs passes its eager twin as ``count_fn``). It may take
+``input_shape`` (a list of shapes) and ``device`` keyword arguments.
+
+The model zoo comes with ``warpforge optimize`` (issue 6); until then a bare name is refused with
+the list of forms that work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+FORMS = ("path/to/file.py:factory", "package.module:factory", "bench:SUITE/CASE[@PEER]")
+
+
+class TargetError(ValueError):
+    """TARGET cannot be resolved; the message says why and what works."""
+
+
+@dataclass
+class Target:
+    name: str
+    fn: Callable[..., Any]
+    inputs: tuple
+    module: torch.nn.Module | None = None
+    count_fn: Callable[..., Any] | None = None
+    work: dict[str, Any] | None = None  # declared per-call {"flops", "bytes", "dtype"}
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """"1,3,224,224" or "1x3x224x224" -> (1, 3, 224, 224)."""
+    parts = [p for p in re.split(r"[x,\s]+", text.strip()) if p]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise TargetError(f"--input-shape {text!r}: expected integers like 1,3,224,224 or 1x3x224x224") from None
+    if not shape or any(d < 1 for d in shape):
+        raise TargetError(f"--input-shape {text!r}: every dimension must be >= 1")
+    return shape
+
+
+def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None,
+            device: torch.device | None = None) -> Target:
+    """The callable, inputs and module for TARGET (see the module docstring)."""
+    dev = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("bench:"):
+        return _bench(spec[len("bench:"):], dev)
+    if ":" in spec:
+        where, _, attr = spec.rpartition(":")
+        factory = _load_factory(where, attr)
+        return _from_factory(spec, factory, input_shapes, dev)
+    raise TargetError(f"{spec!r}: no model zoo yet (it comes with `warpforge optimize`, issue 6). "
+                      f"TARGET can be one of: {', '.join(FORMS)}")
+
+
+def _load_factory(where: str, attr: str) -> Callable[..., Any]:
+    if not attr.isidentifier():
+        raise TargetError(f"{where}:{attr}: {attr!r} is not a function name")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise TargetError(f"{where}: no such file")
+        name = f"_warpforge_profile_target_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise TargetError(f"{where}: cannot be loaded as a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses and pickling look their module up here
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise TargetError(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
+    else:
+        try:
+            mod = importlib.import_module(where)
+        except ImportError as e:
+            raise TargetError(f"{where}: cannot import module ({e})") from e
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_")
+                        and getattr(v, "__module__", None) == mod.__name__)
+        raise TargetError(f"{where}: no function {attr!r}" + (f" (it defines: {', '.join(public[:12])})" if public else ""))
+    return factory
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _to(x: Any, dev: torch.device) -> Any:
+    return tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _from_factory(spec: str, factory: Callable, shapes: list[tuple[int, ...]] | None, dev: torch.device) -> Target:
+    kwargs: dict[str, Any] = {}
+    if shapes and _accepts(factory, "input_shape"):
+        kwargs["input_shape"] = shapes if len(shapes) > 1 else shapes[0]
+    if _accepts(factory, "device"):
+        kwargs["device"] = dev
+    try:
+        out = factory(**kwargs)
+    except Exception as e:
+        raise TargetError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    if isinstance(out, dict):
+        if not callable(out.get("fn")):
+            raise TargetError(f"{spec}: a factory dict needs a callable under 'fn'")
+        return Target(name=out.get("name", spec), fn=out["fn"], inputs=tuple(out.get("inputs", ())),
+                      module=out.get("module"), count_fn=out.get("count_fn"), work=out.get("work"))
+    if isinstance(out, tuple) and len(out) == 2 and callable(out[0]):
+        model, inputs = out
+        inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    elif callable(out):
+        model, inputs = out, None
+    else:
+        raise TargetError(f"{spec}: the factory returned {type(out).__name__}; expected a model, "
+                          "(model, inputs) or a dict with 'fn'")
+    notes = []
+    if isinstance(model, torch.nn.Module):
+        p = next(iter(model.parameters()), None)
+        if p is not None and p.device != dev:
+            model = model.to(dev)
+            notes.append(f"model moved to {dev}")
+    if inputs is None:
+        if not shapes:
+            raise TargetError(f"{spec}: the factory returned a model without inputs; return (model, inputs) "
+                              "or pass --input-shape")
+        p = next(iter(model.parameters()), None) if isinstance(model, torch.nn.Module) else None
+        dtype = p.dtype if p is not None and p.is_floating_point() else torch.float32
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        inputs = tuple(torch.randn(s, generator=gen).to(dev, dtype) for s in shapes)
+    return Target(name=spec, fn=model, inputs=tuple(_to(tuple(inputs), dev)), notes=notes)
+
+
+def _bench(rest: str, dev: torch.device) -> Target:
+    from warpforge.bench.runner import UnknownSuiteError, load_suite
+
+    body, _, peer = rest.partition("@")
+    suite_name, _, case_name = body.partition("/")
+    if not suite_name or not case_name:
+        raise TargetError(f"bench:{rest}: expected bench:SUITE/CASE[@PEER], e.g. 'bench:memory/copy fp32 1GiB'")
+    try:
+        suite = load_suite(suite_name)
+    except UnknownSuiteError as e:
+        raise TargetError(str(e)) from None
+    cases = suite.build(quick=False)
+    exact = [c for c in cases if c.name == case_name]
+    match = exact or [c for c in cases if case_name in c.name]
+    if len(match) != 1:
+        names = ", ".join(repr(c.name) for c in (match or cases)[:12])
+        raise TargetError(f"bench:{rest}: {'no case' if not match else 'several cases'} match {case_name!r} in suite "
+                          f"{suite_name!r}: {names}")
+    case = match[0]
+    fn = case.ours
+    label = "ours"
+    if peer:
+        if peer not in case.peers:
+            raise TargetError(f"bench:{rest}: case {case.name!r} has no peer {peer!r} (peers: {', '.join(case.peers)})")
+        fn, label = case.peers[peer], peer
+    gen = torch.Generator(device=dev).manual_seed(0)
+    inputs = tuple(case.make_inputs(gen, dev))
+    return Target(name=f"bench:{suite_name}/{case.name} ({label})", fn=fn, inputs=inputs,
+                  work={"flops": float(case.flops), "bytes": float(case.bytes), "dtype": str(case.dtype).removeprefix("torch."),
+                        "metric": case.metric, "cuda_graph": case.cuda_graph})
