@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from warpforge.kernels.tolerance import rel_err
+from warpforge.llm.loader import load
 from warpforge.llm.testing import TINY_ARCHS, PagedDriver, hamlet_text, tiny_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -26,15 +28,13 @@ def one_thread():
 
 @pytest.fixture(scope="module", params=sorted(TINY_ARCHS))
 def pair(request, tmp_path_factory):
-    """(arch, our Loaded, HF model, prompt ids of ~40 tokens, a second prompt of 23)."""
-    from warpforge.llm.loader import load
-
+    """(arch, our Loaded, HF model, prompt ids of ~40 tokens, a second prompt of 23, checkpoint path)."""
     path = tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
     ours = load(path, dtype=torch.float32, device="cpu")
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     text = hamlet_text() or "Who's there? Nay, answer me: stand, and unfold yourself. Long live the king! " * 3
     ids = ours.tokenizer.encode(text)
-    return request.param, ours, hf, ids[:40], ids[100:123]
+    return request.param, ours, hf, ids[:40], ids[100:123], path
 
 
 def hf_logits(hf, ids: list[int]) -> torch.Tensor:  # [len(ids), vocab]
@@ -52,14 +52,14 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def test_prefill_logits_match_hf(pair):
-    arch, ours, hf, a, _ = pair
+    arch, ours, hf, a, _, _ = pair
     logits = PagedDriver(ours.model).step([("a", a)])[0]
     assert logits.dtype == torch.float32 and logits.shape == (len(a), ours.config.vocab_size)
     assert_close(logits, hf_logits(hf, a))
 
 
 def test_mixed_step_continuing_from_cache_matches_hf(pair):
-    arch, ours, hf, a, b = pair
+    arch, ours, hf, a, b, _ = pair
     drv = PagedDriver(ours.model, seed=1)
     first = drv.step([("a", a[:30])])[0]  # a's first 30 tokens land in the cache
     assert_close(first, hf_logits(hf, a[:30]))
@@ -72,7 +72,7 @@ def test_mixed_step_continuing_from_cache_matches_hf(pair):
 
 
 def test_greedy_matches_hf_generate(pair):
-    arch, ours, hf, a, b = pair
+    arch, ours, hf, a, b, _ = pair
     got = PagedDriver(ours.model, seed=2).greedy([a, b], 16)
     assert len(set(got[0] + got[1])) >= 4  # a random model that repeats one token would make this weak
     config = transformers.GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=0)
@@ -85,7 +85,7 @@ def test_greedy_matches_hf_generate(pair):
 
 def test_sliding_window_is_exercised(pair):
     """Mistral and Gemma 3 prompts exceed the window: attending without it must change the logits."""
-    arch, ours, hf, a, _ = pair
+    arch, ours, hf, a, _, _ = pair
     attns = [layer.self_attn for layer in ours.model.model.layers if layer.self_attn.window is not None]
     if arch not in ("mistral", "gemma3"):
         assert not attns
@@ -118,9 +118,27 @@ def test_rotary_tables_per_layer_type(pair):
 
 def test_attention_without_kv_cache_matches_paged(pair):
     """No cache bound (the runner's profiling pass): attention over the step's own tokens."""
-    arch, ours, _, a, b = pair
+    arch, ours, _, a, b, _ = pair
     paged = PagedDriver(ours.model).step([("a", a), ("b", b)])
     plain = PagedDriver(ours.model, kv_cache=False).step([("a", a), ("b", b)])
     assert all(layer.self_attn.cache is None for layer in ours.model.model.layers)
     for x, y in zip(plain, paged):
         assert_close(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tol", [
+    (torch.float32, 1e-3),  # Triton fp32 GEMMs may use tf32 (kernels.tolerance: 1e-4 per op), over 2-4 layers
+    (torch.bfloat16, 3e-2),  # bf16 weights and activations (2^-8 per rounding) through 2-4 layers
+])
+def test_triton_kernels_on_gpu_match_hf(pair, dtype, tol):
+    """The same steps on CUDA: every layer runs the Triton kernels (linear, norms, rope, paged attention)."""
+    arch, _, hf, a, b, path = pair
+    gpu = load(path, dtype=dtype, device="cuda")
+    drv = PagedDriver(gpu.model, seed=3)
+    steps = [([("a", a[:30])], [hf_logits(hf, a[:30])]),
+             ([("a", a[30:]), ("b", b)], [hf_logits(hf, a)[30:], hf_logits(hf, b)]),
+             ([("a", [7]), ("b", [9])], [hf_logits(hf, a + [7])[-1:], hf_logits(hf, b + [9])[-1:]])]
+    for batch, refs in steps:
+        for got, ref in zip(drv.step(batch), refs):
+            assert rel_err(got.cpu(), ref) <= tol, f"{arch} {dtype}: rel err {rel_err(got.cpu(), ref):.3g}"
