@@ -105,6 +105,21 @@ def test_bad_paths(llama_dir, tmp_path):
         load(path)
 
 
+def test_sharded_checkpoint_reads_the_index_shards_only(llama_dir, tmp_path):
+    path = _copy(llama_dir, tmp_path)
+    state = safetensors_torch.load_file(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for f, keys in shards.items():
+        safetensors_torch.save_file({k: state[k] for k in keys}, str(path / f))
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    safetensors_torch.save_file({"layers.0.attention.wq.weight": torch.ones(2)}, str(path / "consolidated.safetensors"))
+    model = load(path).model
+    assert torch.equal(model.model.norm.weight, state["model.norm.weight"])
+
+
 def test_eos_ids_from_config_generation_config_and_tokenizer(llama_dir, tmp_path):
     path = _copy(llama_dir, tmp_path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 4]}))

@@ -86,13 +86,22 @@ def _load_hf_dir(path: Path, dtype, device: torch.device) -> Loaded:
     config = ModelConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
     tokenizer = Tokenizer.from_dir(path)
     _eos_union(config, tokenizer)
-    files = sorted(path.glob("*.safetensors"))
+    files = _weight_files(path)
     if not files:
         raise ValueError(f"{path}: no *.safetensors files (only safetensors checkpoints are supported)")
     model = build_model(config, device)
     with torch.inference_mode():
         fill(model, _safetensors(files, device), str(path))
     return Loaded(model, tokenizer, config)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors: the index's shards, else model*.safetensors, else any (Mistral repos
+    also ship a consolidated.safetensors in another naming, which must not be read too)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return sorted(path.glob("model*.safetensors")) or sorted(path.glob("*.safetensors"))
 
 
 def _safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
