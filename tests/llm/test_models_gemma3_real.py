@@ -83,5 +83,7 @@ def test_perplexity_over_2048_hamlet_tokens_matches_hf(ours, hf):
         hidden = model.model(x[None]).last_hidden_state[0]
         ref = sum(_nll(model.lm_head(hidden[i:i + 256]), y[i:i + 256]) for i in range(0, 2048, 256))
     ppl, ref_ppl = math.exp(nll / 2048), math.exp(ref / 2048)
-    assert abs(ppl - ref_ppl) <= 0.01 * ref_ppl, f"perplexity ours {ppl:.4f} vs HF {ref_ppl:.4f}"
+    print(f"Gemma 3 270M perplexity over 2048 Hamlet tokens: ours {ppl:.5f}, HF {ref_ppl:.5f}")
+    # the issue asks for 1%; fp32 through the same math agrees far closer (39.13632 both on CPU)
+    assert abs(ppl - ref_ppl) <= 1e-3 * ref_ppl, f"perplexity ours {ppl:.4f} vs HF {ref_ppl:.4f}"
     assert 1.5 < ref_ppl < 100  # a real language model on Shakespeare, not noise
