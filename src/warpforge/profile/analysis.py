@@ -152,7 +152,7 @@ def _op_rows(att: Attribution, n: int, on_gpu: bool) -> list[Row]:
             for g in i.gpu:
                 kern[g.name] += g.dur_us
         rows.append(Row(
-            name=f"{m or '(root)'} / {op}", module=m, op=op, kind=w0.kind if w0 else "uncounted",
+            name=f"{m or '(root)'} / {op}", module=m, op=op, kind=w0.kind if w0 else "—",
             calls=len(insts) / n, time_us=t / n, share=0.0, host_us=sum(i.host_us for i in insts) / n,
             flops=sum(w.flops for w in worked) / n if worked else None,
             bytes=sum(w.bytes for w in worked) / n if worked else None,

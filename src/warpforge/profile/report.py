@@ -1,7 +1,7 @@
 """The self-contained HTML report, rendered from the profile's JSON dict (so JSON and HTML never disagree).
 
 No network: styles inline, charts inline SVG, no script at all. Sections: verdict and headline
-figures, findings with their evidence, the roofline, fraction of the roof per operator, the time
+figures, the roofline, findings with their evidence, fraction of the roof per operator, the time
 split and one iteration's timeline, modules, top operators, top kernels, notes.
 """
 
@@ -21,7 +21,7 @@ h1{font-size:22px;margin:8px 0 2px} h2{font-size:17px;margin:30px 0 8px;border-b
 .sub{color:#4a5568;font-size:13px}
 .verdict{background:#fff;border:1px solid #e2e8f0;border-left:6px solid #2b6cb0;padding:12px 16px;margin:16px 0;font-size:19px;font-weight:600}
 .figs{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}
-.fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:130px}
+.fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:100px;flex:1 1 0}
 .fig b{display:block;font-size:18px} .fig span{font-size:12px;color:#4a5568}
 .finding{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:9px 12px;margin:7px 0}
 .finding .sev{display:inline-block;width:52px;font-weight:700;color:#c53030}
@@ -133,8 +133,13 @@ def _roofline(d: dict[str, Any]) -> str:
     return (svg.roofline_svg(pts, c, roofs)
             + f'<p class="sub">ceilings: {escape(c.get("source", ""))}. Circles: operators (area ∝ share of GPU time); '
               f'squares: kernels that carry their operator\'s work; triangle: the whole model over the window.</p>'
-            + "<h2>Fraction of the roof, top operators</h2>"
-            + svg.fraction_bars_svg(d["ops"][:TOP]))
+)
+
+
+def _fractions(d: dict[str, Any]) -> str:
+    if not d.get("ceilings") or not any(r.get("fraction") is not None for r in d["ops"][:TOP]):
+        return ""
+    return "<h2>Fraction of the roof, top operators</h2>" + svg.fraction_bars_svg(d["ops"][:TOP])
 
 
 def _timeline(d: dict[str, Any]) -> str:
@@ -244,8 +249,9 @@ def render_html(d: dict[str, Any]) -> str:
 <h1>{escape(title)}</h1><div class="sub">{escape(sub)}</div>
 <div class="verdict" id="verdict">{escape(d["verdict"])}</div>
 {_figs(d)}
-<h2>Findings</h2>{_findings(d)}
 <h2>Roofline</h2>{_roofline(d)}
+<h2>Findings</h2>{_findings(d)}
+{_fractions(d)}
 <h2>Where the time goes</h2>{_timeline(d)}
 {_modules(d)}
 <h2>Top operators</h2>{_op_table(d)}
