@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,9 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("WARPFORGE_CACHE_DIR", str(root / "cache"))
     monkeypatch.setenv("WARPFORGE_DATA_DIR", str(root / "data"))
     monkeypatch.delenv("WARPFORGE_STORE", raising=False)
+    # `gemma3-270m` resolves to one assembled GGUF shared by all tests (253 MB, ~18 s to assemble).
+    monkeypatch.setenv("WARPFORGE_GEMMA3_270M", os.environ.get(
+        "WARPFORGE_GEMMA3_270M", str(Path.home() / ".cache" / "warpforge-test" / "gemma-3-270m-q4_k_m.gguf")))
     # Tests check every tuning candidate explicitly (the *_every_candidate tests); tuning itself only
     # times, and would spend minutes of GPU time per shape. Tests of the tuner set this themselves.
     monkeypatch.setenv("WARPFORGE_AUTOTUNE", os.environ.get("WARPFORGE_AUTOTUNE", "0"))

