@@ -232,3 +232,12 @@ def test_short_kernel_names():
     assert short_kernel_name("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10>(float*)") \
         == "softmax_warp_forward<float, float, float, 10>"
     assert len(short_kernel_name("k" * 200)) == 80
+
+
+def test_bare_runtime_launch_is_named_by_its_kernel_not_as_triton():
+    """A kernel launched through cudaLaunchKernel outside any op (a C++ extension): its own name."""
+    b = Builder()
+    with b.iteration(), b.module("ext"):
+        b._launch([("my_extension_kernel", 30.0)])
+    a = run(b)
+    assert [r.name for r in a.ops] == ["ext / my_extension_kernel"]

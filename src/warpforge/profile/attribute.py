@@ -204,8 +204,10 @@ def attribute(trace: Trace, records: list[OpCount] | None = None) -> Attribution
             launch = launch_of.get(g.correlation)
             if (launch is not None and not inst.graph and id(inst) not in bare_named
                     and inst.label == launch.name and g.kind == "kernel"):
-                # A bare launch is named by what it launched; driver-API launches are Triton's.
-                inst.label = (f"triton::{g.name}" if launch.name.startswith("cu") else g.name)
+                # A bare launch is named by what it launched; driver-API launches (cuLaunchKernel*, not
+                # the runtime's cudaLaunchKernel) are Triton's.
+                driver = launch.name.startswith("cu") and not launch.name.startswith("cuda")
+                inst.label = f"triton::{g.name}" if driver else g.name
                 bare_named.add(id(inst))
         elif (g.correlation is None or g.correlation not in launch_of) and t0 <= g.ts_us < t1:
             unattributed.append(g)
