@@ -168,19 +168,26 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where the model runs (auto: cuda when available).")
 @click.option("--top", default=15, show_default=True, type=click.IntRange(min=1), help="Rows in the printed table.")
+@click.option("--batch", default=None, type=click.IntRange(min=1),
+              help="llm targets: sequences in the batch (default: 8 for decode, 1 for prefill).")
+@click.option("--prompt-len", default=None, type=click.IntRange(min=1),
+              help="llm targets: prompt tokens per sequence (default: 128 for decode, 512 for prefill).")
 def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iters: int, out: str | None,
-            compare_paths: tuple[str, str] | None, trace: bool, device: str, top: int) -> None:
+            compare_paths: tuple[str, str] | None, trace: bool, device: str, top: int, batch: int | None,
+            prompt_len: int | None) -> None:
     """Where TARGET's time goes, against the roofline of the measured ceilings.
 
     TARGET is `path/file.py:factory` or `package.module:factory` (the factory returns a model, or
-    `(model, inputs)`), or `bench:SUITE/CASE[@PEER]` for a benchmark case. Warm-up, FLOPs and bytes
+    `(model, inputs)`), `bench:SUITE/CASE[@PEER]` for a benchmark case, or `llm:CHECKPOINT` /
+    `llm-prefill:CHECKPOINT` for a step of warpforge's LLM engine. Warm-up, FLOPs and bytes
     per operator, a measured window under the PyTorch profiler (NVTX ranges per module on CUDA),
     then a self-contained HTML report and JSON. Without a GPU it profiles on CPU with host timers.
     """
     from warpforge.profile.cli import cli_profile
 
     sys.exit(cli_profile(target, input_shapes=input_shapes, warmup=warmup, iters=iters, out=out,
-                         compare_paths=compare_paths, trace=trace, device=device, top=top, console=_console()))
+                         compare_paths=compare_paths, trace=trace, device=device, top=top, batch=batch,
+                         prompt_len=prompt_len, console=_console()))
 
 
 def _not_built(name: str, what: str) -> click.Command:

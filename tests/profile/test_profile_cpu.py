@@ -151,3 +151,10 @@ def test_empty_window_and_bad_settings(tiny):
         profile(tiny[0], tiny[1], iters=0)
     with pytest.raises(ValueError, match="fn: expected a callable"):
         profile(42)
+
+
+def test_public_api_imports():
+    import warpforge.profile as wp
+
+    for name in wp.__all__:
+        assert hasattr(wp, name), f"warpforge.profile.{name} is exported but missing"

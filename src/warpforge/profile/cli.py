@@ -24,7 +24,8 @@ def _slug(name: str) -> str:
 
 def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmup: int = 5, iters: int = 20,
                 out: str | None = None, compare_paths: tuple[str, str] | None = None, trace: bool = False,
-                device: str = "auto", top: int = 15, console=None) -> int:
+                device: str = "auto", top: int = 15, batch: int | None = None, prompt_len: int | None = None,
+                console=None) -> int:
     from rich.console import Console
 
     console = console or Console(stderr=False)
@@ -44,7 +45,7 @@ def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmu
             return _err(console, "--device cuda: CUDA is not available on this machine")
     try:
         shapes = [parse_shape(s) for s in input_shapes]
-        t = resolve(target, input_shapes=shapes or None, device=dev)
+        t = resolve(target, input_shapes=shapes or None, device=dev, batch=batch, prompt_len=prompt_len)
     except TargetError as e:
         return _err(console, str(e))
     console.print(f"profiling [bold]{t.name}[/] on {dev}: {warmup} warm-up, {iters} measured iterations",

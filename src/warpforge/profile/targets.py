@@ -5,6 +5,9 @@ TARGET forms:
   ``package.module:factory``      a function in an importable module
   ``bench:SUITE/CASE[@PEER]``     a case of a benchmark suite (ours, or the named peer), with the
                                   case's explicit FLOP and byte counts declared for the window
+  ``llm:CHECKPOINT``              one decode step of warpforge's LLM engine (``--batch`` sequences,
+                                  ``--prompt-len`` tokens of context), CUDA-graph replay on a GPU
+  ``llm-prefill:CHECKPOINT``      one prefill of ``--batch`` fresh prompts of ``--prompt-len`` tokens
 A factory returns a model or callable (inputs from ``--input-shape``), ``(model, inputs)``, or a dict
 ``{"fn", "inputs", "module", "count_fn", "work", "name"}`` for a callable that is not a module (an
 engine step replaying CUDA graphs passes its eager twin as ``count_fn``). It may take
@@ -29,7 +32,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-FORMS = ("path/to/file.py:factory", "package.module:factory", "bench:SUITE/CASE[@PEER]")
+FORMS = ("path/to/file.py:factory", "package.module:factory", "bench:SUITE/CASE[@PEER]", "llm:CHECKPOINT",
+         "llm-prefill:CHECKPOINT")
+LLM_DEFAULTS = {"decode": (8, 128), "prefill": (1, 512)}  # (batch, prompt tokens)
 
 
 class TargetError(ValueError):
@@ -59,12 +64,15 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None,
-            device: torch.device | None = None) -> Target:
+def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, device: torch.device | None = None,
+            batch: int | None = None, prompt_len: int | None = None) -> Target:
     """The callable, inputs and module for TARGET (see the module docstring)."""
     dev = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec.startswith("bench:"):
         return _bench(spec[len("bench:"):], dev)
+    for prefix, phase in (("llm:", "decode"), ("llm-prefill:", "prefill")):
+        if spec.startswith(prefix):
+            return _llm(spec[len(prefix):], phase, dev, batch, prompt_len)
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
         factory = _load_factory(where, attr)
@@ -185,3 +193,19 @@ def _bench(rest: str, dev: torch.device) -> Target:
     return Target(name=f"bench:{suite_name}/{case.name} ({label})", fn=fn, inputs=inputs,
                   work={"flops": float(case.flops), "bytes": float(case.bytes), "dtype": str(case.dtype).removeprefix("torch."),
                         "metric": case.metric, "cuda_graph": case.cuda_graph})
+
+
+def _llm(path: str, phase: str, dev: torch.device, batch: int | None, prompt_len: int | None) -> Target:
+    from warpforge.profile.llm_target import llm_engine, llm_step
+
+    b, n = LLM_DEFAULTS[phase]
+    batch, prompt_len = batch or b, prompt_len or n
+    if not Path(path).exists():
+        raise TargetError(f"llm:{path}: no such checkpoint (an HF checkpoint directory or a .gguf file)")
+    try:
+        engine = llm_engine(path, batch=batch, prompt_len=prompt_len, device=dev, prefill=phase == "prefill")
+        d = llm_step(engine, phase, batch=batch, prompt_len=prompt_len)
+    except (ValueError, OSError, RuntimeError) as e:
+        raise TargetError(f"llm:{path}: {type(e).__name__}: {e}") from e
+    return Target(name=f"{d['name']} ({Path(path).name})", fn=d["fn"], inputs=(), module=d["module"],
+                  count_fn=d["count_fn"])

@@ -1,0 +1,56 @@
+"""``warpforge profile llm:CHECKPOINT`` / ``llm-prefill:CHECKPOINT`` on a tiny random Llama checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from warpforge.cli import main
+
+pytest.importorskip("transformers", reason="tiny checkpoints are built with HF transformers (the test extra)")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from warpforge.llm.testing import tiny_checkpoint
+
+    return tiny_checkpoint("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.mark.parametrize("form,unit", [("llm", "decode"), ("llm-prefill", "prefill")])
+def test_engine_step_profiles(ckpt, tmp_path, form, unit):
+    out = tmp_path / unit
+    r = CliRunner().invoke(main, ["profile", f"{form}:{ckpt}", "--batch", "2", "--prompt-len", "12", "--iters", "2",
+                                  "--warmup", "1", "--out", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "profile.json").read_text())
+    assert d["target"].startswith(f"llm {unit}: batch 2")
+    assert d["counts"]["flops"] > 0 and not d["counts"]["error"]
+    modules = {row["module"] for row in d["ops"]}
+    assert any(m and m.startswith("model.layers.0") for m in modules), modules
+
+
+def test_prompt_longer_than_the_context_is_refused(ckpt):
+    r = CliRunner().invoke(main, ["profile", f"llm:{ckpt}", "--prompt-len", "250", "--iters", "1"])
+    assert r.exit_code == 2 and "lower --prompt-len" in " ".join(r.output.split())
+
+
+def test_missing_checkpoint():
+    r = CliRunner().invoke(main, ["profile", "llm:/no/such/model", "--iters", "1"])
+    assert r.exit_code == 2 and "no such checkpoint" in r.output
+
+
+@pytest.mark.gpu
+def test_decode_step_replays_a_cuda_graph_and_counts_eagerly(ckpt):
+    from warpforge.profile import profile
+    from warpforge.profile.targets import resolve
+
+    t = resolve(f"llm:{ckpt}", device=torch.device("cuda"), batch=4, prompt_len=32)
+    p = profile(t.fn, module=t.module, count_fn=t.count_fn, iters=10, name=t.name)
+    graph = [r for r in p.analysis.ops if r.op == "cuda_graph_replay"]
+    assert graph and graph[0].graph
+    assert p.counts.flops > 0  # counted on the eager step
+    assert p.analysis.split.kernels > 0
