@@ -93,9 +93,8 @@ class Profile:
         return paths
 
 
-def _json_default(x: Any) -> Any:
-    if isinstance(x, float):
-        return x
+def _json_default(x: Any) -> str:
+    """Anything JSON cannot hold (a torch dtype or device in a declared work dict) as its string."""
     return str(x)
 
 

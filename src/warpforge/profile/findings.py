@@ -137,7 +137,8 @@ def _row_findings(a: Analysis) -> list[dict[str, Any]]:
     for r in top:
         if r.fraction is None or r.share < ROW_SHARE:
             continue
-        if r.fraction < LOW_FRACTION:
+        tiny = a.launch is not None and r.calls > 0 and r.time_us / r.calls < a.launch.us
+        if r.fraction < LOW_FRACTION and not tiny:  # calls shorter than a launch: the launch is the problem
             advice = ("memory-bound well below the roof: small, strided or uncoalesced accesses, or too few "
                       "blocks in flight; fuse it with its neighbours or use a better kernel"
                       if r.bound == "memory" else

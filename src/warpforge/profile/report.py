@@ -24,7 +24,7 @@ h1{font-size:22px;margin:8px 0 2px} h2{font-size:17px;margin:30px 0 8px;border-b
 .fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:100px;flex:1 1 0}
 .fig b{display:block;font-size:18px} .fig span{font-size:12px;color:#4a5568}
 .finding{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:9px 12px;margin:7px 0}
-.finding .sev{display:inline-block;width:52px;font-weight:700;color:#c53030}
+.finding .sev{display:inline-block;width:60px;font-weight:700;color:#c53030}
 .finding .adv{color:#2d3748;font-size:13px;margin-top:3px}
 .finding details{font-size:12px;color:#4a5568;margin-top:3px}
 table{border-collapse:collapse;width:100%;background:#fff;font-size:12.5px}
