@@ -98,8 +98,11 @@ def _find_chromium() -> str | None:
 def chromium() -> str:
     exe = _find_chromium()
     if exe is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
-                       shell=True, check=False, timeout=900, capture_output=True)
+        try:  # an offline machine fails here (or times out): the tests then skip
+            subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+                           shell=True, check=False, timeout=600, capture_output=True)
+        except subprocess.TimeoutExpired:
+            pass
         exe = _find_chromium()
     if exe is None:
         pytest.skip("headless Chromium is not installed and cannot be installed here "
