@@ -106,8 +106,8 @@ def test_cuda_graph_replay_is_attributed_to_its_launch(dev):
     assert any("replayed from CUDA graphs" in n for n in p.analysis.notes)
 
 
-def test_modules_ranges_spans_and_report(dev, tmp_path):
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_modules_ranges_spans_and_report(dev, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 GEMMs: the fp32 roof applies
     m = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(dev).eval()
     x = torch.randn(512, 1024, device=dev)
     p = profile(m, x, iters=10)
