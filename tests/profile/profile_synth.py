@@ -53,6 +53,15 @@ class Builder:
         self.t += 0.3
         self.host.append(HostSpan(module_annotation(path, self.root_type), "op", t0, self.t - t0))
 
+    @contextlib.contextmanager
+    def region(self, name: str):
+        """A host range that is not an aten op (a compiled region, a user record_function)."""
+        t0 = self.t
+        self.t += 0.5
+        yield
+        self.t += 0.5
+        self.host.append(HostSpan(name, "op", t0, self.t - t0))
+
     @property
     def path(self) -> str:
         p = getattr(self, "_path", [])

@@ -241,3 +241,16 @@ def test_bare_runtime_launch_is_named_by_its_kernel_not_as_triton():
         b._launch([("my_extension_kernel", 30.0)])
     a = run(b)
     assert [r.name for r in a.ops] == ["ext / my_extension_kernel"]
+
+
+def test_compiled_regions_are_looked_through():
+    """Inductor wraps each Triton kernel in a range named after it, inside 'Torch-Compiled Region':
+    every kernel keeps its own row instead of one row for the whole region."""
+    b = Builder()
+    with b.iteration(), b.region("Torch-Compiled Region: 0/0"):
+        b.op("triton_poi_fused_gelu_0", [("triton_poi_fused_gelu_0", 12.0)], counted=False)
+        b.op("aten::mm", [("gemm", 30.0)], counted=False)  # an extern kernel call inside the graph
+        b.op("triton_red_fused_sum_1", [("triton_red_fused_sum_1", 8.0)], counted=False)
+    a = run(b)
+    assert sorted(r.name for r in a.ops) == ["(root) / aten::mm", "(root) / triton_poi_fused_gelu_0",
+                                             "(root) / triton_red_fused_sum_1"]

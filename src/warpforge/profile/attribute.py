@@ -4,7 +4,8 @@ Host spans on each thread nest (an aten op inside a module range, a launch call 
 a stack sweep gives every span its parent. Walking down from the roots, an operator *instance* is
 the outermost op in a module's scope that the FLOP counter saw for that module (``aten::linear``
 under inference mode, ``aten::addmm`` under no_grad), or, where the counter saw nothing beneath,
-the outermost op itself. A launch call inside an instance links (by correlation id) the kernels,
+the outermost op itself (ranges that are not aten operators but wrap some, such as a compiled region, are
+looked through). A launch call inside an instance links (by correlation id) the kernels,
 copies and memsets it queued to that instance. Launches outside any op are instances of their own:
 ``cudaGraphLaunch`` (every kernel the graph replays: attributed to the graph's launch site) and
 driver launches (Triton kernels started from Python: labelled ``triton::<kernel>``).
@@ -176,7 +177,10 @@ def attribute(trace: Trace, records: list[OpCount] | None = None) -> Attribution
             continue
         m = module_at[i]
         if s.kind == "op":
-            if s.name in counted[m] or not countable_below[i]:
+            # A range that is not an aten operator but wraps operators (a compiled region, a user
+            # record_function) is looked through, so its kernels keep their own rows.
+            wrapper = not s.name.startswith("aten::") and any(spans[c].kind == "op" for c in children[i])
+            if s.name in counted[m] or not (countable_below[i] or wrapper):
                 inst = Instance(module=m, label=s.name, iteration=it, ts_us=s.ts_us, host_us=s.dur_us)
                 instances.append(inst)
                 launches_under(i, inst)
