@@ -112,3 +112,25 @@ def test_counting_leaves_results_unchanged(grad):
     got = []
     count(lambda a: got.append(m(a)), x, grad=grad)
     torch.testing.assert_close(got[0].detach(), want)
+
+
+def test_triton_gemm_flops_from_the_argument_convention(triton_on_cpu):
+    """A Triton GEMM (integer M, N, K arguments) is counted 2*M*N*K, against the tensor-core roof."""
+    from warpforge.kernels.matmul import matmul
+
+    a, b = torch.randn(5, 9), torch.randn(9, 7)
+    c = count(matmul, a, b)
+    (rec,) = [r for r in c.records if r.op.startswith("triton::")]
+    assert rec.kind == "matmul" and rec.flops == 2 * 5 * 7 * 9
+    assert rec.bytes >= (5 * 9 + 9 * 7 + 5 * 7) * F32
+
+
+def test_triton_gemm_flops_rules():
+    from warpforge.profile.flops import triton_gemm_flops
+
+    assert triton_gemm_flops("_linear_kernel", {"M": 8, "N": 4096, "K": 1024, "x_ptr": None}) == (2 * 8 * 4096 * 1024,
+                                                                                                 "matmul")
+    conv = {"M": 2 * 16 * 16, "COUT": 64, "CIN_G": 32, "KH": 3, "KW": 3}
+    assert triton_gemm_flops("_conv_gemm_kernel", conv) == (2 * 512 * 64 * 32 * 9, "conv")
+    assert triton_gemm_flops("_copy_kernel", {"n": 100}) == (0, "triton")
+    assert triton_gemm_flops("_weird", {"M": 2, "N": 3, "K": True}) == (0, "triton")  # a bool is not a size

@@ -230,6 +230,10 @@ def analyze(trace: Trace, counts: Counts | None = None, *, ceilings: Ceilings | 
     totals = _totals(counts, split, ops, ceil, n)
     if counts.error:
         notes.append(f"FLOP counting stopped early ({counts.error}): rows without FLOPs show time only")
+    if any(r.op.startswith("triton::") for r in counts.records):
+        notes.append("Triton kernels launched from Python count the bytes of their tensor arguments (an upper bound "
+                     "for a kernel that reads part of a buffer, such as a paged KV cache) and FLOPs only for GEMMs "
+                     "(integer M, N, K arguments) or kernels that declare launch_metadata")
     uncounted = dict(counts.uncounted.most_common())
     if uncounted:
         shown = ", ".join(f"{k} x{v}" for k, v in list(uncounted.items())[:8])

@@ -198,8 +198,9 @@ class FlopCounter(TorchDispatchMode):
             bytes=op_bytes(func, args, kwargs, out), ceiling=F.ceiling_key(kind, args, kwargs),
             shapes=_shapes(args, kwargs)))
 
-    def record_triton(self, name: str, args: tuple, kwargs: dict, metadata: dict | None) -> None:
-        ts = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    def record_triton(self, name: str, bound: dict[str, Any], metadata: dict | None) -> None:
+        """One Triton launch: ``bound`` maps the jit function's argument names to the values passed."""
+        ts = [t for t in tree_flatten(list(bound.values()))[0] if isinstance(t, torch.Tensor)]
         seen: set[tuple] = set()
         nbytes = 0
         for t in ts:
@@ -208,19 +209,42 @@ class FlopCounter(TorchDispatchMode):
                 nbytes += tensor_bytes(t)
         md = metadata or {}
         flops = sum(int(md.get(k, 0)) for k in ("flops", "flops8", "flops16", "flops32", "flops64"))
+        kind = "triton"
+        if not flops:
+            flops, kind = triton_gemm_flops(name, bound)
         nbytes = int(md.get("bytes", nbytes))
         fp = next((t for t in ts if t.is_floating_point()), None)
         self.counts.records.append(OpCount(
-            module=self.scope(), op=f"triton::{name}", kind="triton", flops=flops, bytes=nbytes,
-            ceiling=F.dtype_ceiling(fp.dtype, tensor_core=flops > 0) if fp is not None else "fp32",
+            module=self.scope(), op=f"triton::{name}", kind=kind, flops=flops, bytes=nbytes,
+            ceiling=F.dtype_ceiling(fp.dtype, tensor_core=flops > 0, kind=kind) if fp is not None else "fp32",
             shapes=_shapes(tuple(ts), {})))
+
+
+def triton_gemm_flops(name: str, bound: dict[str, Any]) -> tuple[int, str]:
+    """FLOPs of a Triton launch from the GEMM argument convention, when it follows it:
+    integer ``M, N, K`` -> 2*M*N*K (a matmul/linear/GEMV kernel); a ``conv`` kernel with integer ``M``
+    (output pixels), ``COUT``, ``CIN_G``, ``KH``, ``KW`` -> 2*M*COUT*CIN_G*KH*KW. Otherwise 0 ("triton")."""
+    def ints(*keys: str) -> list[int] | None:
+        vals = [bound.get(k) for k in keys]
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in vals)
+        return [int(v) for v in vals] if ok else None
+
+    conv = ints("M", "COUT", "CIN_G", "KH", "KW") if "conv" in name else None
+    if conv:
+        return 2 * conv[0] * conv[1] * conv[2] * conv[3] * conv[4], "conv"
+    mnk = ints("M", "N", "K")
+    if mnk:
+        return 2 * mnk[0] * mnk[1] * mnk[2], "matmul"
+    return 0, "triton"
 
 
 @contextlib.contextmanager
 def triton_launches(counter: FlopCounter) -> Iterator[None]:
     """While active, every Triton kernel launched through ``kernel[grid](...)`` is recorded in
-    ``counter`` (name of the jit function, bytes of its tensor arguments, FLOPs from the kernel's
-    ``launch_metadata`` when it declares one, as Triton's proton profiler reads them)."""
+    ``counter``: the jit function's name; the bytes of its tensor arguments (an upper bound for a kernel
+    that touches part of a buffer, such as a paged KV cache); FLOPs from the kernel's
+    ``launch_metadata`` when it declares one (as Triton's proton profiler reads them), else from the
+    GEMM argument convention (:func:`triton_gemm_flops`)."""
     try:
         from triton.runtime import jit as tjit
     except ImportError:  # no Triton: nothing to record
@@ -238,13 +262,13 @@ def triton_launches(counter: FlopCounter) -> Iterator[None]:
             if not warmup:
                 fn = getattr(self, "fn", None)
                 name = getattr(self, "__name__", None) or getattr(fn, "__name__", "triton_kernel")
+                bound = {**dict(zip(getattr(self, "arg_names", []), args)), **kwargs}
                 md = None
                 lm = getattr(self, "launch_metadata", None)
                 if callable(lm):
-                    names = getattr(self, "arg_names", [])
                     with contextlib.suppress(Exception):
-                        md = lm(grid, None, dict(zip(names, args)))
-                counter.record_triton(name, args, kwargs, md if isinstance(md, dict) else None)
+                        md = lm(grid, None, bound)
+                counter.record_triton(name, bound, md if isinstance(md, dict) else None)
             return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
         return run
 
