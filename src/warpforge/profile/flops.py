@@ -214,9 +214,12 @@ class FlopCounter(TorchDispatchMode):
             flops, kind = triton_gemm_flops(name, bound)
         nbytes = int(md.get("bytes", nbytes))
         fp = next((t for t in ts if t.is_floating_point()), None)
+        ceiling = F.dtype_ceiling(fp.dtype, tensor_core=flops > 0, kind=kind) if fp is not None else "fp32"
+        precision = bound.get("DOT_PRECISION")  # warpforge kernels say how fp32 dots run: "ieee" or "tf32"
+        if fp is not None and fp.dtype == torch.float32 and flops > 0 and isinstance(precision, str):
+            ceiling = "fp32" if precision == "ieee" else "tf32"
         self.counts.records.append(OpCount(
-            module=self.scope(), op=f"triton::{name}", kind=kind, flops=flops, bytes=nbytes,
-            ceiling=F.dtype_ceiling(fp.dtype, tensor_core=flops > 0, kind=kind) if fp is not None else "fp32",
+            module=self.scope(), op=f"triton::{name}", kind=kind, flops=flops, bytes=nbytes, ceiling=ceiling,
             shapes=_shapes(tuple(ts), {})))
 
 
