@@ -88,6 +88,15 @@ def main() -> None:
                  "k_scale": "*fp32", "v_scale": "*fp32"}
         const = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, QUANT=kv != "bf16")
         results[f"store {kv}"] = compile_one(_store_kv_kernel, types, const, 4, 1)
+    # A padded head dim (BLOCK_D 128 > D) with 16-bit pages, no window, no softcap (the engine's usual
+    # call): this once crashed ptxas (SIGSEGV), so chunked_prefill failed on the GPU for D = 80, 96.
+    for D, dt in ((80, "bf16"), (96, "fp16")):
+        types = {"Q": f"*{dt}", "KC": f"*{dt}", "VC": f"*{dt}", "block_tables": "*i32", "seq_lens": "*i32",
+                 "cu_q": "*i32", "k_scale": "*fp32", "v_scale": "*fp32", "O": f"*{dt}"}
+        cc = DEFAULT_CHUNKED_CONFIG
+        const = dict(GROUP=4, BLOCK_M=cc.block_m, HEAD_DIM=D, BLOCK_D=128, PAGE_SIZE=16, BLOCK_N=cc.block_n,
+                     MASK_LEFT=False, SOFTCAP=False, FP8=False, DOT_PRECISION="tf32")
+        results[f"chunked {dt} D{D}"] = compile_one(_chunked_kernel, types, const, cc.num_warps, cc.num_stages)
     types = {"O_part": "*fp32", "LSE_part": "*fp32", "O": "*bf16"}
     results["reduce"] = compile_one(_decode_reduce_kernel, types, dict(BLOCK_S=8, HEAD_DIM=128, BLOCK_D=128), 4, 1)
     json.dump(results, sys.stdout)

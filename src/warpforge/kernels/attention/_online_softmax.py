@@ -170,12 +170,20 @@ def attend_span(acc, l_i, m_i, q, q_pos,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                 MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """attend_blocks over a key_range: left edge masked, interior unmasked, right edge masked."""
-    acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                  page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
-                                  lo, full_lo, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
-                                  BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
-                                  PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
+    """attend_blocks over a key_range: left edge masked, interior unmasked, right edge masked.
+
+    Without MASK_LEFT the left edge is empty (key_range gives full_lo == lo, and decode's splits
+    start at or after full_lo), so its loop is not compiled. It was dead code, and in the chunked
+    kernel with 16-bit pages, a padded head dim (72..120, BLOCK_D 128), GQA group 2 or 4, no window
+    and no softcap it made ptxas (CUDA 12.8, bundled with Triton 3.6) die with SIGSEGV: the kernel
+    never compiled for sm_90. tests/kernels/attention/_sm90_compile.py compiles that case.
+    """
+    if MASK_LEFT:
+        acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
+                                      page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                      lo, full_lo, seqlen_k, window_left, window_right, qk_scale, cap_scale,
+                                      cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
+                                      PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
     acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
                                   page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
                                   full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
