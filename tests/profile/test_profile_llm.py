@@ -1,4 +1,7 @@
-"""``warpforge profile llm:CHECKPOINT`` / ``llm-prefill:CHECKPOINT`` on a tiny random Llama checkpoint."""
+"""``warpforge profile llm:CHECKPOINT`` / ``llm-prefill:CHECKPOINT`` on a tiny random Llama checkpoint.
+
+The checkpoint comes from ``random_checkpoint`` (no network, no HF transformers), so these run on the
+offline GPU machine too."""
 
 from __future__ import annotations
 
@@ -10,14 +13,24 @@ from click.testing import CliRunner
 
 from warpforge.cli import main
 
-pytest.importorskip("transformers", reason="tiny checkpoints are built with HF transformers (the test extra)")
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from warpforge.llm.testing import tiny_checkpoint
+    from warpforge.profile.llm_target import random_checkpoint
 
-    return tiny_checkpoint("llama", tmp_path_factory.mktemp("tiny-llama"))
+    return random_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "llama-tiny", dtype=torch.float32)
+
+
+def test_random_checkpoint_has_the_preset_shapes(ckpt):
+    from warpforge.llm.loader import load
+    from warpforge.profile.llm_target import PRESETS
+
+    model, _tok, cfg = load(ckpt)
+    want = PRESETS["llama-tiny"]
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_kv_heads, cfg.vocab_size) == (
+        want["hidden_size"], want["num_hidden_layers"], want["num_key_value_heads"], want["vocab_size"])
+    n = sum(p.numel() for p in model.parameters())
+    d, f, v, L = 64, 128, 1024, 2
+    assert n == v * d + d + L * (d * 64 + 2 * d * 32 + 64 * d + 3 * d * f + 2 * d)  # tied embeddings
 
 
 @pytest.mark.parametrize("form,unit", [("llm", "decode"), ("llm-prefill", "prefill")])
@@ -34,7 +47,7 @@ def test_engine_step_profiles(ckpt, tmp_path, form, unit):
 
 
 def test_prompt_longer_than_the_context_is_refused(ckpt):
-    r = CliRunner().invoke(main, ["profile", f"llm:{ckpt}", "--prompt-len", "250", "--iters", "1"])
+    r = CliRunner().invoke(main, ["profile", f"llm:{ckpt}", "--prompt-len", "500", "--iters", "1"])
     assert r.exit_code == 2 and "lower --prompt-len" in " ".join(r.output.split())
 
 
