@@ -16,7 +16,7 @@ from rich.table import Table
 
 from warpforge._paths import default_store_url
 
-UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s"}
+UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
 CPU_NOTE = ("No CUDA device: 'ours' ran the torch reference path on the CPU (DESIGN.md \"Dispatch\"), "
             "so these are reference-path figures, not Triton-kernel figures.")
 

@@ -16,7 +16,7 @@ import torch
 from warpforge.bench import suites as _suites_pkg
 from warpforge.bench.compare import CaseResult, Outcome, case_seed, compare_case
 from warpforge.bench.record import build_record, device_info, git_version
-from warpforge.bench.suite import Suite
+from warpforge.bench.suite import EndToEndCase, Suite
 
 # (warmup, rep): quick trades spread for speed; the full run keeps enough repeats for a stable p20/p80.
 REPEATS = {False: (10, 50), True: (3, 15)}
@@ -91,6 +91,12 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
     for i, case in enumerate(cases):
         if progress is not None:
             progress(i, len(cases), case.name)
+        if isinstance(case, EndToEndCase):  # whole runs, timed by wall clock with their own figures
+            from warpforge.bench.e2e import run_end_to_end
+
+            records.append(run_end_to_end(case, suite=suite.name, device=dev, env_device=env["device"],
+                                          git=env["git"], ceil=env["ceil"]))
+            continue
         try:
             result = compare_case(case, suite=suite.name, device=dev, warmup=warmup, rep=rep)
         except Exception as e:  # noqa: BLE001 - a broken case (its inputs or reference) fails alone

@@ -91,7 +91,7 @@ class Suite:
 
     name: str
     description: str
-    cases: Callable[[bool], list[Case]] = field(repr=False)
+    cases: Callable[[bool], list[Case | EndToEndCase]] = field(repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -99,14 +99,94 @@ class Suite:
         if not callable(self.cases):
             raise ValueError(f"suite {self.name!r}: cases must be a callable quick -> list[Case]")
 
-    def build(self, quick: bool = False) -> list[Case]:
-        """The suite's cases, checked: each a Case, names unique."""
+    def build(self, quick: bool = False) -> list[Case | EndToEndCase]:
+        """The suite's cases, checked: each a Case or an EndToEndCase, names unique."""
         cases = list(self.cases(quick))
         seen: set[str] = set()
         for c in cases:
-            if not isinstance(c, Case):
-                raise ValueError(f"suite {self.name!r}: cases() returned {type(c).__name__}, expected Case")
+            if not isinstance(c, (Case, EndToEndCase)):
+                raise ValueError(f"suite {self.name!r}: cases() returned {type(c).__name__}, "
+                                 "expected Case or EndToEndCase")
             if c.name in seen:
                 raise ValueError(f"suite {self.name!r}: duplicate case name {c.name!r}")
             seen.add(c.name)
         return cases
+
+
+# ---- end-to-end cases: whole runs timed by wall clock, with their own figures --------------------
+
+# "tok/s": output tokens over wall time, higher is better (ratio = ours / peer);
+# "ms": a time the case measures (e.g. mean time to first token), lower is better (ratio = peer / ours).
+E2E_METRICS = ("tok/s", "ms")
+
+
+@dataclass
+class Run:
+    """One timed end-to-end run of ours or a peer (the callable synchronizes the device before timing)."""
+
+    ms: float  # the measured time: the run's wall clock, or what the case says it times (mean TTFT)
+    tokens: int  # output tokens the tok/s figure counts (useful tokens only: never padding)
+    output: Any = None  # what the correctness check compares (e.g. greedy ids of request 0); not recorded
+    extra: dict[str, Any] = field(default_factory=dict)  # JSON-able: ttft_ms, peak_mem_GB, wall_ms, ...
+    work: dict[str, float] = field(default_factory=dict)  # {"flops", "bytes"} of the whole run (MFU, MBU)
+
+
+RunFn = Callable[[torch.device, int], list[Run]]  # (device, rep) -> rep timed runs; loads, warms up, frees
+
+
+@dataclass
+class EndToEndCase:
+    """A whole generation (or serving run) per call, measured by wall clock; ours against named peers.
+
+    Each callable loads its model, warms up, returns ``rep`` timed :class:`Run` s and frees what it
+    holds, so peers never share memory with ours. ``check(ours_output, peer_output)`` returns
+    ``{"ok", "rel_err", "tol", ...}`` (extra keys, e.g. the matched token count, go into the record);
+    with ``check_against`` None it gets ``(ours_output, None)`` and checks ours on its own (every
+    request completed with its token count). ``peers`` may be empty only when ``baseline`` says what
+    the row is judged against instead (a published figure).
+    """
+
+    name: str
+    params: dict[str, Any]
+    ours: RunFn
+    peers: dict[str, RunFn]
+    check: Callable[[Any, Any], dict[str, Any]]
+    dtype: torch.dtype  # the precision of the compute ceiling (MFU)
+    check_against: str | None = None  # a peer name, or None: check ours alone
+    metric: str = "tok/s"
+    rep: int = 1
+    baseline: str = ""  # what the row is judged against, in words
+    target: dict[str, Any] | None = None  # the issue's bar, e.g. {"ratio": {"hf": 10.0}} or {"mbu": 0.85}
+
+    def __post_init__(self) -> None:
+        where = f"case {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"case name must be a non-empty string, got {self.name!r}")
+        for attr in ("params", "target"):
+            v = getattr(self, attr)
+            if v is None and attr == "target":
+                continue
+            if not isinstance(v, dict):
+                raise ValueError(f"{where}: {attr} must be a dict")
+            try:
+                json.dumps(v, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{where}: {attr} must be JSON-serializable ({e})") from None
+        if not callable(self.ours) or not callable(self.check):
+            raise ValueError(f"{where}: ours and check must be callable")
+        if not isinstance(self.peers, dict) or not all(isinstance(n, str) and n and n not in RESERVED_PEER_NAMES
+                                                       and callable(f) for n, f in self.peers.items()):
+            raise ValueError(f"{where}: peers must be a dict name -> callable")
+        if not self.peers and not self.baseline:
+            raise ValueError(f"{where}: without a peer, baseline must say what the case is judged against")
+        if self.check_against is not None and self.check_against not in self.peers:
+            raise ValueError(f"{where}: check_against {self.check_against!r} is not a peer")
+        if self.metric not in E2E_METRICS:
+            raise ValueError(f"{where}: metric must be one of {E2E_METRICS}, got {self.metric!r}")
+        if isinstance(self.rep, bool) or not isinstance(self.rep, int) or self.rep < 1:
+            raise ValueError(f"{where}: rep must be an integer >= 1, got {self.rep!r}")
+        if not isinstance(self.dtype, torch.dtype):
+            raise ValueError(f"{where}: dtype must be a torch.dtype, got {self.dtype!r}")
+
+    def figure(self, run_ms: float, tokens: int) -> float:
+        return tokens / (run_ms * 1e-3) if self.metric == "tok/s" else run_ms

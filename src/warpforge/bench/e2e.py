@@ -1,0 +1,150 @@
+"""End-to-end cases (``EndToEndCase``): whole runs timed by wall clock, turned into DESIGN.md records.
+
+Order of work for a case: ours runs (it loads, warms up, returns ``rep`` timed runs, frees), then each
+peer; a callable that raises is recorded as an error and the rest go on. Correctness is checked in the
+same run on the outputs of the first timed run (``case.check``). The record keeps the kernel cases'
+keys (ours / peers / ratio / roofline / correct) and adds per-callable figures: ``tokens``,
+``mbu`` (bytes the run read / wall time / the HBM read bandwidth), ``mfu`` (flops / wall time / the
+compute ceiling of ``case.dtype``), and whatever the run reports (``ttft_ms``, ``peak_mem_GB``, ...).
+For "tok/s" the ratio is ours / peer, so that above 1 still means ours is better (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from warpforge.bench.compare import _short, case_seed
+from warpforge.bench.record import _correct, _finite, now_iso, validate_record
+from warpforge.bench.suite import EndToEndCase, Run
+from warpforge.bench.timing import summarize
+
+METHOD = "wall"  # device-synchronized perf_counter around each whole run
+
+
+def mbu(bytes_read: float, ms: float, hbm_GBps: float) -> float:
+    """Memory-bandwidth utilisation: bytes read over the time, as a fraction of the HBM bandwidth.
+
+    For decode this is tokens/s x bytes read per token / bandwidth (the issue's definition).
+    """
+    if not (ms > 0 and hbm_GBps > 0):
+        raise ValueError(f"mbu needs ms > 0 and hbm_GBps > 0, got {ms}, {hbm_GBps}")
+    return bytes_read / (ms * 1e-3) / (hbm_GBps * 1e9)
+
+
+def mfu(flops: float, ms: float, tflops: float) -> float:
+    """Model-flops utilisation: flops over the time, as a fraction of the compute ceiling."""
+    if not (ms > 0 and tflops > 0):
+        raise ValueError(f"mfu needs ms > 0 and tflops > 0, got {ms}, {tflops}")
+    return flops / (ms * 1e-3) / (tflops * 1e12)
+
+
+def _dtype_key(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "bf16")
+
+
+def _median_run(runs: list[Run], median_ms: float) -> Run:
+    return min(runs, key=lambda r: abs(r.ms - median_ms))
+
+
+def _timed(case: EndToEndCase, runs: list[Run], ceil: Any) -> dict[str, Any]:
+    if not runs:
+        raise ValueError("a run callable returned no runs")
+    for r in runs:
+        if not isinstance(r, Run) or not (math.isfinite(r.ms) and r.ms > 0) or r.tokens < 0:
+            raise ValueError(f"bad run {r!r}: expected a Run with ms > 0 and tokens >= 0")
+    t = summarize([r.ms for r in runs], METHOD)
+    mid = _median_run(runs, t.median_ms)
+    out: dict[str, Any] = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms,
+                           case.metric: case.figure(t.median_ms, mid.tokens), "tokens": mid.tokens,
+                           "mbu": None, "mfu": None}
+    if ceil is not None and mid.work:
+        out["mbu"] = _finite(mbu(mid.work["bytes"], mid.ms, ceil.hbm_GBps)) if mid.work.get("bytes") else None
+        peak = ceil.tflops.get(_dtype_key(case.dtype))
+        out["mfu"] = _finite(mfu(mid.work["flops"], mid.ms, peak)) if mid.work.get("flops") and peak else None
+    for k, v in mid.extra.items():
+        out[k] = _finite(v) if isinstance(v, float) else v
+    return out
+
+
+def _roofline(case: EndToEndCase, runs: list[Run], median_ms: float, ceil: Any) -> dict[str, Any] | None:
+    mid = _median_run(runs, median_ms)
+    if ceil is None or not mid.work or case.metric != "tok/s":
+        return None
+    try:
+        from warpforge.hw.roofline import roofline
+
+        r = roofline(mid.work.get("flops", 0.0), mid.work.get("bytes", 0.0), case.dtype, mid.ms, ceil)
+    except Exception:  # noqa: BLE001 - unknown ceiling: null, never a guess
+        return None
+    out = {k: r[k] for k in ("floor_ms", "fraction", "bound", "compute_ms", "memory_ms") if k in r}
+    if not all(isinstance(out.get(k), (int, float)) and math.isfinite(out[k]) for k in ("floor_ms", "fraction")):
+        return None
+    out["ceilings"] = getattr(ceil, "source", None)
+    return out
+
+
+def _check(case: EndToEndCase, ours: Any, peer: Any, against: str) -> dict[str, Any]:
+    try:
+        c = dict(case.check(ours, peer))
+    except Exception as e:  # noqa: BLE001 - a failing check is a failed check, not a crashed run
+        return {"rel_err": None, "ok": False, "note": f"check failed: {_short(e)}"}
+    extra = {k: v for k, v in c.items() if k not in ("rel_err", "tol", "ok", "against")}
+    out = _correct({"rel_err": c.get("rel_err"), "tol": c.get("tol"), "ok": bool(c.get("ok")), "against": against})
+    return {**out, **extra}
+
+
+def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_device: dict[str, Any],
+                   git: str | None, ceil: Any = None) -> dict[str, Any]:
+    """Run ours and every peer, check, and return the case's validated record."""
+    results: dict[str, list[Run] | str] = {}
+    for name, fn in [("ours", case.ours), *case.peers.items()]:
+        try:
+            results[name] = list(fn(device, case.rep))
+            _timed(case, results[name], None)  # shape check before anything is recorded
+        except Exception as e:  # noqa: BLE001 - a failure of a callable is data for the record
+            results[name] = _short(e)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    ours_runs = results["ours"]
+    if isinstance(ours_runs, str):
+        ours: dict[str, Any] = {"error": ours_runs}
+        correct = {"rel_err": None, "ok": False, "note": "ours failed to run"}
+    else:
+        ours = _timed(case, ours_runs, ceil)
+        if case.check_against is None:
+            correct = _check(case, ours_runs[0].output, None, "self")
+        elif isinstance(results[case.check_against], str):
+            correct = {"rel_err": None, "ok": False, "note": f"peer {case.check_against!r} failed: nothing to check "
+                                                             "against"}
+        else:
+            correct = _check(case, ours_runs[0].output, results[case.check_against][0].output,  # type: ignore[index]
+                             f"peer:{case.check_against}")
+    peers: dict[str, Any] = {}
+    ratio: dict[str, float] = {}
+    for name in case.peers:
+        got = results[name]
+        if isinstance(got, str):
+            peers[name] = {"error": got}
+            continue
+        peers[name] = {**_timed(case, got, ceil), "correct": {"rel_err": 0.0, "ok": True, "against": "self",
+                                                              "note": "the peer is the baseline"}}
+        if "error" not in ours:
+            a, b = ours[case.metric], peers[name][case.metric]
+            r = (a / b) if case.metric == "tok/s" else (b / a)
+            if math.isfinite(r) and r > 0:
+                ratio[name] = r
+    rec = {
+        "suite": suite, "case": case.name, "params": case.params, "device": env_device, "git": git,
+        "time": now_iso(), "ours": ours, "peers": peers, "ratio": ratio,
+        "roofline": None if isinstance(ours_runs, str) else _roofline(case, ours_runs, ours["ms"], ceil),
+        "correct": correct, "metric": case.metric, "baseline": case.baseline, "target": case.target,
+        "work": {"dtype": str(case.dtype).removeprefix("torch."),
+                 **({} if isinstance(ours_runs, str) else _median_run(ours_runs, ours["ms"]).work)},
+        "seed": case_seed(suite, case.name),
+        "timing": {"method": METHOD, "warmup": 1, "rep": case.rep, "interleaved": False},
+    }
+    validate_record(rec)
+    return rec

