@@ -1,0 +1,147 @@
+"""Suite ``llm`` (issue 5's table) and the end-to-end case path of bench, on the CPU.
+
+The --quick run executes every case at toy shapes through warpforge.llm and HF transformers; the full
+case list is only built (never run here) to check that every row of the table is there at its size.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from warpforge.bench.e2e import mbu, mfu, run_end_to_end
+from warpforge.bench.record import validate_record
+from warpforge.bench.suite import EndToEndCase, Run
+
+ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "throughput-8b-1000", "prefix-cache",
+        "long-prompt", "gemma3-270m-b1", "gemma3-270m-b64"}
+CPU = {"name": "cpu", "torch": torch.__version__}
+
+
+def _suite():
+    from warpforge.bench.runner import load_suite
+
+    return load_suite("llm")
+
+
+def test_full_case_list_has_every_row_of_the_table():
+    cases = {c.params["row"]: c for c in _suite().build(quick=False)}
+    assert set(cases) == ROWS
+    p = {k: c.params for k, c in cases.items()}
+    assert (p["decode-b1-8b"]["preset"], p["decode-b1-8b"]["prompt"], p["decode-b1-8b"]["new"]) == ("llama-8b", 128, 256)
+    assert p["decode-b1-1b"]["preset"] == "llama-1b" and cases["decode-b1-1b"].target == {"mbu": 0.70}
+    assert cases["decode-b1-8b"].target == {"mbu": 0.85}
+    for row, preset in (("offline-1b", "llama-1b"), ("offline-8b", "llama-8b")):
+        assert (p[row]["preset"], p[row]["requests"], p[row]["in"], p[row]["out"]) == (preset, 256, [100, 1024],
+                                                                                         [100, 1024])
+        assert cases[row].target == {"ratio": {"hf": 10.0}} and "hf" in cases[row].peers
+    assert (p["throughput-8b-1000"]["requests"], p["throughput-8b-1000"]["in"]) == (1024, 1000)
+    assert cases["throughput-8b-1000"].target["tok/s"] == 10000.0 and "17,744" in cases["throughput-8b-1000"].baseline
+    pc = cases["prefix-cache"]
+    assert (p["prefix-cache"]["system"], p["prefix-cache"]["question"], p["prefix-cache"]["requests"]) == (2000, 100, 256)
+    assert pc.metric == "ms" and pc.target == {"ratio": {"no-prefix-cache": 3.0}}
+    assert p["long-prompt"]["prompt"] == 100_000 and p["long-prompt"]["new"] == 128
+    assert p["gemma3-270m-b64"]["batch"] == 64 and "hf" in cases["gemma3-270m-b1"].peers
+
+
+def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
+    pytest.importorskip("transformers")
+    from warpforge.bench.runner import run_suite
+
+    records = run_suite(_suite(), quick=True, device="cpu")
+    by_row = {r["params"]["row"]: r for r in records}
+    assert set(by_row) == ROWS - {"gemma3-270m-b1", "gemma3-270m-b64"}
+    for r in records:
+        validate_record(r)
+        assert r["correct"]["ok"], (r["case"], r["correct"])
+        ours = r["ours"]
+        assert "error" not in ours, ours
+        assert ours["tokens"] > 0 and {"mbu", "mfu", "peak_mem_GB", "ttft_ms"} <= set(ours)
+        assert r["work"]["bytes"] > 0 and r["work"]["flops"] > 0
+        for name, peer in r["peers"].items():
+            assert "error" not in peer, (r["case"], name, peer)
+            assert r["ratio"][name] > 0
+    for row in ("decode-b1-8b", "decode-b1-1b", "offline-1b"):
+        r = by_row[row]
+        assert r["metric"] == "tok/s"
+        assert math.isclose(r["ratio"]["hf"], r["ours"]["tok/s"] / r["peers"]["hf"]["tok/s"])  # inverted: ours/peer
+        assert r["correct"]["match"] == r["correct"]["compared"] > 0  # fp32: HF's greedy ids exactly
+    pc = by_row["prefix-cache"]
+    assert pc["ours"]["cached_tokens"] > 0 and pc["peers"]["no-prefix-cache"]["cached_tokens"] == 0
+    assert math.isclose(pc["ratio"]["no-prefix-cache"], pc["peers"]["no-prefix-cache"]["ms"] / pc["ours"]["ms"])
+    lp = by_row["long-prompt"]
+    assert lp["ours"]["tokens"] == lp["params"]["new"] and lp["ours"]["decode_tok_s"] > 0 and lp["ours"]["ttft_ms"] > 0
+
+
+def test_generation_work_and_mbu_on_a_known_example():
+    from warpforge.bench.suites.llm import _shape, generation_work, kv_bytes_per_token, weight_bytes
+
+    s = _shape("llama-8b")
+    # Llama-3.1-8B: 7.50B params multiply per token (the input embedding is a row lookup), + norms.
+    assert weight_bytes(s, 2) == 2 * (7_504_658_432 + 65 * 4096)
+    assert kv_bytes_per_token(s, 2) == 2 * 32 * 8 * 128 * 2  # 128 KiB per token
+    p, n = 128, 256
+    w = generation_work(s, 2, [p], [n])
+    ctx = sum(p + t for t in range(1, n))
+    assert w["bytes"] == n * weight_bytes(s, 2) + ctx * kv_bytes_per_token(s, 2)
+    # MBU = tokens/s x bytes per token / bandwidth: 256 tokens in 1 s at the bytes above on 4.8 TB/s.
+    per_token = w["bytes"] / n
+    assert math.isclose(mbu(w["bytes"], 1000.0, 4800.0), n * per_token / 4.8e12)
+    assert math.isclose(mbu(16e9, 4.0, 4000.0), 1.0)  # 16 GB in 4 ms is 4 TB/s
+    assert math.isclose(mfu(2e12, 10.0, 200.0), 1.0)
+    with pytest.raises(ValueError):
+        mbu(1.0, 0.0, 1.0)
+
+
+def _runs(ms: list[float], tokens: int, ids: list[int]) -> callable:
+    def fn(device, rep):
+        return [Run(ms=m, tokens=tokens, output={"ids": [ids], "exact": True, "want": [tokens]},
+                    work={"flops": 1e9, "bytes": 2e9}, extra={"ttft_ms": 1.5}) for m in ms[:rep]]
+    return fn
+
+
+def _case(**kw) -> EndToEndCase:
+    from warpforge.bench.suites.llm import prefix_check
+
+    base = dict(name="c", params={"row": "x"}, ours=_runs([10.0, 12.0, 11.0], 100, [1, 2, 3]),
+                peers={"hf": _runs([40.0, 40.0, 40.0], 100, [1, 2, 3])}, check=prefix_check, check_against="hf",
+                dtype=torch.bfloat16, rep=3, baseline="HF")
+    return EndToEndCase(**{**base, **kw})
+
+
+def test_end_to_end_record_inverts_the_throughput_ratio_and_reports_mbu():
+    ceil = SimpleNamespace(hbm_GBps=1000.0, tflops={"bf16": 100.0, "fp32": 50.0, "fp16": 100.0}, source="datasheet")
+    rec = run_end_to_end(_case(), suite="llm", device=torch.device("cpu"), env_device=CPU, git=None, ceil=ceil)
+    assert rec["ours"]["ms"] == 11.0 and math.isclose(rec["ours"]["tok/s"], 100 / 0.011)
+    assert math.isclose(rec["ratio"]["hf"], 40.0 / 11.0)  # ours/peer tok/s with the same tokens
+    assert math.isclose(rec["ours"]["mbu"], 2e9 / 0.011 / 1e12) and math.isclose(rec["ours"]["mfu"], 1e9 / 0.011 / 1e14)
+    assert rec["correct"]["ok"] and rec["correct"]["match"] == 3 and rec["ours"]["ttft_ms"] == 1.5
+    assert rec["roofline"]["bound"] == "memory"
+
+
+def test_end_to_end_failures_are_recorded_not_raised():
+    def boom(device, rep):
+        raise RuntimeError("no transformers here")
+
+    rec = run_end_to_end(_case(peers={"hf": boom}), suite="llm", device=torch.device("cpu"), env_device=CPU, git=None)
+    assert rec["peers"]["hf"] == {"error": "RuntimeError: no transformers here"} and rec["ratio"] == {}
+    assert not rec["correct"]["ok"]  # nothing to check against is not a pass
+    rec = run_end_to_end(_case(ours=boom), suite="llm", device=torch.device("cpu"), env_device=CPU, git=None)
+    assert "error" in rec["ours"] and not rec["correct"]["ok"] and rec["ratio"] == {}
+    wrong = _case(ours=_runs([10.0] * 3, 100, [1, 9, 3]))
+    rec = run_end_to_end(wrong, suite="llm", device=torch.device("cpu"), env_device=CPU, git=None)
+    assert not rec["correct"]["ok"] and rec["correct"]["match"] == 1  # fp32-exact runs must match every token
+
+
+def test_end_to_end_case_validates_itself():
+    with pytest.raises(ValueError, match="baseline"):
+        _case(peers={}, check_against=None, baseline="")
+    with pytest.raises(ValueError, match="check_against"):
+        _case(check_against="vllm")
+    with pytest.raises(ValueError, match="metric"):
+        _case(metric="GBps")
+    with pytest.raises(ValueError, match="rep"):
+        _case(rep=0)
