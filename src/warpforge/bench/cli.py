@@ -139,7 +139,8 @@ def _list(console: Console, quick: bool) -> int:
             continue
         console.print(f"[bold]{name}[/]: {escape(suite.description)}")
         for c in cases:
-            console.print(f"  {escape(c.name)}  [dim](peers: {', '.join(c.peers)})[/]")
+            vs = ", ".join(c.peers) or getattr(c, "baseline", "")  # end-to-end cases may judge against a figure
+            console.print(f"  {escape(c.name)}  [dim](peers: {escape(vs)})[/]")
     return 0
 
 
