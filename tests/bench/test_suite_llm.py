@@ -145,3 +145,27 @@ def test_end_to_end_case_validates_itself():
         _case(metric="GBps")
     with pytest.raises(ValueError, match="rep"):
         _case(rep=0)
+
+
+def test_targets_are_judged_where_the_figure_is_known():
+    from warpforge.bench.e2e import meets_target
+
+    ours = {"tok/s": 12000.0, "mbu": None}
+    got = meets_target({"tok/s": 10000.0, "mbu": 0.85, "ratio": {"hf": 10.0, "x": 2.0}, "published": {"a": 1.0}},
+                       ours, {"hf": 9.5})
+    assert got == {"tok/s": True, "mbu": None, "ratio.hf": False, "ratio.x": None}
+    assert meets_target({"completes": True}, {"error": "boom"}, {}) == {"completes": False}
+
+
+@pytest.mark.gpu
+def test_quick_run_on_the_gpu_reports_mbu_and_memory():
+    """On the H200: the toy shapes in bf16 through the Triton kernels, with ceilings for MBU/MFU."""
+    pytest.importorskip("transformers")
+    from warpforge.bench.runner import run_suite
+
+    records = run_suite(_suite(), quick=True)
+    for r in records:
+        validate_record(r)
+        assert "error" not in r["ours"], (r["case"], r["ours"])
+        assert r["correct"]["ok"], (r["case"], r["correct"])
+        assert r["ours"]["peak_mem_GB"] > 0 and r["ours"]["mbu"] is not None and r["ours"]["mfu"] is not None

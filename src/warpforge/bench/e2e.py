@@ -61,9 +61,10 @@ def _timed(case: EndToEndCase, runs: list[Run], ceil: Any) -> dict[str, Any]:
                            case.metric: case.figure(t.median_ms, mid.tokens), "tokens": mid.tokens,
                            "mbu": None, "mfu": None}
     if ceil is not None and mid.work:
-        out["mbu"] = _finite(mbu(mid.work["bytes"], mid.ms, ceil.hbm_GBps)) if mid.work.get("bytes") else None
+        wall = mid.extra.get("wall_ms") or mid.ms  # utilisation over the whole run, even when ms is a TTFT
+        out["mbu"] = _finite(mbu(mid.work["bytes"], wall, ceil.hbm_GBps)) if mid.work.get("bytes") else None
         peak = ceil.tflops.get(_dtype_key(case.dtype))
-        out["mfu"] = _finite(mfu(mid.work["flops"], mid.ms, peak)) if mid.work.get("flops") and peak else None
+        out["mfu"] = _finite(mfu(mid.work["flops"], wall, peak)) if mid.work.get("flops") and peak else None
     for k, v in mid.extra.items():
         out[k] = _finite(v) if isinstance(v, float) else v
     return out
@@ -94,6 +95,22 @@ def _check(case: EndToEndCase, ours: Any, peer: Any, against: str) -> dict[str, 
     extra = {k: v for k, v in c.items() if k not in ("rel_err", "tol", "ok", "against")}
     out = _correct({"rel_err": c.get("rel_err"), "tol": c.get("tol"), "ok": bool(c.get("ok")), "against": against})
     return {**out, **extra}
+
+
+def meets_target(target: dict[str, Any] | None, ours: dict[str, Any], ratio: dict[str, float]) -> dict[str, Any]:
+    """Each numeric bar of the target against what was measured: True/False, or None when the figure is
+    unknown (no ceilings on this device, a peer that failed). Non-numeric entries (notes) are skipped."""
+    out: dict[str, Any] = {}
+    for key, bar in (target or {}).items():
+        if key == "ratio" and isinstance(bar, dict):
+            for peer, r in bar.items():
+                out[f"ratio.{peer}"] = None if peer not in ratio else ratio[peer] >= r
+        elif key in ("mbu", "mfu", "tok/s") and isinstance(bar, (int, float)):
+            got = ours.get(key)
+            out[key] = None if not isinstance(got, (int, float)) else got >= bar
+        elif key == "completes" and bar is True:
+            out[key] = "error" not in ours
+    return out
 
 
 def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_device: dict[str, Any],
@@ -141,6 +158,7 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
         "time": now_iso(), "ours": ours, "peers": peers, "ratio": ratio,
         "roofline": None if isinstance(ours_runs, str) else _roofline(case, ours_runs, ours["ms"], ceil),
         "correct": correct, "metric": case.metric, "baseline": case.baseline, "target": case.target,
+        "meets": meets_target(case.target, ours, ratio),
         "work": {"dtype": str(case.dtype).removeprefix("torch."),
                  **({} if isinstance(ours_runs, str) else _median_run(ours_runs, ours["ms"]).work)},
         "seed": case_seed(suite, case.name),
