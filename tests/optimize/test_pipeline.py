@@ -57,3 +57,26 @@ def test_context_validates():
         PassContext(example_inputs=[torch.ones(1)])
     with pytest.raises(ValueError, match="dtype"):
         PassContext(example_inputs=(), dtype=torch.int8)
+
+
+def test_optimized_model_through_the_triton_kernels(triton_on_cpu):
+    """The fused modules' arguments are valid for the kernels themselves, not only the torch reference
+    (CPU: Triton's interpreter, so the net is tiny)."""
+    model, x = make(SmallNet(c=4, classes=3)), image(n=1, hw=6)
+    opt, _ = optimize_graph(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_optimized_model_on_gpu(dtype):
+    model, x = make(SmallNet(c=16)), image(n=4, hw=32)
+    model, x = model.to("cuda", dtype), x.to("cuda", dtype)
+    opt, report = optimize_graph(model, (x,), dtype=dtype)
+    assert report["passes"][2]["counts"] == {"fused": 6}
+    with torch.no_grad():
+        want = make(SmallNet(c=16)).double()(image(n=4, hw=32).double())
+        got = opt(x).double().cpu()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2  # fp16 storage between six convs
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
