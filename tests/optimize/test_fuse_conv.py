@@ -93,6 +93,14 @@ def test_skips_shared_conv_and_string_padding():
         assert torch.equal(gm(x), model(x))
 
 
+def test_float64_conv_is_left_alone():
+    model, x = make(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())).double(), image().double()
+    gm, changes = _fuse(model, x, fold=False)
+    assert [c.action for c in changes] == ["skipped"] and "float64" in changes[0].detail
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))
+
+
 def test_needs_a_graph():
     with pytest.raises(ValueError, match="GraphModule"):
         FuseConvEpilogue().apply(nn.Conv2d(1, 1, 1), PassContext(example_inputs=()))

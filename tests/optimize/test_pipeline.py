@@ -80,3 +80,11 @@ def test_optimized_model_on_gpu(dtype):
         got = opt(x).double().cpu()
     tol = 1e-4 if dtype == torch.float32 else 3e-2  # fp16 storage between six convs
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_public_api_exports_exist():
+    import warpforge.optimize as api
+    import warpforge.optimize.passes as passes
+
+    for mod in (api, passes):
+        assert mod.__all__ and all(hasattr(mod, name) for name in mod.__all__)

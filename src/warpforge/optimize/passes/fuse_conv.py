@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from warpforge.kernels.conv import conv2d
+from warpforge.kernels.conv import CONV_DTYPES, conv2d
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
 
@@ -128,6 +128,8 @@ class FuseConvEpilogue:
 
     @staticmethod
     def _why_not(conv: nn.Conv2d, node: fx.Node, sites: dict, aliases: dict) -> str | None:
+        if conv.weight.dtype not in CONV_DTYPES:
+            return f"weight dtype {conv.weight.dtype} (the kernel takes fp32/fp16/bf16)"
         if conv.padding_mode != "zeros":
             return f"padding_mode={conv.padding_mode!r} (the kernel pads with zeros)"
         if isinstance(conv.padding, str):
