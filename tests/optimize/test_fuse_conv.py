@@ -93,6 +93,29 @@ def test_skips_shared_conv_and_string_padding():
         assert torch.equal(gm(x), model(x))
 
 
+class _Downsample(nn.Module):
+    """ResNet downsample block: relu(bn(conv(x)) + bn_d(conv_d(x))), two convs meet at the add."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 6, 3, 2, 1, bias=False), nn.BatchNorm2d(6)
+        self.down, self.bn_d = nn.Conv2d(3, 6, 1, 2, bias=False), nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + self.bn_d(self.down(x)))
+
+
+def test_two_convs_meeting_at_an_add():
+    model, x = make(_Downsample()), image()
+    gm, changes = _fuse(model, x)
+    assert sorted(c.action for c in changes) == ["fused", "replaced"]
+    fused = next(m for m in gm.modules() if isinstance(m, FusedConv2d) and m.has_residual)
+    assert fused.activation == "relu"
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_module", "call_module", "output"]
+    with torch.no_grad():
+        _close(gm(x), model(x))
+
+
 def test_float64_conv_is_left_alone():
     model, x = make(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())).double(), image().double()
     gm, changes = _fuse(model, x, fold=False)
