@@ -6,28 +6,17 @@ and tensor-core paths, split-K, strided x, padded weight rows. GPU: bf16 at deco
 
 from __future__ import annotations
 
-import zlib
 
 import pytest
 import torch
 
 from warpforge.kernels import reference
 from warpforge.kernels.gemv import GEMV_MAX_M, LINEAR_CONFIGS, LinearConfig, gemv, linear
-from warpforge.kernels.tolerance import rel_err, tolerance
+
+from .linalg_helpers import _check, _randn
 
 
-@pytest.fixture
-def gen(request) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(request.node.name.encode()))
 
-
-def _randn(shape, dtype, gen, device="cpu", scale=1.0):
-    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
-
-
-def _check(out, ref, dtype):
-    e = rel_err(out, ref)
-    assert e <= tolerance(dtype), f"rel_err {e:.3e} > {tolerance(dtype):.1e}"
 
 
 # ---- CPU (interpreter) ------------------------------------------------------------------------

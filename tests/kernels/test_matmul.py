@@ -8,7 +8,6 @@ accepted so unwritten elements fail.
 from __future__ import annotations
 
 import json
-import zlib
 
 import pytest
 import torch
@@ -19,19 +18,13 @@ from warpforge.kernels.matmul import MATMUL_CONFIGS, MatmulConfig, matmul
 from warpforge.kernels.matmul_fp8 import FP8_CONFIGS, matmul_fp8
 from warpforge.kernels.tolerance import rel_err, tolerance
 
+from .linalg_helpers import _check, _randn
+
 ACTS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 SMALL_TMA = MatmulConfig(32, 32, 32, 2, 4, 1, tma=True)
 SMALL_PTR = MatmulConfig(32, 32, 32, 2, 4, 1, tma=False)
 
 
-@pytest.fixture
-def gen(request) -> torch.Generator:
-    """Fresh inputs per test, reproducible per test name."""
-    return torch.Generator().manual_seed(zlib.crc32(request.node.name.encode()))
-
-
-def _randn(shape, dtype, gen, device="cpu", scale=1.0):
-    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
 
 
 def _operand(rows, cols, dtype, gen, layout, device="cpu"):
@@ -44,10 +37,6 @@ def _operand(rows, cols, dtype, gen, layout, device="cpu"):
         return _randn((rows, 2 * cols + 1), dtype, gen, device)[:, 1::2]
     raise AssertionError(layout)
 
-
-def _check(out, ref, dtype):
-    e = rel_err(out, ref)
-    assert e <= tolerance(dtype), f"rel_err {e:.3e} > {tolerance(dtype):.1e}"
 
 
 # ---- CPU (interpreter) ------------------------------------------------------------------------

@@ -7,7 +7,6 @@ bound per scheme. CPU uses the interpreter with fp16/fp32 activations; bf16 at d
 
 from __future__ import annotations
 
-import zlib
 
 import pytest
 import torch
@@ -15,7 +14,9 @@ import torch
 from warpforge.kernels import reference
 from warpforge.kernels.gemv import LinearConfig, linear
 from warpforge.kernels.quant_linear import SCHEMES, QuantizedWeight, quantize_weight
-from warpforge.kernels.tolerance import rel_err, tolerance
+from warpforge.kernels.tolerance import rel_err
+
+from .linalg_helpers import _check, _randn
 
 # Relative Frobenius error of dequantize(quantize(w)) against w for Gaussian rows, with the reason.
 ROUND_TRIP_TOL = {
@@ -27,18 +28,7 @@ ROUND_TRIP_TOL = {
 }
 
 
-@pytest.fixture
-def gen(request) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(request.node.name.encode()))
 
-
-def _randn(shape, dtype, gen, device="cpu", scale=1.0):
-    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
-
-
-def _check(out, ref, dtype):
-    e = rel_err(out, ref)
-    assert e <= tolerance(dtype), f"rel_err {e:.3e} > {tolerance(dtype):.1e}"
 
 
 # ---- packing ----------------------------------------------------------------------------------

@@ -13,14 +13,14 @@ read once per KV head and a decode token (q_len 1) still fills ``group`` rows of
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
-from warpforge.kernels.attention.prefill import FP32_CONFIG, INTERPRET_CONFIG, AttentionConfig
+from warpforge.kernels.attention.prefill import (FP32_CONFIG, INTERPRET_CONFIG, AttentionConfig,
+                                                 check_attention_options)
 from warpforge.kernels.reference import attention_window, paged_attention_ref
 
 import triton
@@ -135,14 +135,7 @@ def chunked_prefill(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Te
         if longest > max_seqlen_q:
             raise ValueError(f"max_seqlen_q: {max_seqlen_q} is shorter than the longest query run {longest}")
     left, _ = attention_window(window, causal=True)
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap: expected a positive float or None, got {softcap}")
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: expected a finite float > 0, got {scale}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
-                            or out.stride(-1) != 1):
-        raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")
+    scale = check_attention_options(q, scale, softcap, out)
     out = torch.empty_like(q) if out is None else out
     if not use_triton(q, cache.k_cache, block_tables, seq_lens, cu_seqlens_q):
         out.copy_(paged_attention_ref(q, cache.k_cache, cache.v_cache, block_tables, seq_lens, cu_seqlens_q,

@@ -19,6 +19,7 @@ import torch
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
+from warpforge.kernels.attention.prefill import check_attention_options
 from warpforge.kernels.reference import attention_window, paged_decode_ref
 
 import triton
@@ -199,14 +200,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
     if q.dim() != 3 or q.shape[0] != block_tables.shape[0]:
         raise ValueError(f"q: expected [B={block_tables.shape[0]}, Hq, D] (one token per sequence), got {tuple(q.shape)}")
     left, _ = attention_window(window, causal=True)
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap: expected a positive float or None, got {softcap}")
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: expected a finite float > 0, got {scale}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
-                            or out.stride(-1) != 1):
-        raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")
+    scale = check_attention_options(q, scale, softcap, out)
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
     out = torch.empty_like(q) if out is None else out

@@ -233,6 +233,20 @@ def _tma_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: Att
     return tuple(descs)
 
 
+
+def check_attention_options(q: torch.Tensor, scale: float | None, softcap: float | None,
+                            out: torch.Tensor | None) -> float:
+    """The checks every attention launcher shares; returns the softmax scale (default D^-0.5)."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap: expected a positive float or None, got {softcap}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a finite float > 0, got {scale}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+                            or out.stride(-1) != 1):
+        raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")
+    return scale
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                     scale: float | None = None, window: int | tuple[int, int] | None = None,
                     softcap: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
@@ -274,14 +288,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         if k.shape[0] != q.shape[0]:
             raise ValueError(f"k: expected batch {q.shape[0]} (q's), got {k.shape[0]}")
     left, right = attention_window(window, causal)
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap: expected a positive float or None, got {softcap}")
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale: expected a finite float > 0, got {scale}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
-                            or out.stride(-1) != 1):
-        raise ValueError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit last stride")
+    scale = check_attention_options(q, scale, softcap, out)
 
     if not use_triton(q, k, v):
         res = flash_attention_ref(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
