@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: install, GPU tests, probe, suites. Writes everything under $OUT
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
-# Stages: install test-gpu[:path,path] probe bench:<suite>[:-k filter] (default: install test-gpu probe bench:memory)
+# Stages: install test-gpu[:path,path] test-par[:N] probe bench:<suite>[:-k filter]
+# (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/run; mkdir -p "$OUT"  # tarred at the end: few files come back
@@ -9,7 +10,7 @@ export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
 # GPU boxes are offline: wheels the machine lacks travel in .whl/.
 [ -d .whl ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl
 export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
-stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-gpu probe bench:memory)
+stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-par probe bench:memory)
 summary=()
 for st in "${stages[@]}"; do
   t0=$(date +%s)
@@ -17,6 +18,8 @@ for st in "${stages[@]}"; do
     install) make install > "$OUT/install.log" 2>&1; rc=$? ;;
     test-gpu|test-gpu:*) paths=${st#test-gpu}; paths=${paths#:}; IFS=, read -ra p <<< "$paths"
        .venv/bin/python -m pytest -q -m gpu --timeout 300 "${p[@]}" 2>&1 | tee "$OUT/test-gpu.log" | tail -40; rc=${PIPESTATUS[0]} ;;
+    test-par|test-par:*) n=${st#test-par}; n=${n#:}
+       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --logdir "$OUT"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        args=(bench "$suite" --out "$OUT/$suite.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
