@@ -16,13 +16,17 @@ import time
 # Files or node ids that time the GPU or read its free memory: run alone, after the shards.
 SERIAL = ("tests/hw/test_probe.py", "tests/profile/test_profile_gpu.py",
           "tests/llm/test_runner.py::test_kv_cache_sized_from_free_memory")
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--timeout", "300", "-p", "no:cacheprovider"]
+# A kernel that deadlocks blocks inside CUDA, where pytest-timeout's default signal never lands:
+# the thread method dumps the stacks and ends the process.
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--timeout", "240", "-o", "timeout_method=thread",
+          "-p", "no:cacheprovider"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--logdir", default="out")
+    ap.add_argument("--deadline", type=float, default=420, help="seconds before unfinished shards are killed")
     ap.add_argument("paths", nargs="*", default=["tests"])
     args = ap.parse_args()
     os.makedirs(args.logdir, exist_ok=True)
@@ -51,7 +55,12 @@ def main() -> int:
             procs.append((s, subprocess.Popen([*PYTEST, *shard], stdout=log, stderr=subprocess.STDOUT), log))
     rcs = {}
     for s, p, log in procs:
-        rcs[f"shard{s}"] = p.wait()
+        try:
+            rcs[f"shard{s}"] = p.wait(timeout=max(1.0, t0 + args.deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rcs[f"shard{s}"] = p.wait()
+            print(f"shard{s}: killed at the {args.deadline:.0f} s deadline", flush=True)
         log.close()
     print(f"{len(ids) - len(serial)} tests in {len(procs)} shards: {time.time() - t0:.0f} s", flush=True)
     if serial:

@@ -3,6 +3,8 @@
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
 # Stages: install test-gpu[:path,path] test-par[:N] probe bench:<suite>[:-k filter]
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
+# Env: WARPFORGE_GIT (the tree copy has no .git), BENCH_LIMIT (seconds per bench stage, 0 = none),
+# CALL_LIMIT (seconds for the whole script: bench stages stop in time to pack the results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/run; mkdir -p "$OUT"  # tarred at the end: few files come back
@@ -12,6 +14,7 @@ export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
 export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-par probe bench:memory)
 summary=()
+T_START=$(date +%s)
 for st in "${stages[@]}"; do
   t0=$(date +%s)
   case "$st" in
@@ -23,7 +26,14 @@ for st in "${stages[@]}"; do
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        args=(bench "$suite" --out "$OUT/$suite.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
-       .venv/bin/warpforge "${args[@]}" 2>&1 | tee "$OUT/$suite.txt"; rc=${PIPESTATUS[0]} ;;
+       # BENCH_LIMIT (seconds): stop the suite there; finished cases are kept (SIGTERM = Ctrl-C)
+       limit=${BENCH_LIMIT:-0}
+       if [ -n "${CALL_LIMIT:-}" ]; then  # what is left of the whole call, less time to pack up
+         left=$(( CALL_LIMIT - ($(date +%s) - T_START) - 25 )); [ $left -lt 5 ] && left=5
+         { [ "$limit" = 0 ] || [ $left -lt "$limit" ]; } && limit=$left
+       fi
+       timeout -s TERM "$limit" .venv/bin/warpforge "${args[@]}" 2>&1 | tee "$OUT/$suite.txt"
+       rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $st"; rc=2 ;;
   esac
   summary+=("$st rc=$rc $(( $(date +%s) - t0 ))s")

@@ -73,6 +73,27 @@ def test_failing_ours_exits_1_after_storing(cli, tmp_path, monkeypatch):
     assert out.exit_code == 0
 
 
+def test_interrupted_run_keeps_finished_cases(cli, tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) mid-suite: the cases that finished are in --out and the store; exit 130."""
+    from warpforge.bench.suites import memory
+
+    real = memory._ours_copy
+
+    def ours_then_interrupt(src, out):
+        if src.dtype == torch.bfloat16:  # "copy fp32" finishes; "copy bf16" is cut short
+            raise KeyboardInterrupt
+        return real(src, out)
+
+    monkeypatch.setattr(memory, "_ours_copy", ours_then_interrupt)
+    store, jsonl = tmp_path / "r.sqlite", tmp_path / "m.jsonl"
+    out = cli("bench", "memory", "--quick", "-k", "copy", "--store", str(store), "--out", str(jsonl))
+    assert out.exit_code == 130, out.output
+    assert "interrupted: keeping the 1 finished case(s)" in out.output
+    kept = read_jsonl(jsonl)
+    assert len(kept) == 1 and kept[0]["correct"]["ok"]
+    assert "stored as run 1" in out.output
+
+
 def test_store_error_exits_2_but_writes_out(cli, tmp_path):
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"not a database at all\n" * 100)

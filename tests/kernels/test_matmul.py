@@ -50,9 +50,8 @@ def test_matmul_shapes_layouts(triton_on_cpu, device, gen, M, N, K, a_layout, b_
     _check(out, reference.matmul_ref(a, b, acc_dtype=torch.float64), torch.float16)
 
 
-@pytest.mark.parametrize("config", [SMALL_TMA, SMALL_PTR, MatmulConfig(32, 64, 32, 1, 4, 1, epilogue_subtile=True),
-                                    MatmulConfig(128, 128, 64, 8, 4, 4, warp_specialize=True)],
-                         ids=["tma", "ptr", "tma-subtile", "tma-ws"])
+@pytest.mark.parametrize("config", [SMALL_TMA, SMALL_PTR, MatmulConfig(32, 64, 32, 1, 4, 1, epilogue_subtile=True)],
+                         ids=["tma", "ptr", "tma-subtile"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_matmul_configs(triton_on_cpu, device, gen, config, dtype):
     # 48 columns of fp16/fp32 are 16-byte aligned rows: every config above can run (tma=True raises otherwise).
@@ -153,6 +152,8 @@ def test_config_validation():
         MatmulConfig(block_n=96)
     with pytest.raises(ValueError, match="need tma=True"):
         MatmulConfig(tma=False, warp_specialize=True)
+    with pytest.raises(ValueError, match="warp_specialize: .* hung on the H200"):
+        MatmulConfig(warp_specialize=True)  # deadlocked there; see matmul._tma_configs
 
 
 def test_matmul_fp8_validation():

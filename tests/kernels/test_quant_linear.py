@@ -137,6 +137,37 @@ def test_fused_linear_configs(triton_on_cpu, device, gen, scheme, config):
     _check(y, reference.linear_ref(x, qw.dequantize(), None, "relu", acc_dtype=torch.float64), torch.float32)
 
 
+@pytest.mark.parametrize("scheme,config,K", [
+    ("int4_g32", LinearConfig(1, 16, 64, 3, 4, 1, words=True), 256),  # split-K, three K slices
+    ("int4_g64", LinearConfig(1, 32, 128, 1, 4, 2, words=True), 200),  # padded tail group
+    ("int4_g128", LinearConfig(1, 16, 256, 1, 4, 1, words=True), 384),  # two groups per tile
+    ("int8", LinearConfig(1, 16, 64, 2, 4, 1, words=True), 212),  # masked tail words
+    ("int8", LinearConfig(1, 32, 256, 1, 4, 1, words=True), 256),
+], ids=str)
+def test_word_kernel_configs(triton_on_cpu, device, gen, scheme, config, K):
+    """M=1 through _linear_words_kernel (int32 words, bit-trick conversion, factored group scales)."""
+    N = 37
+    w = _randn((N, K), torch.float32, gen, device, scale=0.05)
+    w[3] = -w[3].abs()  # a row of negative int8 values and a row at the int4 range's low end
+    qw = quantize_weight(w, scheme)
+    x, bias = _randn((1, K), torch.float32, gen, device), _randn((N,), torch.float32, gen, device)
+    out = torch.full((1, N), float("nan"), device=device)
+    linear(x, qw, bias, activation="silu", out=out, config=config)
+    _check(out, reference.linear_ref(x, qw.dequantize(), bias, "silu", acc_dtype=torch.float64), torch.float32)
+
+
+def test_word_kernel_rejects_what_it_cannot_read(triton_on_cpu, device):
+    cfg = LinearConfig(1, 16, 64, words=True)
+    with pytest.raises(ValueError, match="^config: words=True serves one row"):
+        linear(torch.zeros(2, 64, device=device), quantize_weight(torch.randn(16, 64, device=device), "int8"), config=cfg)
+    with pytest.raises(ValueError, match="^config: words=True serves one row"):
+        linear(torch.zeros(1, 66, device=device), quantize_weight(torch.randn(16, 66, device=device), "int8"), config=cfg)
+    with pytest.raises(ValueError, match="^config: words=True serves one row"):
+        linear(torch.zeros(1, 64, device=device), quantize_weight(torch.randn(16, 64, device=device), "fp8"), config=cfg)
+    with pytest.raises(ValueError, match="words needs block_m == 1"):
+        LinearConfig(2, 16, 64, words=True)
+
+
 def test_fused_linear_batched_and_cpu_fallback(gen):
     w = _randn((24, 64), torch.float32, gen, scale=0.05)
     qw = quantize_weight(w, "int4_g32")
@@ -172,7 +203,7 @@ def test_fused_linear_bf16_gpu(gen, scheme, M, N, K):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["int8", "int4_g128", "fp8"])
 def test_fused_linear_every_candidate_gpu(gen, scheme):
-    from warpforge.kernels.gemv import LINEAR_CONFIGS
+    from warpforge.kernels.gemv import LINEAR_CONFIGS, _fits
 
     N, K = 4100, 4096
     w = _randn((N, K), torch.bfloat16, gen, "cuda", 0.02)
@@ -182,7 +213,7 @@ def test_fused_linear_every_candidate_gpu(gen, scheme):
         x = _randn((M, K), torch.bfloat16, gen, "cuda")
         ref = reference.linear_ref(x, qw.dequantize(), acc_dtype=torch.float64)
         for cfg in cfgs:
-            if cfg.block_k % (qw.group or 1):
+            if not _fits(cfg, qw.group, words=scheme != "fp8" and M == 1):
                 continue
             _check(linear(x, qw, config=cfg), ref, torch.bfloat16)
 

