@@ -22,7 +22,7 @@ for st in "${stages[@]}"; do
     test-gpu|test-gpu:*) paths=${st#test-gpu}; paths=${paths#:}; IFS=, read -ra p <<< "$paths"
        .venv/bin/python -m pytest -q -m gpu --timeout 300 "${p[@]}" 2>&1 | tee "$OUT/test-gpu.log" | tail -40; rc=${PIPESTATUS[0]} ;;
     test-par|test-par:*) n=${st#test-par}; n=${n#:}
-       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --logdir "$OUT"; rc=$? ;;
+       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        args=(bench "$suite" --out "$OUT/$suite.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
