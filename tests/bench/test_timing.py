@@ -90,8 +90,30 @@ def test_time_fn_gpu_events_graph_and_flush():
     assert flush_bytes(dev) >= 2 * torch.cuda.get_device_properties(dev).L2_cache_size
     x = torch.randn(1 << 24, device=dev)
     t = time_fn(lambda: x.mul_(1.0), device=dev)
-    assert t.method == "cuda_event+l2flush" and t.median_ms > 0
+    assert t.method == "cuda_event+l2flush+hostpad" and t.median_ms > 0
     tg = time_fn(lambda: x.add_(1.0), cuda_graph=True, flush_l2=False, device=dev)
-    assert tg.method == "cuda_graph" and 0 < tg.median_ms < 10 * t.median_ms
+    assert tg.method == "cuda_graph+hostpad" and 0 < tg.median_ms < 10 * t.median_ms
     # A 64 MiB read+write at ~4.8 TB/s is ~28 us: events that measured the launch only would be far lower.
     assert t.median_ms > 0.01
+
+
+@pytest.mark.gpu
+def test_slow_host_is_not_timed():
+    """A call whose host side is slow (300 us of Python before a ~10 us kernel): the pad keeps
+    the GPU busy while the host catches up, so the events time the kernel, not the host."""
+    import torch
+
+    dev = torch.device("cuda")
+    x = torch.randn(1 << 20, device=dev)
+
+    def slow_launcher():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 300e-6:
+            pass
+        x.mul_(1.0)
+
+    padded = time_fn(slow_launcher, device=dev, rep=20)
+    raw = time_fn(slow_launcher, device=dev, rep=20, hide_host=False)
+    assert padded.method.endswith("+hostpad") and not raw.method.endswith("+hostpad")
+    assert raw.median_ms > 0.2  # without the pad the start event waits out the host
+    assert padded.median_ms < 0.05, padded

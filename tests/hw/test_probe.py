@@ -176,15 +176,27 @@ def test_run_probe_quick_on_gpu_is_sane():
 
 
 @pytest.mark.gpu
-def test_probe_meets_h200_targets():
-    """The issue's done criteria (full probe on an H200)."""
+def test_probe_meets_h200_targets(tmp_path):
+    """The issue's done criteria: a full `warpforge probe` on an H200, as a user runs it (its own process).
+
+    In a pytest process that had run other GPU tests first, cuBLAS bf16 read 651-664 TFLOP/s in all
+    three trials (twice, on 2026-11-30), while `warpforge probe` right after read 778-786: the
+    target is judged the way the figure is produced, in a fresh process."""
+    import json
+    import subprocess
+    import sys
+
     if "H200" not in torch.cuda.get_device_name():
         pytest.skip("H200 targets")
-    r = probe.run_probe(quick=False)
+    out = tmp_path / "probe.json"
+    subprocess.run([sys.executable, "-m", "warpforge", "probe", "--json", str(out), "--no-cache"], check=True,
+                   capture_output=True, timeout=300)
+    r = json.loads(out.read_text())
     assert r["elapsed_s"] < 60
     assert max(r["hbm"]["copy_GBps"], r["hbm"]["torch_copy_GBps"]) >= 4000, r["hbm"]
     assert r["hbm"]["copy_GBps"] >= 4000, r["hbm"]
-    assert r["matmul"]["bf16"]["tflops"] >= 740 and r["matmul"]["fp8"]["tflops"] >= 1300, r["matmul"]
+    mm = {p: (round(v["tflops"]), [round(t, 3) for t in v["trial_ms"]]) for p, v in r["matmul"].items() if "tflops" in v}
+    assert r["matmul"]["bf16"]["tflops"] >= 740 and r["matmul"]["fp8"]["tflops"] >= 1300, mm
     assert r["launch"]["graph_us"] < 2.0 and r["launch"]["eager_us"] > r["launch"]["graph_us"]
     sw = r["sweep"]
     assert sw["plateau_GBps"] > 1.8 * sw["stream_GBps"] and 32 <= sw["cliff_MiB"] <= 96, sw

@@ -128,9 +128,10 @@ def test_cuda_graph_decode_equals_eager():
 def test_kv_cache_sized_from_free_memory(tmp_path):
     from warpforge.llm.testing import tiny_checkpoint
 
-    # 256 KiB pages (head_dim 256) and room for 4096 sequences: the 10% budget, not the cap, decides.
+    # 64 KiB pages (head_dim 256) and room for 4096 sequences (8 GiB): a 5% budget (7 GB on a 141 GB
+    # H200, 4 GB on 80 GB parts), not the cap, decides.
     path = tiny_checkpoint("llama", tmp_path / "wide", head_dim=256)
-    util = 0.1
+    util = 0.05
     llm = LLM(str(path), dtype=torch.bfloat16, device="cuda", max_model_len=256, max_num_seqs=4096,
               gpu_memory_utilization=util, enforce_eager=True)
     r = llm.engine.runner
@@ -138,6 +139,6 @@ def test_kv_cache_sized_from_free_memory(tmp_path):
     kv_bytes = r.num_pages * r.page_bytes
     assert r.page_bytes == 2 * 2 * 2 * 16 * 256 * 2 and r.num_pages < 2 * 4096 * r.max_pages_per_seq
     assert kv_bytes <= util * total and free >= (1 - util) * total - (256 << 20)
-    assert kv_bytes > util * total - (3 << 30)  # weights, context and the profiling step take the rest
+    assert kv_bytes > util * total - (2 << 30)  # weights, context and the profiling step take the rest
     out = llm.generate(prompts()[0], SamplingParams(temperature=0.0, max_tokens=4))[0]
     assert len(out.token_ids) == 4

@@ -8,6 +8,12 @@ IQR, never a mean (one preempted repeat would drag it). On the GPU:
 * between repeats, a buffer of at least twice the L2 is written (outside the events) so that
   inputs written by the previous repeat are not served from L2: a cached input would flatter
   exactly the memory-bound kernels we care about;
+* before each repeat a GPU sleep (``torch.cuda._sleep``) longer than the host's time to issue one
+  call is enqueued, so the GPU never runs dry waiting for Python: otherwise a short kernel behind
+  a slow launcher (a Triton launcher costs ~20-40 us of host time) is timed together with the
+  host latency that its start event waited out. On the H200, 8-30 us decode GEMVs read 20-25 us
+  without it (a host-latency floor), whatever the kernel did. ``hide_host=False`` keeps the host
+  in (for measuring launch cost itself);
 * ``cuda_graph=True`` captures several back-to-back calls in one graph and times replays: for
   launch-bound work the CPU launch cost would otherwise be what we measure. Only the first call
   of a replay sees a cold L2, so this mode reports steady-state back-to-back time, which is what
@@ -44,7 +50,7 @@ class Timing:
     iqr_ms: float  # p75 - p25
     min_ms: float
     n: int  # number of samples
-    method: str  # "cuda_event", "cuda_graph" or "host", with "+l2flush" when the L2 was flushed
+    method: str  # "cuda_event", "cuda_graph" or "host", "+l2flush" when the L2 was flushed, "+hostpad" (see above)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -159,6 +165,7 @@ def time_interleaved(
     cuda_graph: bool = False,
     device: torch.device | str | int | None = None,
     graph_calls: int = GRAPH_CALLS,
+    hide_host: bool = True,
 ) -> dict[str, Timing]:
     """Time several callables round-robin so clock and thermal drift hit each alike.
 
@@ -196,8 +203,11 @@ def time_interleaved(
                     fns[name]()
             calls, per_sample = fns, 1
         torch.cuda.synchronize(dev)
+        pad = _host_pad_cycles(calls, names, dev) if hide_host else 0
         events = [(name, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for name in order]
         for name, start, end in events:
+            if pad:
+                torch.cuda._sleep(pad)  # keeps the GPU busy while the host issues this repeat
             if flush_l2:
                 _flush_l2(dev)  # enqueued before `start`, so not inside the timed span
             start.record()
@@ -206,8 +216,42 @@ def time_interleaved(
         torch.cuda.synchronize(dev)
         for name, start, end in events:
             samples[name].append(start.elapsed_time(end) / per_sample)
-    method = ("cuda_graph" if cuda_graph else "cuda_event") + ("+l2flush" if flush_l2 else "")
+    method = ("cuda_graph" if cuda_graph else "cuda_event") + ("+l2flush" if flush_l2 else "") + \
+        ("+hostpad" if pad else "")
     return {n: summarize(samples[n], method) for n in names}
+
+
+def _host_pad_cycles(calls: dict[str, Callable[[], Any]], names: list[str], dev: torch.device) -> int:
+    """GPU clock cycles of sleep that outlast the host's time to issue one repeat of the slowest
+    callable (measured here, a few calls each), with margin for the flush and the two events."""
+    host_us = 0.0
+    for name in names:
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter_ns()
+            calls[name]()
+            ts.append((time.perf_counter_ns() - t0) / 1e3)
+        torch.cuda.synchronize(dev)
+        host_us = max(host_us, sorted(ts)[1])
+    pad_us = min(2 * host_us + 30.0, 20_000.0)
+    ghz = _clock_ghz(dev)
+    return int(pad_us * 1e3 * ghz)
+
+
+_clock_cache: dict[int, float] = {}
+
+
+def _clock_ghz(dev: torch.device) -> float:
+    """The SM clock (GHz) the sleep's cycle count is converted with; the max clock if unknown
+    (sleeping longer than needed only costs idle time between repeats)."""
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _clock_cache:
+        try:
+            ghz = torch.cuda.clock_rate(idx) / 1e3  # MHz, through NVML
+        except Exception:  # noqa: BLE001 - no NVML: assume a fast part
+            ghz = 0.0
+        _clock_cache[idx] = ghz if ghz > 0.3 else 2.0
+    return _clock_cache[idx]
 
 
 def time_fn(
@@ -219,8 +263,9 @@ def time_fn(
     cuda_graph: bool = False,
     device: torch.device | str | int | None = None,
     graph_calls: int = GRAPH_CALLS,
+    hide_host: bool = True,
 ) -> Timing:
     """Time one callable (see the module docstring for the method). ``device`` defaults to the
     current CUDA device when there is one, else the CPU host timer."""
     return time_interleaved({"fn": fn}, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
-                            device=device, graph_calls=graph_calls)["fn"]
+                            device=device, graph_calls=graph_calls, hide_host=hide_host)["fn"]

@@ -211,7 +211,7 @@ def measure_launch(dev: torch.device, plan: ProbePlan, gen: torch.Generator) -> 
         for _ in range(k):
             x.add_(1.0)
 
-    eager_ms = time_fn(eager, warmup=1, rep=plan.launch_rep, flush_l2=False, device=dev).median_ms / k
+    eager_ms = time_fn(eager, warmup=1, rep=plan.launch_rep, flush_l2=False, device=dev, hide_host=False).median_ms / k
     graph_ms = time_fn(lambda: x.add_(1.0), warmup=2, rep=plan.launch_rep, flush_l2=False, cuda_graph=True,
                        graph_calls=k, device=dev).median_ms
     return {"eager_us": eager_ms * 1e3, "eager_per_s": 1e3 / eager_ms, "graph_us": graph_ms * 1e3,

@@ -91,10 +91,8 @@ def _configs(bm: int) -> list[LinearConfig]:
         words = [  # M=1 int8/int4 weights (invalid for the others, so the first of these is their default)
             LinearConfig(1, 64, 256, 1, 4, 3, words=True),
             LinearConfig(1, 128, 256, 1, 4, 3, words=True),
-            LinearConfig(1, 64, 512, 1, 4, 3, words=True),
-            LinearConfig(1, 32, 256, 1, 4, 4, words=True),
-            LinearConfig(1, 128, 256, 2, 8, 3, words=True),
-            LinearConfig(1, 64, 128, 1, 2, 4, words=True),
+            LinearConfig(1, 128, 512, 2, 8, 3, words=True),  # 32 KB of int4 per stage: more bytes in flight
+            LinearConfig(1, 64, 256, 2, 4, 4, words=True),
         ] if bm == 1 else []
         return words + [
             LinearConfig(bm, 16, bk, 1, 4, 3),

@@ -77,6 +77,29 @@ class MatmulConfig:
             raise ValueError("MatmulConfig.epilogue_subtile needs block_n >= 32")
 
 
+SMEM_BUDGET = 232448 - 16384  # sm_90's 227 KB per block, less room for barriers and layout scratch
+
+
+def fit_shared_memory(cfg: MatmulConfig, itemsize: int, out_itemsize: int) -> MatmulConfig:
+    """The candidates are sized for 16-bit operands; 4-byte (fp32) operands would need twice the
+    shared memory (one default read 327,696 B on the H200 against 232,448). Drop pipeline stages
+    (to 2), then halve block_k (to 16), until the estimate fits. 16-bit and fp8 candidates are left
+    as they are: each was compiled for sm_90 and fits (tests/kernels/sm90_compile.py)."""
+    if itemsize <= 2:
+        return cfg
+
+    def est(c: MatmulConfig) -> int:
+        ring = c.num_stages * (c.block_m + c.block_n) * c.block_k * itemsize
+        c_tile = c.block_m * (c.block_n // 2 if c.epilogue_subtile else c.block_n) * out_itemsize if c.tma else 0
+        return ring + c_tile
+
+    while est(cfg) > SMEM_BUDGET and cfg.num_stages > 2:
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    while est(cfg) > SMEM_BUDGET and cfg.block_k > 16:
+        cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+    return cfg
+
+
 def _tma_configs(bk: int) -> list[MatmulConfig]:
     """Hopper starting points; offline sm_90 compiles (bf16, bias+gelu epilogue) fit 227 KB of shared
     memory without spills, except the plain 128x256 one, which spills ~130 B with a heavy epilogue.
@@ -368,6 +391,7 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, scale_a=
     rs = residual.stride() if residual is not None else (0, 0)
 
     def run(cfg: MatmulConfig, out: torch.Tensor = out) -> None:
+        cfg = fit_shared_memory(cfg, a.element_size(), out.element_size())
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
         if cfg.tma:
