@@ -90,7 +90,7 @@ def test_time_fn_gpu_events_graph_and_flush():
     assert flush_bytes(dev) >= 2 * torch.cuda.get_device_properties(dev).L2_cache_size
     x = torch.randn(1 << 24, device=dev)
     t = time_fn(lambda: x.mul_(1.0), device=dev)
-    assert t.method == "cuda_event+l2flush+hostpad" and t.median_ms > 0
+    assert t.method == "cuda_event+l2flush-read+hostpad" and t.median_ms > 0
     tg = time_fn(lambda: x.add_(1.0), cuda_graph=True, flush_l2=False, device=dev)
     assert tg.method == "cuda_graph+hostpad" and 0 < tg.median_ms < 10 * t.median_ms
     # A 64 MiB read+write at ~4.8 TB/s is ~28 us: events that measured the launch only would be far lower.
@@ -117,3 +117,17 @@ def test_slow_host_is_not_timed():
     assert padded.method.endswith("+hostpad") and not raw.method.endswith("+hostpad")
     assert raw.median_ms > 0.2  # without the pad the start event waits out the host
     assert padded.median_ms < 0.05, padded
+
+
+@pytest.mark.gpu
+def test_read_flush_evicts_the_inputs():
+    """An input that fits in L2 (24 MiB of a 50-60 MiB L2) reads at L2 speed back to back, at HBM
+    speed after each flush: the reading flush must evict it."""
+    import torch
+
+    dev = torch.device("cuda")
+    x = torch.randn(6 << 20, device=dev)
+    out = torch.empty((), device=dev)
+    cold = time_fn(lambda: torch.sum(x, dim=0, out=out), device=dev)
+    warm = time_fn(lambda: torch.sum(x, dim=0, out=out), device=dev, flush_l2=False)
+    assert cold.median_ms > 1.25 * warm.median_ms, (cold, warm)
