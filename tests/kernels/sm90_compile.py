@@ -119,6 +119,24 @@ def linear(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
     return compile_sm90(gemv._linear_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
+def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
+    """The M=1 int8/int4 word kernel (weights as int32 words)."""
+    ints = ["N", "K", "K_w", "stride_wn", "stride_sn", "k_per_split"]
+    sig = {"x_ptr": f"*{dt}", "w_ptr": "*i32", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
+           "out_ptr": f"*{dt}", "part_ptr": "*fp32", **{n: "i32" for n in ints}}
+    consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1}
+    if fmt != 2:
+        consts.update(wz_ptr=None, stride_sn=0)
+    if cfg.split_k == 1:
+        consts["part_ptr"] = None
+    for n in consts:
+        sig[n] = "constexpr"
+    _flags(sig, consts, FORMAT=fmt, GROUP=group or 1, SCALE_B=2 if fmt == 1 else 0, HAS_BIAS=False, ACTIVATION=0,
+           SPLIT_K=cfg.split_k, EVEN_K=True, LOOP_STAGES=cfg.num_stages, ASM=True,
+           BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+    return compile_sm90(gemv._linear_words_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
+
+
 def jobs(every: bool) -> list[tuple[str, object]]:
     """(label, thunk) per kernel/config: the first candidate of each family, or all of them."""
     pick = (lambda cfgs: cfgs) if every else (lambda cfgs: cfgs[:1])
@@ -132,10 +150,13 @@ def jobs(every: bool) -> list[tuple[str, object]]:
     for cfg in pick([c for c in matmul_fp8.FP8_CONFIGS if not c.tma]):
         out.append((f"fp8 ptr {cfg}", lambda cfg=cfg: matmul_ptr(cfg, "fp8e4nv", fp8=True)))
     for cfgs in gemv.LINEAR_CONFIGS.values():
-        for cfg in pick(cfgs):
+        for cfg in pick([c for c in cfgs if not c.words]):
             for fmt, group in ((0, None), (1, None), (2, 128), (3, None)):
                 if group is None or cfg.block_k % group == 0:
                     out.append((f"linear fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear(cfg, fmt, g)))
+        for cfg in pick([c for c in cfgs if c.words]):
+            for fmt, group in ((1, None), (2, 128)):
+                out.append((f"linear words fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear_words(cfg, fmt, g)))
     return out
 
 

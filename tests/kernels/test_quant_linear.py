@@ -143,6 +143,7 @@ def test_fused_linear_configs(triton_on_cpu, device, gen, scheme, config):
     ("int4_g128", LinearConfig(1, 16, 256, 1, 4, 1, words=True), 384),  # two groups per tile
     ("int8", LinearConfig(1, 16, 64, 2, 4, 1, words=True), 212),  # masked tail words
     ("int8", LinearConfig(1, 32, 256, 1, 4, 1, words=True), 256),
+    ("int4_g128", LinearConfig(1, 16, 1024, 1, 4, 1, words=True), 1100),  # a deep tile past K: masked words
 ], ids=str)
 def test_word_kernel_configs(triton_on_cpu, device, gen, scheme, config, K):
     """M=1 through _linear_words_kernel (int32 words, bit-trick conversion, factored group scales)."""
