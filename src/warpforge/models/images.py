@@ -1,0 +1,70 @@
+"""Real photographs for classifier accuracy checks: the RGB images bundled in scikit-image.
+
+Nothing is downloaded: ``skimage.data`` ships these files inside the wheel. Each image is resized
+(shorter side to ``resize``, bilinear with antialiasing), centre-cropped to ``size`` and normalised
+with the mean and std the weights were trained with, the usual ImageNet evaluation transform.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from warpforge.models._common import require
+
+# Photos of ImageNet-like subjects, in the order ``val_inputs()`` returns them.
+VAL_IMAGES = ("chelsea", "coffee", "astronaut", "rocket", "stereo_motorcycle", "clock", "camera")
+
+# The torchvision / Caffe2 convention (mean and std of ImageNet's RGB pixels in [0, 1]).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# The TensorFlow EfficientNet-Lite convention: (pixel - 127) / 128 on [0, 255].
+TF_LITE_MEAN = (127.0 / 255.0,) * 3
+TF_LITE_STD = (128.0 / 255.0,) * 3
+
+
+def load(name: str) -> np.ndarray:
+    """The bundled image ``name`` as uint8 RGB [H, W, 3] (grey images repeated to three channels)."""
+    data = require("skimage.data", "scikit-image", "Real validation images")
+    fn = getattr(data, name, None)
+    if not callable(fn):
+        raise ValueError(f"name: expected an image of skimage.data such as {list(VAL_IMAGES)}, got {name!r}")
+    img = fn()
+    if isinstance(img, tuple):  # stereo pairs: the left view
+        img = img[0]
+    img = np.asarray(img)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=-1)
+    if img.ndim != 3 or img.shape[-1] < 3:
+        raise ValueError(f"name: {name!r} is not an RGB or grey image (shape {img.shape})")
+    return np.ascontiguousarray(img[..., :3]).astype(np.uint8, copy=False)
+
+
+def preprocess(img: np.ndarray, *, size: int = 224, resize: int = 256, mean=IMAGENET_MEAN,
+               std=IMAGENET_STD) -> torch.Tensor:
+    """uint8 RGB [H, W, 3] -> normalised float32 [1, 3, size, size] (resize shorter side, centre crop)."""
+    if resize < size:
+        raise ValueError(f"resize: expected >= size ({size}), got {resize}")
+    x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255.0  # [1, 3, H, W]
+    h, w = x.shape[-2:]
+    scale = resize / min(h, w)
+    x = F.interpolate(x, size=(max(size, round(h * scale)), max(size, round(w * scale))), mode="bilinear",
+                      antialias=True, align_corners=False)
+    top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
+    x = x[..., top:top + size, left:left + size]
+    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+
+
+def imagenet_batch(names=VAL_IMAGES, **kw) -> torch.Tensor:
+    """The named images, preprocessed and stacked: [len(names), 3, size, size]."""
+    return torch.cat([preprocess(load(n), **kw) for n in names])
+
+
+def val_batches(batch: int, device: torch.device, dtype: torch.dtype, **kw) -> list[tuple[torch.Tensor]]:
+    """``VAL_IMAGES`` in input tuples of ``batch`` images each, cycling through the list to fill the last."""
+    x = imagenet_batch(**kw)
+    n = len(VAL_IMAGES)
+    count = -(-n // batch)
+    idx = torch.arange(count * batch) % n
+    return [(x[idx[i * batch:(i + 1) * batch]].to(device=device, dtype=dtype),) for i in range(count)]
