@@ -37,9 +37,11 @@ class Captured:
 class _LeafTracer(fx.Tracer):
     """FX's tracer, plus chosen module objects treated as leaves (called as is, not traced into)."""
 
-    def __init__(self, leaves: set[int]) -> None:
+    def __init__(self, leaves: set[int] | None = None) -> None:
         super().__init__()
-        self.leaves = leaves  # ids of module objects
+        # ids of module objects. Optional: unpickling a GraphModule re-traces it with its tracer class,
+        # constructed without arguments (and with every submodule a leaf).
+        self.leaves = leaves if leaves is not None else set()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return id(m) in self.leaves or super().is_leaf_module(m, module_qualified_name)

@@ -1,0 +1,371 @@
+"""``optimize(model, example_inputs)``: try every candidate, gate each on accuracy, time the survivors,
+return the fastest passing one.
+
+    opt = warpforge.optimize(model, (x,))          # or warpforge.optimize.optimize(...)
+    y = opt(x)                                      # runs the winner
+    opt.report["winner"], opt.save("out/resnet")   # report dict; manifest + model + report files
+
+The hot path, in order: check the model runs -> reference outputs on the validation inputs -> for each
+candidate: build, run on every validation input, gate -> time the passing ones together (single
+stream, then offline) -> pick the lowest p50 latency. A candidate that fails to build or run is
+recorded as failed with its exception; it never stops the run. When none passes, :class:`NoCandidateError`
+carries the report that says why each was rejected.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from warpforge.optimize.backends import REFERENCE, Built, Candidate, select
+from warpforge.optimize.gate import DEFAULT_BUDGETS, KINDS, PRECISIONS, Budget, compare
+from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
+from warpforge.optimize.report import make_report
+
+Progress = Callable[[str, int, int], None]  # (what is happening, steps done, steps in all)
+N_RANDOM_VAL = 3  # fresh random inputs added to example_inputs when no val set is given
+
+
+class OptimizeError(ValueError):
+    """The run could not produce a model; ``report`` says what happened."""
+
+    def __init__(self, message: str, report: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class BadInputError(OptimizeError):
+    """The model, its inputs or the settings are unusable (the CLI exits 2)."""
+
+
+class NoCandidateError(OptimizeError):
+    """No candidate met the accuracy budget (the CLI exits 1); the report lists each rejection."""
+
+
+class Optimized:
+    """The winning candidate: call it like the original model. ``report`` is the full run's report."""
+
+    def __init__(self, candidate: Candidate, built: Built, report: dict[str, Any], example_inputs: tuple,
+                 kind: str) -> None:
+        self.name = candidate.name
+        self.family = candidate.family
+        self.precision = candidate.precision
+        self.built = built
+        self.report = report
+        self.example_inputs = example_inputs
+        self.kind = kind
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The winner's module before compilation or graph capture (what ``save`` stores)."""
+        return self.built.module
+
+    def __call__(self, *args: Any) -> Any:
+        with torch.no_grad():
+            return self.built.fn(*args)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write manifest.json, the model, a check set and report.json/report.html under ``directory``."""
+        from warpforge.optimize.saved import save
+
+        return save(self, directory)
+
+    def __repr__(self) -> str:
+        return f"Optimized({self.name!r}, report winner={self.report.get('winner')!r})"
+
+
+def _as_inputs(x: Any, what: str) -> tuple:
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    if isinstance(x, (tuple, list)):
+        return tuple(x)
+    raise BadInputError(f"{what} must be a tensor or a tuple of the forward's arguments, got {type(x).__name__}")
+
+
+def _to(inputs: tuple, device: torch.device) -> tuple:
+    return tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _resolve_device(device: Any, model: nn.Module, inputs: tuple) -> torch.device:
+    if device is None:
+        p = next(iter(model.parameters()), None)
+        t = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+        return p.device if p is not None else t.device if t is not None else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise BadInputError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadInputError(f"device {device!r}: CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise BadInputError(f"device must be cpu or cuda, got {device!r}")
+    return dev
+
+
+def _budgets(budget: Budget | Mapping[str, Budget] | None) -> dict[str, Budget]:
+    """One budget per precision: the defaults, one budget for all, or a per-precision mapping."""
+    if budget is None:
+        return dict(DEFAULT_BUDGETS)
+    if isinstance(budget, Budget):
+        return {p: budget for p in PRECISIONS}
+    if isinstance(budget, Mapping):
+        bad = [k for k in budget if k not in PRECISIONS or not isinstance(budget[k], Budget)]
+        if bad:
+            raise BadInputError(f"budget mapping must be {{precision: Budget}} with precisions {PRECISIONS}; bad keys {bad}")
+        return {p: budget.get(p, DEFAULT_BUDGETS[p]) for p in PRECISIONS}
+    raise BadInputError(f"budget must be a Budget, a {{precision: Budget}} mapping or None, got {type(budget).__name__}")
+
+
+def _random_like(inputs: tuple, gen: torch.Generator) -> tuple:
+    """Fresh inputs of the same shapes and dtypes: normal floats; integers within the example's range."""
+    out = []
+    for x in inputs:
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+        elif x.is_floating_point():
+            out.append(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
+        elif x.dtype == torch.bool:
+            out.append(torch.randint(0, 2, x.shape, generator=gen).bool().to(x.device))
+        elif x.numel():
+            lo, hi = int(x.min()), int(x.max())
+            out.append(torch.randint(lo, hi + 1, x.shape, generator=gen).to(x.device, x.dtype))
+        else:
+            out.append(x.clone())
+    return tuple(out)
+
+
+def _check_val(val: Iterable[Any], example: tuple, device: torch.device) -> list[tuple]:
+    """Each validation batch shaped like the example inputs (the batch dim may differ)."""
+    out = []
+    for i, v in enumerate(val):
+        v = _as_inputs(v, f"val[{i}]")
+        if len(v) != len(example):
+            raise BadInputError(f"val[{i}] has {len(v)} argument(s); the example inputs have {len(example)}")
+        for j, (a, e) in enumerate(zip(v, example)):
+            if isinstance(e, torch.Tensor):
+                if not isinstance(a, torch.Tensor):
+                    raise BadInputError(f"val[{i}] argument {j} is {type(a).__name__}; the example input is a tensor")
+                if a.dim() != e.dim() or a.shape[1:] != e.shape[1:]:
+                    raise BadInputError(f"val[{i}] argument {j} has shape {tuple(a.shape)}; the example input has "
+                                        f"{tuple(e.shape)}: every dimension but the batch (dim 0) must match")
+                if a.is_floating_point() != e.is_floating_point():
+                    raise BadInputError(f"val[{i}] argument {j} has dtype {a.dtype}; the example input has {e.dtype}")
+        out.append(_to(v, device))
+    if not out:
+        raise BadInputError("val is empty: give at least one batch of validation inputs, or None for the default")
+    return out
+
+
+def _infer_kind(out: Any, inputs: tuple) -> str:
+    """classifier when the output is one [N, C] floating tensor (C >= 2) with N the inputs' batch."""
+    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1), None)
+    if (isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 2 and out.shape[1] >= 2
+            and first is not None and out.shape[0] == first.shape[0]):
+        return "classifier"
+    return "generic"
+
+
+def _err(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:500]
+
+
+def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None = None,
+             budget: Budget | Mapping[str, Budget] | None = None, precisions: Sequence[str] = PRECISIONS,
+             backends: Sequence[str] | None = None, kind: str | None = None, device: Any = None,
+             progress: Progress | None = None, queries: int = 200, warmup: int = 20, offline_calls: int = 50,
+             name: str | None = None, seed: int = 0) -> Optimized:
+    """The fastest candidate whose outputs stay within ``budget`` of the fp32 model (module docstring).
+
+    model: an ``nn.Module`` (a private fp32 eval-mode copy is used; the original is not modified).
+    example_inputs: a tensor or tuple of forward arguments; latency is measured at their shapes.
+    val: validation batches (each a tensor or tuple shaped like example_inputs, any batch size);
+        default: example_inputs plus 3 fresh random inputs of the same shapes.
+    budget: one :class:`Budget` for all, ``{precision: Budget}``, or None for the per-precision defaults.
+    precisions / backends: which candidates (see ``backends.select``). kind: "classifier" adds top-1
+        agreement; None infers it from the output shape. queries / warmup: single-stream protocol;
+        offline_calls: back-to-back calls for throughput.
+    """
+    t_start = time.perf_counter()
+    notes: list[str] = []
+    if not isinstance(model, nn.Module):
+        raise BadInputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    inputs = _as_inputs(example_inputs, "example_inputs")
+    if kind is not None and kind not in KINDS:
+        raise BadInputError(f"kind must be one of {KINDS} or None, got {kind!r}")
+    for arg, v in (("queries", queries), ("offline_calls", offline_calls)):
+        if not isinstance(v, int) or v < 1:
+            raise BadInputError(f"{arg} must be an integer >= 1, got {v!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise BadInputError(f"warmup must be an integer >= 0, got {warmup!r}")
+    dev = _resolve_device(device, model, inputs)
+    budgets = _budgets(budget)
+    try:
+        plan = select(dev, list(precisions), list(backends) if backends is not None else None)
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
+    if model.training:
+        notes.append("the model was in training mode; it is optimized for inference (eval mode)")
+    try:
+        base = copy.deepcopy(model).float().eval().to(dev)
+    except Exception as e:  # noqa: BLE001 - user models can refuse deepcopy or the device
+        raise BadInputError(f"could not copy the model to {dev} in fp32: {_err(e)}") from e
+    inputs = _to(inputs, dev)
+    model_info = {"name": name or type(model).__name__, "class": f"{type(model).__module__}.{type(model).__qualname__}",
+                  "params": sum(p.numel() for p in base.parameters()),
+                  "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
+                             if isinstance(x, torch.Tensor) else {"value": repr(x)} for x in inputs]}
+    settings = {"device": str(dev), "precisions": list(precisions), "backends": list(backends) if backends else None,
+                "queries": queries, "warmup": warmup, "offline_calls": offline_calls,
+                "budgets": {p: b.as_dict() for p, b in budgets.items()}}
+
+    def fail(cls: type[OptimizeError], message: str, records: list[dict[str, Any]] | None = None) -> OptimizeError:
+        report = make_report(model_info, settings, records or [], None, status="bad_input"
+                             if cls is BadInputError else "no_candidate", error=message, notes=notes,
+                             elapsed_s=time.perf_counter() - t_start)
+        return cls(message, report)
+
+    # 1. The model must run on its example inputs (the reference candidate is the model in fp32).
+    ref_cand = next(c for c, _ in plan if c.name == REFERENCE)
+    try:
+        ref = ref_cand.build(base, inputs)
+        with torch.no_grad():
+            ref_example_out = ref(*inputs)
+    except Exception as e:  # noqa: BLE001
+        raise fail(BadInputError, f"the model does not run on its example inputs: {_err(e)}") from e
+    if kind is None:
+        kind = _infer_kind(ref_example_out, inputs)
+        model_info["kind_inferred"] = True
+    model_info["kind"] = kind
+
+    # 2. Reference outputs on the validation inputs.
+    if val is None:
+        gen = torch.Generator().manual_seed(seed)
+        val_inputs = [inputs] + [_random_like(inputs, gen) for _ in range(N_RANDOM_VAL)]
+        settings["val"] = f"example inputs + {N_RANDOM_VAL} random batches of the same shapes"
+    else:
+        try:
+            val_inputs = _check_val(val, inputs, dev)
+        except BadInputError as e:
+            raise fail(BadInputError, str(e)) from None
+        settings["val"] = f"{len(val_inputs)} user batch(es)"
+    ref_outs = []
+    for i, v in enumerate(val_inputs):
+        try:
+            with torch.no_grad():
+                ref_outs.append(ref(*v))
+        except Exception as e:  # noqa: BLE001
+            raise fail(BadInputError, f"the model does not run on val[{i}]: {_err(e)}") from e
+
+    # 3. Build, run and gate each candidate.
+    todo = [c for c, skip in plan if skip is None]
+    total, done = len(todo) + 1, 0
+    records: list[dict[str, Any]] = []
+    live: dict[str, tuple[Candidate, Built]] = {}
+    for cand, skip in plan:
+        rec: dict[str, Any] = {"name": cand.name, "family": cand.family, "precision": cand.precision,
+                               "about": cand.about, "eligible": cand.name != REFERENCE or backends is None
+                               or "eager" in backends or REFERENCE in backends}
+        records.append(rec)
+        if skip is not None:
+            rec.update(status="skipped", reason=skip)
+            continue
+        if progress:
+            progress(f"building {cand.name}", done, total)
+        rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
+                        ref if cand.name == REFERENCE else None))
+        done += 1
+    # 4. Time the passing ones together, then offline throughput each.
+    if progress:
+        progress(f"timing {len(live)} passing candidate(s)", done, total)
+    _time(live, records, inputs, dev, queries, warmup, offline_calls)
+    if progress:
+        progress("done", total, total)
+    ranked = sorted((r for r in records if r["status"] == "passed" and r["eligible"] and "latency" in r),
+                    key=lambda r: r["latency"]["p50_ms"])
+    winner = ranked[0]["name"] if ranked else None
+    report = make_report(model_info, settings, records, winner, status="ok" if winner else "no_candidate",
+                         notes=notes, elapsed_s=time.perf_counter() - t_start)
+    if winner is None:
+        raise NoCandidateError(report["why"], report)
+    cand, built = live[winner]
+    for n in [n for n in live if n != winner]:
+        del live[n]  # the losers' memory goes back
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return Optimized(cand, built, report, inputs, kind)
+
+
+def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any], kind: str,
+         budget: Budget, dev: torch.device, live: dict[str, tuple[Candidate, Built]],
+         prebuilt: Built | None) -> dict[str, Any]:
+    """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
+    rec: dict[str, Any] = {"budget": budget.as_dict()}
+    with PeakMemory(dev) as mem:
+        t0 = time.perf_counter()
+        try:
+            built = prebuilt if prebuilt is not None else cand.build(base, inputs)
+        except Exception as e:  # noqa: BLE001 - a candidate's failure is recorded, never fatal
+            return {"status": "failed", "reason": f"build failed: {_err(e)}"}
+        rec["build_s"] = time.perf_counter() - t0
+        rec["details"] = built.details
+        outs = []
+        try:
+            with torch.no_grad():
+                for v in val_inputs:
+                    outs.append(built(*v))
+        except Exception as e:  # noqa: BLE001
+            return {**rec, "status": "failed", "reason": f"run failed on val[{len(outs)}]: {_err(e)}"}
+    rec["peak_memory_bytes"] = mem.bytes
+    acc = compare(ref_outs, outs, kind, batched=True, budget=budget)
+    ok, reasons = acc.passes(budget)
+    rec["accuracy"] = acc.as_dict()
+    if not ok:
+        return {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
+    live[cand.name] = (cand, built)
+    return {**rec, "status": "passed", "reason": "within budget"}
+
+
+def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]], inputs: tuple,
+          dev: torch.device, queries: int, warmup: int, offline_calls: int) -> None:
+    """Single-stream latency of every live candidate (interleaved), then offline throughput each;
+    speedups against eager-fp32 and the fastest torch.compile candidate."""
+    by_name = {r["name"]: r for r in records}
+    fns = {n: b.fn for n, (_, b) in live.items()}
+    try:
+        lat = single_stream_interleaved(fns, inputs, queries=queries, warmup=warmup, device=dev)
+    except Exception:  # noqa: BLE001 - find which one failed: time them one by one
+        lat = {}
+        for n, fn in list(fns.items()):
+            try:
+                lat[n] = single_stream_interleaved({n: fn}, inputs, queries=queries, warmup=warmup, device=dev)[n]
+            except Exception as e:  # noqa: BLE001
+                by_name[n].update(status="failed", reason=f"timing failed: {_err(e)}")
+                del live[n]
+    for n, l in lat.items():
+        by_name[n]["latency"] = l.as_dict()
+        try:
+            by_name[n]["throughput"] = offline(live[n][1].fn, inputs, calls=offline_calls,
+                                               warmup=min(warmup, 5), device=dev).as_dict()
+        except Exception as e:  # noqa: BLE001
+            by_name[n].update(status="failed", reason=f"offline timing failed: {_err(e)}")
+            del live[n]
+    eager = by_name.get(REFERENCE, {}).get("latency", {}).get("p50_ms")
+    compiled = [r["latency"]["p50_ms"] for r in records if r["family"] == "torch.compile" and "latency" in r
+                and r["status"] == "passed"]
+    best_compile = min(compiled) if compiled else None
+    for r in records:
+        p50 = r.get("latency", {}).get("p50_ms")
+        if p50 and p50 > 0 and math.isfinite(p50):
+            r["speedup_vs_eager"] = eager / p50 if eager else None
+            r["speedup_vs_compile"] = best_compile / p50 if best_compile else None
+
+
+__all__ = ["BadInputError", "NoCandidateError", "OptimizeError", "Optimized", "optimize"]

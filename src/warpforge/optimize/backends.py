@@ -1,0 +1,363 @@
+"""The candidates the optimizer tries: how each is built, and when it cannot run here (with the reason).
+
+    eager-fp32                 the model as given, fp32: the reference and the baseline of every speedup
+    eager-fp16 / eager-bf16    the model cast to half precision (CUDA only)
+    warpforge-<p>              capture + the default passes (fold_bn, channels_last, fuse_conv) at
+                               precision p; replayed as a CUDA graph on the GPU when the inputs are tensors
+    torch.compile-<p>          inductor, mode "default"; torch.compile-max-autotune-<p> the same with
+                               mode "max-autotune" (on CPU only when asked for by name: slow to compile)
+    onnxruntime-<ep>           ONNX export run by ONNX Runtime, one per installed execution provider that
+                               fits the device (fp32; only when the ``onnxruntime`` package is importable)
+
+A build function takes the fp32 eval-mode model on the target device (it must not modify it) and the
+example inputs, and returns a :class:`Built`: a callable taking the user's inputs and returning fp32
+outputs, the module that ``save`` stores, and details for the report (passes, coverage, fallbacks).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from warpforge.optimize.gate import DTYPES, PRECISIONS
+from warpforge.optimize.runtime import CastIO, CudaGraphed, static_cuda_inputs
+
+FAMILIES = ("eager", "warpforge", "torch.compile", "onnxruntime")
+REFERENCE = "eager-fp32"
+
+
+@dataclass
+class Built:
+    """A built candidate: call it like the user's model."""
+
+    fn: Callable[..., Any]
+    module: nn.Module | None           # what save() stores (before compilation / graph capture)
+    save_format: str = "export"        # "export" (torch.export, pickle when export fails), "pickle", "onnx"
+    recompile: str | None = None       # torch.compile mode to re-apply on load
+    cuda_graph: bool = False           # re-capture on load
+    onnx_bytes: bytes | None = None
+    onnx_provider: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # passes, capture, coverage, fallbacks, notes
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    family: str
+    precision: str
+    build: Callable[[nn.Module, tuple], Built]
+    needs_cuda: bool = False
+    needs_package: str | None = None
+    cpu_opt_in: bool = False  # on CPU, only when asked for by name or family
+    about: str = ""
+
+
+def _cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy computing in dtype (the caller's fp32 model stays as it is)."""
+    return copy.deepcopy(model).to(dtype)
+
+
+def _device_of(inputs: tuple, model: nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    if p is not None:
+        return p.device
+    t = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    return t.device if t is not None else torch.device("cpu")
+
+
+def _maybe_graph(fn: Callable[..., Any], inputs: tuple, details: dict[str, Any]) -> tuple[Callable[..., Any], bool]:
+    """Replay fn as a CUDA graph when the inputs allow it; a failed capture falls back (and says why)."""
+    if not static_cuda_inputs(inputs):
+        if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+            details.setdefault("fallbacks", []).append(
+                {"what": "cuda graph", "reason": "not every input is a CUDA tensor; runs uncaptured"})
+        return fn, False
+    try:
+        return CudaGraphed(fn, inputs), True
+    except RuntimeError as e:
+        details.setdefault("fallbacks", []).append({"what": "cuda graph", "reason": str(e)})
+        return fn, False
+
+
+# --- eager -------------------------------------------------------------------------------------------
+
+def _build_eager(precision: str) -> Callable[[nn.Module, tuple], Built]:
+    def build(model: nn.Module, inputs: tuple) -> Built:
+        dtype = DTYPES[precision]
+        mod = CastIO(model if dtype == torch.float32 else _cast_model(model, dtype), dtype).eval()
+        return Built(fn=mod, module=mod, save_format="export", details={"layers": layer_precisions(mod)})
+    return build
+
+
+# --- warpforge ---------------------------------------------------------------------------------------
+
+def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
+    def build(model: nn.Module, inputs: tuple) -> Built:
+        from warpforge.optimize.pipeline import optimize_graph
+        from warpforge.optimize.runtime import _cast_floats
+
+        dtype = DTYPES[precision]
+        src = model if dtype == torch.float32 else _cast_model(model, dtype)
+        gm, report = optimize_graph(src, _cast_floats(inputs, dtype), device=_device_of(inputs, model), dtype=dtype)
+        mod = CastIO(gm, dtype).eval()
+        details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
+                                   "coverage": op_coverage(gm), "layers": layer_precisions(mod)}
+        fallbacks = [{"what": path, "reason": f"left eager (not traceable: {why})"}
+                     for path, why in report["capture"]["eager_modules"].items()]
+        fallbacks += [{"what": c["where"], "reason": f"{c['pass']}: {c['detail']}"}
+                      for p in report["passes"] for c in p["changes"] if c["action"] == "skipped"]
+        if fallbacks:
+            details["fallbacks"] = fallbacks
+        fn, graphed = _maybe_graph(mod, inputs, details)
+        # pickle, not torch.export: export traces through the kernels' dispatch, which on CPU records
+        # their torch reference and on CUDA cannot trace a raw Triton launch; the pickled graph keeps
+        # the warpforge modules themselves.
+        return Built(fn=fn, module=mod, save_format="pickle", cuda_graph=graphed, details=details)
+    return build
+
+
+def op_coverage(gm: nn.Module) -> dict[str, Any]:
+    """Operators of a captured graph: how many calls run through warpforge kernels and which stay torch."""
+    from warpforge.optimize.passes.fuse_conv import FusedConv2d
+
+    if not isinstance(gm, fx.GraphModule):
+        return {}
+    ops: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            name = type(mod).__name__
+            (ours if isinstance(mod, FusedConv2d) else ops)[name] += 1
+        elif node.op in ("call_function", "call_method"):
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+            if name in ("getitem", "getattr", "contiguous", "size"):
+                continue  # bookkeeping, no compute
+            ops[name] += 1
+    total = sum(ops.values()) + sum(ours.values())
+    return {"warpforge_ops": dict(ours), "torch_ops": dict(ops), "ops_total": total,
+            "warpforge_fraction": sum(ours.values()) / total if total else 0.0}
+
+
+def layer_precisions(module: nn.Module) -> list[dict[str, str]]:
+    """Per layer with its own parameters: path, type and the dtype its weights compute in."""
+    out = []
+    for path, m in module.named_modules():
+        params = list(m.parameters(recurse=False))
+        if params:
+            out.append({"layer": path.removeprefix("inner.") or type(m).__name__, "type": type(m).__name__,
+                        "dtype": str(params[0].dtype).removeprefix("torch.")})
+    return out
+
+
+# --- torch.compile -----------------------------------------------------------------------------------
+
+def _raise_recompile_limit() -> None:
+    """Dynamo caps recompiles per code object (8 by default) and silently runs *eager* past the cap.
+    Every candidate compiles the same forward code (several precisions, modes, val batch shapes), so the
+    cap is raised: a candidate labelled torch.compile must be compiled."""
+    import torch._dynamo.config as cfg
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 256))
+
+
+def _build_compile(precision: str, mode: str) -> Callable[[nn.Module, tuple], Built]:
+    def build(model: nn.Module, inputs: tuple) -> Built:
+        _raise_recompile_limit()
+        dtype = DTYPES[precision]
+        mod = CastIO(_cast_model(model, dtype), dtype).eval()
+        compiled = torch.compile(mod, mode=mode)
+        if mode == "max-autotune" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+            # max-autotune replays CUDA graphs whose output buffers the next replay overwrites: mark each
+            # call as a new step and hand out copies.
+            def fn(*args: Any) -> Any:
+                torch.compiler.cudagraph_mark_step_begin()
+                out = compiled(*args)
+                return tuple_clone(out)
+        else:
+            fn = compiled
+        with torch.no_grad():
+            fn(*inputs)  # compiles now: build time includes it, and a failure is a build failure
+        return Built(fn=fn, module=mod, save_format="export", recompile=mode,
+                     details={"compile_mode": mode, "layers": layer_precisions(mod)})
+    return build
+
+
+def tuple_clone(out: Any) -> Any:
+    flat, spec = tree_flatten(out)
+    return tree_unflatten([t.clone() if isinstance(t, torch.Tensor) else t for t in flat], spec)
+
+
+# --- ONNX Runtime ------------------------------------------------------------------------------------
+
+_ORT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.int64: "int64", torch.int32: "int32",
+               torch.bool: "bool_"}
+
+
+def export_onnx(module: nn.Module, inputs: tuple) -> bytes:
+    """ONNX bytes of module at the example inputs' shapes: the dynamo exporter when it is installed
+    (onnxscript), else the TorchScript one."""
+    errors = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        for dynamo in (True, False):
+            try:
+                with torch.no_grad():
+                    torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False)
+                with open(path, "rb") as f:
+                    return f.read()
+            except Exception as e:  # noqa: BLE001 - either exporter may be missing or refuse the model
+                errors.append(f"{'dynamo' if dynamo else 'torchscript'} exporter: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}")
+    raise RuntimeError("ONNX export failed; " + "; ".join(errors))
+
+
+class OrtRunner:
+    """An ONNX Runtime session called like the model: tensors in, the reference's output structure out."""
+
+    def __init__(self, onnx_bytes: bytes, provider: str, example_inputs: tuple, example_output: Any) -> None:
+        import numpy as np
+        import onnxruntime as ort
+
+        self.np = np
+        self.session = ort.InferenceSession(onnx_bytes, providers=[provider])
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.tensor_pos = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+        if len(self.names) != len(self.tensor_pos):
+            raise RuntimeError(f"the ONNX graph takes {len(self.names)} inputs, the model {len(self.tensor_pos)} "
+                               "tensor inputs")
+        flat, self.spec = tree_flatten(example_output)
+        self.out_meta = [(t.dtype, t.device) for t in flat]
+        self.provider = provider
+
+    def __call__(self, *args: Any) -> Any:
+        feed = {n: args[i].detach().cpu().numpy() for n, i in zip(self.names, self.tensor_pos)}
+        outs = self.session.run(None, feed)
+        if len(outs) != len(self.out_meta):
+            raise RuntimeError(f"ONNX Runtime returned {len(outs)} outputs, the model {len(self.out_meta)}")
+        flat = [torch.from_numpy(self.np.ascontiguousarray(o)).to(device=dev, dtype=dt)
+                for o, (dt, dev) in zip(outs, self.out_meta)]
+        return tree_unflatten(flat, self.spec)
+
+
+def _build_ort(provider: str) -> Callable[[nn.Module, tuple], Built]:
+    def build(model: nn.Module, inputs: tuple) -> Built:
+        mod = CastIO(model, torch.float32).eval()
+        data = export_onnx(mod, inputs)
+        with torch.no_grad():
+            example_out = mod(*inputs)
+        runner = OrtRunner(data, provider, inputs, example_out)
+        notes = []
+        if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+            notes.append("inputs and outputs cross to the host through numpy on every call (no IO binding)")
+        return Built(fn=runner, module=mod, save_format="onnx", onnx_bytes=data, onnx_provider=provider,
+                     details={"provider": provider, "onnx_bytes": len(data), "notes": notes})
+    return build
+
+
+def ort_providers(device: torch.device) -> list[str]:
+    """Installed ONNX Runtime execution providers that run on ``device`` ([] when it is not installed)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return []
+    import onnxruntime as ort
+
+    have = ort.get_available_providers()
+    fits = ("TensorrtExecutionProvider", "CUDAExecutionProvider") if device.type == "cuda" else ("CPUExecutionProvider",)
+    return [p for p in fits if p in have]
+
+
+_EP_SHORT = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "tensorrt"}
+
+
+# --- the list ----------------------------------------------------------------------------------------
+
+def all_candidates(device: torch.device) -> list[Candidate]:
+    """Every candidate warpforge knows for this device, in the order they are tried."""
+    out = [Candidate(f"eager-{p}", "eager", p, _build_eager(p), needs_cuda=p != "fp32",
+                     about="the model as given" + ("" if p == "fp32" else f", cast to {p}")) for p in PRECISIONS]
+    out += [Candidate(f"warpforge-{p}", "warpforge", p, _build_warpforge(p), needs_cuda=p != "fp32",
+                      about="capture + fold_bn, channels_last, fuse_conv") for p in PRECISIONS]
+    for mode in ("default", "max-autotune"):
+        out += [Candidate(f"torch.compile-{p}" if mode == "default" else f"torch.compile-{mode}-{p}", "torch.compile",
+                          p, _build_compile(p, mode), needs_cuda=p != "fp32", cpu_opt_in=True,
+                          about=f"inductor, mode={mode!r}") for p in PRECISIONS]
+    providers = ort_providers(device)
+    if providers:
+        out += [Candidate(f"onnxruntime-{_EP_SHORT.get(ep, ep)}", "onnxruntime", "fp32", _build_ort(ep),
+                          needs_package="onnxruntime", about=f"ONNX export, {ep}") for ep in providers]
+    else:
+        out.append(Candidate("onnxruntime", "onnxruntime", "fp32", _build_ort("CPUExecutionProvider"),
+                             needs_package="onnxruntime", about="ONNX export + ONNX Runtime"))
+    return out
+
+
+def candidate_names(device: torch.device | str = "cpu") -> list[str]:
+    return [c.name for c in all_candidates(torch.device(device))]
+
+
+def select(device: torch.device, precisions: Sequence[str], backends: Sequence[str] | None
+           ) -> list[tuple[Candidate, str | None]]:
+    """(candidate, None) for each one to build, (candidate, reason) for each skipped.
+
+    ``backends``: families (``eager``, ``warpforge``, ``torch.compile``, ``onnxruntime``) or exact
+    candidate names; None means every family (torch.compile on CPU excepted: ask for it). The reference
+    eager-fp32 is always built, as the baseline.
+    """
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad or not precisions:
+        raise ValueError(f"precisions must be a non-empty subset of {PRECISIONS}, got {list(precisions)}")
+    cands = all_candidates(device)
+    names = {c.name for c in cands} | {c.name for c in all_candidates(torch.device("cpu"))} | {"onnxruntime"}
+    if backends is not None:
+        unknown = [b for b in backends if b not in FAMILIES and b not in names
+                   and not b.startswith("onnxruntime")]
+        if unknown or not backends:
+            raise ValueError(f"backends must name families {list(FAMILIES)} or candidates {sorted(names)}, "
+                             f"got {list(backends)}")
+    out = []
+    for c in cands:
+        asked = backends is None or c.family in backends or c.name in backends
+        named = backends is not None and (c.family in backends or c.name in backends)
+        if c.name == REFERENCE:
+            out.append((c, None))
+            continue
+        if not asked:
+            continue
+        if c.precision not in precisions:
+            continue
+        out.append((c, _skip_reason(c, device, named)))
+    return out
+
+
+def _skip_reason(c: Candidate, device: torch.device, named: bool) -> str | None:
+    if c.needs_package and importlib.util.find_spec(c.needs_package) is None:
+        return f"the {c.needs_package} package is not installed (pip install {c.needs_package})"
+    if c.needs_package and not c.name.startswith(f"{c.family}-"):
+        return f"{c.needs_package} has no execution provider for {device.type}"
+    if c.needs_cuda and device.type != "cuda":
+        return (f"{c.precision} on CPU: half-precision convolutions there are slow or unsupported; "
+                "this candidate runs on CUDA only")
+    if c.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16 support"
+    if c.cpu_opt_in and device.type == "cpu" and not named:
+        return "torch.compile on CPU is slow to compile; ask for it with backends=['torch.compile']"
+    return None
+
+
+__all__ = ["Built", "Candidate", "FAMILIES", "REFERENCE", "all_candidates", "candidate_names", "export_onnx",
+           "layer_precisions", "op_coverage", "ort_providers", "select"]

@@ -1,0 +1,216 @@
+"""The optimizer's report: one JSON-able dict, and a self-contained HTML page of the same.
+
+Keys: ``status`` ("ok", "no_candidate", "bad_input"), ``winner`` and ``why``, ``model`` (class, params,
+input shapes, kind), ``settings`` (device, protocol, budgets), ``environment`` (versions, device name),
+``candidates`` (one row each: status passed/rejected/failed/skipped and the reason, build time, accuracy,
+single-stream latency p50/p90/p99, offline throughput, speedup against eager-fp32 and against the fastest
+torch.compile candidate, peak memory, details), ``fallbacks`` (what each candidate could not do and why),
+and for the winner ``layers`` (per-layer compute precision), ``coverage`` (operators run by warpforge
+kernels vs torch) and ``passes`` (what each pass changed). Only measured figures appear: a figure that was
+not measured is null, never zero.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def environment(device: str) -> dict[str, Any]:
+    import warpforge
+
+    env = {"warpforge": warpforge.__version__, "torch": torch.__version__, "python": platform.python_version(),
+           "device": device, "device_name": platform.processor() or platform.machine()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["device_name"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def _why(records: list[dict[str, Any]], winner: str | None, status: str, error: str | None) -> str:
+    if status == "bad_input":
+        return f"bad input: {error}"
+    if winner is None:
+        tried = [r for r in records if r["status"] in ("rejected", "failed", "passed")]
+        parts = [f"{r['name']} {r['status']} ({r.get('reason', '')})" for r in tried]
+        return "no candidate met the accuracy budget: " + "; ".join(parts) if parts else \
+            "no candidate could be tried: " + "; ".join(f"{r['name']}: {r.get('reason')}" for r in records)
+    w = next(r for r in records if r["name"] == winner)
+    lat = w["latency"]
+    text = f"{winner} is the fastest candidate within its {w['precision']} budget: p50 {lat['p50_ms']:.4g} ms"
+    if w.get("speedup_vs_eager"):
+        text += f", {w['speedup_vs_eager']:.2f}x eager-fp32"
+    if w.get("speedup_vs_compile"):
+        text += f", {w['speedup_vs_compile']:.2f}x the fastest torch.compile"
+    acc = w.get("accuracy", {})
+    text += f"; max_rel {acc.get('max_rel', 0):.2g}, cosine {acc.get('min_cosine', 1):.6f}"
+    if acc.get("top1") is not None:
+        text += f", top-1 agreement {acc['top1']:.3f}"
+    others = sum(1 for r in records if r["status"] == "passed" and r["name"] != winner)
+    return text + f" ({others} other passing candidate(s) were slower)"
+
+
+def make_report(model: dict[str, Any], settings: dict[str, Any], records: list[dict[str, Any]], winner: str | None,
+                *, status: str, error: str | None = None, notes: list[str] | None = None,
+                elapsed_s: float | None = None) -> dict[str, Any]:
+    w = next((r for r in records if r["name"] == winner), None)
+    details = (w or {}).get("details", {})
+    fallbacks = [{"candidate": r["name"], **f} for r in records for f in r.get("details", {}).get("fallbacks", [])]
+    return {
+        "status": status, "winner": winner, "why": _why(records, winner, status, error), "error": error,
+        "model": model, "settings": settings, "environment": environment(settings.get("device", "cpu")),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "elapsed_s": elapsed_s, "notes": list(notes or []),
+        "candidates": records, "fallbacks": fallbacks,
+        "layers": details.get("layers", []), "coverage": details.get("coverage", {}),
+        "capture": details.get("capture", {}), "passes": details.get("passes", []),
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(_jsonable(report), indent=2)
+
+
+# --- HTML --------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1200px;color:#1d2330;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:4px}
+.verdict{padding:12px 16px;border-radius:6px;margin:12px 0;background:#eef6ee;border:1px solid #b8dcb8}
+.verdict.bad{background:#fbeeee;border-color:#e6b8b8}
+table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:5px 8px;border-bottom:1px solid #e6e9ef;text-align:right;vertical-align:top}
+th{background:#f4f6f9;font-weight:600}td.l,th.l{text-align:left}tr.win td{background:#f2f8f2;font-weight:600}
+.s-passed{color:#1f7a1f}.s-rejected{color:#b35c00}.s-failed{color:#b00020}.s-skipped{color:#777}
+.muted{color:#6b7280}code{background:#f4f6f9;padding:1px 4px;border-radius:3px}
+"""
+
+
+def _f(v: Any, fmt: str = "{:.4g}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def _bytes(v: int | None) -> str:
+    if v is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return str(v)
+
+
+def _table(head: list[str], rows: list[list[str]], left: int = 1, row_class: list[str] | None = None) -> str:
+    th = "".join(f'<th class="l">{h}</th>' if i < left else f"<th>{h}</th>" for i, h in enumerate(head))
+    body = []
+    for k, r in enumerate(rows):
+        cls = f' class="{row_class[k]}"' if row_class and row_class[k] else ""
+        body.append(f"<tr{cls}>" + "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>"
+                                          for i, c in enumerate(r)) + "</tr>")
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def to_html(report: dict[str, Any]) -> str:
+    """The report as one HTML page: inline CSS, no scripts, no external assets."""
+    e = html.escape
+    m, env = report.get("model", {}), report.get("environment", {})
+    rows, classes = [], []
+    for r in report.get("candidates", []):
+        lat, acc, thr = r.get("latency", {}), r.get("accuracy", {}), r.get("throughput", {})
+        rows.append([f"<code>{e(r['name'])}</code>", r["precision"],
+                     f'<span class="s-{r["status"]}">{r["status"]}</span>',
+                     _f(lat.get("p50_ms")), _f(lat.get("p90_ms")), _f(lat.get("p99_ms")),
+                     _f(thr.get("items_per_s"), "{:.1f}"), _f(r.get("speedup_vs_eager"), "{:.2f}x"),
+                     _f(r.get("speedup_vs_compile"), "{:.2f}x"), _f(acc.get("max_rel"), "{:.2e}"),
+                     _f(acc.get("min_cosine"), "{:.6f}"), _f(acc.get("top1"), "{:.3f}"),
+                     _bytes(r.get("peak_memory_bytes")), _f(r.get("build_s"), "{:.2f}"),
+                     f'<span class="muted">{e(str(r.get("reason", "")))}</span>'])
+        classes.append("win" if r["name"] == report.get("winner") else "")
+    head = ["candidate", "precision", "status", "p50 ms", "p90 ms", "p99 ms", "items/s", "vs eager", "vs compile",
+            "max rel", "cosine", "top-1", "peak mem", "build s", "reason"]
+    parts = [f"<h1>warpforge optimize: {e(str(m.get('name', '')))}</h1>",
+             f'<div class="muted">{e(str(m.get("class", "")))} · {m.get("params", 0):,} parameters · inputs '
+             f'{e(", ".join(str(i.get("shape", i.get("value"))) + " " + str(i.get("dtype", "")) for i in m.get("inputs", [])))}'
+             f' · kind {e(str(m.get("kind", "")))} · {e(str(env.get("device_name", "")))} ({e(str(env.get("device", "")))}) · '
+             f'torch {e(str(env.get("torch", "")))} · warpforge {e(str(env.get("warpforge", "")))} · {e(str(report.get("time", "")))}</div>',
+             f'<div class="verdict{"" if report.get("status") == "ok" else " bad"}"><b>{e(str(report.get("status")))}</b>: '
+             f'{e(str(report.get("why", "")))}</div>']
+    for n in report.get("notes", []):
+        parts.append(f'<div class="muted">note: {e(n)}</div>')
+    s = report.get("settings", {})
+    parts.append("<h2>Candidates</h2>" + _table(head, rows, left=1, row_class=classes)
+                 + f'<p class="muted">Single stream: {s.get("queries")} back-to-back queries after {s.get("warmup")} '
+                   f'warm-up, each synchronized; offline: {s.get("offline_calls")} calls at the inputs\' batch. '
+                   f'Validation: {e(str(s.get("val", "")))}. Speedups are p50 ratios (above 1: faster). '
+                   'Peak memory is CUDA allocation above the level before the candidate was built (— on CPU).</p>')
+    budgets = s.get("budgets", {})
+    if budgets:
+        parts.append("<h2>Accuracy budgets</h2>" + _table(
+            ["precision", "max abs", "max rel", "min cosine", "min top-1"],
+            [[p, _f(b.get("max_abs")), _f(b.get("max_rel")), _f(b.get("min_cosine"), "{:.6f}"),
+              _f(b.get("min_top1"))] for p, b in budgets.items()]))
+    if report.get("fallbacks"):
+        parts.append("<h2>Fallbacks</h2>" + _table(
+            ["candidate", "what", "reason"],
+            [[e(f["candidate"]), e(str(f.get("what", ""))), e(str(f.get("reason", "")))] for f in report["fallbacks"]],
+            left=3))
+    cov = report.get("coverage", {})
+    if cov:
+        ops = [[e(k), str(v), "warpforge kernel"] for k, v in cov.get("warpforge_ops", {}).items()]
+        ops += [[e(k), str(v), "torch"] for k, v in cov.get("torch_ops", {}).items()]
+        parts.append(f"<h2>Operator coverage (winner)</h2><p>{cov.get('warpforge_fraction', 0):.0%} of "
+                     f"{cov.get('ops_total', 0)} graph operators run through warpforge kernels.</p>"
+                     + _table(["operator", "calls", "runs on"], ops, left=1))
+    cap = report.get("capture", {})
+    if cap:
+        eager = cap.get("eager_modules", {})
+        parts.append(f"<h2>Capture</h2><p>{e(str(cap.get('method')))}: {cap.get('traced_fraction', 0):.1%} of "
+                     f"parameters in traced code; {len(eager)} module(s) left eager.</p>"
+                     + (_table(["module", "why eager"], [[e(k), e(v)] for k, v in eager.items()], left=2) if eager else ""))
+    if report.get("passes"):
+        parts.append("<h2>Passes (winner)</h2>" + _table(
+            ["pass", "changes"],
+            [[e(p["name"]), e(", ".join(f"{k}: {v}" for k, v in p.get("counts", {}).items()) or "none")]
+             for p in report["passes"]], left=2))
+    if report.get("layers"):
+        parts.append("<h2>Per-layer precision (winner)</h2>" + _table(
+            ["layer", "type", "computes in"],
+            [[e(x["layer"]), e(x["type"]), e(x["dtype"])] for x in report["layers"]], left=3))
+    body = "\n".join(parts)
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>warpforge optimize: "
+            f"{e(str(m.get('name', '')))}</title><style>{_CSS}</style></head><body>{body}</body></html>")
+
+
+def write(report: dict[str, Any], directory: str | Path) -> dict[str, Path]:
+    """report.json and report.html under ``directory`` (created)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"json": d / "report.json", "html": d / "report.html"}
+    paths["json"].write_text(to_json(report))
+    paths["html"].write_text(to_html(report))
+    return paths
+
+
+__all__ = ["environment", "make_report", "to_html", "to_json", "write"]

@@ -1,0 +1,85 @@
+"""What wraps a chosen model at run time: precision casts at its boundary and CUDA-graph replay.
+
+Every candidate takes the inputs the user's model takes and returns floating outputs in fp32 (the
+reference's dtype), whatever it computes in, so candidates are interchangeable and the gate compares
+like with like. :class:`CastIO` is an ``nn.Module`` so it is part of what gets exported or pickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+
+def _cast_floats(x: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
+
+
+class CastIO(nn.Module):
+    """``inner`` computing in ``dtype``: floating inputs cast to it on entry, floating outputs to
+    ``out_dtype`` on exit (no-ops when the dtypes already match)."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, out_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+        self.out_dtype = out_dtype
+
+    def forward(self, *args: Any) -> Any:
+        return _cast_floats(self.inner(*_cast_floats(args, self.dtype)), self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"compute={self.dtype}, outputs={self.out_dtype}"
+
+
+def static_cuda_inputs(inputs: tuple) -> bool:
+    """True when every input is a CUDA tensor (what a CUDA graph can be fed through copies)."""
+    return bool(inputs) and all(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+
+
+class CudaGraphed:
+    """``fn`` captured in a CUDA graph for inputs shaped like ``example_inputs``; replayed per call.
+
+    A call copies its inputs into the graph's static buffers, replays, and returns a *copy* of the
+    static outputs (the next replay overwrites them; returning them would hand out tensors that change
+    under the caller). Inputs of another shape, dtype or device run ``fn`` directly, uncaptured.
+    """
+
+    def __init__(self, fn: Callable[..., Any], example_inputs: tuple, warmup: int = 3) -> None:
+        if not static_cuda_inputs(example_inputs):
+            raise ValueError("CudaGraphed needs example_inputs that are all CUDA tensors")
+        self.fn = fn
+        self.static_in = tuple(x.clone() for x in example_inputs)
+        self.keys = [(x.shape, x.dtype, x.device) for x in example_inputs]
+        dev = example_inputs[0].device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(warmup):  # autotuning, lazy loads and workspace allocation happen here, uncaptured
+                fn(*self.static_in)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.no_grad(), torch.cuda.graph(self.graph):
+                self.static_out = fn(*self.static_in)
+        except Exception as e:
+            raise RuntimeError(f"CUDA-graph capture failed ({type(e).__name__}: {e}); the model must not "
+                               "synchronize with the host (.item(), .cpu(), data-dependent shapes)") from e
+        torch.cuda.synchronize(dev)
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) != len(self.keys) or any(not isinstance(a, torch.Tensor) or (a.shape, a.dtype, a.device) != k
+                                              for a, k in zip(args, self.keys)):
+            return self.fn(*args)
+        for dst, src in zip(self.static_in, args):
+            dst.copy_(src)
+        self.graph.replay()
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
+
+
+__all__ = ["CastIO", "CudaGraphed", "static_cuda_inputs"]

@@ -1,0 +1,183 @@
+"""Save the optimizer's winner and load it back, without re-running the search.
+
+A saved directory holds:
+
+* ``manifest.json``: winner, family, precision, how the model is stored (``format``), what to redo on
+  load (``recompile`` mode for torch.compile winners, ``cuda_graph`` capture), passes applied, budget,
+  accuracy, versions, device, and the input shapes/dtypes;
+* the model: ``model.pt2`` (a ``torch.export`` ExportedProgram: needs none of the original Python code),
+  ``model.pkl`` (a pickled module: warpforge winners, whose fused modules export would trace away, and
+  models export refuses; classes it uses must be importable on load), or ``model.onnx`` (ONNX Runtime);
+* ``check.pt``: the example inputs and the winner's outputs on them. ``load`` runs them and refuses a
+  model that no longer reproduces them, so a reload is never silently wrong;
+* ``report.json`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from warpforge.optimize import report as report_mod
+from warpforge.optimize.gate import Budget, compare
+
+if TYPE_CHECKING:
+    from warpforge.optimize.api import Optimized
+
+FORMAT_VERSION = 1
+# Reload tolerance: a fresh process may pick other kernel tilings (autotuning) or cuDNN algorithms, whose
+# summation order differs; anything beyond rounding of the compute precision is a wrong model.
+_RELOAD_BUDGET = {"fp32": Budget(max_rel=1e-4, min_cosine=0.99999), "fp16": Budget(max_rel=1e-2, min_cosine=0.9999),
+                  "bf16": Budget(max_rel=3e-2, min_cosine=0.999)}
+
+
+def _cpu(x: Any) -> Any:
+    return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, x)
+
+
+def _same_outputs(a: Any, b: Any) -> bool:
+    acc = compare(_cpu(a), _cpu(b))
+    return not acc.errors and acc.max_abs == 0.0
+
+
+def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: Any) -> tuple[str, str, str | None]:
+    """(format, file name, note): torch.export when preferred and it reproduces the outputs, else pickle."""
+    note = None
+    if prefer == "export":
+        try:
+            ep = torch.export.export(module, inputs)
+            with torch.no_grad():
+                got = ep.module()(*inputs)
+            if not _same_outputs(want, got):
+                raise RuntimeError("the exported program's outputs differ from the module's")
+            torch.export.save(ep, d / "model.pt2")
+            return "export", "model.pt2", None
+        except Exception as e:  # noqa: BLE001 - export refuses many real models; pickle is the fallback
+            note = f"torch.export failed ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); pickled"
+    elif prefer == "pickle":
+        note = "pickled: torch.export would trace the warpforge kernels' dispatch instead of keeping the fused modules"
+    try:
+        torch.save(module, d / "model.pkl")
+    except Exception as e:
+        raise ValueError(f"could not save the model: torch.export did not work ({note}) and pickling failed "
+                         f"({type(e).__name__}: {e})") from e
+    return "pickle", "model.pkl", note
+
+
+def save(opt: Optimized, directory: str | Path) -> Path:
+    """Write the winner of ``opt`` under ``directory`` (see the module docstring); returns the directory."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    built = opt.built
+    inputs = opt.example_inputs
+    with torch.no_grad():
+        want = built.fn(*inputs)
+    rec = next(r for r in opt.report["candidates"] if r["name"] == opt.name)
+    if built.save_format == "onnx":
+        (d / "model.onnx").write_bytes(built.onnx_bytes or b"")
+        fmt, file, note = "onnx", "model.onnx", None
+    else:
+        if built.module is None:
+            raise ValueError(f"candidate {opt.name} has no module to save")
+        with torch.no_grad():
+            want_module = built.module(*inputs)
+        fmt, file, note = _store_module(built.module, inputs, built.save_format, d, want_module)
+    env = report_mod.environment(opt.report["settings"]["device"])
+    manifest = {
+        "format_version": FORMAT_VERSION, "winner": opt.name, "family": opt.family, "precision": opt.precision,
+        "kind": opt.kind, "format": fmt, "file": file, "format_note": note,
+        "recompile": built.recompile, "cuda_graph": built.cuda_graph, "onnx_provider": built.onnx_provider,
+        "device": opt.report["settings"]["device"],
+        "inputs": opt.report["model"]["inputs"],
+        "passes": [{"name": p["name"], "counts": p["counts"]} for p in built.details.get("passes", [])],
+        "budget": rec.get("budget"), "accuracy": rec.get("accuracy"), "latency": rec.get("latency"),
+        "versions": {k: env.get(k) for k in ("warpforge", "torch", "triton", "cuda", "python")},
+        "model": {k: opt.report["model"].get(k) for k in ("name", "class", "params")},
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    torch.save({"inputs": _cpu(inputs), "outputs": _cpu(want)}, d / "check.pt")
+    report_mod.write(opt.report, d)
+    return d
+
+
+class Loaded:
+    """A saved winner, loaded: call it like the original model. ``manifest`` says what it is."""
+
+    def __init__(self, fn: Any, module: nn.Module | None, manifest: dict[str, Any]) -> None:
+        self.fn = fn
+        self.module = module
+        self.manifest = manifest
+
+    def __call__(self, *args: Any) -> Any:
+        with torch.no_grad():
+            return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"Loaded({self.manifest['winner']!r}, format={self.manifest['format']!r})"
+
+
+def load(directory: str | Path, *, device: str | torch.device | None = None, verify: bool = True) -> Loaded:
+    """The saved winner under ``directory``, on ``device`` (default: the one it was optimized on).
+
+    torch.compile winners are compiled again and CUDA-graph winners captured again (neither survives a
+    process). ``verify`` runs the saved check inputs and raises ValueError when the outputs differ
+    beyond rounding.
+    """
+    from warpforge.optimize.backends import OrtRunner
+    from warpforge.optimize.runtime import CudaGraphed, static_cuda_inputs
+
+    d = Path(directory)
+    mpath = d / "manifest.json"
+    if not mpath.is_file():
+        raise ValueError(f"{d}: no manifest.json (not a directory written by Optimized.save)")
+    manifest = json.loads(mpath.read_text())
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{d}: manifest format_version {manifest.get('format_version')!r}; this warpforge reads "
+                         f"{FORMAT_VERSION}")
+    dev = torch.device(device or manifest["device"])
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{d}: the model was saved for {manifest['device']}, but CUDA is not available here; "
+                         "pass device='cpu' to load it on the CPU (fp16/bf16 and CUDA-graph winners need a GPU)")
+    check = torch.load(d / "check.pt", weights_only=False)
+    inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in check["inputs"])
+    fmt, path = manifest["format"], d / manifest["file"]
+    module: nn.Module | None = None
+    if fmt == "export":
+        module = torch.export.load(str(path)).module()
+        module.to(dev)
+        fn: Any = module
+    elif fmt == "pickle":
+        try:
+            module = torch.load(path, weights_only=False, map_location=dev)
+        except (AttributeError, ModuleNotFoundError) as e:
+            raise ValueError(f"{path}: the pickled model needs a class that cannot be imported here ({e}); "
+                             "make the model's module importable, or save a model torch.export accepts") from e
+        fn = module
+    elif fmt == "onnx":
+        fn = OrtRunner(path.read_bytes(), manifest.get("onnx_provider") or "CPUExecutionProvider", inputs,
+                       tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, check["outputs"]))
+    else:
+        raise ValueError(f"{d}: unknown model format {fmt!r}")
+    if module is not None:
+        module.eval()
+    if manifest.get("recompile"):
+        fn = torch.compile(fn, mode=manifest["recompile"])
+    if manifest.get("cuda_graph") and dev.type == "cuda" and static_cuda_inputs(inputs):
+        fn = CudaGraphed(fn, inputs)
+    loaded = Loaded(fn, module, manifest)
+    if verify:
+        got = loaded(*inputs)
+        budget = _RELOAD_BUDGET.get(manifest["precision"], _RELOAD_BUDGET["fp32"])
+        acc = compare(_cpu(check["outputs"]), _cpu(got))
+        ok, reasons = acc.passes(budget)
+        if not ok:
+            raise ValueError(f"{d}: the loaded model does not reproduce its saved outputs ({'; '.join(reasons)})")
+    return loaded
+
+
+__all__ = ["Loaded", "load", "save"]
