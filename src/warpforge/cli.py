@@ -10,7 +10,6 @@ import sys
 import click
 
 NOT_BUILT = {
-    "optimize": "capture, fuse, quantize under an accuracy budget (issue 6)",
     "serve": "the OpenAI-compatible LLM server (a later issue)",
     "splat": "Gaussian-splatting render and training (a later issue)",
 }
@@ -188,6 +187,59 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
     sys.exit(cli_profile(target, input_shapes=input_shapes, warmup=warmup, iters=iters, out=out,
                          compare_paths=compare_paths, trace=trace, device=device, top=top, batch=batch,
                          prompt_len=prompt_len, console=_console()))
+
+
+@main.command()
+@click.argument("model")
+@click.option("--batch", default=None, type=click.IntRange(min=1),
+              help="Batch size of the example inputs (zoo models; factories that take `batch`).")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
+              help="Where to optimize and measure (auto: cuda when available).")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16"]),
+              help="Precisions to try (repeatable; default: all three; fp16/bf16 need CUDA).")
+@click.option("--backend", "backends", multiple=True, metavar="NAME",
+              help="Candidates to try (repeatable): a family (eager, warpforge, torch.compile, onnxruntime) or a "
+                   "candidate name such as torch.compile-max-autotune-fp16. Default: all (torch.compile on CPU "
+                   "only when named). eager-fp32 is always measured as the baseline.")
+@click.option("--max-rel", type=float, default=None,
+              help="Budget: max |error| / max |reference output| (default per precision: 1e-3, 2e-2, 5e-2).")
+@click.option("--max-abs", type=float, default=None, help="Budget: max absolute error (default: unchecked).")
+@click.option("--min-cosine", type=float, default=None,
+              help="Budget: worst per-sample cosine similarity (default: 0.99999, 0.999, 0.995).")
+@click.option("--min-top1", type=float, default=None,
+              help="Budget for classifiers: top-1 agreement with fp32 (default: 0.999, 0.99, 0.98).")
+@click.option("--queries", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Single-stream queries timed per candidate.")
+@click.option("--warmup", default=20, show_default=True, type=click.IntRange(min=0), help="Untimed queries first.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Directory for the saved model, manifest and report (default: out/optimize/<model>).")
+@click.option("--json", "json_out", is_flag=True, help="Print the JSON report to stdout instead of the table.")
+@click.option("--random-weights", is_flag=True, help="Zoo models: seeded random weights (no weights package needed).")
+def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, ...], backends: tuple[str, ...],
+             max_rel: float | None, max_abs: float | None, min_cosine: float | None, min_top1: float | None,
+             queries: int, warmup: int, out: str | None, json_out: bool, random_weights: bool) -> None:
+    """Find the fastest way to run MODEL that keeps its accuracy, and save it.
+
+    MODEL is a zoo name (see `warpforge.models.names()`) or `path/to/file.py:factory`
+    (or `package.module:factory`). The factory returns `(model, example_inputs)` or a dict
+    `{"model", "example_inputs", "kind", "val"}` (kind "classifier" adds top-1 agreement; val is a
+    list of input tuples to check accuracy on); it may take `batch` and `device` keyword arguments.
+
+    \b
+    Candidates: eager fp32 (the reference), eager fp16/bf16, warpforge pipelines
+    (fold BN, channels_last, fused conv kernels; CUDA-graph replay) per precision,
+    torch.compile (default, max-autotune), ONNX Runtime when installed. Each is checked
+    against fp32 on the validation inputs and rejected when over budget; the passing ones
+    are timed single-stream (p50/p90/p99) and offline; the lowest p50 wins.
+    Exit 0: saved to --out with report.html/report.json; 1: no candidate met the budget
+    (report still written); 2: bad input.
+    """
+    from warpforge.optimize.cli import cli_optimize
+
+    sys.exit(cli_optimize(model, batch=batch, device=device, precisions=precisions, backends=backends,
+                          max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine, min_top1=min_top1,
+                          queries=queries, warmup=warmup, out=out, json_out=json_out, random_weights=random_weights,
+                          console=_console()))
 
 
 def _not_built(name: str, what: str) -> click.Command:

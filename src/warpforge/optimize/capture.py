@@ -92,6 +92,11 @@ def capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> Captured:
     eager: dict[str, str] = {}
     _find_eager(root, "", leaves, eager)
     graph = _LeafTracer(leaves).trace(root)
+    for node in graph.nodes:
+        if isinstance(node.type, str):
+            # A postponed annotation (``from __future__ import annotations``) is a string: FX would emit it
+            # as a global of the generated code, and such a GraphModule cannot be pickled.
+            node.type = None
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__ + "Captured")
     if not model.training:
         with torch.no_grad():

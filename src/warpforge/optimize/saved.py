@@ -49,23 +49,30 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
     """(format, file name, note): torch.export when preferred and it reproduces the outputs, else pickle."""
     note = None
     if prefer == "export":
-        try:
-            ep = torch.export.export(module, inputs)
-            with torch.no_grad():
-                got = ep.module()(*inputs)
-            if not _same_outputs(want, got):
-                raise RuntimeError("the exported program's outputs differ from the module's")
-            torch.export.save(ep, d / "model.pt2")
-            return "export", "model.pt2", None
-        except Exception as e:  # noqa: BLE001 - export refuses many real models; pickle is the fallback
-            note = f"torch.export failed ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); pickled"
+        # Batch dim left to export (Dim.AUTO: dynamic unless the model fixes it), then fully static.
+        auto = tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() >= 1 else None
+                     for x in inputs)
+        for dynamic in (auto, None):
+            try:
+                # (dynamic,): CastIO.forward takes *args, which export sees as one tuple argument
+                ep = torch.export.export(module, inputs, dynamic_shapes=(dynamic,) if dynamic else None)
+                with torch.no_grad():
+                    got = ep.module()(*inputs)
+                if not _same_outputs(want, got):
+                    raise RuntimeError("the exported program's outputs differ from the module's")
+                torch.export.save(ep, d / "model.pt2")
+                static = None if dynamic is not None else "static shapes: the saved model takes the example shapes only"
+                return "export", "model.pt2", static
+            except Exception as e:  # noqa: BLE001 - export refuses many real models; pickle is the fallback
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                note = f"torch.export failed ({type(e).__name__}: {first}); pickled"
     elif prefer == "pickle":
         note = "pickled: torch.export would trace the warpforge kernels' dispatch instead of keeping the fused modules"
     try:
         torch.save(module, d / "model.pkl")
     except Exception as e:
-        raise ValueError(f"could not save the model: torch.export did not work ({note}) and pickling failed "
-                         f"({type(e).__name__}: {e})") from e
+        raise ValueError(f"could not save the model: pickling failed ({type(e).__name__}: {e})"
+                         + (f"; {note}" if note else "")) from e
     return "pickle", "model.pkl", note
 
 
@@ -148,8 +155,9 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
     fmt, path = manifest["format"], d / manifest["file"]
     module: nn.Module | None = None
     if fmt == "export":
-        module = torch.export.load(str(path)).module()
-        module.to(dev)
+        module = torch.export.load(str(path)).module()  # in inference mode already (no .eval() on it)
+        if dev != torch.device(manifest["device"]):
+            module.to(dev)
         fn: Any = module
     elif fmt == "pickle":
         try:
@@ -157,14 +165,13 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
         except (AttributeError, ModuleNotFoundError) as e:
             raise ValueError(f"{path}: the pickled model needs a class that cannot be imported here ({e}); "
                              "make the model's module importable, or save a model torch.export accepts") from e
+        module.eval()
         fn = module
     elif fmt == "onnx":
         fn = OrtRunner(path.read_bytes(), manifest.get("onnx_provider") or "CPUExecutionProvider", inputs,
                        tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, check["outputs"]))
     else:
         raise ValueError(f"{d}: unknown model format {fmt!r}")
-    if module is not None:
-        module.eval()
     if manifest.get("recompile"):
         fn = torch.compile(fn, mode=manifest["recompile"])
     if manifest.get("cuda_graph") and dev.type == "cuda" and static_cuda_inputs(inputs):

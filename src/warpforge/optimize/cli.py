@@ -1,0 +1,280 @@
+"""The ``warpforge optimize MODEL`` command: resolve the model, run the search, print and write the result.
+
+MODEL is a zoo name (``warpforge.models.names()``) or ``path/to/file.py:factory`` (also
+``package.module:factory``). The factory contract: ``factory()`` returns ``(model, example_inputs)``
+or a dict ``{"model", "example_inputs", "kind", "val"}``; it may take ``batch`` and ``device``
+keyword arguments, which get ``--batch`` and ``--device``.
+
+Exit codes: 0 a model was chosen and saved; 1 no candidate met the budget (the report is still written);
+2 bad input (unknown model, a factory or model that fails, bad settings), one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class ModelError(ValueError):
+    """MODEL cannot be resolved; the message says why and what works."""
+
+
+@dataclass
+class Resolved:
+    name: str
+    model: torch.nn.Module
+    inputs: tuple
+    kind: str | None = None
+    val: list[tuple] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:80] or "model"
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _load_factory(where: str, attr: str) -> Callable[..., Any]:
+    if not attr.isidentifier():
+        raise ModelError(f"{where}:{attr}: {attr!r} is not a function name")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise ModelError(f"{where}: no such file")
+        # The module lives in sys.modules under a stable name so classes it defines pickle and unpickle
+        # within this process (a saved pickled model still needs the file importable on load).
+        name = f"_warpforge_optimize_{_slug(str(path.resolve())).replace('.', '_').replace('-', '_')}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ModelError(f"{where}: cannot be loaded as a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise ModelError(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
+    else:
+        try:
+            mod = importlib.import_module(where)
+        except ImportError as e:
+            raise ModelError(f"{where}: cannot import module ({e})") from e
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_")
+                        and getattr(v, "__module__", None) == mod.__name__)
+        raise ModelError(f"{where}: no function {attr!r}" + (f" (it defines: {', '.join(public[:12])})" if public else ""))
+    return factory
+
+
+def _from_factory(spec: str, batch: int | None, device: torch.device) -> Resolved:
+    where, _, attr = spec.rpartition(":")
+    factory = _load_factory(where, attr)
+    kwargs: dict[str, Any] = {}
+    if batch is not None and _accepts(factory, "batch"):
+        kwargs["batch"] = batch
+    if _accepts(factory, "device"):
+        kwargs["device"] = device
+    try:
+        out = factory(**kwargs)
+    except Exception as e:
+        raise ModelError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    notes = [] if batch is None or "batch" in kwargs else [f"--batch {batch} ignored: the factory takes no 'batch'"]
+    if isinstance(out, dict):
+        model, inputs = out.get("model"), out.get("example_inputs", out.get("inputs"))
+        kind, val = out.get("kind"), out.get("val")
+    elif isinstance(out, tuple) and len(out) == 2:
+        (model, inputs), kind, val = out, None, None
+    else:
+        raise ModelError(f"{spec}: the factory returned {type(out).__name__}; expected (model, example_inputs) or "
+                         "a dict with 'model' and 'example_inputs'")
+    if not isinstance(model, torch.nn.Module):
+        raise ModelError(f"{spec}: the factory's model is {type(model).__name__}, expected a torch.nn.Module")
+    if inputs is None:
+        raise ModelError(f"{spec}: the factory returned no example inputs")
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    return Resolved(spec, model, inputs, kind, list(val) if val is not None else None, notes)
+
+
+# The zoo's kinds that top-1 agreement applies to; detectors, BEV and planners are compared as tensors.
+_ZOO_KIND = {"classifier": "classifier"}
+
+
+def _from_zoo(name: str, batch: int | None, device: torch.device, random_weights: bool) -> Resolved:
+    forms = "a zoo name or path/to/file.py:factory"
+    try:
+        models = importlib.import_module("warpforge.models")
+    except ImportError as e:
+        raise ModelError(f"{name!r}: the model zoo (warpforge.models) cannot be imported ({e}); give {forms}") from e
+    if not callable(getattr(models, "names", None)) or not callable(getattr(models, "get", None)):
+        raise ModelError(f"{name!r}: the model zoo (warpforge.models) is not available yet; give path/to/file.py:factory")
+    available = list(models.names())
+    if name not in available:
+        raise ModelError(f"unknown model {name!r}; the zoo has: {', '.join(available) or '(nothing yet)'}; "
+                         "or give path/to/file.py:factory")
+    kwargs: dict[str, Any] = {"device": device}
+    if batch is not None:
+        kwargs["batch"] = batch
+    if random_weights:
+        kwargs["pretrained"] = False
+    try:
+        spec = models.get(name, **kwargs)
+    except ImportError as e:
+        raise ModelError(f"{name}: {e} (or pass --random-weights)") from e
+    except Exception as e:
+        raise ModelError(f"{name}: building it failed: {type(e).__name__}: {e}") from e
+    val = None
+    if callable(getattr(spec, "val_inputs", None)):
+        try:
+            val = list(spec.val_inputs())
+        except Exception as e:
+            raise ModelError(f"{name}: its validation inputs failed: {type(e).__name__}: {e}") from e
+    kind = _ZOO_KIND.get(getattr(spec, "kind", ""), "generic")
+    notes = [f"weights: {spec.weights}"] if getattr(spec, "weights", None) else []
+    return Resolved(name, spec.model, tuple(spec.example_inputs), kind, val, notes)
+
+
+def resolve(model: str, *, batch: int | None, device: torch.device, random_weights: bool = False) -> Resolved:
+    """The model, example inputs, kind and validation inputs MODEL names."""
+    if ":" in model and not re.match(r"^[A-Za-z]:[\\/]", model):
+        return _from_factory(model, batch, device)
+    return _from_zoo(model, batch, device, random_weights)
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def print_table(report: dict[str, Any], console) -> None:
+    """Candidates as a table (measured figures), then one line per candidate that did not pass, with why."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=f"warpforge optimize: {report['model'].get('name', '')}", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("candidate", "status", "p50 ms", "p99 ms", "items/s", "×eager", "×compile", "max rel", "top-1"):
+        t.add_column(col, justify="left" if col in ("candidate", "status") else "right",
+                     no_wrap=col == "candidate")
+    colors = {"passed": "green", "rejected": "yellow", "failed": "red", "skipped": "dim"}
+    for r in report["candidates"]:
+        lat, acc, thr = r.get("latency", {}), r.get("accuracy", {}), r.get("throughput", {})
+        win = r["name"] == report.get("winner")
+        t.add_row(("* " if win else "") + r["name"], f"[{colors[r['status']]}]{r['status']}[/]",
+                  _fmt(lat.get("p50_ms"), ".4g"), _fmt(lat.get("p99_ms"), ".4g"), _fmt(thr.get("items_per_s"), ".1f"),
+                  _fmt(r.get("speedup_vs_eager"), ".2f"), _fmt(r.get("speedup_vs_compile"), ".2f"),
+                  _fmt(acc.get("max_rel"), ".0e"), _fmt(acc.get("top1"), ".3f"),
+                  style="bold" if win else None)
+    console.print(t)
+    for r in report["candidates"]:
+        if r["status"] != "passed":
+            console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {r.get('reason', '')}",
+                          highlight=False, markup=True)
+
+
+def _err(console, msg: str) -> int:
+    console.print(f"[bold red]warpforge optimize:[/] {msg}", highlight=False, soft_wrap=True)
+    return 2
+
+
+def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", precisions: tuple[str, ...] = (),
+                 backends: tuple[str, ...] = (), max_abs: float | None = None, max_rel: float | None = None,
+                 min_cosine: float | None = None, min_top1: float | None = None, queries: int = 200,
+                 warmup: int = 20, out: str | None = None, json_out: bool = False, random_weights: bool = False,
+                 console=None) -> int:
+    from rich.console import Console
+
+    from warpforge.optimize import report as report_mod
+    from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
+    from warpforge.optimize.gate import DEFAULT_BUDGETS, PRECISIONS
+
+    console = console or Console()
+    err_console = Console(stderr=True) if json_out else console
+    if device == "auto":
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            return _err(err_console, "--device cuda: CUDA is not available on this machine")
+    try:
+        budgets = None
+        if any(v is not None for v in (max_abs, max_rel, min_cosine, min_top1)):
+            budgets = {p: DEFAULT_BUDGETS[p].with_overrides(max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine,
+                                                            min_top1=min_top1) for p in PRECISIONS}
+        resolved = resolve(model, batch=batch, device=dev, random_weights=random_weights)
+    except (ModelError, ValueError) as e:
+        return _err(err_console, str(e))
+    out_dir = Path(out) if out else Path("out") / "optimize" / _slug(model)
+    if not json_out:
+        shapes = ", ".join(str(tuple(x.shape)) for x in resolved.inputs if isinstance(x, torch.Tensor))
+        console.print(f"optimizing [bold]{resolved.name}[/] on {dev}, inputs {shapes}", highlight=False)
+        for n in resolved.notes:
+            console.print(f"  note: {n}", highlight=False)
+
+    def run(progress_cb):
+        return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
+                        precisions=precisions or PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
+                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, name=resolved.name)
+
+    try:
+        if json_out:
+            opt = run(None)
+        else:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as bar:
+                task = bar.add_task("starting", total=None)
+
+                def progress_cb(what: str, done: int, total: int) -> None:
+                    bar.update(task, description=what, completed=done, total=total)
+
+                opt = run(progress_cb)
+    except BadInputError as e:
+        if e.report is not None:
+            paths = report_mod.write(e.report, out_dir)
+            err_console.print(f"report: {paths['html']}", highlight=False)
+        return _err(err_console, str(e))
+    except NoCandidateError as e:
+        paths = report_mod.write(e.report, out_dir)
+        if json_out:
+            console.out(report_mod.to_json(e.report), highlight=False)
+        else:
+            print_table(e.report, console)
+            console.print(f"[bold red]no candidate met the budget.[/] {e.report['why']}", highlight=False)
+            console.print(f"report: {paths['html']}\njson:   {paths['json']}", highlight=False)
+        return 1
+    try:
+        saved = opt.save(out_dir)
+    except Exception as e:  # noqa: BLE001 - the search succeeded; say why the model could not be written
+        report_mod.write(opt.report, out_dir)
+        if not json_out:
+            print_table(opt.report, console)
+        err_console.print(f"[bold red]warpforge optimize:[/] {opt.name} won but could not be saved: "
+                          f"{type(e).__name__}: {e}", highlight=False)
+        return 1
+    if json_out:
+        console.out(report_mod.to_json(opt.report), highlight=False)
+        return 0
+    print_table(opt.report, console)
+    console.print(f"[bold green]winner:[/] {opt.report['why']}", highlight=False)
+    console.print(f"saved:  {saved}  (load with warpforge.optimize.load)\nreport: {saved / 'report.html'}\n"
+                  f"json:   {saved / 'report.json'}", highlight=False)
+    return 0
+
+
+__all__ = ["ModelError", "Resolved", "cli_optimize", "print_table", "resolve"]
