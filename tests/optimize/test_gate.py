@@ -1,0 +1,96 @@
+"""The accuracy gate on tensors whose errors are known by hand."""
+
+import math
+
+import pytest
+import torch
+
+from warpforge.optimize.gate import Budget, compare
+
+
+def test_metrics_on_known_tensors():
+    ref = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    cand = ref + torch.tensor([[0.1, 0.0], [0.0, -0.2]])
+    acc = compare(ref, cand, "classifier")
+    assert acc.max_abs == pytest.approx(0.2)
+    assert acc.mean_abs == pytest.approx(0.3 / 4)
+    assert acc.max_rel == pytest.approx(0.2 / 4.0)  # relative to the reference's max magnitude
+    row0 = (1 * 1.1 + 2 * 2) / (math.hypot(1, 2) * math.hypot(1.1, 2))
+    row1 = (3 * 3 + 4 * 3.8) / (math.hypot(3, 4) * math.hypot(3, 3.8))
+    assert acc.min_cosine == pytest.approx(min(row0, row1), rel=1e-9)
+    assert acc.top1 == 1.0 and acc.n_samples == 2 and acc.n_values == 4
+    assert acc.passes(Budget(max_rel=0.06))[0]
+    ok, reasons = acc.passes(Budget(max_rel=0.01, max_abs=0.1))
+    assert not ok and reasons == ["max_abs 0.2 (budget <= 0.1)", "max_rel 0.05 (budget <= 0.01)"]
+
+
+def test_top1_disagreement_and_generic_kind():
+    ref = torch.tensor([[2.0, 1.0], [0.0, 1.0], [5.0, 0.0], [0.0, 3.0]])
+    cand = torch.tensor([[1.0, 2.0], [0.0, 1.0], [5.0, 0.0], [0.0, 3.0]])  # sample 0 flips
+    assert compare(ref, cand, "classifier").top1 == 0.75
+    assert compare(ref, cand, "generic").top1 is None
+    ok, reasons = compare(ref, cand, "classifier").passes(Budget(min_top1=0.9))
+    assert not ok and reasons == ["top1 0.75 (budget >= 0.9)"]
+
+
+def test_nested_outputs_and_batches():
+    ref = [{"logits": torch.eye(3), "box": torch.ones(3, 4)}, {"logits": torch.eye(3) * 2, "box": torch.zeros(3, 4)}]
+    cand = [{"logits": torch.eye(3), "box": torch.ones(3, 4) * 1.5}, {"logits": torch.eye(3) * 2, "box": torch.zeros(3, 4)}]
+    acc = compare(ref, cand, "classifier", batched=True)
+    assert acc.max_abs == 0.5 and acc.max_rel == 0.5  # the box tensor: 0.5 / max |1|
+    assert acc.top1 == 1.0 and acc.n_samples == 6  # the "logits" entry of each batch
+    assert acc.errors == []
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (float("nan"), "non-finite value(s) (NaN)"),
+    (float("inf"), "non-finite value(s) (inf)"),
+])
+def test_non_finite_candidate_fails(bad, reason):
+    ref = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    cand = ref.clone()
+    cand[1, 2] = bad
+    acc = compare(ref, cand)
+    ok, reasons = acc.passes(Budget())  # even an empty budget: NaN is never within budget
+    assert not ok and len(reasons) == 1 and reason in reasons[0] and "out" in reasons[0]
+
+
+def test_structural_mismatches_fail_with_reasons():
+    ref = torch.zeros(2, 3)
+    assert "shape (3, 2)" in compare(ref, torch.zeros(3, 2)).errors[0]
+    assert "structure" in compare((ref, ref), ref).errors[0]
+    assert "int64" in compare(torch.arange(3), torch.arange(3) + 1).errors[0]  # integers must match exactly
+    assert compare(torch.arange(3), torch.arange(3)).errors == []
+    assert "dtype torch.int64" in compare(ref, torch.zeros(2, 3, dtype=torch.long)).errors[0]
+
+
+def test_reference_non_finite_values_must_recur():
+    ref = torch.tensor([1.0, float("nan"), 2.0])
+    assert compare(ref, torch.tensor([1.0, float("nan"), 2.0])).errors == []
+    assert compare(ref, torch.tensor([1.0, 0.0, 2.0])).errors  # NaN in the reference, a number in the candidate
+
+
+def test_user_metric_hook():
+    ref, cand = torch.ones(4, 2), torch.ones(4, 2) * 1.1
+    budget = Budget(metric=lambda r, c: float((r - c).abs().mean()), metric_name="l1", metric_max=0.05)
+    acc = compare([ref, ref], [cand, cand], batched=True, budget=budget)
+    assert acc.metric == pytest.approx(0.1) and acc.as_dict()["l1"] == pytest.approx(0.1)
+    ok, reasons = acc.passes(budget)
+    assert not ok and reasons == ["l1 0.1 (budget <= 0.05)"]
+    boom = Budget(metric=lambda r, c: 1 / 0, metric_min=0.0)
+    assert "ZeroDivisionError" in compare(ref, cand, budget=boom).errors[0]
+
+
+def test_budget_validates_and_defaults():
+    with pytest.raises(ValueError, match="max_rel"):
+        Budget(max_rel=-1)
+    with pytest.raises(ValueError, match="min_cosine"):
+        Budget(min_cosine=2)
+    with pytest.raises(ValueError, match="threshold"):
+        Budget(metric=lambda r, c: 0.0)
+    with pytest.raises(ValueError, match="precision"):
+        Budget.for_precision("int8")
+    fp32, fp16, bf16 = (Budget.for_precision(p) for p in ("fp32", "fp16", "bf16"))
+    assert fp32.max_rel < fp16.max_rel < bf16.max_rel
+    assert fp16.with_overrides(max_rel=0.5, min_cosine=None).max_rel == 0.5
+    assert fp16.with_overrides(max_rel=0.5).min_cosine == fp16.min_cosine

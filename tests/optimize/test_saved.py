@@ -1,0 +1,90 @@
+"""Save and load: the reloaded model reproduces the saved one, in this process and in a fresh one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import warpforge
+from warpforge.optimize import load, optimize
+
+from .nets import SmallNet, WithEager, image, make
+
+FAST = dict(queries=4, warmup=1, offline_calls=2)
+
+
+def test_warpforge_winner_round_trip(tmp_path):
+    model, x = make(SmallNet()), image()
+    opt = optimize(model, (x,), backends=["warpforge"], **FAST)
+    assert opt.name == "warpforge-fp32"  # eager-fp32 is measured as the baseline but was not asked for
+    opt.save(tmp_path)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["winner"] == opt.name and man["precision"] == "fp32" and man["device"] == "cpu"
+    assert man["inputs"] == [{"shape": [2, 3, 12, 12], "dtype": "float32"}]
+    assert man["versions"]["torch"] == torch.__version__ and man["versions"]["warpforge"] == warpforge.__version__
+    assert man["accuracy"]["max_rel"] < 1e-5 and man["budget"]["max_rel"] == 1e-3
+    assert man["format"] == "pickle" and "fused modules" in man["format_note"]
+    assert [p["name"] for p in man["passes"]] == ["fold_bn", "channels_last", "fuse_conv"]
+    for f in ("check.pt", "report.json", "report.html", man["file"]):
+        assert (tmp_path / f).is_file()
+    loaded = load(tmp_path)
+    x2 = image(n=3, seed=4)
+    torch.testing.assert_close(loaded(x2), opt(x2), rtol=0, atol=0)
+
+
+def test_eager_winner_is_an_exported_program_and_reloads_in_a_fresh_process(tmp_path):
+    """No original code on the path there: the tests package is not importable from tmp_path."""
+    model, x = make(SmallNet()), image()
+    opt = optimize(model, (x,), backends=["eager"], **FAST)
+    assert opt.name == "eager-fp32"
+    opt.save(tmp_path / "m")
+    man = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert man["format"] == "export" and man["file"] == "model.pt2" and man["format_note"] is None
+    x3 = image(n=5, seed=6)  # the exported program keeps a dynamic batch
+    torch.save({"x": x3, "y": opt(x3)}, tmp_path / "probe.pt")
+    code = ("import torch, warpforge; m = warpforge.optimize.load('m'); p = torch.load('probe.pt');"
+            "torch.testing.assert_close(m(p['x']), p['y'], rtol=1e-6, atol=1e-6); print('ok', m)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ok Loaded('eager-fp32', format='export')" in out.stdout
+
+
+def test_graph_with_eager_leaf_round_trip(tmp_path):
+    model, x = make(WithEager()), image()
+    opt = optimize(model, (x,), backends=["warpforge"], **FAST)
+    opt.save(tmp_path)
+    loaded = load(tmp_path)
+    for sign in (1.0, -1.0):  # both branches of the eager leaf's data-dependent control flow
+        xs = sign * x.abs()
+        torch.testing.assert_close(loaded(xs), opt(xs), rtol=0, atol=0)
+    assert any(f["what"] == "odd" for f in opt.report["fallbacks"])
+
+
+def test_load_refuses_a_model_that_no_longer_matches(tmp_path):
+    opt = optimize(make(SmallNet(c=4)), image(n=1, hw=8), backends=["eager"], **FAST)
+    opt.save(tmp_path)
+    check = torch.load(tmp_path / "check.pt")
+    check["outputs"] = check["outputs"] + 1.0  # as if the weights had changed under the manifest
+    torch.save(check, tmp_path / "check.pt")
+    with pytest.raises(ValueError, match="does not reproduce its saved outputs"):
+        load(tmp_path)
+    assert load(tmp_path, verify=False) is not None
+    with pytest.raises(ValueError, match="no manifest.json"):
+        load(tmp_path / "nowhere")
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_winner_round_trip(tmp_path):
+    model, x = make(SmallNet(c=16)), image(n=4, hw=32).cuda()
+    opt = optimize(model, (x,), device="cuda", precisions=["fp16"], backends=["warpforge"], queries=20, warmup=3)
+    opt.save(tmp_path)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    loaded = load(tmp_path)
+    if man["winner"] == "warpforge-fp16":
+        assert man["cuda_graph"] is True and man["format"] == "pickle"
+    x2 = image(n=4, hw=32, seed=3).cuda()
+    torch.testing.assert_close(loaded(x2), opt(x2), rtol=1e-2, atol=1e-2)
