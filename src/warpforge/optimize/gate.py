@@ -131,7 +131,7 @@ class Accuracy:
 
 
 def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.4g}"
+    return "n/a" if v is None else f"{v:.6g}"
 
 
 def leaves(out: Any, path: str = "out") -> list[tuple[str, Any]]:

@@ -1,0 +1,123 @@
+"""``warpforge optimize MODEL``: a factory file end to end, and each kind of bad input with its exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from warpforge.cli import main
+
+FAST = ["--queries", "4", "--warmup", "1"]
+
+NET = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def factory(batch=2, device="cpu"):
+    torch.manual_seed(0)
+    return Net().eval().to(device), torch.randn(batch, 3, 10, 10, device=device)
+'''
+
+
+def _write(tmp_path, body: str, name: str = "model.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_factory_file_end_to_end(tmp_path):
+    path = _write(tmp_path, NET)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["optimize", f"{path}:factory", "--batch", "3", "--backend", "warpforge",
+                                    "--out", str(out), *FAST])
+    assert res.exit_code == 0, res.output
+    assert "winner:" in res.output and "warpforge-fp32" in res.output
+    for f in ("manifest.json", "model.pkl", "check.pt", "report.json", "report.html"):
+        assert (out / f).is_file(), f
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["status"] == "ok" and rep["winner"] == "warpforge-fp32"
+    assert rep["model"]["inputs"] == [{"shape": [3, 3, 10, 10], "dtype": "float32"}]
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and "warpforge-fp32" in html and "<script" not in html
+    assert "http://" not in html and "https://" not in html  # self-contained
+    # The pickled graph reloads in a fresh process that cannot import model.py (cwd elsewhere, not on the path).
+    code = ("import torch, warpforge; m = warpforge.optimize.load(r'%s'); c = torch.load(r'%s');"
+            "torch.testing.assert_close(m(*c['inputs']), c['outputs']); print('ok')") % (out, out / "check.pt")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path.parent, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-2000:]
+
+
+def test_json_flag_prints_the_report(tmp_path):
+    path = _write(tmp_path, NET)
+    res = CliRunner().invoke(main, ["optimize", f"{path}:factory", "--backend", "eager", "--json",
+                                    "--out", str(tmp_path / "o"), *FAST])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert rep["winner"] == "eager-fp32" and rep["candidates"][0]["latency"]["n"] == 4
+
+
+@pytest.mark.parametrize("body,args,message", [
+    (None, ["no_such_model"], "unknown model 'no_such_model'; the zoo has: "),
+    ("def factory():\n    raise RuntimeError('weights missing')\n", [], "the factory raised RuntimeError: weights missing"),
+    ("import torch\ndef factory():\n    return torch.nn.Linear(4, 2), torch.ones(3, 5)\n", [],
+     "does not run on its example inputs"),
+    ("def factory():\n    return 42\n", [], "expected (model, example_inputs)"),
+    (None, ["missing.py:factory"], "no such file"),
+])
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, body, args, message):
+    if body is not None:
+        args = [f"{_write(tmp_path, body)}:factory"]
+    res = CliRunner().invoke(main, ["optimize", *args, "--out", str(tmp_path / "o"), *FAST])
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split()), res.output
+
+
+def test_bad_budget_and_device_exit_2(tmp_path):
+    path = _write(tmp_path, NET)
+    res = CliRunner().invoke(main, ["optimize", f"{path}:factory", "--max-rel", "-1", *FAST])
+    assert res.exit_code == 2 and "max_rel must be a finite number >= 0" in res.output
+
+
+def test_no_candidate_meets_the_budget_exits_1_with_the_report(tmp_path):
+    # Outputs that change on every call: no candidate reproduces the reference.
+    path = _write(tmp_path, NET + '''
+
+class Noisy(Net):
+    def forward(self, x):
+        y = super().forward(x)
+        return y + torch.randn_like(y)
+
+
+def noisy():
+    torch.manual_seed(0)
+    return Noisy().eval(), torch.randn(2, 3, 10, 10)
+''')
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["optimize", f"{path}:noisy", "--backend", "warpforge", "--out", str(out), *FAST])
+    assert res.exit_code == 1, res.output
+    assert "no candidate met the budget" in res.output
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["status"] == "no_candidate" and rep["winner"] is None
+    assert (out / "report.html").is_file() and not (out / "manifest.json").exists()
+    by = {r["name"]: r for r in rep["candidates"]}
+    assert by["eager-fp32"]["status"] == "rejected" and "max_rel" in by["eager-fp32"]["reason"]
+    # capture itself notices that the traced copy does not reproduce the model
+    assert by["warpforge-fp32"]["status"] == "failed" and "does not reproduce" in by["warpforge-fp32"]["reason"]
