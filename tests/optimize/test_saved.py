@@ -88,3 +88,17 @@ def test_gpu_fp16_winner_round_trip(tmp_path):
         assert man["cuda_graph"] is True and man["format"] == "pickle"
     x2 = image(n=4, hw=32, seed=3).cuda()
     torch.testing.assert_close(loaded(x2), opt(x2), rtol=1e-2, atol=1e-2)
+
+
+def test_onnxruntime_candidate_and_round_trip(tmp_path):
+    """Only where onnxruntime (and an ONNX exporter) is installed: it is optional, detected at run time."""
+    pytest.importorskip("onnxruntime")
+    model, x = make(SmallNet()), image()
+    opt = optimize(model, (x,), backends=["onnxruntime"], **FAST)
+    rec = next(r for r in opt.report["candidates"] if r["family"] == "onnxruntime")
+    if rec["status"] == "failed" and "export failed" in rec["reason"]:
+        pytest.skip(f"no working ONNX exporter here: {rec['reason']}")
+    assert opt.family == "onnxruntime", rec
+    opt.save(tmp_path)
+    assert json.loads((tmp_path / "manifest.json").read_text())["format"] == "onnx"
+    torch.testing.assert_close(load(tmp_path)(x), opt(x), rtol=1e-6, atol=1e-6)

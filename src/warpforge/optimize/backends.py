@@ -218,7 +218,7 @@ def export_onnx(module: nn.Module, inputs: tuple) -> bytes:
         for dynamo in (True, False):
             try:
                 with torch.no_grad():
-                    torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False)
+                    torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False, verbose=False)
                 with open(path, "rb") as f:
                     return f.read()
             except Exception as e:  # noqa: BLE001 - either exporter may be missing or refuse the model

@@ -45,6 +45,8 @@ def _why(records: list[dict[str, Any]], winner: str | None, status: str, error: 
     if winner is None:
         tried = [r for r in records if r["status"] in ("rejected", "failed", "passed")]
         parts = [f"{r['name']} {r['status']} ({r.get('reason', '')})" for r in tried]
+        if any(r["status"] == "passed" for r in tried):
+            parts.append("a passing candidate that was not asked for (the eager-fp32 baseline) is not chosen")
         return "no candidate met the accuracy budget: " + "; ".join(parts) if parts else \
             "no candidate could be tried: " + "; ".join(f"{r['name']}: {r.get('reason')}" for r in records)
     w = next(r for r in records if r["name"] == winner)
@@ -67,14 +69,18 @@ def make_report(model: dict[str, Any], settings: dict[str, Any], records: list[d
                 elapsed_s: float | None = None) -> dict[str, Any]:
     w = next((r for r in records if r["name"] == winner), None)
     details = (w or {}).get("details", {})
+    # Coverage, capture and passes describe a warpforge pipeline: the winner's, else the first one built.
+    graph_src = w if w is not None and "coverage" in details else next(
+        (r for r in records if "coverage" in r.get("details", {})), None)
+    graph = graph_src.get("details", {}) if graph_src else {}
     fallbacks = [{"candidate": r["name"], **f} for r in records for f in r.get("details", {}).get("fallbacks", [])]
     return {
         "status": status, "winner": winner, "why": _why(records, winner, status, error), "error": error,
         "model": model, "settings": settings, "environment": environment(settings.get("device", "cpu")),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "elapsed_s": elapsed_s, "notes": list(notes or []),
         "candidates": records, "fallbacks": fallbacks,
-        "layers": details.get("layers", []), "coverage": details.get("coverage", {}),
-        "capture": details.get("capture", {}), "passes": details.get("passes", []),
+        "layers": details.get("layers", []), "graph_of": graph_src["name"] if graph_src else None,
+        "coverage": graph.get("coverage", {}), "capture": graph.get("capture", {}), "passes": graph.get("passes", []),
     }
 
 
@@ -132,6 +138,29 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1, row_class: lis
     return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _latency_svg(report: dict[str, Any]) -> str:
+    """Inline SVG: one bar per timed candidate from p50 to p99 (whisker), p50 marked; the winner green."""
+    rows = [r for r in report.get("candidates", []) if r.get("latency")]
+    if not rows:
+        return ""
+    top = max(r["latency"]["p99_ms"] for r in rows) or 1.0
+    label_w, bar_w, h = 260, 560, 22
+    out = [f'<svg width="{label_w + bar_w + 120}" height="{h * len(rows) + 24}" '
+           'font-family="system-ui,sans-serif" font-size="12">']
+    for i, r in enumerate(rows):
+        lat, y = r["latency"], 8 + i * h
+        x50, x99 = label_w + bar_w * lat["p50_ms"] / top, label_w + bar_w * lat["p99_ms"] / top
+        color = "#3c9a3c" if r["name"] == report.get("winner") else "#7a8aa6"
+        out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end">{html.escape(r["name"])}</text>'
+                   f'<rect x="{label_w}" y="{y + 3}" width="{x50 - label_w:.1f}" height="{h - 8}" fill="{color}"/>'
+                   f'<line x1="{x50:.1f}" x2="{x99:.1f}" y1="{y + h / 2 - 1}" y2="{y + h / 2 - 1}" stroke="#333"/>'
+                   f'<line x1="{x99:.1f}" x2="{x99:.1f}" y1="{y + 6}" y2="{y + h - 8}" stroke="#333"/>'
+                   f'<text x="{x99 + 6:.1f}" y="{y + 14}">{lat["p50_ms"]:.4g} ms (p99 {lat["p99_ms"]:.4g})</text>')
+    out.append(f'<text x="{label_w}" y="{h * len(rows) + 20}" fill="#6b7280">bar: p50, whisker: to p99; '
+               "lower is better</text></svg>")
+    return "".join(out)
+
+
 def to_html(report: dict[str, Any]) -> str:
     """The report as one HTML page: inline CSS, no scripts, no external assets."""
     e = html.escape
@@ -165,6 +194,9 @@ def to_html(report: dict[str, Any]) -> str:
                    f'warm-up, each synchronized; offline: {s.get("offline_calls")} calls at the inputs\' batch. '
                    f'Validation: {e(str(s.get("val", "")))}. Speedups are p50 ratios (above 1: faster). '
                    'Peak memory is CUDA allocation above the level before the candidate was built (— on CPU).</p>')
+    chart = _latency_svg(report)
+    if chart:
+        parts.append("<h2>Single-stream latency</h2>" + chart)
     budgets = s.get("budgets", {})
     if budgets:
         parts.append("<h2>Accuracy budgets</h2>" + _table(
@@ -180,7 +212,7 @@ def to_html(report: dict[str, Any]) -> str:
     if cov:
         ops = [[e(k), str(v), "warpforge kernel"] for k, v in cov.get("warpforge_ops", {}).items()]
         ops += [[e(k), str(v), "torch"] for k, v in cov.get("torch_ops", {}).items()]
-        parts.append(f"<h2>Operator coverage (winner)</h2><p>{cov.get('warpforge_fraction', 0):.0%} of "
+        parts.append(f"<h2>Operator coverage ({e(str(report.get('graph_of')))})</h2><p>{cov.get('warpforge_fraction', 0):.0%} of "
                      f"{cov.get('ops_total', 0)} graph operators run through warpforge kernels.</p>"
                      + _table(["operator", "calls", "runs on"], ops, left=1))
     cap = report.get("capture", {})
@@ -190,7 +222,7 @@ def to_html(report: dict[str, Any]) -> str:
                      f"parameters in traced code; {len(eager)} module(s) left eager.</p>"
                      + (_table(["module", "why eager"], [[e(k), e(v)] for k, v in eager.items()], left=2) if eager else ""))
     if report.get("passes"):
-        parts.append("<h2>Passes (winner)</h2>" + _table(
+        parts.append(f"<h2>Passes ({e(str(report.get('graph_of')))})</h2>" + _table(
             ["pass", "changes"],
             [[e(p["name"]), e(", ".join(f"{k}: {v}" for k, v in p.get("counts", {}).items()) or "none")]
              for p in report["passes"]], left=2))
