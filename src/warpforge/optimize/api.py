@@ -315,6 +315,7 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
         except Exception as e:  # noqa: BLE001 - a candidate's failure is recorded, never fatal
             return {"status": "failed", "reason": f"build failed: {_err(e)}"}
         rec["build_s"] = time.perf_counter() - t0
+        rec["cuda_graph"] = built.cuda_graph
         rec["details"] = built.details
         outs = []
         try:
