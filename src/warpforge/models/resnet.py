@@ -82,7 +82,7 @@ def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bo
     make = _example(batch)
     with seeded(0):
         model = ResNet()
-        calibrate_batchnorm(model, (torch.randn(2, 3, 224, 224, generator=generator(0)),))
+        calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
     model = model.to(device=device, dtype=dtype).eval()
     return ModelSpec(name="resnet50", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
                      kind="classifier", weights="random",
