@@ -90,7 +90,7 @@ def test_bench_case_target_declares_its_work(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["resnet50"], "no model zoo yet"),
+    (["resnet5O"], "not a zoo model"),
     (["{f}:broken"], "failed during warm-up: RuntimeError: boom"),
     (["{f}:bare"], "return (model, inputs) or pass --input-shape"),
     (["{f}:missing"], "no function 'missing'"),
@@ -107,10 +107,17 @@ def test_bad_input_exits_2_with_a_clear_message(factories, args, message):
     assert message in " ".join(r.output.split())
 
 
-def test_zoo_message_lists_what_works():
-    r = invoke("resnet50")
+def test_unknown_name_lists_the_zoo_and_the_forms():
+    r = invoke("resnet5O")
     text = " ".join(r.output.split())
-    assert "path/to/file.py:factory" in text and "bench:SUITE/CASE" in text
+    assert "path/to/file.py:factory" in text and "bench:SUITE/CASE" in text and "mobilenet_v2" in text
+
+
+def test_zoo_model(tmp_path):
+    r = invoke("planner", "--iters", "1", "--warmup", "1", "--out", str(tmp_path / "p"))
+    assert r.exit_code == 0, r.output
+    assert "planner (batch 1, random weights)" in " ".join(r.output.split())
+    assert (tmp_path / "p" / "profile.json").is_file()
 
 
 def test_compare(factories, tmp_path):

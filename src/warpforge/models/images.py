@@ -13,7 +13,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from warpforge.models._common import require
+from collections.abc import Callable
+
+from torch import nn
+
+from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_inputs,
+                                     require, seeded)
+from warpforge.models.registry import ModelSpec
 
 # Photos of ImageNet-like subjects, in the order ``val_inputs()`` returns them.
 VAL_IMAGES = ("chelsea", "coffee", "astronaut", "rocket", "stereo_motorcycle", "clock", "camera")
@@ -72,3 +78,32 @@ def val_batches(batch: int, device: torch.device, dtype: torch.dtype, **kw) -> l
     count = -(-n // batch)
     idx = torch.arange(count * batch) % n
     return [(x[idx[i * batch:(i + 1) * batch]].to(device=device, dtype=dtype),) for i in range(count)]
+
+
+def classifier_spec(name: str, build: Callable[[], nn.Module], load_weights: Callable[[nn.Module], None],
+                    weights_package: str, *, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool,
+                    **normalize) -> ModelSpec:
+    """The spec of an ImageNet classifier on 224x224 inputs: real weights and photos (``normalize``:
+    the weights' mean/std) when ``pretrained``, else seeded random weights with BatchNorms calibrated
+    on one random batch (identity BatchNorms would shrink activations layer by layer) and random
+    validation inputs."""
+    def make(g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(batch, 3, 224, 224, generator=g),)
+
+    with seeded(0):
+        model = build()
+    if pretrained:
+        load_weights(model)
+    else:
+        with seeded(0):
+            calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
+    model = model.to(device=device, dtype=dtype).eval()
+
+    def val() -> list[tuple[torch.Tensor, ...]]:
+        if pretrained:
+            return val_batches(batch, device, dtype, **normalize)
+        return random_inputs(make, VAL_SEEDS, device, dtype)
+
+    return ModelSpec(name=name, model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
+                     kind="classifier", weights=f"ImageNet (package {weights_package})" if pretrained else "random",
+                     val_inputs=val)

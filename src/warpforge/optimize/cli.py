@@ -12,16 +12,14 @@ Exit codes: 0 a model was chosen and saved; 1 no candidate met the budget (the r
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import inspect
 import re
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from warpforge._factory import accepts, load_factory
 
 
 class ModelError(ValueError):
@@ -42,53 +40,13 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:80] or "model"
 
 
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def _load_factory(where: str, attr: str) -> Callable[..., Any]:
-    if not attr.isidentifier():
-        raise ModelError(f"{where}:{attr}: {attr!r} is not a function name")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where)
-        if not path.is_file():
-            raise ModelError(f"{where}: no such file")
-        # The module lives in sys.modules under a stable name so classes it defines pickle and unpickle
-        # within this process (a saved pickled model still needs the file importable on load).
-        name = f"_warpforge_optimize_{_slug(str(path.resolve())).replace('.', '_').replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ModelError(f"{where}: cannot be loaded as a Python module")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except Exception as e:
-            raise ModelError(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
-    else:
-        try:
-            mod = importlib.import_module(where)
-        except ImportError as e:
-            raise ModelError(f"{where}: cannot import module ({e})") from e
-    factory = getattr(mod, attr, None)
-    if not callable(factory):
-        public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_")
-                        and getattr(v, "__module__", None) == mod.__name__)
-        raise ModelError(f"{where}: no function {attr!r}" + (f" (it defines: {', '.join(public[:12])})" if public else ""))
-    return factory
-
-
 def _from_factory(spec: str, batch: int | None, device: torch.device) -> Resolved:
     where, _, attr = spec.rpartition(":")
-    factory = _load_factory(where, attr)
+    factory = load_factory(where, attr, ModelError, "_warpforge_optimize_")
     kwargs: dict[str, Any] = {}
-    if batch is not None and _accepts(factory, "batch"):
+    if batch is not None and accepts(factory, "batch"):
         kwargs["batch"] = batch
-    if _accepts(factory, "device"):
+    if accepts(factory, "device"):
         kwargs["device"] = device
     try:
         out = factory(**kwargs)

@@ -8,22 +8,16 @@ TARGET forms:
   ``llm:CHECKPOINT``              one decode step of warpforge's LLM engine (``--batch`` sequences,
                                   ``--prompt-len`` tokens of context), CUDA-graph replay on a GPU
   ``llm-prefill:CHECKPOINT``      one prefill of ``--batch`` fresh prompts of ``--prompt-len`` tokens
+  ``NAME``                        a model of the zoo (``warpforge.models.names()``) at ``--batch``
 A factory returns a model or callable (inputs from ``--input-shape``), ``(model, inputs)``, or a dict
 ``{"fn", "inputs", "module", "count_fn", "work", "name"}`` for a callable that is not a module (an
 engine step replaying CUDA graphs passes its eager twin as ``count_fn``). It may take
 ``input_shape`` (a list of shapes) and ``device`` keyword arguments.
-
-The model zoo comes with ``warpforge optimize`` (issue 6); until then a bare name is refused with
-the list of forms that work.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +26,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from warpforge._factory import accepts, load_factory
+
 FORMS = ("path/to/file.py:factory", "package.module:factory", "bench:SUITE/CASE[@PEER]", "llm:CHECKPOINT",
-         "llm-prefill:CHECKPOINT")
+         "llm-prefill:CHECKPOINT", "a zoo model NAME")
 LLM_DEFAULTS = {"decode": (8, 128), "prefill": (1, 512)}  # (batch, prompt tokens)
 
 
@@ -75,48 +71,23 @@ def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, dev
             return _llm(spec[len(prefix):], phase, dev, batch, prompt_len)
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
-        factory = _load_factory(where, attr)
+        factory = load_factory(where, attr, TargetError, "_warpforge_profile_target_")
         return _from_factory(spec, factory, input_shapes, dev)
-    raise TargetError(f"{spec!r}: no model zoo yet (it comes with `warpforge optimize`, issue 6). "
-                      f"TARGET can be one of: {', '.join(FORMS)}")
+    return _zoo(spec, dev, batch)
 
 
-def _load_factory(where: str, attr: str) -> Callable[..., Any]:
-    if not attr.isidentifier():
-        raise TargetError(f"{where}:{attr}: {attr!r} is not a function name")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where)
-        if not path.is_file():
-            raise TargetError(f"{where}: no such file")
-        name = f"_warpforge_profile_target_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise TargetError(f"{where}: cannot be loaded as a Python module")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses and pickling look their module up here
-        try:
-            spec.loader.exec_module(mod)
-        except Exception as e:
-            raise TargetError(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
-    else:
-        try:
-            mod = importlib.import_module(where)
-        except ImportError as e:
-            raise TargetError(f"{where}: cannot import module ({e})") from e
-    factory = getattr(mod, attr, None)
-    if not callable(factory):
-        public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_")
-                        and getattr(v, "__module__", None) == mod.__name__)
-        raise TargetError(f"{where}: no function {attr!r}" + (f" (it defines: {', '.join(public[:12])})" if public else ""))
-    return factory
+def _zoo(name: str, dev: torch.device, batch: int | None) -> Target:
+    from warpforge import models
 
-
-def _accepts(fn: Callable, name: str) -> bool:
+    if name not in models.names():
+        raise TargetError(f"{name!r}: not a zoo model ({', '.join(models.names())}); "
+                          f"TARGET can be one of: {', '.join(FORMS)}")
     try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        spec = models.get(name, batch=batch or 1, device=dev)
+    except (ImportError, ValueError) as e:  # a missing weights package names itself
+        raise TargetError(f"{name}: {e}") from e
+    return Target(name=f"{name} (batch {batch or 1}, {spec.weights} weights)", fn=spec.model,
+                  inputs=tuple(spec.example_inputs), module=spec.model)
 
 
 def _to(x: Any, dev: torch.device) -> Any:
@@ -125,9 +96,9 @@ def _to(x: Any, dev: torch.device) -> Any:
 
 def _from_factory(spec: str, factory: Callable, shapes: list[tuple[int, ...]] | None, dev: torch.device) -> Target:
     kwargs: dict[str, Any] = {}
-    if shapes and _accepts(factory, "input_shape"):
+    if shapes and accepts(factory, "input_shape"):
         kwargs["input_shape"] = shapes if len(shapes) > 1 else shapes[0]
-    if _accepts(factory, "device"):
+    if accepts(factory, "device"):
         kwargs["device"] = dev
     try:
         out = factory(**kwargs)

@@ -1,0 +1,58 @@
+"""``path/to/file.py:factory`` and ``package.module:factory`` specs, shared by the CLIs that take a
+user's model (``warpforge optimize``, ``warpforge profile``)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def load_factory(where: str, attr: str, error: type[Exception], module_prefix: str) -> Callable[..., Any]:
+    """The callable ``attr`` of a Python file (``where`` ends in .py or holds a path separator) or of
+    an importable module; ``error`` (a ValueError subclass of the caller's) names what was wrong.
+
+    A file is imported under a stable name in ``sys.modules`` (``module_prefix`` + its path), so
+    classes it defines pickle and unpickle within this process.
+    """
+    if not attr.isidentifier():
+        raise error(f"{where}:{attr}: {attr!r} is not a function name")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise error(f"{where}: no such file")
+        name = module_prefix + re.sub(r"[^A-Za-z0-9_]+", "_", str(path.resolve())).strip("_")[-80:]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise error(f"{where}: cannot be loaded as a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise error(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
+    else:
+        try:
+            mod = importlib.import_module(where)
+        except ImportError as e:
+            raise error(f"{where}: cannot import module ({e})") from e
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_")
+                        and getattr(v, "__module__", None) == mod.__name__)
+        raise error(f"{where}: no function {attr!r}" + (f" (it defines: {', '.join(public[:12])})" if public else ""))
+    return factory
+
+
+def accepts(fn: Callable, name: str) -> bool:
+    """Does ``fn`` take a keyword argument ``name`` (by name or through **kwargs)?"""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
