@@ -13,6 +13,9 @@ function; anything else (a mask or bias on the scores, dropout that is active, s
 head dim or dtype the kernel is not tested for, weights used elsewhere, causal with Sq != Sk) is left as it
 is and recorded as skipped with the reason. Layouts: SDPA's [B, H, S, D] goes to the kernel as
 ``x.transpose(1, 2)`` views ([B, S, H, D], no copies) and the output comes back the same way.
+
+Opt-in for now (not in ``default_passes()``):
+``optimize_graph(model, inputs, default_passes() + [ReplaceAttention()])``.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class FlashAttention(nn.Module):
 
 @dataclass
 class _Site:
-    """One attention call the kernel can take: its operands and the nodes it replaces (last one first)."""
+    """One attention call: its operands, what the kernel needs to know, the nodes it replaces, why not (reasons)."""
 
     form: str                 # "sdpa" or "explicit"
     q: fx.Node
@@ -198,13 +201,11 @@ def _transposed(n: fx.Node) -> fx.Node | None:
     last_two = {rank - 2, rank - 1}
     if n.op == "call_function" and n.target is getattr and n.args[1:] == ("mT",):
         return src
-    dims = None
     if n.op == "call_method" and n.target in ("transpose", "swapaxes", "swapdims") or \
             n.op == "call_function" and n.target in (torch.transpose, torch.swapaxes):
-        dims = n.args[1:] if len(n.args) == 3 else None
-        if dims is not None and {d % rank for d in dims if isinstance(d, int)} == last_two:
-            return src
-        return None
+        dims = n.args[1:]
+        ok = len(dims) == 2 and all(isinstance(d, int) for d in dims) and {d % rank for d in dims} == last_two
+        return src if ok else None
     if n.op == "call_method" and n.target == "permute" or n.op == "call_function" and n.target is torch.permute:
         perm = n.args[1] if len(n.args) == 2 and isinstance(n.args[1], (tuple, list)) else n.args[1:]
         want = list(range(rank - 2)) + [rank - 1, rank - 2]
@@ -249,7 +250,8 @@ class ReplaceAttention:
             operands = all(isinstance(t, fx.Node) for t in (site.q, site.k, site.v))
             reasons = site.reasons + (self._shape_reasons(site) if operands else [])
             if reasons:
-                ctx.record(self.name, "skipped", where, f"{site.form} ({site.anchor.name}): " + "; ".join(reasons))
+                what = site.form if where == site.anchor.name else f"{site.form} ({site.anchor.name})"
+                ctx.record(self.name, "skipped", where, f"{what}: " + "; ".join(reasons))
                 continue
             ctx.record(self.name, "replaced", where, self._rewrite(model, site, where))
             erased.update(site.erase)
@@ -393,7 +395,7 @@ class ReplaceAttention:
             graph.erase_node(n)
         qs, ks = _meta(site.q)[0], _meta(site.k)[0]
         ks = ks if site.k_t is None else ks[:-2] + (ks[-1], ks[-2])
-        heads = f"H={qs[1]}" + (f"/{ks[1]}" if ks[1] != qs[1] else "") if len(qs) == 4 else "H=1"
+        heads = f"B={qs[0]}, H={qs[1]}" + (f"/{ks[1]}" if ks[1] != qs[1] else "") if len(qs) == 4 else f"N={qs[0]}"
         scale = "default" if site.scale is None else f"{site.scale:.6g}"
         return (f"{site.form} [{heads}, Sq={qs[-2]}, Sk={ks[-2]}, D={qs[-1]}, causal={site.causal}, scale={scale}] "
                 f"({len(site.erase)} op(s)) into {name}")
