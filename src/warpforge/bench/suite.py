@@ -143,7 +143,9 @@ class EndToEndCase:
     ``{"ok", "rel_err", "tol", ...}`` (extra keys, e.g. the matched token count, go into the record);
     with ``check_against`` None it gets ``(ours_output, None)`` and checks ours on its own (every
     request completed with its token count). ``peers`` may be empty only when ``baseline`` says what
-    the row is judged against instead (a published figure).
+    the row is judged against instead (a published figure). A peer is recorded as the baseline (correct
+    by definition) unless its runs report their own check in ``Run.extra["correct"]`` (e.g. an fp16 peer
+    checked against the fp32 reference in the same run).
     """
 
     name: str
@@ -157,14 +159,17 @@ class EndToEndCase:
     rep: int = 1
     baseline: str = ""  # what the row is judged against, in words
     target: dict[str, Any] | None = None  # the issue's bar, e.g. {"ratio": {"hf": 10.0}} or {"mbu": 0.85}
+    # How the callables measure Run.ms, for the record's "timing" (method, warmup, rep, interleaved); None:
+    # each run's device-synchronized wall clock, one callable after another.
+    timing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         where = f"case {self.name!r}"
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"case name must be a non-empty string, got {self.name!r}")
-        for attr in ("params", "target"):
+        for attr in ("params", "target", "timing"):
             v = getattr(self, attr)
-            if v is None and attr == "target":
+            if v is None and attr != "params":
                 continue
             if not isinstance(v, dict):
                 raise ValueError(f"{where}: {attr} must be a dict")

