@@ -131,6 +131,7 @@ def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
 
 def op_coverage(gm: nn.Module) -> dict[str, Any]:
     """Operators of a captured graph: how many calls run through warpforge kernels and which stay torch."""
+    from warpforge.optimize.passes.attention import FlashAttention
     from warpforge.optimize.passes.fuse_conv import FusedConv2d
 
     if not isinstance(gm, fx.GraphModule):
@@ -141,7 +142,7 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
         if node.op == "call_module":
             mod = gm.get_submodule(node.target)
             name = type(mod).__name__
-            (ours if isinstance(mod, FusedConv2d) else ops)[name] += 1
+            (ours if isinstance(mod, (FusedConv2d, FlashAttention)) else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
             if name in ("getitem", "getattr", "contiguous", "size"):
