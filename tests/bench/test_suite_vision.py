@@ -85,7 +85,11 @@ def test_full_size_case_list_on_a_gpu_machine(monkeypatch):
     assert cases["resnet50-b1"].target["published_ms"] == {"torch.compile reduce-overhead fp16 (issue 6)": 0.716}
     assert cases["mobilenet_v2-b32"].target is None and "INT8" in cases["mobilenet_v2-b32"].baseline
     if vr.has_mobilenet_weights():
-        assert "real weights" in cases["mobilenet_v2-b1"].name and cases["mobilenet_v2-b1"].target["top1"] == 1.0
+        mb = cases["mobilenet_v2-b1"]
+        assert "real weights" in mb.name and mb.target["top1"] == 1.0 and mb.params["top1_judged"] is True
+        assert mb.check.__self__.min_top1 == 1.0  # issue 6: 100% agreement with fp32 at batch 1
+        assert cases["mobilenet_v2-b32"].check.__self__.min_top1 is None  # the gate's fp16 bar (99%)
+    assert cases["resnet50-b1"].params["top1_judged"] is False  # random weights: reported, not judged
     wall = cases["optimize-wall-mobilenet_v2"]
     assert set(wall.peers) == {"torch.compile-max-autotune-fp16"} and wall.target["max_ms"] == 60_000.0
     assert wall.params["max_autotune_peer"] == "on" and wall.params["protocol"] == "optimize() defaults"
@@ -113,11 +117,11 @@ def test_quick_mobilenet_batch1_on_cpu_checks_top1_against_fp32():
     assert "error" not in ours and ours["candidate"] == "warpforge-fp32" and ours["ms"] > 0
     assert ours["items_per_s"] > 0 and ours["warpforge_ops"]["FusedConv2d"] > 0 and ours["build_s"] > 0
     assert c["ok"] and c["against"] == "peer:eager-fp32" and c["rel_err"] < 1e-3 and c["top1"] == 1.0
-    assert c["top1_judged"] == real and c["val_samples"] == (7 if real else 2)
-    if real:
-        assert c["min_top1"] == 1.0  # issue 6: 100% agreement at batch 1 with real weights
+    # 64 px photos make near ties: top-1 is reported, judged only at full size (see the next test's list)
+    assert c["top1_judged"] is False and c["val_samples"] == (7 if real else 2)
     peer = r["peers"]["eager-fp32"]
     assert peer["correct"]["note"] == "the peer is the baseline" and r["ratio"]["eager-fp32"] > 0
+    assert peer["reference"] == "strict fp32 (TF32 off)" and set(peer["timed_tf32"]) == {"cudnn", "matmul"}
     assert math.isclose(r["ratio"]["eager-fp32"], peer["ms"] / ours["ms"])
     assert r["timing"]["interleaved"] and r["timing"]["blocks"] == 2 and ours["method"] == "host"
     assert r["work"]["flops"] > 0 and r["metric"] == "ms"
@@ -144,6 +148,7 @@ def test_wall_time_case_runs_optimize_in_a_fresh_process():
     assert {c["name"] for c in ours["candidates"]} >= {"eager-fp32", "warpforge-fp32"}
     assert r["correct"]["ok"] and r["correct"]["winner"] == ours["winner"]
     assert r["peers"] == {} and "skipped: no CUDA" in r["params"]["max_autotune_peer"]
+    assert r["params"]["protocol"]["backends"] == ["eager", "warpforge"]
     assert r["meets"]["max_ms"] == (ours["ms"] <= 60_000.0)
     assert r["timing"]["method"].startswith("wall clock") and r["params"]["caches"].startswith("cold")
 
@@ -241,20 +246,24 @@ def test_end_to_end_peer_reports_its_own_check_and_case_timing_replaces_wall():
 
 # ---- on the H200 ------------------------------------------------------------------------------------
 
-def _assert_gpu_record(r: dict, *, compile_peer: bool = True) -> None:
+def _assert_gpu_record(r: dict) -> None:
+    """Every candidate built, timed by CUDA events (host not hidden) and checked; ours within its budget.
+    A peer's own verdict is data (an fp16 peer may flip a near tie), so only its presence is asserted."""
     ours = r["ours"]
     assert "error" not in ours, (r["case"], ours)
     assert ours["candidate"] == "warpforge-fp16" and ours["cuda_graph"] is True, ours
     assert ours["method"].startswith("cuda_event") and "hostpad" not in ours["method"]
     assert r["correct"]["ok"], (r["case"], r["correct"])
-    for name in (vr.REFERENCE, vr.EAGER16, vr.GRAPH) + ((vr.COMPILE,) if compile_peer else ()):
+    for name in (vr.REFERENCE, vr.EAGER16, vr.GRAPH, vr.COMPILE):
         p = r["peers"][name]
         assert "error" not in p, (r["case"], name, p)
-        assert p["correct"]["ok"], (r["case"], name, p["correct"])
-        assert r["ratio"][name] > 0
+        assert r["ratio"][name] > 0 and p["method"].startswith("cuda_event")
+        if name != vr.REFERENCE:
+            assert p["correct"]["against"] == "peer:eager-fp32" and p["correct"]["rel_err"] is not None
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(1200)
 def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypatch):
     """Tiny sizes, every peer (fp16 eager, torch.compile reduce-overhead, CUDA graph) on CUDA."""
     monkeypatch.setenv("WARPFORGE_BENCH_MAX_AUTOTUNE", "0")
@@ -266,6 +275,8 @@ def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypa
             continue
         _assert_gpu_record(r)
         assert r["params"]["precision"] == "fp16" and r["work"]["flops"] > 0
+        for name in (vr.EAGER16, vr.GRAPH, vr.COMPILE):  # tiny random models: far from any fp16 bar
+            assert r["peers"][name]["correct"]["ok"], (r["case"], name, r["peers"][name]["correct"])
     planner = next(r for r in records if r["params"]["row"] == "planner-b1")
     assert planner["correct"]["traj_l2_max_m"] is not None
     assert planner["peers"][vr.COMPILE]["correct"]["traj_l2_mean_m"] is not None
@@ -275,7 +286,8 @@ def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypa
 @pytest.mark.timeout(1800)
 def test_full_size_batch1_classifiers_on_the_gpu():
     """The issue's batch-1 rows for MobileNetV2 and ResNet-50 at full size (each compiles with inductor)."""
-    records = _run("batch 1", device="cuda", quick=False)
+    records = _run("mobilenet_v2 batch 1", device="cuda", quick=False) + _run("resnet50 batch 1", device="cuda",
+                                                                             quick=False)
     by_row = {r["params"]["row"]: r for r in records}
     for row in ("mobilenet_v2-b1", "resnet50-b1"):
         r = by_row[row]

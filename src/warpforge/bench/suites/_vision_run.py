@@ -15,13 +15,14 @@ at import time; ``bench --list`` stays cheap).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
 import importlib.util
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,8 +217,24 @@ def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any
                       "fallbacks": fallbacks[:8], "fallback_count": len(fallbacks)}
 
 
+@contextlib.contextmanager
+def strict_fp32() -> Iterator[None]:
+    """fp32 without TF32 (cuDNN convolutions default to TF32 on Ampere and later: a 10-bit mantissa, the
+    same as fp16's, would blur the reference the fp16 candidates are judged against)."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def build_reference(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
-    return s.loaded.model, {"candidate": REFERENCE, "precision": "fp32"}
+    """Eager fp32: its validation outputs (strict fp32) are the reference; it is timed with torch's
+    default TF32 settings, as a user who does not touch them runs it."""
+    return s.loaded.model, {"candidate": REFERENCE, "precision": "fp32", "reference": "strict fp32 (TF32 off)",
+                            "timed_tf32": {"cudnn": torch.backends.cudnn.allow_tf32,
+                                           "matmul": torch.backends.cuda.matmul.allow_tf32}}
 
 
 def build_eager16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
@@ -341,11 +358,12 @@ class Protocol:
 class Session:
     """Builds, checks and times every candidate of one case once; each callable reads its share."""
 
-    def __init__(self, workload: Workload, names: list[str], protocol: Protocol,
+    def __init__(self, workload: Workload, names: list[str], protocol: Protocol, *, judge_top1: bool = False,
                  min_top1: float | None = None) -> None:
         if names[0] != REFERENCE or OURS not in names:
             raise ValueError(f"names must start with {REFERENCE!r} and hold {OURS!r}, got {names}")
-        self.workload, self.names, self.protocol, self.min_top1 = workload, names, protocol, min_top1
+        self.workload, self.names, self.protocol = workload, names, protocol
+        self.judge_top1, self.min_top1 = judge_top1, min_top1
         self._results: dict[str, list[Run] | str] | None = None
         self._unread: set[str] = set()
 
@@ -353,7 +371,10 @@ class Session:
         """The EndToEndCase run function of candidate ``name`` (rep: ignored, the protocol decides)."""
         def run(device: torch.device, rep: int) -> list[Run]:
             if self._results is None:
-                self._results = self._measure(device)
+                try:
+                    self._results = self._measure(device)
+                except Exception as e:  # noqa: BLE001 - measured once: every callable reports the failure
+                    self._results = {n: f"session failed: {_short(e)}" for n in self.names}
                 self._unread = set(self.names)
             got = self._results[name]
             self._unread.discard(name)
@@ -367,7 +388,7 @@ class Session:
     def check(self, ours: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
         """EndToEndCase.check: ours' validation outputs against eager fp32's, in the same run."""
         return accuracy(reference["out"], ours["out"], kind=self.workload.kind, precision=ours["precision"],
-                        judge_top1=self.workload.real_weights, min_top1=self.min_top1)
+                        judge_top1=self.judge_top1, min_top1=self.min_top1)
 
     def _measure(self, device: torch.device) -> dict[str, list[Run] | str]:
         try:
@@ -385,7 +406,8 @@ class Session:
                 t0 = time.perf_counter()
                 fn, info[name] = BUILDERS[name](shared, device)
                 info[name]["build_s"] = time.perf_counter() - t0
-                outs[name] = collect(fn, loaded.val, loaded.n_val)
+                with strict_fp32() if name == REFERENCE else contextlib.nullcontext():
+                    outs[name] = collect(fn, loaded.val, loaded.n_val)
                 fns[name] = fn
             except Exception as e:  # noqa: BLE001 - a candidate's failure is data for the record
                 errors[name] = f"{name} failed: {_short(e)}"
@@ -402,7 +424,7 @@ class Session:
             extra = {**info[name], "batch": batch, "validation": loaded.val_note, "weights": loaded.weights}
             if name not in (OURS, REFERENCE):  # peers report their own check; ours is checked by the case
                 extra["correct"] = {**accuracy(outs[REFERENCE], outs[name], kind=self.workload.kind,
-                                               precision=info[name]["precision"], judge_top1=self.workload.real_weights,
+                                               precision=info[name]["precision"], judge_top1=self.judge_top1,
                                                min_top1=self.min_top1), "against": f"peer:{REFERENCE}"}
             output = {"out": outs[name], "precision": info[name]["precision"]} if name in (OURS, REFERENCE) else None
             results[name] = [Run(ms=t.median_ms, tokens=0, output=output, work={"flops": flops},

@@ -77,7 +77,7 @@ def _run_child(task: dict[str, Any], limit: float) -> dict[str, Any]:
     return {**json.loads(lines[-1][len(RESULT):]), "process_s": process_s}
 
 
-def ours_fn(workload: dict[str, Any], protocol: dict[str, int]):
+def ours_fn(workload: dict[str, Any], protocol: dict[str, Any]):
     def fn(device: torch.device, rep: int) -> list[Run]:
         runs = []
         for _ in range(rep):
