@@ -20,7 +20,7 @@ from warpforge.llm.outputs import Detokenizer, RequestMetrics, RequestOutput, no
 from warpforge.llm.runner import ModelRunner
 from warpforge.llm.sampling import SamplingParams
 from warpforge.llm.scheduler import Scheduler
-from warpforge.llm.sequence import Sequence, SequenceStatus
+from warpforge.llm.sequence import Sequence
 
 Prompt = str | list[int]
 

@@ -21,7 +21,6 @@ Imports of warpforge.llm and transformers stay inside the callables so ``bench -
 from __future__ import annotations
 
 import gc
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -245,7 +244,7 @@ def hf_run(preset: str, prompts: Prompts, out_lens: list[int], *, requests: int 
                                    if device.type == "cuda" else None, "requests": n_req, "batch": batch},
                             output={"ids": ids, "want": outs_wanted, "exact": dtype == torch.float32},
                             work=generation_work(s, elt, [len(x) for x in p], outs_wanted)))
-        del model
+        model = None  # drop the weights (the closure above holds the name) before freeing the cache
         _free(device)
         return runs
     return fn
