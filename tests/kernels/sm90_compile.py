@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from warpforge.kernels import gemv, matmul, matmul_fp8  # noqa: E402
+from warpforge.kernels import gemv, matmul, matmul_fp8, matmul_int8  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
@@ -62,7 +62,8 @@ def _flags(sig: dict, consts: dict, **flags) -> None:
         sig[k], consts[k] = "constexpr", v
 
 
-def matmul_tma(cfg, dt="bf16", out="bf16", fp8=False, b_kmajor=True, epilogue=True) -> dict:
+def matmul_tma(cfg, dt="bf16", out="bf16", fp8=False, b_kmajor=True, epilogue=True, int8=False) -> dict:
+    """fp8=True: per-row/column scales (fp8 and int8); int8=True: int8 operands, int32 accumulator."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     c_tma = not cfg.warp_specialize  # as launch_gemm: warp-specialized configs store through pointers
     cbn = bn // 2 if cfg.epilogue_subtile else bn
@@ -78,11 +79,12 @@ def matmul_tma(cfg, dt="bf16", out="bf16", fp8=False, b_kmajor=True, epilogue=Tr
     _flags(sig, consts, A_KMAJOR=True, B_KMAJOR=b_kmajor, C_TMA=c_tma, SCALE_A=2 * fp8, SCALE_B=2 * fp8,
            HAS_BIAS=epilogue, ACTIVATION=2 if epilogue else 0, HAS_RES=False, DOT_PRECISION="tf32",
            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, NUM_SMS=132,
-           WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.flatten, EPILOGUE_SUBTILE=cfg.epilogue_subtile)
+           WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.flatten, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+           INT_ACC=int8)
     return compile_sm90(matmul._matmul_tma_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True) -> dict:
+def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True, int8=False) -> dict:
     ints = ["M", "N", "K", "stride_am", "stride_bk", "stride_bn", "stride_cm"]
     sig = {"a_ptr": f"*{dt}", "b_ptr": f"*{dt}", "c_ptr": f"*{out}", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
            "bias_ptr": f"*{out}", **{n: "i32" for n in ints}}
@@ -95,7 +97,7 @@ def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True) -> dict:
         sig[n] = "constexpr"
     _flags(sig, consts, SCALE_A=2 * fp8, SCALE_B=2 * fp8, HAS_BIAS=epilogue, ACTIVATION=2 if epilogue else 0,
            HAS_RES=False, DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-           GROUP_M=cfg.group_m)
+           GROUP_M=cfg.group_m, INT_ACC=int8)
     return compile_sm90(matmul._matmul_ptr_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
@@ -149,6 +151,11 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         out.append((f"fp8 tma {cfg}", lambda cfg=cfg: matmul_tma(cfg, "fp8e4nv", fp8=True)))
     for cfg in pick([c for c in matmul_fp8.FP8_CONFIGS if not c.tma]):
         out.append((f"fp8 ptr {cfg}", lambda cfg=cfg: matmul_ptr(cfg, "fp8e4nv", fp8=True)))
+    # int8: per-row activation and per-channel weight scales, fp16 out (QuantLinearW8A8's launch).
+    for cfg in pick([c for c in matmul_int8.INT8_CONFIGS if c.tma]):
+        out.append((f"int8 tma {cfg}", lambda cfg=cfg: matmul_tma(cfg, "i8", "fp16", fp8=True, int8=True)))
+    for cfg in pick([c for c in matmul_int8.INT8_CONFIGS if not c.tma]):
+        out.append((f"int8 ptr {cfg}", lambda cfg=cfg: matmul_ptr(cfg, "i8", "fp16", fp8=True, int8=True)))
     for cfgs in gemv.LINEAR_CONFIGS.values():
         for cfg in pick([c for c in cfgs if not c.words]):
             for fmt, group in ((0, None), (1, None), (2, 128), (3, None)):

@@ -12,7 +12,8 @@ Two kernels share one epilogue:
 
 The epilogue (per-row/column scales for fp8, bias, activation, residual, cast) runs in registers
 on the fp32 accumulator before the single store. ``matmul_fp8`` (kernels/matmul_fp8.py) launches
-the same kernels with e4m3 operands and scales.
+the same kernels with e4m3 operands and scales; ``matmul_int8`` (kernels/matmul_int8.py) with int8
+operands, an int32 accumulator (constexpr INT_ACC) converted to fp32 before the epilogue.
 """
 
 from __future__ import annotations
@@ -220,6 +221,7 @@ def _matmul_tma_kernel(
     ACTIVATION: tl.constexpr, HAS_RES: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    INT_ACC: tl.constexpr = False,  # int8 operands: exact int32 accumulator, converted to fp32 for the epilogue
 ):
     """Persistent: program p computes tiles p, p + NUM_SMS, ... of the [M, N] output."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -230,7 +232,10 @@ def _matmul_tma_kernel(
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if INT_ACC:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K  # out-of-range rows/columns arrive as zeros (TMA padding)
             if A_KMAJOR:
@@ -241,7 +246,12 @@ def _matmul_tma_kernel(
                 b = b_desc.load([off_n, off_k]).T  # [BK, BN]
             else:
                 b = b_desc.load([off_k, off_n])
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            if INT_ACC:
+                acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if INT_ACC:
+            acc = acc.to(tl.float32)
         if EPILOGUE_SUBTILE:
             # Two [BM, BN/2] halves: the C staging buffer is half the size, leaving room for a stage.
             acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
@@ -264,6 +274,7 @@ def _matmul_ptr_kernel(
     SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_RES: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INT_ACC: tl.constexpr = False,  # int8 operands: exact int32 accumulator, converted to fp32 for the epilogue
 ):
     """One program per [BLOCK_M, BLOCK_N] output tile; any strides."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -275,14 +286,22 @@ def _matmul_ptr_kernel(
     cols = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak  # [BM, BK]
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn  # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if INT_ACC:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(tl.cdiv(K, BLOCK_K)):
         k_left = K - ki * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if INT_ACC:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    if INT_ACC:
+        acc = acc.to(tl.float32)
     acc = _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias, res_ptr, stride_rm, stride_rn,
                     SCALE_A, SCALE_B, HAS_BIAS, ACTIVATION, HAS_RES)
     _store(c_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn)
@@ -386,7 +405,7 @@ def launch_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, scale_a=
     dot_precision = "ieee" if a.dtype == torch.float32 else "tf32"  # fp32 inputs: exact, as torch.matmul
     sms = INTERPRET_NUM_SMS if device.type != "cuda" else num_sms(device)
     common = dict(SCALE_A=scale_a_mode, SCALE_B=scale_b_mode, HAS_BIAS=bias is not None, ACTIVATION=activation,
-                  HAS_RES=residual is not None, DOT_PRECISION=dot_precision)
+                  HAS_RES=residual is not None, DOT_PRECISION=dot_precision, INT_ACC=a.dtype == torch.int8)
     bias_stride = bias.stride(0) if bias is not None else 0
     rs = residual.stride() if residual is not None else (0, 0)
 

@@ -79,6 +79,21 @@ def matmul_fp8_ref(a, b, scale_a, scale_b, bias=None, activation=None, residual=
     return _matmul_epilogue(y, bias, activation, residual, out_dtype)
 
 
+def matmul_int8_ref(a, b, scale_a, scale_b, bias=None, activation=None, residual=None, out_dtype=None, *,
+                    acc_dtype=torch.float32):
+    """Reference for ``matmul_int8.matmul_int8`` (the matmul kernels with int8 operands, INT_ACC=True).
+
+    The int8 product is exact (float64 holds every int32 sum of K int8 products), then, as the kernel
+    does, converted to ``acc_dtype`` before ``activation(y * scale_a * scale_b + bias) + residual``.
+    Scales as in :func:`matmul_fp8_ref`.
+    """
+    y = (a.to(torch.float64) @ b.to(torch.float64)).to(acc_dtype)
+    sa, sb = scale_a.to(acc_dtype), scale_b.to(acc_dtype)
+    y = y * (sa.reshape(()) if sa.numel() == 1 else sa.reshape(-1, 1))
+    y = y * (sb.reshape(()) if sb.numel() == 1 else sb.reshape(1, -1))
+    return _matmul_epilogue(y, bias, activation, residual, out_dtype)
+
+
 def linear_ref(x, weight, bias=None, activation=None, out_dtype=None, *, acc_dtype=torch.float32):
     """Reference for ``gemv.linear``/``gemv.gemv`` (kernel ``_linear_kernel`` + ``_splitk_reduce_kernel``).
 
