@@ -77,18 +77,19 @@ def test_matmul_int8_configs(triton_on_cpu, device, gen, config, per_row):
 
 
 def test_matmul_int8_exact_accumulation(triton_on_cpu, device):
-    """All-extreme operands: every partial sum is a large integer; fp32 accumulation of the same
-    products would still be exact here, so also check the int32 result itself through scale 1."""
-    M, N, K = 5, 40, 200
+    """Running sums far past 2^24 (where fp32 no longer holds every integer) and a small exact result:
+    K = 2200 products of 127 * +-127 climb to 1100 * 16129 ~ 1.8e7, then come back down to 127."""
+    M, N, K = 5, 40, 2200
     a = torch.full((M, K), 127, dtype=torch.int8, device=device)
-    a[:, 1::2] = -127
-    w = torch.full((N, K), -127, dtype=torch.int8, device=device)
+    w = torch.full((N, K), 127, dtype=torch.int8, device=device)
+    w[:, K // 2:] = -127
+    w[:, -1] = -126
     one = torch.tensor(1.0, device=device)
-    out = matmul_int8(a, w.t(), one, one, out_dtype=torch.float32)
-    assert torch.equal(out, torch.zeros(M, N, device=device))  # +127*-127 and -127*-127 alternate
-    a[:, :] = 127
-    out = matmul_int8(a, w.t(), one, one, out_dtype=torch.float32)
-    assert torch.equal(out, torch.full((M, N), -127.0 * 127 * K, device=device))
+    for k in (K, K - 8):  # TMA kernel (K % 16 == 0) and pointer kernel
+        aa, ww = a[:, K - k:].contiguous(), w[:, K - k:].contiguous()
+        out = matmul_int8(aa, ww.t(), one, one, out_dtype=torch.float32)
+        expect = 127.0 * 127 * (k - K // 2) - 127 * 127 * (K // 2 - 1) - 127 * 126
+        assert torch.equal(out, torch.full((M, N), expect, device=device)), (k, out[0, 0].item(), expect)
 
 
 @pytest.mark.parametrize("activation", ACTS)
@@ -223,5 +224,5 @@ def test_matmul_int8_matches_int_mm_gpu(gen):
     a, b = _operands(M, N, K, gen, "cuda")
     one = torch.tensor(1.0, device="cuda")
     ours = matmul_int8(a, b, one, one, out_dtype=torch.float32)
-    theirs = torch._int_mm(a, b)
+    theirs = torch._int_mm(a, b.contiguous())
     assert torch.equal(ours, theirs.float())
