@@ -160,10 +160,11 @@ def test_quantize_shared_and_nested_linears_and_bare_linear():
     assert isinstance(qbare, QuantLinearW8A8) and [r.name for r in report.layers] == [""]
 
 
-def test_quantize_restores_training_mode():
+def test_quantize_restores_training_modes():
     model = _mlp(_gen(9)).train()
+    model[1].eval()  # a submodule left in eval mode stays there
     model, _ = quantize_linears(model, [(torch.randn(4, 64),)])
-    assert model.training
+    assert model.training and not model[1].training and model[3].training
 
 
 def test_quantize_rejects_bad_calibration_inputs():

@@ -224,8 +224,8 @@ class _ErrorStats:
 
 def _check_calib_inputs(calib_inputs) -> list[tuple]:
     if not isinstance(calib_inputs, (list, tuple)) or len(calib_inputs) == 0:
-        raise ValueError("calib_inputs: expected a non-empty list of argument tuples, "
-                         f"got {type(calib_inputs).__name__}" + (" (empty)" if calib_inputs == [] else ""))
+        got = "an empty list" if isinstance(calib_inputs, (list, tuple)) else type(calib_inputs).__name__
+        raise ValueError(f"calib_inputs: expected a non-empty list of argument tuples, got {got}")
     for i, args in enumerate(calib_inputs):
         if not isinstance(args, tuple):
             raise ValueError(f"calib_inputs[{i}]: expected a tuple of model arguments, got {type(args).__name__} "
@@ -254,7 +254,8 @@ def _linear_input(name: str, linear: nn.Linear, args: tuple, index: int) -> torc
 def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max") -> tuple[nn.Module, QuantReport]:
     """Calibrate every nn.Linear of ``model`` on ``calib_inputs`` (each a tuple of model arguments) and
     replace it by QuantLinearW8A8, in place. Returns (model, report); a bare nn.Linear ``model`` comes
-    back as a new QuantLinearW8A8. Calibration runs in eval mode under no_grad; the mode is restored.
+    back as a new QuantLinearW8A8. Calibration runs in eval mode under no_grad; each module's mode is
+    restored.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -269,7 +270,7 @@ def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max"
         return model, report
 
     at = [0]  # the calibration input being run
-    was_training = model.training
+    modes = {m: m.training for m in model.modules()}  # restored module by module afterwards
     model.eval()
     handles = []
     try:
@@ -312,8 +313,10 @@ def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max"
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
-    new_model.train(was_training)
+        for m, training in modes.items():
+            m.training = training
+    if new_model is not model:
+        new_model.train(model.training)
 
     for m, name in linears.items():
         q, obs = quant[m], observers[m]
