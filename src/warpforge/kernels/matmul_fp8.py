@@ -42,23 +42,14 @@ def _scale_mode(name: str, scale, length: int, vector_shapes: tuple, device) -> 
                      f"(shape {' or '.join(str(s) for s in vector_shapes)}), got {tuple(scale.shape)}")
 
 
-def matmul_fp8(
-    a: torch.Tensor,  # [M, K] float8_e4m3fn, row-major
-    b: torch.Tensor,  # [K, N] float8_e4m3fn, column-major (b.T contiguous)
-    scale_a: torch.Tensor,  # fp32: one value, or [M] / [M, 1] per row of a
-    scale_b: torch.Tensor,  # fp32: one value, or [N] / [1, N] per column of b
-    *,
-    bias: torch.Tensor | None = None,  # [N]
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,  # [M, N]
-    out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,  # [M, N] of out_dtype
-    config: MatmulConfig | None = None,
-) -> torch.Tensor:  # [M, N] out_dtype
-    """Scaled e4m3 matmul: ``activation((a @ b) * scale_a * scale_b + bias) + residual``."""
-    check_tensor("a", a, dtypes=(FP8_DTYPE,), ndim=2)
+def check_scaled_gemm(a, b, dtype: torch.dtype, scale_a, scale_b, *, bias, activation, residual, out_dtype, out,
+                      config) -> tuple[int, int, int, int, int]:
+    """Validate a scaled GEMM's operands (fp8 and int8: a row-major [M, K], b column-major [K, N] of
+    ``dtype``, fp32 scales per tensor or per row/column); returns (M, N, scale_a mode, scale_b mode,
+    activation code)."""
+    check_tensor("a", a, dtypes=(dtype,), ndim=2)
     device = a.device
-    check_tensor("b", b, dtypes=(FP8_DTYPE,), ndim=2, device=device)
+    check_tensor("b", b, dtypes=(dtype,), ndim=2, device=device)
     M, K = a.shape
     if b.shape[0] != K:
         raise ValueError(f"b: expected shape ({K}, N) to match a {tuple(a.shape)}, got {tuple(b.shape)}")
@@ -76,7 +67,27 @@ def matmul_fp8(
     check_epilogue_operands(M, N, device, bias, residual, out, out_dtype, (a, b))
     if config is not None and not isinstance(config, MatmulConfig):
         raise ValueError(f"config: expected a MatmulConfig, got {type(config).__name__}")
+    return M, N, sa_mode, sb_mode, act
 
+
+def matmul_fp8(
+    a: torch.Tensor,  # [M, K] float8_e4m3fn, row-major
+    b: torch.Tensor,  # [K, N] float8_e4m3fn, column-major (b.T contiguous)
+    scale_a: torch.Tensor,  # fp32: one value, or [M] / [M, 1] per row of a
+    scale_b: torch.Tensor,  # fp32: one value, or [N] / [1, N] per column of b
+    *,
+    bias: torch.Tensor | None = None,  # [N]
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,  # [M, N]
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,  # [M, N] of out_dtype
+    config: MatmulConfig | None = None,
+) -> torch.Tensor:  # [M, N] out_dtype
+    """Scaled e4m3 matmul: ``activation((a @ b) * scale_a * scale_b + bias) + residual``."""
+    M, N, sa_mode, sb_mode, act = check_scaled_gemm(a, b, FP8_DTYPE, scale_a, scale_b, bias=bias,
+                                                    activation=activation, residual=residual,
+                                                    out_dtype=out_dtype, out=out, config=config)
+    device = a.device
     if not use_triton(a, b, scale_a, scale_b, bias, residual, out):
         ref = reference.matmul_fp8_ref(a, b, scale_a, scale_b, bias, activation, residual, out_dtype)
         return out.copy_(ref) if out is not None else ref

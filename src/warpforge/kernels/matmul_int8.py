@@ -19,11 +19,8 @@ import torch
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
-from warpforge.kernels.matmul import (
-    MatmulConfig, _ptr_configs, _tma_configs, activation_code, check_epilogue_operands, check_out_dtype,
-    check_tensor, launch_gemm,
-)
-from warpforge.kernels.matmul_fp8 import _scale_mode
+from warpforge.kernels.matmul import MatmulConfig, _ptr_configs, _tma_configs, check_tensor, launch_gemm
+from warpforge.kernels.matmul_fp8 import check_scaled_gemm
 
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never produced, so -q is always representable
 
@@ -51,27 +48,10 @@ def matmul_int8(
     config: MatmulConfig | None = None,  # fixed launch config (skips autotuning; for sweeps and tests)
 ) -> torch.Tensor:  # [M, N] out_dtype
     """W8A8 matmul: ``activation(float(a @ b) * scale_a * scale_b + bias) + residual``, a @ b in int32."""
-    check_tensor("a", a, dtypes=(torch.int8,), ndim=2)
+    M, N, sa_mode, sb_mode, act = check_scaled_gemm(a, b, torch.int8, scale_a, scale_b, bias=bias,
+                                                    activation=activation, residual=residual,
+                                                    out_dtype=out_dtype, out=out, config=config)
     device = a.device
-    check_tensor("b", b, dtypes=(torch.int8,), ndim=2, device=device)
-    M, K = a.shape
-    if b.shape[0] != K:
-        raise ValueError(f"b: expected shape ({K}, N) to match a {tuple(a.shape)}, got {tuple(b.shape)}")
-    N = b.shape[1]
-    if a.stride(1) != 1 and K > 1:
-        raise ValueError(f"a: expected row-major [M, K] (a.stride(1) == 1), got strides {a.stride()}; "
-                         "pass a.contiguous()")
-    if b.stride(0) != 1 and K > 1:
-        raise ValueError(f"b: expected column-major [K, N] (b.stride(0) == 1), got strides {b.stride()}; "
-                         "pass w.t() for a row-major int8 [N, K] weight w, or b.t().contiguous().t()")
-    sa_mode = _scale_mode("scale_a", scale_a, M, ((M,), (M, 1)), device)
-    sb_mode = _scale_mode("scale_b", scale_b, N, ((N,), (1, N)), device)
-    act = activation_code(activation)
-    check_out_dtype(out_dtype)
-    check_epilogue_operands(M, N, device, bias, residual, out, out_dtype, (a, b))
-    if config is not None and not isinstance(config, MatmulConfig):
-        raise ValueError(f"config: expected a MatmulConfig, got {type(config).__name__}")
-
     if not use_triton(a, b, scale_a, scale_b, bias, residual, out):
         ref = reference.matmul_int8_ref(a, b, scale_a, scale_b, bias, activation, residual, out_dtype)
         return out.copy_(ref) if out is not None else ref
