@@ -14,6 +14,8 @@ Not wired into ``optimize()``'s candidates or passes yet.
 
 from __future__ import annotations
 
+import abc
+
 import math
 from dataclasses import dataclass, field
 
@@ -30,16 +32,16 @@ MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 
 
 # ---- observers ----------------------------------------------------------------------------------
-class Observer:
+class Observer(abc.ABC):
     """Sees activations (``observe``) and chooses a clipping threshold; scale = threshold / 127."""
 
     name = "observer"
 
-    def observe(self, x: torch.Tensor) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def observe(self, x: torch.Tensor) -> None: ...
 
-    def threshold(self) -> float:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def threshold(self) -> float: ...
 
     def scale(self) -> float:
         return max(self.threshold(), MIN_AMAX) / INT8_MAX
