@@ -72,3 +72,14 @@ def random_inputs(make: Callable[[torch.Generator], tuple[torch.Tensor, ...]], s
 
 EXAMPLE_SEED = 1
 VAL_SEEDS = range(100, 104)
+
+
+def random_spec(name: str, kind: str, model: nn.Module, make: Callable[[torch.Generator], tuple[torch.Tensor, ...]],
+                device: torch.device, dtype: torch.dtype):
+    """The ModelSpec of a random-weight model (no weights reachable offline): ``model`` in eval mode on
+    device/dtype, example inputs from ``make`` at EXAMPLE_SEED, validation inputs at VAL_SEEDS."""
+    from warpforge.models.registry import ModelSpec
+
+    return ModelSpec(name=name, model=model.to(device=device, dtype=dtype).eval(),
+                     example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype), kind=kind, weights="random",
+                     val_inputs=lambda: random_inputs(make, VAL_SEEDS, device, dtype))

@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_inputs,
-                                      seeded)
+from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
 from warpforge.models.registry import ModelSpec
 
 # (name, yaw in degrees, x, y, z of the camera in the ego frame: x forward, y left, z up; metres)
@@ -215,7 +214,4 @@ def build(config: LSSConfig = LSSConfig(), seed: int = 0) -> BevLSS:
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no LSS weights are reachable offline; the model is random either way.
     c = LSSConfig()
-    model = build(c).to(device=device, dtype=dtype).eval()
-    make = _example(batch, c)
-    return ModelSpec(name="bev_lss", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
-                     kind="bev", weights="random", val_inputs=lambda: random_inputs(make, VAL_SEEDS, device, dtype))
+    return random_spec("bev_lss", "bev", build(c), _example(batch, c), device, dtype)

@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_inputs,
-                                      seeded)
+from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
 from warpforge.models.layers import Attention, Mlp, init_transformer
 from warpforge.models.registry import ModelSpec
 
@@ -173,8 +172,4 @@ def build(config: DetrConfig = DetrConfig(), seed: int = 0) -> Detr:
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no DETR weights are reachable offline; the model is random either way.
     c = DetrConfig()
-    model = build(c).to(device=device, dtype=dtype).eval()
-    make = _example(batch, c)
-    return ModelSpec(name="detr_small", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
-                     kind="detector", weights="random",
-                     val_inputs=lambda: random_inputs(make, VAL_SEEDS, device, dtype))
+    return random_spec("detr_small", "detector", build(c), _example(batch, c), device, dtype)

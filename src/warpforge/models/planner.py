@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from warpforge.models._common import EXAMPLE_SEED, VAL_SEEDS, generator, move, random_inputs, seeded
+from warpforge.models._common import random_spec, seeded
 from warpforge.models.layers import Attention, Block, Mlp, init_transformer
 from warpforge.models.registry import ModelSpec
 
@@ -174,9 +174,4 @@ def build(config: PlannerConfig = PlannerConfig(), seed: int = 0) -> Planner:
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no planner weights are reachable offline; the model is random either way.
     c = PlannerConfig()
-    model = build(c).to(device=device, dtype=dtype).eval()
-
-    def make(g):
-        return scene(g, batch, c)
-    return ModelSpec(name="planner", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
-                     kind="planner", weights="random", val_inputs=lambda: random_inputs(make, VAL_SEEDS, device, dtype))
+    return random_spec("planner", "planner", build(c), lambda g: scene(g, batch, c), device, dtype)

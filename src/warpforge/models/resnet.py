@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_inputs,
-                                      seeded)
+from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
 from warpforge.models.registry import ModelSpec
 
 
@@ -79,11 +78,7 @@ def _example(batch: int):
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no ResNet-50 weights are reachable offline; the model is random either way.
-    make = _example(batch)
     with seeded(0):
         model = ResNet()
         calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
-    model = model.to(device=device, dtype=dtype).eval()
-    return ModelSpec(name="resnet50", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
-                     kind="classifier", weights="random",
-                     val_inputs=lambda: random_inputs(make, VAL_SEEDS, device, dtype))
+    return random_spec("resnet50", "classifier", model, _example(batch), device, dtype)

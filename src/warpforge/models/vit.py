@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from warpforge.models._common import EXAMPLE_SEED, VAL_SEEDS, generator, move, random_inputs, seeded
+from warpforge.models._common import random_spec, seeded
 from warpforge.models.layers import Block, init_transformer
 from warpforge.models.registry import ModelSpec
 
@@ -59,8 +59,4 @@ def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bo
     # pretrained: no ViT weights are reachable offline; the model is random either way.
     with seeded(0):
         model = VisionTransformer()
-    model = model.to(device=device, dtype=dtype).eval()
-    make = _example(batch)
-    return ModelSpec(name="vit_b16", model=model, example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype),
-                     kind="classifier", weights="random",
-                     val_inputs=lambda: random_inputs(make, VAL_SEEDS, device, dtype))
+    return random_spec("vit_b16", "classifier", model, _example(batch), device, dtype)
