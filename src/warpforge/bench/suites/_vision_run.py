@@ -289,20 +289,35 @@ def trajectory_error(ref: torch.Tensor, out: torch.Tensor) -> dict[str, float | 
 
 
 def accuracy(ref: Any, out: Any, *, kind: str, precision: str, judge_top1: bool,
-             min_top1: float | None = None) -> dict[str, Any]:
+             min_top1: float | None = None, framework_err: dict[str, float] | None = None) -> dict[str, Any]:
     """Out against the fp32 reference (both on CPU, samples along dim 0), judged by the optimizer's gate
-    budget for ``precision``: {"ok", "rel_err" (max |err| / max |ref|), "tol", ...figures}."""
+    budget for ``precision``: {"ok", "rel_err" (max |err| / max |ref|), "tol", ...figures}.
+
+    ``framework_err`` ({"rel_err", "min_cosine"} of torch's own eager model at the same precision on the
+    same inputs): the bars widen to twice torch's own error where that exceeds the budget. Random-weight
+    deep nets have no trained scale (ResNet-50's logits stray 3% in plain torch fp16), so there the
+    question the check can answer is whether ours is as accurate as the framework at that precision."""
     from warpforge.optimize.gate import DEFAULT_BUDGETS, compare
 
     budget = DEFAULT_BUDGETS[precision]
     if min_top1 is not None:
         budget = budget.with_overrides(min_top1=min_top1)
+    basis = "the optimizer's default budget"
+    if framework_err and framework_err.get("rel_err") is not None and budget.max_rel is not None \
+            and 2 * framework_err["rel_err"] > budget.max_rel:
+        cos = framework_err.get("min_cosine")
+        budget = budget.with_overrides(
+            max_rel=2 * framework_err["rel_err"],
+            min_cosine=min(budget.min_cosine, 1 - 2 * (1 - cos)) if cos is not None and budget.min_cosine is not None
+            else None)
+        basis = f"2x torch eager {precision}'s own error (over the default budget)"
     if not judge_top1:
         budget = dataclasses.replace(budget, min_top1=None)
     acc = compare(ref, out, "classifier" if kind == "classifier" else "generic", budget=budget)
     ok, reasons = acc.passes(budget)
     # rel_err null when the outputs could not be compared (NaN, shape): never a 0 that reads as exact
     res: dict[str, Any] = {"ok": ok, "rel_err": None if acc.errors else _finite(acc.max_rel), "tol": budget.max_rel,
+                           "tol_basis": basis,
                            "min_cosine": _finite(acc.min_cosine), "min_cosine_bar": budget.min_cosine,
                            "max_abs": _finite(acc.max_abs), "mean_abs": _finite(acc.mean_abs),
                            "val_samples": int(tree_flatten(ref)[0][0].shape[0])}
@@ -388,7 +403,8 @@ class Session:
     def check(self, ours: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
         """EndToEndCase.check: ours' validation outputs against eager fp32's, in the same run."""
         return accuracy(reference["out"], ours["out"], kind=self.workload.kind, precision=ours["precision"],
-                        judge_top1=self.judge_top1, min_top1=self.min_top1)
+                        judge_top1=self.judge_top1, min_top1=self.min_top1,
+                        framework_err=ours.get("framework_err"))
 
     def _measure(self, device: torch.device) -> dict[str, list[Run] | str]:
         try:
@@ -427,6 +443,11 @@ class Session:
                                                precision=info[name]["precision"], judge_top1=self.judge_top1,
                                                min_top1=self.min_top1), "against": f"peer:{REFERENCE}"}
             output = {"out": outs[name], "precision": info[name]["precision"]} if name in (OURS, REFERENCE) else None
+            if name == OURS and loaded.weights == "random" and EAGER16 in outs \
+                    and info[OURS]["precision"] == info[EAGER16]["precision"]:
+                own = accuracy(outs[REFERENCE], outs[EAGER16], kind=self.workload.kind,
+                               precision=info[EAGER16]["precision"], judge_top1=False)
+                output["framework_err"] = {"rel_err": own["rel_err"], "min_cosine": own["min_cosine"]}
             results[name] = [Run(ms=t.median_ms, tokens=0, output=output, work={"flops": flops},
                                  extra={**extra, "items_per_s": batch / (t.median_ms * 1e-3) if t.median_ms > 0
                                         else None, "per_call_p20_ms": t.p20_ms, "per_call_p80_ms": t.p80_ms,

@@ -1,0 +1,105 @@
+"""Sweep paged-decode launch knobs on the GPU: DecodeConfig (block_n, warps, stages) x split count.
+
+    python benchmarks/sweeps/decode_sweep.py --out decode_sweep.json
+
+For each shape (B, context; 32 query / 8 KV heads, D 128, pages of 16, shuffled page tables) and KV
+dtype, times every (config, num_splits) with the bench harness (CUDA graph of the launch, L2 flushed,
+host hidden), checks each config once against the float32 reference, and prints per shape the default's
+GB/s (K+V bytes over time) next to the best point found. The split count is a runtime argument, so it
+is swept directly rather than through programs_per_sm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+
+import torch
+
+from warpforge.bench.timing import time_fn
+from warpforge.kernels.attention import DecodeConfig, PagedKVCache, num_decode_splits, paged_decode
+from warpforge.kernels.reference import paged_decode_ref
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+SHAPES = [(1, 32768, False), (8, 4096, False), (64, 512, False), (1, 131072, False), (16, 8192, False),
+          (16, 8192, True), (1, 131072, True), (8, 4096, True), (64, 4096, True)]
+
+
+def inputs(B: int, ctx: int, fp8: bool, gen: torch.Generator, dev: torch.device):
+    n = math.ceil(ctx / PAGE)
+    table = torch.randperm(B * n, generator=gen).view(B, n).to(torch.int32).to(dev)
+    shape = (B * n, HKV, PAGE, D)
+    k = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    v = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    if fp8:
+        s = torch.full((HKV,), 0.125, device=dev)
+        cache = PagedKVCache((k / 0.125).to(torch.float8_e4m3fn), (v / 0.125).to(torch.float8_e4m3fn), s, s.clone())
+    else:
+        cache = PagedKVCache(k, v)
+    q = torch.randn(B, HQ, D, dtype=torch.bfloat16, device=dev)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+    return q, cache, table, lens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rep", type=int, default=20)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    gen = torch.Generator().manual_seed(0)
+    configs = [DecodeConfig(block_n=bn, num_warps=w, num_stages=s)
+               for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
+    results = []
+    summary = []
+    for B, ctx, fp8 in SHAPES:
+        q, cache, table, lens = inputs(B, ctx, fp8, gen, dev)
+        kv = 2 * B * ctx * HKV * D * (1 if fp8 else 2)
+        default_splits = num_decode_splits(B, HKV, ctx, num_sms=sms)
+        ref = None
+        if B * ctx <= 64 * 4096:
+            ref = paged_decode_ref(q[:1].float(), cache.k_cache, cache.v_cache, table[:1], lens[:1],
+                                   k_scale=cache.k_scale, v_scale=cache.v_scale)
+        splits = sorted({s for s in (1, 2, 4, 8, 16, 32, 64, 128, default_splits)
+                         if ctx // s >= 64})
+        rows = []
+        for cfg in configs:
+            try:
+                if ref is not None:
+                    got = paged_decode(q[:1], cache, table[:1], lens[:1], config=cfg, num_splits=min(4, max(splits)))
+                    err = (got.float() - ref).abs().max().item()
+                    if not err < 3e-2:
+                        rows.append({"cfg": cfg.__dict__, "error": f"max err {err:.3g}"})
+                        continue
+                for s in splits:
+                    t = time_fn(lambda: paged_decode(q, cache, table, lens, config=cfg, num_splits=s), warmup=3,
+                                rep=args.rep, cuda_graph=True)
+                    rows.append({"cfg": {k: getattr(cfg, k) for k in ("block_n", "num_warps", "num_stages")},
+                                 "splits": s, "ms": t.median_ms, "GBps": kv / t.median_ms / 1e6})
+            except Exception as e:  # noqa: BLE001 - a config that fails to compile is data
+                rows.append({"cfg": {k: getattr(cfg, k) for k in ("block_n", "num_warps", "num_stages")},
+                             "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        t_def = time_fn(lambda: paged_decode(q, cache, table, lens), warmup=3, rep=args.rep, cuda_graph=True)
+        ok = [r for r in rows if "ms" in r]
+        best = min(ok, key=lambda r: r["ms"])
+        top = sorted(ok, key=lambda r: r["ms"])[:5]
+        results.append({"B": B, "ctx": ctx, "fp8": fp8, "kv_bytes": kv, "default_splits": default_splits,
+                        "default_ms": t_def.median_ms, "default_GBps": kv / t_def.median_ms / 1e6,
+                        "best": best, "top5": top, "rows": rows})
+        summary.append(f"B{B:<4d} ctx{ctx:<7d} {'fp8 ' if fp8 else 'bf16'} default {kv / t_def.median_ms / 1e6:7.0f} GB/s "
+                       f"({default_splits} splits, {t_def.median_ms * 1e3:6.1f} us)  best {best['GBps']:7.0f} GB/s "
+                       f"{best['cfg']} splits {best['splits']} ({best['ms'] * 1e3:6.1f} us)")
+        print(summary[-1], flush=True)
+        q = cache = table = lens = None
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    print("\n".join(summary))
+
+
+if __name__ == "__main__":
+    main()
