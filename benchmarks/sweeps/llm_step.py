@@ -72,11 +72,11 @@ def main() -> None:
     n_pages = (200 + ps) // ps
     h = {"input_ids": [17] * bs, "positions": [200] * bs, "slot_mapping": [i * n_pages * ps + 200 for i in range(bs)],
          "seq_lens": [201] * bs, "block_tables": [list(range(i * n_pages, (i + 1) * n_pages)) for i in range(bs)]}
-    res["graph_replay_ms"] = events_ms(lambda: graphs.replay(bs, h), 50)
-    graph = graphs.graphs[bs]
-    res["graph_replay_only_ms"] = events_ms(graph.replay, 50)
-    hidden = graphs.outputs[bs][:args.batch]
     with torch.inference_mode():
+        res["graph_replay_ms"] = events_ms(lambda: graphs.replay(bs, h), 50)
+        graph = graphs.graphs[bs]
+        res["graph_replay_only_ms"] = events_ms(graph.replay, 50)
+        hidden = graphs.outputs[bs][:args.batch]
         res["lm_head_ms"] = events_ms(lambda: eng.model.compute_logits(hidden), 50)
         from warpforge.llm.sampler import SamplingTensors
         logits = eng.model.compute_logits(hidden)

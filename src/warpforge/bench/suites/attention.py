@@ -23,6 +23,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from warpforge.bench.suite import Case, Suite
 from warpforge.kernels.attention import PagedKVCache, flash_attention, num_decode_splits, paged_decode
+from warpforge.kernels.attention.decode import default_decode_config
 from warpforge.kernels.reference import flash_attention_ref, paged_decode_ref
 
 BF16 = torch.bfloat16
@@ -195,7 +196,7 @@ def _decode_case(B: int, ctx: int, fp8: bool, tag: str) -> Case:
               "kv_bytes_over_64MiB": kv_bytes > 64 * MiB}
     if torch.cuda.is_available():
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        params["num_splits"] = num_decode_splits(B, HKV, ctx, num_sms=sms)
+        params["num_splits"] = num_decode_splits(B, HKV, ctx, num_sms=sms, config=default_decode_config(HEAD_DIM, fp8))
     if fp8:
         peers = {"warpforge bf16 decode": _ours_decode_bf16_pages}
     else:

@@ -61,13 +61,21 @@ DECODE_SWEEP: tuple[DecodeConfig, ...] = tuple(
 
 
 def default_decode_config(head_dim: int, fp8: bool) -> DecodeConfig:
-    """Per-step tiles of ~16 KiB of K (and V), double-buffered: 64 bf16 tokens at D=128, 128 fp8
-    tokens, 32 tokens at D=256 (keeps 2-3 programs per SM within 228 KiB of shared memory)."""
+    """Defaults from the H200 sweep (``benchmarks/sweeps/decode_sweep.py``, 32/8 heads, D 128, pages of 16):
+
+    * bf16 pages: 64 tokens (16 KiB of K) per step, double-buffered (3 stages cost occupancy: B1 ctx32k
+      2.63 -> 3.31 TB/s, B64 ctx512 2.67 -> 3.56 TB/s going from 3 stages to 2), ~4 programs per SM.
+    * fp8 pages: 128 tokens per step (the same 16 KiB), 3 stages, ~2 programs per SM: the in-register
+      e4m3 -> fp16 conversion makes each program heavier, and fewer, longer splits won at every shape.
+    * D > 128: 32 tokens per step (keeps 2-3 programs per SM within 228 KiB of shared memory).
+    """
     if INTERPRET:
         return INTERPRET_DECODE_CONFIG
     if head_dim > 128:
         return DecodeConfig(block_n=32)
-    return DecodeConfig(block_n=128 if fp8 else 64)
+    if fp8:
+        return DecodeConfig(block_n=128, num_stages=3, programs_per_sm=2)
+    return DecodeConfig(block_n=64, num_stages=2, programs_per_sm=4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,13 +88,16 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, *, num_sm
     """Splits per (sequence, KV head), a function of static sizes only (so a CUDA graph stays valid).
 
     Enough programs to fill ``num_sms * programs_per_sm`` slots, but no split shorter than
-    ``min_split_tokens`` of the largest context the grid is built for, and at most ``max_splits``.
-    The count is a runtime argument of the kernel: any value reuses the same compiled kernel.
+    ``min_split_tokens`` of the largest context the grid is built for, and at most ``max_splits``;
+    then rounded down to a power of two, so a sequence's blocks divide evenly among its splits (H200,
+    B16 ctx8k: 5 splits 3.24 TB/s, 4 splits 4.11 TB/s). The count is a runtime argument of the kernel:
+    any value reuses the same compiled kernel.
     """
     cfg = config or DecodeConfig()
     want = math.ceil(num_sms * cfg.programs_per_sm / max(1, batch * num_kv_heads))
     cap = min(cfg.max_splits, max(1, max_seq_len // cfg.min_split_tokens))
-    return max(1, min(want, cap))
+    n = max(1, min(want, cap))
+    return 1 << (n.bit_length() - 1)
 
 
 @triton.jit
