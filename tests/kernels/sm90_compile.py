@@ -1,4 +1,4 @@
-"""Compile the matmul-family kernels for sm_90 without a GPU; report shared memory, registers, spills.
+"""Compile the matmul-family and conv kernels for sm_90 without a GPU; report shared memory, registers, spills.
 
 Triton compiles for any target offline (its wheel bundles ptxas), so a CPU machine can tell whether
 a config fits Hopper's 227 KB of shared memory, spills registers, reaches wgmma (HGMMA), or gets
@@ -9,7 +9,8 @@ are multiples of 16 (``tt.divisibility`` on every pointer and integer argument).
     python tests/kernels/sm90_compile.py --all      # every autotune candidate (~1 minute)
 
 GEMMs compile with the heaviest epilogue (bias + erf gelu), so a candidate meant for plain GEMMs
-may report a small spill here that it does not have without an epilogue.
+may report a small spill here that it does not have without an epilogue. Convs (fp16 and int8, the
+implicit-GEMM kernel) compile with bias + residual + silu.
 
 Must run in its own process: the interpreter (TRITON_INTERPRET=1) must be off before kernels load.
 """
@@ -29,17 +30,18 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from warpforge.kernels import gemv, matmul, matmul_fp8, matmul_int8  # noqa: E402
+from warpforge.kernels import conv, conv_int8, gemv, matmul, matmul_fp8, matmul_int8  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 _PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int) -> dict:
+def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, odd: tuple = ()) -> dict:
+    """``odd``: integer arguments not assumed divisible by 16 (image sizes, padding)."""
     sig = {n: sig[n] for n in fn.arg_names}  # in parameter order
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
-             if t.startswith("*") or t == "i32"}
+             if (t.startswith("*") or t == "i32") and n not in odd}
     k = triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET,
                        options={"num_warps": num_warps, "num_stages": num_stages})
     ptx = k.asm["ptx"]
@@ -139,6 +141,32 @@ def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
     return compile_sm90(gemv._linear_words_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
+def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False) -> dict:
+    """The implicit-GEMM conv with the heaviest epilogue (bias + residual + silu) on channels_last tensors
+    (unit channel strides, as the launcher passes them); int8=True: conv2d_int8's launch (int8 x and w,
+    int32 accumulator, per-channel dequantization), quant_out=True: int8 out (out_scale=)."""
+    sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": f"*{out}",
+           "ws_ptr": "*i32" if int8 else "*fp32", "xs_ptr": "*fp32", "wsc_ptr": "*fp32", "os_ptr": "*fp32",
+           **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "CIN_G", "COUT_G", "COUT", "SPLIT_STRIDE", "s_xn",
+                                 "s_xh", "s_xw", "s_wo", "s_wh", "s_ww", "stride_h", "stride_w", "pad_h", "pad_w",
+                                 "dil_h", "dil_w")}}
+    consts = {"s_xc": 1, "s_wc": 1}
+    if not int8:
+        consts.update(xs_ptr=None, wsc_ptr=None, os_ptr=None)
+    elif not quant_out:
+        consts["os_ptr"] = None
+    if cfg.split_k == 1:
+        consts["ws_ptr"] = None
+    for n in consts:
+        sig[n] = "constexpr"
+    k = 1 if mode == conv.MODE_PLAIN else 3
+    _flags(sig, consts, KH=k, KW=k, MODE=mode, EVEN_C=mode != conv.MODE_FLAT, HAS_BIAS=True, HAS_RES=True, ACT=2,
+           DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+           GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, INT_ACC=int8, QUANT_OUT=quant_out)
+    odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
+    return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
+
+
 def jobs(every: bool) -> list[tuple[str, object]]:
     """(label, thunk) per kernel/config: the first candidate of each family, or all of them."""
     pick = (lambda cfgs: cfgs) if every else (lambda cfgs: cfgs[:1])
@@ -156,6 +184,16 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         out.append((f"int8 tma {cfg}", lambda cfg=cfg: matmul_tma(cfg, "i8", "fp16", fp8=True, int8=True)))
     for cfg in pick([c for c in matmul_int8.INT8_CONFIGS if not c.tma]):
         out.append((f"int8 ptr {cfg}", lambda cfg=cfg: matmul_ptr(cfg, "i8", "fp16", fp8=True, int8=True)))
+    # conv: fp16 and int8 (fp16 out with residual; int8 out as with out_scale) in the taps and plain modes.
+    for cfg in pick(conv.CONV_CONFIGS):
+        out.append((f"conv fp16 taps {cfg}", lambda cfg=cfg: conv_gemm(cfg, conv.MODE_TAPS)))
+    for cfg in pick(conv_int8.INT8_CONV_CONFIGS):
+        out.append((f"conv int8 taps {cfg}", lambda cfg=cfg: conv_gemm(cfg, conv.MODE_TAPS, "i8", int8=True)))
+        out.append((f"conv int8 plain int8-out {cfg}",
+                    lambda cfg=cfg: conv_gemm(cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True)))
+    if every:
+        out.append(("conv int8 flat (stem)", lambda: conv_gemm(conv_int8.INT8_CONV_CONFIGS[5], conv.MODE_FLAT, "i8",
+                                                               int8=True)))
     for cfgs in gemv.LINEAR_CONFIGS.values():
         for cfg in pick([c for c in cfgs if not c.words]):
             for fmt, group in ((0, None), (1, None), (2, 128), (3, None)):

@@ -349,4 +349,4 @@ def test_default_configs_compile_for_sm90(tmp_path):
     assert rows, r.stderr[-2000:]
     bad = [row for row in rows if not row["ok"]]
     assert not bad and r.returncode == 0, bad or r.stderr[-2000:]
-    assert all(row["wgmma"] for row in rows if row["kernel"].startswith(("matmul", "fp8", "int8")))
+    assert all(row["wgmma"] for row in rows if row["kernel"].startswith(("matmul", "fp8", "int8", "conv")))

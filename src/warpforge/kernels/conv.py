@@ -15,7 +15,9 @@ Kernels:
   the im2col gather done inside the K loop (fp32 accumulation through ``tl.dot``). Three K loops:
   MODE_PLAIN (1x1, stride 1, no padding: a plain GEMM over [N*H*W, C]), MODE_TAPS (one (kh, kw) tap
   and a chunk of channels per step: contiguous channel loads, for C/groups a multiple of 16) and
-  MODE_FLAT (K walked as one flat index: no padding of small C such as the RGB stem's 3).
+  MODE_FLAT (K walked as one flat index: no padding of small C such as the RGB stem's 3). With the
+  constexpr INT_ACC it takes int8 x and weight, accumulates exactly in int32 and dequantizes in the
+  epilogue (``conv2d_int8``, kernels/conv_int8.py); QUANT_OUT stores int8 for the next int8 layer.
 - ``_conv_depthwise_kernel``: groups == C (channel multiplier Cout/C), direct, vectorized over channels.
 
 Weight layout the kernels want: channels_last ([Cout, KH, KW, C/groups] physically) for the GEMM, and
@@ -38,6 +40,7 @@ from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
+from warpforge.kernels.quantize import round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
@@ -47,10 +50,22 @@ MODE_PLAIN, MODE_TAPS, MODE_FLAT = 0, 1, 2
 # ---- kernels ---------------------------------------------------------------------------------
 
 @triton.jit
-def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
-                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
-    # acc [BM, BN] fp32 for output pixels offs_m and output channels co; out/residual are [M, COUT]
-    # (channels_last [N, Cout, OH, OW] is exactly that matrix).
+def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    if INT_ACC:  # int8 x int8 -> int32: exact, whatever the summation order (s8 tensor-core MMA)
+        return tl.dot(a, b, acc, out_dtype=tl.int32)
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                    INT_ACC: tl.constexpr, QUANT_OUT: tl.constexpr):
+    # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
+    # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix).
+    if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
+        scale = tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)
+        acc = acc.to(tl.float32) * scale[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
@@ -58,11 +73,14 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT,
     if HAS_RES:
         acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
     acc = apply_activation(acc, ACT)
-    tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
+    if QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y / out_scale), -127, 127)
+        tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr)), mask=mask)
+    else:
+        tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
+def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr, os_ptr,
                       M, OH, OW, H, W, CIN_G, COUT_G, COUT, SPLIT_STRIDE,
                       s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
                       s_wo, s_wc, s_wh, s_ww,  # weight strides for [Cout, C/g, KH, KW] (prepared: s_wc == 1)
@@ -70,10 +88,12 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
                       KH: tl.constexpr, KW: tl.constexpr, MODE: tl.constexpr, EVEN_C: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      SPLIT_K: tl.constexpr):
+                      SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
-    # group g; with SPLIT_K > 1 program z sums its share of the K steps into fp32 workspace slice z
-    # (ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
+    # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
+    # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
+    # INT_ACC (conv2d_int8): int8 x and w, exact int32 accumulator, dequantized by x_scale (xs_ptr, one
+    # value) and w_scale (wsc_ptr, [COUT]) in the epilogue; QUANT_OUT: int8 out at scale os_ptr.
     pid = tl.program_id(0)
     g = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -99,7 +119,10 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
     w_col = w_ptr + (g * COUT_G + offs_n).to(tl.int64) * s_wo  # [BN] weight row pointers
     ih0 = oh * stride_h - pad_h
     iw0 = ow * stride_w - pad_w
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if INT_ACC:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     c_steps = tl.cdiv(CIN_G, BLOCK_K)
     if MODE == 0:
         total = c_steps
@@ -118,7 +141,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
             c_mask = (c < CIN_G) | EVEN_C  # EVEN_C (BLOCK_K divides C/groups): no channel tail to mask
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0.0)
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
         for step in range(lo, hi):
             tap = step // c_steps
@@ -134,7 +157,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=valid[:, None] & c_mask[None, :], other=0.0)
             b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
                         mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
     else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
         K = KH * KW * CIN_G
         for step in range(lo, hi):
@@ -150,20 +173,22 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr,
             a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=0.0)
             w_off = kh * s_wh + kw * s_ww + c * s_wc
             b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
 
     co = g * COUT_G + offs_n
     if SPLIT_K == 1:
-        _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT, HAS_BIAS, HAS_RES, ACT)
+        _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
+                        HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
-def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, M, COUT, SPLIT_STRIDE,
+def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, M, COUT, SPLIT_STRIDE,
                             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False):
     # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -171,10 +196,14 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, M, COUT, SPLIT_STRIDE,
     n_mask = offs_n < COUT
     off = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if INT_ACC:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for z in tl.static_range(SPLIT_K):
-        acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0.0)
-    _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, COUT, HAS_BIAS, HAS_RES, ACT)
+        acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0)
+    _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
+                    HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT)
 
 
 @triton.jit
@@ -208,7 +237,8 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
                          mask=valid[:, None] & c_mask[None, :], other=0.0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, COUT, HAS_BIAS, HAS_RES, ACT)
+    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, COUT,
+                    HAS_BIAS, HAS_RES, ACT, False, False)
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -239,6 +269,9 @@ class ConvConfig:
 
 
 # Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
+# Offline sm_90 compiles (tests/kernels/sm90_compile.py --all, triton 3.6, 2026-12-01; fp16, bias + residual
+# + silu epilogue): all fit shared memory; all but two are spill-free: (128, 256, 64) spills 124 B, and
+# (32, 64, 64, split 8) 8 B; that one also runs mma.sync (BM 32 is below wgmma's 64 rows), the rest wgmma.
 CONV_CONFIGS = [
     ConvConfig(128, 128, 64, 8, 8, 3),
     ConvConfig(128, 64, 64, 8, 4, 4),
@@ -370,15 +403,12 @@ class _Geometry:
         return (self.n, self.cout, self.oh, self.ow)
 
 
-def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out) -> _Geometry:
+def _geometry(x, weight, bias, stride, padding, dilation, groups, activation) -> _Geometry:
+    """Shape checks shared by conv2d and conv2d_int8 (dtypes are each launcher's own)."""
     _check_nchw_cl(x, "x")
-    if x.dtype not in CONV_DTYPES:
-        raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         raise ValueError("weight must be a 4-D tensor [Cout, C/groups, KH, KW], got "
                          f"{getattr(weight, 'shape', weight)}")
-    if weight.dtype != x.dtype or weight.device != x.device:
-        raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
     sh, sw = _pair(stride, "stride", 1)
     ph, pw = _pair(padding, "padding", 0)
     dh, dw = _pair(dilation, "dilation", 1)
@@ -399,14 +429,26 @@ def _validate(x, weight, bias, stride, padding, dilation, groups, activation, re
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (cout,)
                              or bias.device != x.device or not bias.is_floating_point()):
         raise ValueError(f"bias must be a float tensor [{cout}] on {x.device}, got {getattr(bias, 'shape', bias)}")
-    geo = _Geometry(n, cin, h, w, cout, cin_g, kh, kw, (sh, sw), (ph, pw), (dh, dw), groups, oh, ow)
-    for t, name in ((residual, "residual"), (out, "out")):
-        if t is None:
-            continue
-        _check_nchw_cl(t, name)
-        if tuple(t.shape) != geo.out_shape or t.dtype != x.dtype or t.device != x.device:
-            raise ValueError(f"{name} must be {list(geo.out_shape)} {x.dtype} on {x.device}, got "
-                             f"{list(t.shape)} {t.dtype} on {t.device}")
+    return _Geometry(n, cin, h, w, cout, cin_g, kh, kw, (sh, sw), (ph, pw), (dh, dw), groups, oh, ow)
+
+
+def _check_out(t: torch.Tensor | None, name: str, geo: _Geometry, dtype: torch.dtype, device: torch.device) -> None:
+    if t is None:
+        return
+    _check_nchw_cl(t, name)
+    if tuple(t.shape) != geo.out_shape or t.dtype != dtype or t.device != device:
+        raise ValueError(f"{name} must be {list(geo.out_shape)} {dtype} on {device}, got "
+                         f"{list(t.shape)} {t.dtype} on {t.device}")
+
+
+def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out) -> _Geometry:
+    if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES:
+        raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
+    geo = _geometry(x, weight, bias, stride, padding, dilation, groups, activation)
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
+    _check_out(residual, "residual", geo, x.dtype, x.device)
+    _check_out(out, "out", geo, x.dtype, x.device)
     if out is not None and _shares_storage(out, x):
         raise ValueError("out must not share memory with x (other output pixels still read it)")
     return geo
@@ -450,53 +492,84 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return out
 
     wp = _prepared(weight, groups, False)
-    cout_g = g.cout // groups
-    plain = g.kh == 1 and g.kw == 1 and g.stride == (1, 1) and g.padding == (0, 0)
-    mode = MODE_PLAIN if plain else (MODE_TAPS if g.cin_g % 16 == 0 else MODE_FLAT)
+    mode = gemm_mode(g)
 
-    def launch(cfg: ConvConfig, dst: torch.Tensor = out) -> None:
-        split = cfg.split_k
-        ws = torch.empty((split, m, g.cout), dtype=torch.float32, device=x.device) if split > 1 else dst
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), groups, split)
-        _conv_gemm_kernel[grid](
-            x, wp, b_arg, r_arg, dst, ws, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
-            *x.stride(), *wp.stride(), *geom, KH=g.kh, KW=g.kw, MODE=mode, EVEN_C=g.cin_g % cfg.block_k == 0,
-            **epilogue,
-            # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
-            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if split > 1:
-            egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
-            _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, m, g.cout, m * g.cout, **epilogue,
-                                           SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4)
+    def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
+        launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue)
 
-    if isinstance(config, ConvConfig):
-        cfg = config
-    elif INTERPRET:
-        cfg = INTERPRET_CONFIG
-    else:
-        bucket = (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, g.cin_g, g.kh, g.kw, g.stride[0], groups)
-        cfg = _CHOSEN.get((str(x.device), bucket))
-        if cfg is None:
-            # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
-            scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
-            cfg = _TUNER.choose(bucket, x.device, lambda c: launch(c, scratch),
-                                valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, groups))
-            if not torch.cuda.is_current_stream_capturing():
-                _CHOSEN[(str(x.device), bucket)] = cfg
-    launch(cfg)
+    cfg = choose_gemm_config(config, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch)
+    launch(cfg, out)
     return out
+
+
+# ---- the implicit-GEMM launch, shared with conv2d_int8 (kernels/conv_int8.py) -------------------
+
+def gemm_mode(g: _Geometry) -> int:
+    """MODE_PLAIN for 1x1/stride-1/unpadded, MODE_TAPS when C/groups is a multiple of 16, else MODE_FLAT."""
+    if g.kh == 1 and g.kw == 1 and g.stride == (1, 1) and g.padding == (0, 0):
+        return MODE_PLAIN
+    return MODE_TAPS if g.cin_g % 16 == 0 else MODE_FLAT
+
+
+def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: torch.Tensor, dst: torch.Tensor,
+                g: _Geometry, mode: int, cfg: ConvConfig, epilogue: dict,
+                quant: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> None:
+    """One ``_conv_gemm_kernel`` launch (and the split-K epilogue). ``quant``: (x_scale [1], w_scale [Cout],
+    out_scale [1] or None) for int8 x and wp (exact int32 accumulator; int8 dst when out_scale is given)."""
+    m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
+    xs, wsc, os_ = quant if quant is not None else (None, None, None)
+    q = dict(INT_ACC=quant is not None, QUANT_OUT=os_ is not None)
+    split = cfg.split_k
+    if split > 1:
+        ws = torch.empty((split, m, g.cout), dtype=torch.int32 if quant is not None else torch.float32,
+                         device=x.device)
+    else:
+        ws = dst
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), g.groups, split)
+    _conv_gemm_kernel[grid](
+        x, wp, b_arg, r_arg, dst, ws, xs, wsc, os_, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
+        *x.stride(), *wp.stride(), *g.stride, *g.padding, *g.dilation, KH=g.kh, KW=g.kw, MODE=mode,
+        EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue,
+        # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **q)
+    if split > 1:
+        egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
+        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, os_, m, g.cout, m * g.cout, **epilogue,
+                                       SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4, **q)
+
+
+def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner[ConvConfig],
+                       interpret_config: ConvConfig, x: torch.Tensor, g: _Geometry, mode: int, out: torch.Tensor,
+                       residual: torch.Tensor | None, launch) -> ConvConfig:
+    """``config`` when it is a ConvConfig, the interpreter's tiling, or the tuned one for this shape bucket
+    (``launch(cfg, dst)`` runs a trial; the first candidate of ``tuner`` is always allowed)."""
+    if isinstance(config, ConvConfig):
+        return config
+    if INTERPRET:
+        return interpret_config
+    m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
+    bucket = (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, g.cin_g, g.kh, g.kw, g.stride[0], g.groups)
+    cfg = _CHOSEN.get((tuner.kernel, str(x.device), bucket))
+    if cfg is None:
+        # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
+        scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
+        cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch),
+                           valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, g.groups, tuner.configs[0]))
+        if not torch.cuda.is_current_stream_capturing():
+            _CHOSEN[(tuner.kernel, str(x.device), bucket)] = cfg
+    return cfg
 
 
 def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int) -> bool:
+def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int, default: ConvConfig | None = None) -> bool:
     """Drop tiles far larger than the problem (all-masked work) and split-K where the output tiles
-    already fill the GPU or K is too short to share; always keeps the default."""
-    if cfg == CONV_CONFIGS[0]:
+    already fill the GPU or K is too short to share; always keeps the default (CONV_CONFIGS[0])."""
+    if cfg == (CONV_CONFIGS[0] if default is None else default):
         return True
     if cfg.split_k > 1:
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n) * groups

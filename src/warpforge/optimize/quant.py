@@ -1,32 +1,43 @@
-"""INT8 post-training quantization (W8A8) of nn.Linear, executing on real int8 kernels.
+"""INT8 post-training quantization (W8A8) of convolutions and linears, executing on real int8 kernels.
 
-    model, report = quantize_linears(model, calib_inputs, observer="max")
+    model, report = quantize_model(gm, calib_inputs, observer="max")      # convs + linears
+    model, report = quantize_linears(model, calib_inputs, observer="max")  # nn.Linear only
 
-Calibration runs the model on ``calib_inputs`` with a forward pre-hook on every nn.Linear that
-feeds its input to an observer (max, percentile or MSE-optimal clipping); each Linear is then
-replaced by :class:`QuantLinearW8A8`: weights quantized per output channel (symmetric, at build
-time), the input quantized with the calibrated static per-tensor scale, ``matmul_int8`` (int32
-accumulation, dequantizing epilogue with bias), output in the input's dtype. No fake quant: on CUDA
-the GEMM is the int8 tensor-core kernel; on CPU ``matmul_int8`` runs its exact reference.
+Calibration runs the model on ``calib_inputs`` with a forward pre-hook on every layer to quantize that
+feeds its input to an observer (max, percentile or MSE-optimal clipping). Each layer is then replaced:
 
-Not wired into ``optimize()``'s candidates or passes yet.
+* nn.Linear -> :class:`QuantLinearW8A8` (``matmul_int8``);
+* nn.Conv2d and the fuse_conv pass's FusedConv2d (BN already folded, activation and residual add in
+  the epilogue) -> :class:`QuantConv2d` (``conv2d_int8``).
+
+Weights are quantized per output channel (symmetric, at build time), inputs with the calibrated static
+per-tensor scale; the kernels accumulate in int32 and dequantize in their epilogue. No fake quant: on
+CUDA the GEMMs are int8 tensor-core kernels; on CPU the kernels run their exact references. Depthwise
+convs stay float (memory-bound: int8 tensor cores gain them little). On an FX graph, a quantized conv
+whose only consumer is another quantized conv stores int8 at the consumer's scale straight from its
+epilogue (``requant``), halving the activation bytes between them. ``warpforge.optimize`` builds its
+``warpforge-int8`` candidate with :func:`quantize_model` (optimize/backends.py).
 """
 
 from __future__ import annotations
 
 import abc
-
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
+from warpforge.kernels import reference
+from warpforge.kernels.conv_int8 import MAX_K, conv2d_int8
 from warpforge.kernels.matmul import FLOAT_DTYPES
-from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8, quantize_rows_int8
+from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8
+from warpforge.kernels.quantize import QUANT_DTYPES, quantize_int8
+from warpforge.optimize.passes.fuse_conv import FusedConv2d
 
-__all__ = ["LayerQuantReport", "MSEObserver", "MaxObserver", "Observer", "PercentileObserver", "QuantLinearW8A8",
-           "QuantReport", "make_observer", "quantize_linears"]
+__all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Observer", "PercentileObserver",
+           "QuantConv2d", "QuantLinearW8A8", "QuantReport", "make_observer", "quantize_linears", "quantize_model"]
 
 MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 
@@ -165,7 +176,9 @@ class QuantLinearW8A8(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected [..., {self.in_features}], got {tuple(x.shape)}")
         out_dtype = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
-        q, _ = quantize_rows_int8(x.reshape(-1, self.in_features), self.act_scale)  # [M, K] int8
+        x2 = x.reshape(-1, self.in_features)
+        # A device-side scale and a Triton quantizer: no host sync, so the layer captures in a CUDA graph.
+        q = quantize_int8((x2 if x2.dtype in QUANT_DTYPES else x2.float()).contiguous(), self.act_scale)  # [M, K]
         y = matmul_int8(q, self.weight_q.t(), self.act_scale, self.weight_scale, bias=self.bias,
                         out_dtype=out_dtype)  # [M, N]
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -175,31 +188,104 @@ class QuantLinearW8A8(nn.Module):
                 f"bias={self.bias is not None}, act_scale={float(self.act_scale):.4g}")
 
 
-# ---- calibration and swap -----------------------------------------------------------------------
+class QuantConv2d(nn.Module):
+    """``x [N, C, H, W] -> act(conv(x) + bias + residual)`` [N, Cout, OH, OW] channels_last on int8 tensor cores.
+
+    Built from an nn.Conv2d or a FusedConv2d (whose activation and residual add it keeps in the epilogue).
+    x is a float tensor, quantized here at ``act_scale``, or int8 already quantized at ``act_scale`` by the
+    producing layer's epilogue. The output is float (x's dtype; ``float_dtype`` for int8 x), or int8 at
+    ``out_scale`` once :func:`quantize_model` has fused the next layer's quantizer into this epilogue.
+    """
+
+    def __init__(self, conv: nn.Module, act_scale: float, float_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if isinstance(conv, FusedConv2d):
+            self.activation, self.has_residual = conv.activation, conv.has_residual
+        elif isinstance(conv, nn.Conv2d):
+            if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+                raise ValueError(f"conv: needs zero padding given as numbers, got padding={conv.padding!r}, "
+                                 f"padding_mode={conv.padding_mode!r}")
+            self.activation, self.has_residual = None, False
+        else:
+            raise ValueError(f"conv: expected an nn.Conv2d or a FusedConv2d, got {type(conv).__name__}")
+        if not (math.isfinite(act_scale) and act_scale > 0):
+            raise ValueError(f"act_scale: expected a finite positive scale, got {act_scale}")
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.float_dtype = float_dtype or (conv.weight.dtype if conv.weight.dtype in FLOAT_DTYPES else torch.float32)
+        w = conv.weight.detach().float()  # [Cout, C/groups, KH, KW]
+        w_scale = w.abs().amax((1, 2, 3)).clamp_min(MIN_AMAX) / INT8_MAX  # [Cout]
+        w_q = torch.round(w / w_scale[:, None, None, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        self.register_buffer("weight_q", w_q.contiguous(memory_format=torch.channels_last))  # the kernel's layout
+        self.register_buffer("weight_scale", w_scale.contiguous())  # [Cout] fp32
+        self.register_buffer("act_scale", torch.tensor([float(act_scale)], dtype=torch.float32, device=w.device))
+        self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().float().clone())
+        self.register_buffer("out_scale", None)  # [1] fp32 once the next layer's quantizer is fused here
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        cl = torch.channels_last
+        if x.dtype == torch.int8:  # quantized at act_scale by the producer's epilogue
+            x_q, out_dtype = x.contiguous(memory_format=cl), self.float_dtype
+        else:
+            x = x.contiguous(memory_format=cl)
+            out_dtype = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
+            x_q = quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.act_scale)
+        if residual is not None:
+            residual = residual.contiguous(memory_format=cl)
+        return conv2d_int8(x_q, self.weight_q, self.act_scale, self.weight_scale, self.bias, stride=self.stride,
+                           padding=self.padding, dilation=self.dilation, groups=self.groups,
+                           activation=self.activation, residual=residual, out_scale=self.out_scale,
+                           out_dtype=None if self.out_scale is not None else out_dtype)
+
+    def extra_repr(self) -> str:
+        out = "" if self.out_scale is None else f", out_scale={float(self.out_scale):.4g} (int8 out)"
+        return (f"{tuple(self.weight_q.shape)}, stride={self.stride}, padding={self.padding}, groups={self.groups}, "
+                f"activation={self.activation}, residual={self.has_residual}, act_scale={float(self.act_scale):.4g}"
+                + out)
+
+
+# ---- reports ------------------------------------------------------------------------------------
 @dataclass
 class LayerQuantReport:
-    name: str  # qualified module name ("" for a bare Linear)
+    name: str  # qualified module name ("" for a bare layer)
     act_scale: float
     threshold: float  # the observer's clipping threshold (act_scale * 127)
     observer: str
     rel_err: float  # ||y_int8 - y_fp32|| / ||y_fp32|| of the layer over the calibration set
     cosine: float
     max_abs_err: float
+    type: str = "Linear"  # the float layer it replaced: Linear, Conv2d or FusedConv2d
+    int8_out: bool = False  # stores int8 for the next layer (its quantizer fused into this epilogue)
+
+
+@dataclass
+class KeptLayer:
+    """A layer left in float precision, and why."""
+
+    name: str
+    type: str
+    reason: str
 
 
 @dataclass
 class QuantReport:
     layers: list[LayerQuantReport] = field(default_factory=list)
-    output_rel_err: float | None = None  # whole-model output vs the fp32 model (tensor outputs only)
+    kept: list[KeptLayer] = field(default_factory=list)
+    output_rel_err: float | None = None  # whole-model output vs the float model (tensor outputs only)
     output_cosine: float | None = None
 
     def __str__(self) -> str:
-        rows = [f"{'layer':<30} {'observer':<10} {'scale':>10} {'rel_err':>9} {'cosine':>9}"]
-        rows += [f"{r.name or '<model>':<30} {r.observer:<10} {r.act_scale:>10.4g} {r.rel_err:>9.2e} {r.cosine:>9.6f}"
-                 for r in self.layers]
+        rows = [f"{'layer':<30} {'type':<12} {'observer':<10} {'scale':>10} {'rel_err':>9} {'cosine':>9}"]
+        rows += [f"{r.name or '<model>':<30} {r.type:<12} {r.observer:<10} {r.act_scale:>10.4g} {r.rel_err:>9.2e} "
+                 f"{r.cosine:>9.6f}{'  -> int8 out' if r.int8_out else ''}" for r in self.layers]
+        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}" for k in self.kept]
         if self.output_rel_err is not None:
             rows.append(f"model output: rel_err {self.output_rel_err:.2e}, cosine {self.output_cosine:.6f}")
         return "\n".join(rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"layers": [{"decision": "int8", **asdict(r)} for r in self.layers],
+                "kept": [{"decision": "float", **asdict(k)} for k in self.kept],
+                "output_rel_err": self.output_rel_err, "output_cosine": self.output_cosine}
 
 
 class _ErrorStats:
@@ -224,6 +310,93 @@ class _ErrorStats:
         return self.dot / math.sqrt(self.qq * self.rr) if self.qq > 0 and self.rr > 0 else float(self.ee == 0)
 
 
+# ---- which layers, and how ----------------------------------------------------------------------
+_QUANTIZED = (QuantLinearW8A8, QuantConv2d)
+
+
+def _kind(m: nn.Module) -> str | None:
+    if isinstance(m, _QUANTIZED):
+        return None
+    if isinstance(m, nn.Linear):
+        return "linear"
+    if isinstance(m, (nn.Conv2d, FusedConv2d)):
+        return "conv"
+    return None
+
+
+def _why_float(m: nn.Module, parent: nn.Module | None) -> str | None:
+    """Why layer ``m`` must stay float, or None when it can run int8."""
+    if not m.weight.is_floating_point():
+        return f"weight dtype {m.weight.dtype} is not floating point"
+    if isinstance(parent, nn.MultiheadAttention):
+        return "inside nn.MultiheadAttention, which reads its weight directly instead of calling it"
+    if isinstance(m, nn.Linear):
+        return None
+    if isinstance(m, nn.Conv2d) and (m.padding_mode != "zeros" or isinstance(m.padding, str)):
+        return f"padding={m.padding!r}, padding_mode={m.padding_mode!r} (the int8 kernel takes explicit zero padding)"
+    cout, cin_g, kh, kw = m.weight.shape
+    if m.groups > 1 and cin_g == 1:
+        return (f"depthwise ({m.groups} groups): memory-bound at {kh * kw} MACs per loaded value, int8 tensor "
+                "cores gain it little; stays on the float conv kernel")
+    if cin_g * kh * kw > MAX_K:
+        return f"K = {cin_g * kh * kw} > {MAX_K}: the int32 accumulator could overflow"
+    return None
+
+
+def _quantized(m: nn.Module, scale: float) -> nn.Module:
+    return QuantLinearW8A8(m, scale) if isinstance(m, nn.Linear) else QuantConv2d(m, scale)
+
+
+def _layer_input(name: str, m: nn.Module, args: tuple, index: int) -> torch.Tensor:
+    x = args[0] if args else None
+    if isinstance(m, nn.Linear):
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != m.in_features:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"calib_inputs[{index}]: Linear {name or '<model>'!r} expects an input [..., "
+                             f"{m.in_features}], got {got}")
+        return x
+    cin = m.weight.shape[1] * m.groups
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != cin or not x.is_floating_point():
+        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"calib_inputs[{index}]: {type(m).__name__} {name or '<model>'!r} expects a float input "
+                         f"[N, {cin}, H, W], got {got}")
+    return x
+
+
+def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the float layer's fp32 output on q's input, q's input scale for int8 x or None)."""
+    x = args[0]
+    if isinstance(m, nn.Linear):
+        return nn.functional.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float()), None
+    xf = x.float() * q.act_scale if x.dtype == torch.int8 else x.float()
+    return reference.conv2d_reference(xf, m.weight.float(), None if m.bias is None else m.bias.float(),
+                                      stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups,
+                                      activation=q.activation, residual=args[1] if len(args) > 1 else None), None
+
+
+def _fuse_requant(gm: fx.GraphModule) -> set[nn.Module]:
+    """Give each QuantConv2d whose only consumer is another QuantConv2d's input the consumer's scale as its
+    out_scale (int8 out). Producers called from more than one place keep float outputs."""
+    modules = dict(gm.named_modules())
+    calls: dict[int, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            calls[id(modules[n.target])] = calls.get(id(modules[n.target]), 0) + 1
+    fused = set()
+    for n in gm.graph.nodes:
+        a = modules.get(n.target) if n.op == "call_module" else None
+        if not isinstance(a, QuantConv2d) or calls[id(a)] != 1 or len(n.users) != 1:
+            continue
+        user = next(iter(n.users))
+        b = modules.get(user.target) if user.op == "call_module" else None
+        if (isinstance(b, QuantConv2d) and user.args and user.args[0] is n and n not in user.args[1:]
+                and not user.kwargs):
+            a.out_scale = b.act_scale.clone()
+            fused.add(a)
+    return fused
+
+
+# ---- calibration and swap -----------------------------------------------------------------------
 def _check_calib_inputs(calib_inputs) -> list[tuple]:
     if not isinstance(calib_inputs, (list, tuple)) or len(calib_inputs) == 0:
         got = "an empty list" if isinstance(calib_inputs, (list, tuple)) else type(calib_inputs).__name__
@@ -244,31 +417,36 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
     return outputs
 
 
-def _linear_input(name: str, linear: nn.Linear, args: tuple, index: int) -> torch.Tensor:
-    x = args[0] if args else None
-    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != linear.in_features:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"calib_inputs[{index}]: Linear {name or '<model>'!r} expects an input [..., "
-                         f"{linear.in_features}], got {got}")
-    return x
+def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
+                   linears: bool = True, skip=(), requant: bool = True) -> tuple[nn.Module, QuantReport]:
+    """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
+    (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
-
-def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max") -> tuple[nn.Module, QuantReport]:
-    """Calibrate every nn.Linear of ``model`` on ``calib_inputs`` (each a tuple of model arguments) and
-    replace it by QuantLinearW8A8, in place. Returns (model, report); a bare nn.Linear ``model`` comes
-    back as a new QuantLinearW8A8. Calibration runs in eval mode under no_grad; each module's mode is
-    restored.
+    Layers that must stay float (depthwise convs, layers named in ``skip``, layers no calibration input
+    reaches, ...) are listed in ``report.kept`` with the reason. ``requant`` (FX graphs): a quantized conv
+    feeding only another quantized conv's input stores int8 at that layer's scale. Returns (model,
+    report); a bare layer ``model`` comes back as its new quantized module. Calibration runs in eval mode
+    under no_grad; each module's mode is restored.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
     make_observer(observer)  # validate before running anything
-    linears: dict[nn.Module, str] = {}
-    for name, m in model.named_modules():  # named_modules yields a shared module once, under its first name
-        if isinstance(m, nn.Linear):
-            linears[m] = name
     report = QuantReport()
-    if not linears:
+    parents = {child: parent for parent in model.modules() for child in parent.children()}
+    plan: dict[nn.Module, str] = {}
+    seen: set[nn.Module] = set()
+    for name, m in model.named_modules():  # named_modules yields a shared module once, under its first name
+        kind = _kind(m)
+        if kind is None or m in seen or (kind == "conv" and not convs) or (kind == "linear" and not linears):
+            continue
+        seen.add(m)
+        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m))
+        if reason is None:
+            plan[m] = name
+        else:
+            report.kept.append(KeptLayer(name, type(m).__name__, reason))
+    if not plan:
         return model, report
 
     at = [0]  # the calibration input being run
@@ -277,20 +455,24 @@ def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max"
     handles = []
     try:
         with torch.no_grad():
-            # 1. Observe the original model's Linear inputs; keep its outputs for the end-to-end error.
-            observers = {m: make_observer(observer) for m in linears}
+            # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
+            observers = {m: make_observer(observer) for m in plan}
+            called: set[nn.Module] = set()
 
             def observe_hook(m, args):
-                observers[m].observe(_linear_input(linears[m], m, args, at[0]))
+                observers[m].observe(_layer_input(plan[m], m, args, at[0]))
+                called.add(m)
 
-            handles = [m.register_forward_pre_hook(observe_hook) for m in linears]
+            handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
             ref_outputs = _run(model, calib_inputs, at)
             for h in handles:
                 h.remove()
+            for m in [m for m in plan if m not in called]:
+                report.kept.append(KeptLayer(plan.pop(m), type(m).__name__, "not called on the calibration inputs"))
 
-            # 2. Build the quantized layers; swap them in wherever each Linear is held.
-            quant = {m: QuantLinearW8A8(m, observers[m].scale()) for m in linears}
-            if isinstance(model, nn.Linear):
+            # 2. Build the int8 layers; swap them in wherever each layer is held; fuse requantization.
+            quant = {m: _quantized(m, observers[m].scale()) for m in plan}
+            if model in quant:
                 new_model: nn.Module = quant[model]
             else:
                 new_model = model
@@ -298,17 +480,18 @@ def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max"
                     for child_name, child in list(parent._modules.items()):
                         if child in quant:
                             parent._modules[child_name] = quant[child]
+            int8_out = _fuse_requant(new_model) if requant and isinstance(new_model, fx.GraphModule) else set()
 
-            # 3. Per-layer error: each int8 layer against its fp32 Linear on the same input (that of the
-            #    quantized model, so earlier layers' errors are not counted again).
+            # 3. Per-layer error: each int8 layer against its float layer in fp32 on the same input (that of
+            #    the quantized model, so earlier layers' errors are not counted again). An int8 output is
+            #    compared dequantized: its requantization counts as this layer's error.
             stats = {q: _ErrorStats() for q in quant.values()}
-            fp32 = {q: m for m, q in quant.items()}
+            floats = {q: m for m, q in quant.items()}
 
             def error_hook(q, args, out):
-                m = fp32[q]
-                ref = nn.functional.linear(args[0].float(), m.weight.float(),
-                                           None if m.bias is None else m.bias.float())
-                stats[q].add(out, ref)
+                ref, _ = _float_reference(floats[q], q, args)
+                y = out.float() * q.out_scale if out.dtype == torch.int8 else out
+                stats[q].add(y, ref)
 
             handles = [q.register_forward_hook(error_hook) for q in quant.values()]
             q_outputs = _run(new_model, calib_inputs, at)
@@ -320,14 +503,23 @@ def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max"
     if new_model is not model:
         new_model.train(model.training)
 
-    for m, name in linears.items():
+    for m, name in plan.items():
         q, obs = quant[m], observers[m]
         report.layers.append(LayerQuantReport(
             name=name, act_scale=float(q.act_scale), threshold=float(q.act_scale) * INT8_MAX, observer=obs.name,
-            rel_err=stats[q].rel_err(), cosine=stats[q].cosine(), max_abs_err=stats[q].max_abs))
+            rel_err=stats[q].rel_err(), cosine=stats[q].cosine(), max_abs_err=stats[q].max_abs,
+            type=type(m).__name__, int8_out=q in int8_out))
     if all(isinstance(o, torch.Tensor) for o in ref_outputs):
         total = _ErrorStats()
         for y, ref in zip(q_outputs, ref_outputs):
             total.add(y, ref)
         report.output_rel_err, report.output_cosine = total.rel_err(), total.cosine()
     return new_model, report
+
+
+def quantize_linears(model: nn.Module, calib_inputs: list[tuple], observer="max") -> tuple[nn.Module, QuantReport]:
+    """Calibrate every nn.Linear of ``model`` on ``calib_inputs`` (each a tuple of model arguments) and
+    replace it by QuantLinearW8A8, in place: :func:`quantize_model` with the convs left alone. Returns
+    (model, report); a bare nn.Linear ``model`` comes back as a new QuantLinearW8A8.
+    """
+    return quantize_model(model, calib_inputs, observer, convs=False)
