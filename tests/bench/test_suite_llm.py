@@ -169,3 +169,32 @@ def test_quick_run_on_the_gpu_reports_mbu_and_memory():
         assert "error" not in r["ours"], (r["case"], r["ours"])
         assert r["correct"]["ok"], (r["case"], r["correct"])
         assert r["ours"]["peak_mem_GB"] > 0 and r["ours"]["mbu"] is not None and r["ours"]["mfu"] is not None
+
+
+def test_bf16_check_scores_ours_teacher_forced_not_by_prefix():
+    from warpforge.bench.suites.llm import NEAR_TIE_SD, prefix_check, teacher_forced
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 50, generator=g)
+    top = logits.argmax(1).tolist()
+    tf = teacher_forced(logits, top)
+    assert tf == {"agree": 1.0, "max_gap_sd": 0.0, "positions": 4}
+    # a near tie: ours picks a token 0.05 sd under the top at position 2
+    near = logits.clone()
+    alt = int(near[2].argsort()[-2])
+    near[2, alt] = near[2].max() - 0.05 * near[2].std()
+    tf_near = teacher_forced(near, top[:2] + [alt] + top[3:])
+    assert tf_near["agree"] == 0.75 and 0.04 < tf_near["max_gap_sd"] < 0.06
+    bf16 = {"ids": [[1, 2, 3, 4]], "exact": False}
+    ok = prefix_check(bf16, {"ids": [[1, 9, 9, 9]], "exact": False, "teacher_forced": tf_near})
+    assert ok["ok"] and ok["match"] == 1 and ok["tol"] == NEAR_TIE_SD
+    # a real disagreement: ours' token is 2 sd under the top
+    far = logits.clone()
+    far[2, alt] = far[2].max() - 2.0 * far[2].std()
+    bad = prefix_check(bf16, {"ids": [[1, 2, 3, 4]], "exact": False,
+                              "teacher_forced": teacher_forced(far, top[:2] + [alt] + top[3:])})
+    assert not bad["ok"] and bad["rel_err"] > 1.9
+    # no score from the peer: not a pass, whatever the prefix
+    assert not prefix_check(bf16, {"ids": [[1, 2, 3, 4]], "exact": False})["ok"]
+    # fp32: the whole prefix must match
+    assert not prefix_check({"ids": [[1, 2, 3]], "exact": True}, {"ids": [[1, 2, 4]], "exact": True})["ok"]
