@@ -204,7 +204,7 @@ def analyze(trace: Trace, counts: Counts | None = None, *, ceilings: Ceilings | 
     from warpforge.profile.findings import findings_for, verdict_for
 
     counts = counts or Counts()
-    att = attribute(trace, counts.records)
+    att = attribute(trace, counts.records, counts.kernels_of)
     n = len(att.iterations)
     if n == 0:
         raise ValueError("empty window: the trace has no events (nothing ran between the profiler's start and stop)")

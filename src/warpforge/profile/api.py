@@ -1,8 +1,10 @@
 """``warpforge.profile(fn, *inputs)``: warm up, count, capture, analyze — one call, one result.
 
-Order of work: warm-up calls (untimed); one counted call (FLOPs and bytes per operator, per module);
-the measured window under the profiler, between two plain windows that time the profiler's cost;
-then the analysis against the ceilings ``warpforge probe`` measured (the datasheet until it has).
+Order of work: warm-up calls (untimed); one counted call (FLOPs and bytes per operator, per module;
+on a GPU with an eager twin ``count_fn``, also which kernels each operator launched, so kernels replayed
+from a CUDA graph find their operators); the measured window under the profiler, between two plain
+windows that time the profiler's cost; then the analysis against the ceilings ``warpforge probe``
+measured (the datasheet until it has).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from torch.utils._pytree import tree_flatten
 
 from warpforge.hw.roofline import Ceilings
 from warpforge.profile.analysis import Analysis, LaunchCost, analyze, launch_cost
+from warpforge.profile.events import iteration_load
 from warpforge.profile.flops import Counts, count
 from warpforge.profile.scope import module_depth
-from warpforge.profile.trace import Capture, CaptureConfig, ProfileError, capture, write_trace
+from warpforge.profile.trace import Capture, CaptureConfig, ProfileError, capture, overhead, write_trace
 
 SCHEMA = 1
+OVERHEAD_LIMIT = 0.05  # the profiler's cost on the window above which the report says what it distorts
 
 
 @dataclass
@@ -42,11 +46,20 @@ class Profile:
     modules: list[dict[str, Any]] = field(default_factory=list)
     declared: dict[str, Any] | None = None  # the caller's per-call work and the rates it implies
     raw_trace: dict[str, Any] | None = field(default=None, repr=False)
+    load: dict[str, float] = field(default_factory=dict)  # what the profiler recorded per iteration
+    parts_ms: dict[str, float] | None = None  # the window under the CPU-only / CUDA-only profiler
 
     @property
     def overhead(self) -> float | None:
         """Profiler + hooks cost on the window: profiled / plain - 1 (None when not measured)."""
-        return self.window_ms / self.plain_ms - 1.0 if self.plain_ms else None
+        return overhead(self.window_ms, self.plain_ms)
+
+    @property
+    def overhead_parts(self) -> dict[str, float] | None:
+        """The cost of each half of the profiler alone: {"cpu": .., "cuda": ..} (None when not measured)."""
+        if not self.parts_ms or not self.plain_ms:
+            return None
+        return {k: overhead(v, self.plain_ms) for k, v in self.parts_ms.items()}
 
     @property
     def verdict(self) -> str:
@@ -67,6 +80,7 @@ class Profile:
         return {
             "schema": SCHEMA, "tool": "warpforge.profile", "target": self.target, "meta": self.meta,
             "timing": {"window_ms": self.window_ms, "plain_ms": self.plain_ms, "overhead": self.overhead,
+                       "overhead_parts": self.overhead_parts, "traced_per_iter": self.load,
                        "iters": self.meta.get("iters"), "warmup": self.meta.get("warmup")},
             **a, "modules": self.modules, "declared": self.declared,
             "counts": {"flops": self.counts.flops, "bytes": self.counts.bytes, "records": len(self.counts.records),
@@ -147,7 +161,8 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
             count_fn: Callable[..., Any] | None = None, warmup: int = 5, iters: int = 20, grad: bool = False,
             nvtx: bool = True, module_depth_timed: int = 2, device: torch.device | str | None = None,
             ceilings: Ceilings | None = None, launch: LaunchCost | None = None, name: str | None = None,
-            measure_overhead: bool = True, work: dict[str, Any] | None = None) -> Profile:
+            measure_overhead: bool = True, work: dict[str, Any] | None = None,
+            overhead_parts: bool = False) -> Profile:
     """Profile ``fn(*inputs)``: where its time goes, against the roofline of the measured ceilings.
 
     ``module``: the nn.Module whose submodules name the operators (default: ``fn`` itself when it is
@@ -156,12 +171,14 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
     counted on its eager original automatically. ``grad=False`` runs under ``torch.inference_mode``.
     ``work``: FLOPs and bytes one call does, as a benchmark case declares them ({"flops", "bytes",
     "dtype"}); the profile then reports the rates they imply over the device time and the window.
+    ``overhead_parts``: also time the window under the CPU half and the CUDA half of the profiler alone
+    (CUDA runs; two more windows), to say which half a high overhead comes from.
     Raises :class:`ProfileError` when the model fails or the window records nothing.
     """
     if not callable(fn):
         raise ValueError(f"fn: expected a callable (a model or a function), got {type(fn).__name__}")
     cfg = CaptureConfig(warmup=warmup, iters=iters, nvtx=nvtx, module_depth=module_depth_timed, grad=grad,
-                        overhead=measure_overhead)
+                        overhead=measure_overhead, overhead_parts=overhead_parts)
     target = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     root = _root_module(fn, module)
     eager = _compiled_original(root)
@@ -182,7 +199,9 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
         raise ProfileError(f"{target} failed during warm-up: {type(e).__name__}: {e}") from e
 
     count_module = eager if eager is not None else root
-    counts = _count(count_fn or eager or fn, inputs, count_module, grad)
+    # An eager twin stands in for a call that hides its operators (a graph replay): on a GPU its counted call
+    # is traced too, to learn which kernels each operator launched.
+    counts = _count(count_fn or eager or fn, inputs, count_module, grad, kernels=cuda and count_fn is not None)
     counts_note = ("compiled module: FLOPs counted on its eager original; the compiled kernels carry time only"
                    if eager is not None else None)
     module_calls = sum(v for p, v in counts.module_calls.items() if module_depth(p) <= cfg.module_depth)
@@ -205,9 +224,39 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
         analysis.notes.insert(0, counts_note)
     if ceil is not None:
         analysis.notes.append(f"ceilings: {ceil.source}")
+    load = iteration_load(cap.trace) if cuda else {}
+    cost = overhead_finding(cap.overhead, cap.window_ms, cap.plain_ms, load)
+    if cost is not None:
+        analysis.findings = sorted(analysis.findings + [cost], key=lambda f: -f["severity"])
     return Profile(target=target, meta=_meta(target, dev, cfg), analysis=analysis, counts=counts,
                    window_ms=cap.window_ms, plain_ms=cap.plain_ms, modules=_module_rows(cap, analysis),
-                   declared=declared_rates(work, analysis, ceil) if work else None, raw_trace=cap.raw)
+                   declared=declared_rates(work, analysis, ceil) if work else None, raw_trace=cap.raw,
+                   load=load, parts_ms=cap.parts_ms)
+
+
+def overhead_finding(cost: float | None, window_ms: float, plain_ms: float | None,
+                     load: dict[str, float]) -> dict[str, Any] | None:
+    """A finding when the profiler cost the window more than OVERHEAD_LIMIT: what it recorded per iteration,
+    and what that distorts (host-side idle time; device times per kernel are the GPU's own)."""
+    if cost is None or cost < OVERHEAD_LIMIT or plain_ms is None:
+        return None
+    from warpforge.profile.findings import pct, us
+
+    extra_us = (window_ms - plain_ms) * 1e3
+    what = ""
+    if load:
+        what = (f" Per iteration it recorded {load.get('host_ops', 0):,.0f} operators and "
+                f"{load.get('runtime_calls', 0):,.0f} runtime calls")
+        if load.get("graph_kernels"):
+            what += (f", and traced {load['graph_kernels']:,.0f} kernels replayed from CUDA graphs one by one "
+                     f"(the graph launches took {us(load.get('graph_launch_host_us', 0.0))} on the host)")
+        what += "."
+    return {"kind": "profiler-overhead", "severity": round(cost / (1 + cost), 4),
+            "text": f"the profiler cost {pct(cost)} of this window ({us(extra_us)} per iteration: "
+                    f"{window_ms:.3f} ms profiled vs {plain_ms:.3f} ms plain); the host-side idle time above "
+                    f"includes it.{what}",
+            "advice": "device times per kernel are the GPU's own; take the step's time from the plain run",
+            "evidence": {"overhead": cost, "window_ms": window_ms, "plain_ms": plain_ms, "traced_per_iter": load}}
 
 
 def declared_rates(work: dict[str, Any], a: Analysis, ceil: Ceilings | None) -> dict[str, Any]:
@@ -234,11 +283,14 @@ def declared_rates(work: dict[str, Any], a: Analysis, ceil: Ceilings | None) -> 
     return out
 
 
-def _count(fn: Callable, inputs: tuple, module: torch.nn.Module | None, grad: bool) -> Counts:
-    """One counted call; a failure here costs the FLOP columns, not the profile."""
+def _count(fn: Callable, inputs: tuple, module: torch.nn.Module | None, grad: bool, kernels: bool = False) -> Counts:
+    """One counted call; a failure here costs the FLOP columns, not the profile. A traced call that fails
+    is tried once more untraced (the profiler, not the model, may be what failed)."""
     try:
-        return count(fn, *inputs, module=module, grad=grad)
+        return count(fn, *inputs, module=module, grad=grad, kernels=kernels)
     except Exception as e:
+        if kernels:
+            return _count(fn, inputs, module, grad)
         return Counts(error=f"{type(e).__name__}: {e}")
 
 

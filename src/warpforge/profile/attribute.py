@@ -12,16 +12,25 @@ driver launches (Triton kernels started from Python: labelled ``triton::<kernel>
 
 Instances are then matched to the counted records of the same (module, operator) in call order, so
 each carries its FLOPs and bytes; a count mismatch falls back to the average and says so.
+
+Kernels replayed from a CUDA graph have no operator around them in the window. The counted call (the
+eager twin of the graph, ``count_fn``) says which kernels each of its operators launched (``Counts.kernels``
+when it was traced on the GPU; a Triton launch always names its own kernel), so replayed kernels are
+matched one-to-one, per kernel name in launch order, to the counted operators not already seen eagerly
+in the window: each becomes an instance of that operator (its module, FLOPs and bytes). Where a name's
+counts differ, each of its kernels gets the average of that name's counted work; names the counted call
+never launched stay with the graph's launch site.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from warpforge.profile.events import ITER_ANNOTATION, MODULE_PREFIX, GpuEvent, HostSpan, Trace, normalize
-from warpforge.profile.flops import OpCount
+from warpforge.profile.events import ITER_ANNOTATION, MODULE_PREFIX, GpuEvent, HostSpan, Trace, is_launch, normalize
+from warpforge.profile.flops import Counts, OpCount
 
 GRAPH_LABEL = "cuda_graph_replay"
 _RANK = {"annotation": 0, "op": 1, "runtime": 2}  # tie-break for spans starting together: outer first
@@ -78,11 +87,6 @@ def module_annotation(path: str, root_type: str) -> str:
     return MODULE_PREFIX + (path or f"({root_type})")
 
 
-def _is_launch(name: str) -> bool:
-    """Runtime/driver calls that queue device work (not syncs, event records or queries)."""
-    return "Launch" in name or "Memcpy" in name or "Memset" in name
-
-
 def _nest(spans: list[HostSpan]) -> tuple[list[HostSpan], list[int]]:
     """Spans of all threads sorted, with each one's parent index (-1: a root) from a stack sweep."""
     by_tid: dict = defaultdict(list)
@@ -113,8 +117,11 @@ def _iterations(spans: list[HostSpan]) -> list[tuple[float, float]]:
     return [(min(s.ts_us for s in spans), max(s.end_us for s in spans))]
 
 
-def attribute(trace: Trace, records: list[OpCount] | None = None) -> Attribution:
-    """Operator instances of the measured iterations, each with its device work and counted work."""
+def attribute(trace: Trace, records: list[OpCount] | None = None,
+              kernels_of: Callable[[int], list[str]] | None = None) -> Attribution:
+    """Operator instances of the measured iterations, each with its device work and counted work.
+    ``kernels_of(i)``: the kernel names counted record ``i`` launched (default: a Triton record's own kernel,
+    as ``Counts.kernels_of`` gives when the counted call was not traced)."""
     records = records or []
     notes: list[str] = []
     host = normalize(trace.host)
@@ -186,7 +193,7 @@ def attribute(trace: Trace, records: list[OpCount] | None = None) -> Attribution
                 launches_under(i, inst)
             else:
                 todo.extend(children[i])
-        elif s.correlation is not None and _is_launch(s.name):  # a bare launch (graph, Triton, extension)
+        elif s.correlation is not None and is_launch(s.name):  # a bare launch (graph, Triton, extension)
             graph = "GraphLaunch" in s.name
             inst = Instance(module=m, label=GRAPH_LABEL if graph else s.name, iteration=it, ts_us=s.ts_us,
                             host_us=s.dur_us, graph=graph)
@@ -218,11 +225,10 @@ def attribute(trace: Trace, records: list[OpCount] | None = None) -> Attribution
     if unattributed:
         notes.append(f"{len(unattributed)} device events in the window have no launch record; "
                      "they count in the time split but in no operator row")
-    if any(i.graph for i in instances):
-        n = sum(len(i.gpu) for i in instances if i.graph)
-        notes.append(f"{n} kernels were replayed from CUDA graphs: they are attributed to the graph's launch "
-                     f"site ({GRAPH_LABEL} under its module), not to the operators that were captured")
     notes.extend(_match(instances, records, len(iters)))
+    if any(i.graph for i in instances):
+        notes.extend(map_replayed(instances, records, kernels_of or Counts(records=records).kernels_of, launch_of,
+                                  max(len(iters), 1)))
     main = next(iter(iter_tids)) if len(iter_tids) == 1 else None
     return Attribution(instances=instances, iterations=iters, unattributed=unattributed, launch_of=launch_of,
                        main_tid=main, notes=notes)
@@ -256,3 +262,83 @@ def _match(instances: list[Instance], records: list[OpCount], n_iters: int) -> l
     shown = ", ".join(f"{m or '(root)'}/{op}" for m, op in sorted(mismatched)[:5])
     return [f"{len(mismatched)} operators ran a different number of times per iteration than in the counted call "
             f"({shown}{', ...' if len(mismatched) > 5 else ''}): their FLOPs and bytes are averaged over calls"]
+
+
+def map_replayed(instances: list[Instance], records: list[OpCount], kernels_of: Callable[[int], list[str]],
+                 launch_of: dict[int, HostSpan], n_iters: int) -> list[str]:
+    """Move kernels replayed from CUDA graphs onto instances of the counted operators that launched them
+    (see the module docstring); ``instances`` is extended in place. Returns the notes that say how."""
+    replayed = [(inst, g) for inst in instances if inst.graph for g in inst.gpu
+                if g.correlation is not None and "GraphLaunch" in getattr(launch_of.get(g.correlation), "name", "")]
+    if not replayed:
+        return []
+    seen_eagerly = {(i.module, i.label) for i in instances if not i.graph}
+    captured: dict[str, list[tuple[int, float]]] = defaultdict(list)  # kernel -> (record, share of its work)
+    for idx, r in enumerate(records):
+        names = kernels_of(idx) if (r.module, r.op) not in seen_eagerly else []
+        for k in names:
+            captured[k].append((idx, 1.0 / len(names)))
+    by_name: dict[tuple[int, str], list[tuple[Instance, GpuEvent]]] = defaultdict(list)
+    for inst, g in sorted(replayed, key=lambda p: p[1].ts_us):
+        by_name[(inst.iteration, g.name)].append((inst, g))
+
+    exact: dict[tuple[int, int], Instance] = {}  # (iteration, record) -> its instance
+    averaged: list[Instance] = []
+    off: dict[str, tuple[int, int]] = {}  # kernel -> (replayed per iteration, counted)
+    moved: set[int] = set()
+    for (it, name), pairs in by_name.items():
+        eager = captured.get(name)
+        if not eager:
+            continue
+        if len(eager) == len(pairs):
+            for (_inst, g), (idx, share) in zip(pairs, eager):
+                r = records[idx]
+                tgt = exact.get((it, idx))
+                if tgt is None:
+                    tgt = exact[(it, idx)] = Instance(module=r.module, label=r.op, iteration=it, ts_us=g.ts_us,
+                                                      host_us=0.0, graph=True,
+                                                      work=Work(0.0, 0.0, r.ceiling, r.kind, r.shapes))
+                tgt.gpu.append(g)
+                tgt.work.flops += share * r.flops
+                tgt.work.bytes += share * r.bytes
+                moved.add(id(g))
+            continue
+        off[name] = (len(pairs), len(eager))
+        flops = sum(share * records[idx].flops for idx, share in eager) / len(pairs)
+        nbytes = sum(share * records[idx].bytes for idx, share in eager) / len(pairs)
+        ops = {(records[idx].module, records[idx].op) for idx, _ in eager}
+        module, op = next(iter(ops)) if len(ops) == 1 else (pairs[0][0].module, GRAPH_LABEL)
+        r0 = records[eager[0][0]]
+        for _inst, g in pairs:
+            averaged.append(Instance(module=module, label=op, iteration=it, ts_us=g.ts_us, host_us=0.0, gpu=[g],
+                                     graph=True, work=Work(flops, nbytes, r0.ceiling, r0.kind, r0.shapes)))
+            moved.add(id(g))
+    for inst in instances:
+        if inst.graph:
+            inst.gpu = [g for g in inst.gpu if id(g) not in moved]
+    instances.extend(exact.values())
+    instances.extend(averaged)
+
+    per = len(replayed) / n_iters
+    n_exact = sum(len(i.gpu) for i in exact.values()) / n_iters
+    n_avg = len(averaged) / n_iters
+    rest = per - n_exact - n_avg
+    if not n_exact and not n_avg:
+        return [f"{per:g} kernels per iteration were replayed from CUDA graphs and none is a kernel the counted call "
+                f"launched: they stay with the graph's launch site ({GRAPH_LABEL}), time only; pass count_fn, an "
+                "eager twin of the replayed step, to place them"]
+    parts = [f"{per:g} kernels per iteration were replayed from CUDA graphs: {n_exact:g} matched one-to-one (by kernel "
+             "name, in launch order) to the counted call's operators that launched them, with their module, "
+             "FLOPs and bytes"]
+    if off:
+        shown = ", ".join(f"{short_name(k)} {a:g} replayed vs {b:g} counted" for k, (a, b) in sorted(off.items())[:4])
+        parts.append(f"{n_avg:g} of {len(off)} kernel name{'s' if len(off) > 1 else ''} whose counts differ "
+                     f"({shown}{', ...' if len(off) > 4 else ''}) get the average of that name's counted work")
+    if rest > 0:
+        parts.append(f"{rest:g} the counted call never launched stay under {GRAPH_LABEL}, time only")
+    return ["; ".join(parts)]
+
+
+def short_name(kernel: str, width: int = 48) -> str:
+    """A kernel name cut for a note (full names carry template and parameter lists)."""
+    return kernel if len(kernel) <= width else kernel[: width - 1] + "…"

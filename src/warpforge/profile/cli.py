@@ -73,6 +73,9 @@ def print_summary(d: dict[str, Any], console, top: int = 15) -> None:
     t, s = d["timing"], d["split"]
     console.print(f"\n[bold]{d['verdict']}[/]  ·  {t['window_ms']:.3f} ms per iteration"
                   + (f"  ·  profiler overhead {100 * t['overhead']:.1f}%" if t.get("overhead") is not None else "")
+                  + (" (CPU half alone {:+.1%}, CUDA half alone {:+.1%})".format(t["overhead_parts"]["cpu"],
+                                                                                t["overhead_parts"]["cuda"])
+                     if t.get("overhead_parts") else "")
                   + f"  ·  {d['counts']['flops'] / 1e9:.3g} GFLOP, {d['counts']['bytes'] / 1e6:.3g} MB per iteration",
                   highlight=False)
     dec = d.get("declared")

@@ -12,11 +12,14 @@ build synthetic timelines directly.
 
 from __future__ import annotations
 
+import bisect
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 ITER_ANNOTATION = "warpforge:iter"
 MODULE_PREFIX = "module:"
+COUNT_PREFIX = "warpforge:count#"  # one range per operator call of the counting pass: "warpforge:count#17"
 
 HOST_KINDS = ("op", "annotation", "runtime")
 GPU_KINDS = ("kernel", "memcpy", "memset")
@@ -87,6 +90,80 @@ def is_annotation(s: HostSpan) -> bool:
 def normalize(spans: list[HostSpan]) -> list[HostSpan]:
     """Spans with our ranges re-kinded as annotations (the fast record function reports cpu_op)."""
     return [s if s.kind == "annotation" or not is_annotation(s) else replace(s, kind="annotation") for s in spans]
+
+
+def is_launch(name: str) -> bool:
+    """Runtime/driver calls that queue device work (not syncs, event records or queries)."""
+    return "Launch" in name or "Memcpy" in name or "Memset" in name
+
+
+def work_in_ranges(trace: Trace, prefix: str = COUNT_PREFIX) -> dict[int, list[str]]:
+    """Device work queued inside each ``<prefix><n>`` range: n -> names of the kernels, copies and memsets
+    it launched, in device order. The counting pass wraps every operator call in such a range, so this says
+    which kernels each counted operator launched (what a CUDA graph captured of it, when one is replayed)."""
+    ranges: dict = defaultdict(list)  # tid -> [(start, end, n)]
+    for s in trace.host:
+        if s.name.startswith(prefix):
+            n = _int(s.name[len(prefix):])
+            if n is not None:
+                ranges[s.tid].append((s.ts_us, s.end_us, n))
+    for v in ranges.values():
+        v.sort()
+    starts = {tid: [r[0] for r in v] for tid, v in ranges.items()}
+    range_of_corr: dict[int, int] = {}
+    for s in trace.host:
+        if s.kind != "runtime" or s.correlation is None or not is_launch(s.name) or s.tid not in ranges:
+            continue
+        # The innermost range holding the launch: the latest-starting one that has not ended. Ranges
+        # rarely nest (the counter runs each operator with itself switched off; a Triton launch inside a
+        # custom operator does), so the walk back is short.
+        rs = ranges[s.tid]
+        i = bisect.bisect_right(starts[s.tid], s.ts_us) - 1
+        for j in range(i, max(i - 64, -1), -1):
+            if s.ts_us < rs[j][1]:
+                range_of_corr[s.correlation] = rs[j][2]
+                break
+    out: dict[int, list[str]] = defaultdict(list)
+    for g in sorted(trace.gpu, key=lambda g: g.ts_us):
+        n = range_of_corr.get(g.correlation) if g.correlation is not None else None
+        if n is not None:
+            out[n].append(g.name)
+    return dict(out)
+
+
+def iteration_load(trace: Trace) -> dict[str, float]:
+    """What the profiler recorded per measured iteration (its host cost grows with each): operator
+    records, runtime/driver calls, launches, kernels replayed from CUDA graphs and the host time of the
+    graph launches (CUPTI traces every replayed kernel, which it pays for at the launch)."""
+    host = normalize(trace.host)
+    iters = sorted((s.ts_us, s.end_us) for s in host if s.kind == "annotation" and s.name == ITER_ANNOTATION)
+    if not iters:
+        return {}
+    starts = [a for a, _ in iters]
+
+    def inside(ts: float) -> bool:
+        i = bisect.bisect_right(starts, ts) - 1
+        return i >= 0 and ts < iters[i][1]
+
+    out = {"host_ops": 0.0, "runtime_calls": 0.0, "launches": 0.0, "graph_launches": 0.0,
+           "graph_launch_host_us": 0.0, "graph_kernels": 0.0}
+    graph_corr: set[int] = set()
+    for s in host:
+        if not inside(s.ts_us):
+            continue
+        if s.kind == "op":
+            out["host_ops"] += 1
+        elif s.kind == "runtime":
+            out["runtime_calls"] += 1
+            if is_launch(s.name):
+                out["launches"] += 1
+            if "GraphLaunch" in s.name:
+                out["graph_launches"] += 1
+                out["graph_launch_host_us"] += s.dur_us
+                if s.correlation is not None:
+                    graph_corr.add(s.correlation)
+    out["graph_kernels"] = float(sum(1 for g in trace.gpu if g.correlation in graph_corr))
+    return {k: v / len(iters) for k, v in out.items()}
 
 
 def _int(x: Any) -> int | None:

@@ -13,6 +13,10 @@ Conventions:
   an argument passed twice is read once, ``copy_``/``fill_`` do not read their destination,
   gathers (embedding, index_select) read the gathered rows, not the whole table;
 * an operator with no formula counts 0 FLOPs, still counts its bytes, and is listed in ``uncounted``.
+
+``count(..., kernels=True)`` on a GPU also runs the counted call under the profiler, each operator call in
+a range of its own, and keeps which kernels every counted operator launched (``Counts.kernels``): that is
+how kernels replayed from a CUDA graph are matched to the eager operators that were captured.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "n
                          "empty_permuted", "resize_", "set_", "lift_fresh", "alias", "detach", "detach_"})
 # Gathers read the rows they return, not the whole source tensor.
 GATHERS = frozenset({"embedding", "index_select", "gather", "take", "index"})
+TRITON_PREFIX = "triton::"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,16 @@ class Counts:
     uncounted: Counter[str] = field(default_factory=Counter)  # op -> calls with no FLOP formula
     module_calls: Counter[str] = field(default_factory=Counter)  # module path -> forward calls
     error: str | None = None  # why counting stopped early (the model still ran)
+    # record index -> names of the device work it launched, in order; None when the call was not traced
+    # (then only Triton records name their kernel: the jit function's name).
+    kernels: dict[int, list[str]] | None = None
+
+    def kernels_of(self, i: int) -> list[str]:
+        """Kernel names record ``i`` launched: from the traced call, else a Triton record's own name."""
+        if self.kernels is not None:
+            return self.kernels.get(i, [])
+        op = self.records[i].op
+        return [op[len(TRITON_PREFIX):]] if op.startswith(TRITON_PREFIX) else []
 
     @property
     def flops(self) -> int:
@@ -172,34 +187,55 @@ def _shapes(args: tuple, kwargs: dict) -> str:
 class FlopCounter(TorchDispatchMode):
     """Records an :class:`OpCount` for every operator run under it; ``scope()`` names the module."""
 
-    def __init__(self, scope: Callable[[], str] = lambda: ""):
+    def __init__(self, scope: Callable[[], str] = lambda: "", *, mark: bool = False):
         super().__init__()
         self.scope = scope
         self.counts = Counts()
+        self.mark = mark  # wrap every operator call in a profiler range "warpforge:count#<call>"
+        self.calls = 0  # operator calls (and Triton launches) seen
+        self.call_of: list[int] = []  # per record: the call that made it (ranges are named by call)
+
+    def range(self, call: int):
+        """The profiler range of operator call ``call`` (a no-op context unless marking)."""
+        if not self.mark:
+            return contextlib.nullcontext()
+        from warpforge.profile.events import COUNT_PREFIX
+        from warpforge.profile.scope import fast_range
+
+        return fast_range(f"{COUNT_PREFIX}{call}")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        self.calls += 1
+        call = self.calls
+        with self.range(call):
+            out = func(*args, **kwargs)
         try:
-            self._record(func, args, kwargs, out)
+            self._record(func, args, kwargs, out, call)
         except Exception as e:  # a formula must never break the model's run; say which op failed
             self.counts.uncounted[f"{func._schema.name} (formula error: {type(e).__name__})"] += 1
         return out
 
-    def _record(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+    def _append(self, rec: OpCount, call: int) -> None:
+        self.counts.records.append(rec)
+        self.call_of.append(call)
+
+    def _record(self, func, args: tuple, kwargs: dict, out: Any, call: int = 0) -> None:
         name = func.overloadpacket.__name__
         if name in ALLOCATIONS or _is_view(func, args, kwargs, out):
             return
         flops, kind = F.flops(func, args, kwargs, out)
         if kind == "unknown":
             self.counts.uncounted[func._schema.name] += 1
-        self.counts.records.append(OpCount(
+        self._append(OpCount(
             module=self.scope(), op=func._schema.name, kind=kind, flops=int(flops),
             bytes=op_bytes(func, args, kwargs, out), ceiling=F.ceiling_key(kind, args, kwargs),
-            shapes=_shapes(args, kwargs)))
+            shapes=_shapes(args, kwargs)), call)
 
-    def record_triton(self, name: str, bound: dict[str, Any], metadata: dict | None) -> None:
-        """One Triton launch: ``bound`` maps the jit function's argument names to the values passed."""
+    def record_triton(self, name: str, bound: dict[str, Any], metadata: dict | None) -> int:
+        """One Triton launch: ``bound`` maps the jit function's argument names to the values passed.
+        Returns the call number (the launch itself runs inside :meth:`range` of it)."""
+        self.calls += 1
         ts = [t for t in tree_flatten(list(bound.values()))[0] if isinstance(t, torch.Tensor)]
         seen: set[tuple] = set()
         nbytes = 0
@@ -218,9 +254,10 @@ class FlopCounter(TorchDispatchMode):
         precision = bound.get("DOT_PRECISION")  # warpforge kernels say how fp32 dots run: "ieee" or "tf32"
         if fp is not None and fp.dtype == torch.float32 and flops > 0 and isinstance(precision, str):
             ceiling = "fp32" if precision == "ieee" else "tf32"
-        self.counts.records.append(OpCount(
-            module=self.scope(), op=f"triton::{name}", kind=kind, flops=flops, bytes=nbytes, ceiling=ceiling,
-            shapes=_shapes(tuple(ts), {})))
+        self._append(OpCount(
+            module=self.scope(), op=f"{TRITON_PREFIX}{name}", kind=kind, flops=flops, bytes=nbytes, ceiling=ceiling,
+            shapes=_shapes(tuple(ts), {})), self.calls)
+        return self.calls
 
 
 def triton_gemm_flops(name: str, bound: dict[str, Any]) -> tuple[int, str]:
@@ -271,7 +308,9 @@ def triton_launches(counter: FlopCounter) -> Iterator[None]:
                 if callable(lm):
                     with contextlib.suppress(Exception):
                         md = lm(grid, None, bound)
-                counter.record_triton(name, bound, md if isinstance(md, dict) else None)
+                call = counter.record_triton(name, bound, md if isinstance(md, dict) else None)
+                with counter.range(call):
+                    return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
             return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
         return run
 
@@ -285,20 +324,30 @@ def triton_launches(counter: FlopCounter) -> Iterator[None]:
 
 
 def count(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None = None,
-          grad: bool = False) -> Counts:
+          grad: bool = False, kernels: bool = False) -> Counts:
     """Run ``fn(*inputs)`` once and count every operator (and Triton launch) it runs.
 
     ``module`` (default: ``fn`` when it is a Module) gets forward hooks so operators are filed
-    under module paths. A failure inside the model propagates; it is the caller's to report.
+    under module paths. ``kernels``: on a GPU, also trace the call and keep the kernels each counted
+    operator launched (``Counts.kernels``). A failure inside the model propagates; it is the caller's.
     """
     from warpforge.profile.scope import ModuleScope
 
     if module is None and isinstance(fn, torch.nn.Module):
         module = fn
     scope = ModuleScope(module) if module is not None else None
-    counter = FlopCounter(scope.current if scope is not None else (lambda: ""))
+    traced = kernels and torch.cuda.is_available()
+    counter = FlopCounter(scope.current if scope is not None else (lambda: ""), mark=traced)
     grad_ctx = contextlib.nullcontext() if grad else torch.inference_mode()
+    prof = None
     with contextlib.ExitStack() as stack:
+        if traced:
+            from torch.profiler import ProfilerActivity, profile
+
+            from warpforge.profile.trace import profiler_options
+
+            prof = stack.enter_context(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                               **profiler_options()))
         if scope is not None:
             stack.enter_context(scope)
         stack.enter_context(grad_ctx)
@@ -309,4 +358,21 @@ def count(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None =
                 fn(*inputs)
         if scope is not None:
             counter.counts.module_calls.update(scope.calls)
+        if traced:
+            torch.cuda.synchronize()  # every kernel of the call has run before the trace stops
+    if prof is not None:
+        from warpforge.profile.events import parse_kineto
+        from warpforge.profile.trace import export_trace
+
+        counter.counts.kernels = kernels_by_record(parse_kineto(export_trace(prof), device_type="cuda"),
+                                                   counter.call_of)
     return counter.counts
+
+
+def kernels_by_record(trace, call_of: list[int]) -> dict[int, list[str]]:
+    """Record index -> device work its operator call launched (``call_of``: each record's call number,
+    the ``n`` of its ``warpforge:count#n`` range in ``trace``)."""
+    from warpforge.profile.events import work_in_ranges
+
+    by_call = work_in_ranges(trace)
+    return {i: by_call[c] for i, c in enumerate(call_of) if c in by_call}

@@ -68,6 +68,9 @@ def _figs(d: dict[str, Any]) -> str:
         o = t["overhead"]
         # A profiled window faster than the plain ones means the run-to-run noise exceeds the cost.
         figs.append(("profiler overhead" + (" (below noise)" if o < -0.02 else ""), _pct(o)))
+        for half, v in (t.get("overhead_parts") or {}).items():
+            if v is not None:
+                figs.append((f"{half.upper()} half of it alone", _pct(v)))
     if s.get("busy_us") is not None:
         figs.append(("GPU busy", _pct(s["busy_us"] / s["window_us"] if s["window_us"] else None)))
         figs.append(("kernels / iteration", f'{s["kernels"]:,.0f}'))

@@ -16,6 +16,13 @@ import torch
 ModuleCallback = Callable[[str], None]  # called with the module path
 
 
+def fast_range(name: str):
+    """A profiler range (a context manager): the C++ fast record function (no op dispatch, ~0.3 us)
+    when torch has it, else ``torch.profiler.record_function``. Costs next to nothing with no profiler on."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    return fast(name) if fast is not None else torch.profiler.record_function(name)
+
+
 def module_depth(path: str) -> int:
     """0 for the root (""), 1 for "layer1", 2 for "layer1.0", ..."""
     return 0 if not path else path.count(".") + 1

@@ -134,25 +134,39 @@ def _from_factory(spec: str, factory: Callable, shapes: list[tuple[int, ...]] | 
     return Target(name=spec, fn=model, inputs=tuple(_to(tuple(inputs), dev)), notes=notes)
 
 
-def _bench(rest: str, dev: torch.device) -> Target:
+def bench_case(suite_name: str, case_name: str, *, quick: bool = False):
+    """The case of a benchmark suite named ``case_name`` exactly, else the one case whose name contains it."""
     from warpforge.bench.runner import UnknownSuiteError, load_suite
 
+    try:
+        suite = load_suite(suite_name)
+    except UnknownSuiteError as e:
+        raise TargetError(str(e)) from None
+    cases = suite.build(quick=quick)
+    exact = [c for c in cases if c.name == case_name]
+    match = exact or [c for c in cases if case_name in c.name]
+    if len(match) != 1:
+        names = ", ".join(repr(c.name) for c in (match or cases)[:12])
+        raise TargetError(f"{'no case' if not match else 'several cases'} match {case_name!r} in suite "
+                          f"{suite_name!r}: {names}")
+    return match[0]
+
+
+def case_work(case) -> dict[str, Any]:
+    """What one call of a benchmark case does, as the case declares it: the profile's ``work``."""
+    return {"flops": float(case.flops), "bytes": float(case.bytes), "dtype": str(case.dtype).removeprefix("torch."),
+            "metric": case.metric, "cuda_graph": case.cuda_graph}
+
+
+def _bench(rest: str, dev: torch.device) -> Target:
     body, _, peer = rest.partition("@")
     suite_name, _, case_name = body.partition("/")
     if not suite_name or not case_name:
         raise TargetError(f"bench:{rest}: expected bench:SUITE/CASE[@PEER], e.g. 'bench:memory/copy fp32 1GiB'")
     try:
-        suite = load_suite(suite_name)
-    except UnknownSuiteError as e:
-        raise TargetError(str(e)) from None
-    cases = suite.build(quick=False)
-    exact = [c for c in cases if c.name == case_name]
-    match = exact or [c for c in cases if case_name in c.name]
-    if len(match) != 1:
-        names = ", ".join(repr(c.name) for c in (match or cases)[:12])
-        raise TargetError(f"bench:{rest}: {'no case' if not match else 'several cases'} match {case_name!r} in suite "
-                          f"{suite_name!r}: {names}")
-    case = match[0]
+        case = bench_case(suite_name, case_name)
+    except TargetError as e:
+        raise TargetError(f"bench:{rest}: {e}") from None
     fn = case.ours
     label = "ours"
     if peer:
@@ -161,9 +175,7 @@ def _bench(rest: str, dev: torch.device) -> Target:
         fn, label = case.peers[peer], peer
     gen = torch.Generator(device=dev).manual_seed(0)
     inputs = tuple(case.make_inputs(gen, dev))
-    return Target(name=f"bench:{suite_name}/{case.name} ({label})", fn=fn, inputs=inputs,
-                  work={"flops": float(case.flops), "bytes": float(case.bytes), "dtype": str(case.dtype).removeprefix("torch."),
-                        "metric": case.metric, "cuda_graph": case.cuda_graph})
+    return Target(name=f"bench:{suite_name}/{case.name} ({label})", fn=fn, inputs=inputs, work=case_work(case))
 
 
 def _llm(path: str, phase: str, dev: torch.device, batch: int | None, prompt_len: int | None) -> Target:

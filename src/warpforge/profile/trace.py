@@ -9,6 +9,13 @@ The profiler's own cost is measured, not assumed: the same window runs without p
 before and after the profiled one (CUDA events around the whole window; the host clock on CPU),
 and the JSON reports ``profiled / plain - 1``. A first iteration inside the profiler is traced but
 excluded: CUPTI's start-up cost lands there, not in the window.
+
+Where the cost comes from: the profiler works on the host (a record per operator, a CUPTI record per
+runtime call and per kernel, also per kernel replayed from a CUDA graph), so it adds nothing to a
+GPU-bound window and everything to a host-bound one, such as an LLM decode step that syncs every step.
+The window therefore runs with the lightest settings that keep what the analysis reads
+(:func:`profiler_options`), and ``overhead_parts`` can time the window under the CPU half and the
+CUDA half of the profiler alone, to say which half costs what.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import torch
 
 from warpforge.profile.attribute import module_annotation
 from warpforge.profile.events import ITER_ANNOTATION, Trace, parse_kineto
-from warpforge.profile.scope import ModuleScope, module_depth
+from warpforge.profile.scope import ModuleScope, fast_range, module_depth
 
 
 class ProfileError(RuntimeError):
@@ -44,6 +51,7 @@ class CaptureConfig:
     module_depth: int = 2  # modules this deep get a timed span (CUDA events / host timer)
     grad: bool = False  # False: run under torch.inference_mode, as an inference engine does
     overhead: bool = True  # also time the window without the profiler
+    overhead_parts: bool = False  # also time it under the CPU-only and the CUDA-only profiler (CUDA runs)
 
     def __post_init__(self) -> None:
         for name, lo in (("warmup", 0), ("iters", 1), ("module_depth", 0)):
@@ -61,16 +69,51 @@ class Capture:
     window_ms: float  # per iteration, under the profiler and hooks
     plain_ms: float | None  # per iteration, without them (mean of the runs before and after)
     modules: list[dict[str, Any]]  # per module: calls and span per iteration
+    parts_ms: dict[str, float] | None = None  # per iteration under one half of the profiler: "cpu", "cuda"
 
     @property
     def overhead(self) -> float | None:
-        return self.window_ms / self.plain_ms - 1.0 if self.plain_ms else None
+        return overhead(self.window_ms, self.plain_ms)
 
 
-def _fast_range(name: str):
-    """A profiler range: the C++ fast record function (no op dispatch, ~0.3 us) when torch has it."""
-    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
-    return fast(name) if fast is not None else torch.profiler.record_function(name)
+def overhead(profiled_ms: float, plain_ms: float | None) -> float | None:
+    """The profiler's cost on a window: profiled / plain - 1 (None when the plain run was not timed)."""
+    if plain_ms is None or not plain_ms > 0:
+        return None
+    return profiled_ms / plain_ms - 1.0
+
+
+def plain_window_ms(before: float | None, after: float | None) -> float | None:
+    """The window without the profiler: the mean of the runs before and after it, so a drift over the
+    profile (clocks, a growing KV cache) hits the plain time as it hits the profiled one."""
+    if before is None or after is None:
+        return None
+    return (before + after) / 2
+
+
+def _experimental_config():
+    """No external correlation where torch allows it (2.6+): that is a CUPTI push and pop around every
+    operator, used only to draw operator-to-kernel arrows in trace viewers. Kernels still link to the
+    launch call that queued them by CUPTI's own correlation id, which is what the analysis reads."""
+    cls = getattr(torch._C._profiler, "_ExperimentalConfig", None)
+    if cls is None:
+        return None
+    try:
+        return cls(disable_external_correlation=True)
+    except TypeError:  # an older torch without the option
+        return None
+
+
+def profiler_options() -> dict[str, Any]:
+    """Keyword arguments of ``torch.profiler.profile`` for the measured window: the lightest settings that
+    keep operator spans, launch calls and device work. Shapes come from the counting pass, module paths
+    from our own ranges; Python stacks, memory, FLOP estimates and external correlation are off."""
+    opts: dict[str, Any] = dict(record_shapes=False, with_stack=False, profile_memory=False, with_flops=False,
+                                with_modules=False)
+    cfg = _experimental_config()
+    if cfg is not None:
+        opts["experimental_config"] = cfg
+    return opts
 
 
 class _EventPool:
@@ -94,7 +137,7 @@ class _ModuleHooks:
         self.timed: list[tuple[str, Any, Any]] = []  # (path, start, end): CUDA events or ns
 
     def enter(self, path: str) -> None:
-        rf = _fast_range(module_annotation(path, self.scope.root_type))
+        rf = fast_range(module_annotation(path, self.scope.root_type))
         rf.__enter__()
         if self.nvtx:
             torch.cuda.nvtx.range_push(self.scope.display(path))
@@ -169,7 +212,7 @@ def capture(fn: Callable[..., Any], inputs: tuple, *, module: torch.nn.Module | 
         fn(*inputs)
 
     def traced(i: int) -> None:
-        with _fast_range(ITER_ANNOTATION):
+        with fast_range(ITER_ANNOTATION):
             if cuda and cfg.nvtx:
                 torch.cuda.nvtx.range_push(f"iteration {i}")
             try:
@@ -184,7 +227,7 @@ def capture(fn: Callable[..., Any], inputs: tuple, *, module: torch.nn.Module | 
     with (torch.cuda.device(device) if cuda else contextlib.nullcontext()), grad_ctx():
         before = _window_ms(plain, cfg.iters, cuda) if cfg.overhead else None
         with contextlib.ExitStack() as stack:
-            prof = stack.enter_context(profile(activities=activities, record_shapes=False, with_stack=False))
+            prof = stack.enter_context(profile(activities=activities, **profiler_options()))
             if hooks is not None:
                 stack.enter_context(hooks.scope)
             fn(*inputs)  # traced, outside any iteration range: absorbs the profiler's start-up
@@ -193,14 +236,27 @@ def capture(fn: Callable[..., Any], inputs: tuple, *, module: torch.nn.Module | 
             window = _window_ms(traced, cfg.iters, cuda)
             _sync(cuda)
         after = _window_ms(plain, cfg.iters, cuda) if cfg.overhead else None
-    raw = _export(prof)
-    plain_ms = (before + after) / 2 if before is not None and after is not None else None
+        raw = export_trace(prof)  # before another profiler session starts
+        parts = _parts_ms(plain, cfg.iters) if cuda and cfg.overhead_parts else None
     return Capture(trace=parse_kineto(raw, device_type="cuda" if cuda else "cpu"), raw=raw, device=device,
-                   iters=cfg.iters, window_ms=window, plain_ms=plain_ms,
-                   modules=hooks.spans(cfg.iters) if hooks is not None else [])
+                   iters=cfg.iters, window_ms=window, plain_ms=plain_window_ms(before, after),
+                   modules=hooks.spans(cfg.iters) if hooks is not None else [], parts_ms=parts)
 
 
-def _export(prof) -> dict[str, Any]:
+def _parts_ms(call: Callable[[int], None], iters: int) -> dict[str, float]:
+    """The window (no hooks, no ranges) under the CPU half alone (operator records) and the CUDA half alone
+    (CUPTI: runtime calls, kernels, graph nodes), each after one untimed call that absorbs its start-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, act in (("cpu", ProfilerActivity.CPU), ("cuda", ProfilerActivity.CUDA)):
+        with profile(activities=[act], **profiler_options()):
+            call(-1)
+            out[name] = _window_ms(call, iters, True)
+    return out
+
+
+def export_trace(prof) -> dict[str, Any]:
     """The Kineto trace as a dict (exported through a temporary file, the profiler's only way out)."""
     fd, path = tempfile.mkstemp(suffix=".json", prefix="warpforge-trace-")
     os.close(fd)

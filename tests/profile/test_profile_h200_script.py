@@ -1,0 +1,75 @@
+"""``benchmarks/profile_h200.py``: its plumbing end to end at --quick sizes on the CPU, and the cases it
+would pick on the H200 (checked against the case names of the committed H200 records)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("profile_h200", ROOT / "benchmarks" / "profile_h200.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_full_size_selection_picks_the_intended_h200_cases(script):
+    names = {}
+    for suite in ("memory", "kernels", "attention"):
+        path = ROOT / "benchmarks" / "results" / "h200" / f"{suite}.jsonl"
+        names[suite] = [json.loads(line)["case"] for line in path.read_text().splitlines() if line.strip()]
+    picked = [script.match_case(names[suite], patterns) for suite, patterns in script.CASES]
+    assert picked == ["copy bf16 1GiB", "bfloat16 linear M1 N14336 K4096", "rms_norm+residual bf16 16384x4096",
+                      "silu_and_mul bf16 4096x28672", "softmax bfloat16 4096x32768",
+                      "conv2d fp16 b32 7x7/2 3->64 @224 +bias+relu",
+                      "decode headline bf16 pages B16 ctx8192 H32/8 D128"]
+
+
+def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path):
+    out, reports = tmp_path / "profile.jsonl", tmp_path / "reports"
+    rc = script.main(["--quick", "--device", "cpu", "--out", str(out), "--reports", str(reports)])
+    assert rc == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["case"].split("/")[0] for line in lines] == [suite for suite, _ in script.CASES]
+    for line in lines:
+        prof, bench, work = line["profiler"], line["bench"], line["work"]
+        assert bench["figure"] > 0 and prof["figure"] > 0 and prof["overhead"] is not None
+        assert line["ratio"] == pytest.approx(prof["figure"] / bench["figure"])
+        assert line["agree"] == (abs(line["ratio"] - 1) <= script.AGREE)
+        assert line["overhead_ok"] == (prof["overhead"] < script.OVERHEAD)
+        # each figure is the case's declared work over its own time
+        per_s = work["bytes"] / 1e9 if line["metric"] == "GBps" else work["flops"] / 1e12
+        assert prof["figure"] == pytest.approx(per_s / (prof["device_us"] * 1e-6))
+        assert bench["figure"] == pytest.approx(per_s / (bench["ms"] * 1e-3))
+        assert bench["method"] == "host" and line["device"]["name"] == "cpu"
+    targets = {"resnet50-eager-fp32-b1": "resnet50 (batch 1", "llm-tiny-decode-b1": "llm decode: batch 1,",
+               "llm-tiny-decode-b8": "llm decode: batch 8,", "llm-tiny-prefill-b1x16": "llm prefill: batch 1 x 16"}
+    for folder, target in targets.items():
+        d = json.loads((reports / folder / "profile.json").read_text())
+        assert d["tool"] == "warpforge.profile" and d["target"].startswith(target), (folder, d["target"])
+        assert d["counts"]["flops"] > 0 and not d["counts"]["error"]
+        assert (reports / folder / "profile.html").read_text().startswith("<!DOCTYPE html>")
+    resnet = json.loads((reports / "resnet50-eager-fp32-b1" / "profile.json").read_text())
+    assert resnet["meta"]["tf32"] == {"matmul": False, "cudnn": False}  # fp32 means no TF32
+
+
+def test_budget_skips_what_is_left_and_says_so(script, tmp_path):
+    import torch
+
+    res = script.run(out=tmp_path / "p.jsonl", reports=tmp_path / "r", quick=True, device=torch.device("cpu"),
+                     only=("resnet50",), budget_s=0.0, log=lambda *_: None)
+    assert res["cases"] == [] and res["reports"] == []
+    assert len(res["errors"]) == len(script.CASES) + 1 and all("budget" in e for e in res["errors"])
+    assert (tmp_path / "p.jsonl").read_text() == "" and not (tmp_path / "r").exists()
+
+
+def test_full_sizes_refuse_a_cpu(script):
+    with pytest.raises(SystemExit):
+        script.main(["--device", "cpu"])
