@@ -141,17 +141,15 @@ class Tuner(Generic[C]):
 
 
 def _time_ms(fn: Callable[[], Any]) -> float:
-    """One candidate's GPU time, measured the way the bench suites measure the kernels: replays of a
-    CUDA graph of the launch with the L2 flushed between them (``warpforge.bench.timing``), so the
-    host's launch cost is not in it. triton's ``do_bench`` times back-to-back launches: for a ~10 us
-    kernel behind a ~20-40 us Python launcher every candidate read the host's time, and the winner
-    was a coin toss (ResNet-50's batch-1 3x3 convs came out 10 us in one H200 run, 25 us in the next).
-    Falls back to ``do_bench`` for a launch that cannot be captured."""
-    from warpforge.bench.timing import time_fn
+    """One candidate's GPU time from replays of a CUDA graph of its launches (triton's
+    ``do_bench_cudagraph``, median), so the host's launch cost is not in it. triton's ``do_bench``
+    times back-to-back eager launches: for a ~10 us kernel behind a ~20-40 us Python launcher every
+    candidate read the host's time and the winner was a coin toss (ResNet-50's batch-1 3x3 convs
+    tuned to 25 us in one H200 run, 10 us with graph timing). Falls back to ``do_bench`` for a
+    launch that cannot be captured."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
     try:
-        return time_fn(fn, warmup=3, rep=10, cuda_graph=True).median_ms
+        return do_bench_cudagraph(fn, rep=20, return_mode="median")
     except Exception:  # noqa: BLE001 - e.g. a launcher that synchronizes: time it the plain way
-        from triton.testing import do_bench
-
         return do_bench(fn, warmup=5, rep=25)
