@@ -133,6 +133,7 @@ def test_fully_cached_prompt_recomputes_last_token_with_copy_on_write():
     assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
     assert bm.take_copies() == [(a.block_table[1], b.block_table[1])]
     assert bm.take_copies() == []
+    assert b.block_table_version == 1 and a.block_table_version == 0  # the runner's cached table rebuilds
     assert bm.num_free_pages == free_before - 1
     assert bm.pages[a.block_table[1]].ref_count == 1 and bm.pages[b.block_table[1]].ref_count == 1
     check_invariants(bm, [a, b])

@@ -182,3 +182,51 @@ def test_chat_uses_the_template_once():
     assert out.prompt_token_ids.count(llm.tokenizer.bos_token_id) == 1 and len(out.token_ids) == 4
     two = llm.chat([messages, messages + [{"role": "assistant", "content": "Nay"}]], SamplingParams(max_tokens=2))
     assert len(two) == 2 and two[0].prompt_token_ids == out.prompt_token_ids
+
+
+def test_async_scheduling_gives_the_same_tokens_and_stops_as_the_plain_loop():
+    """Lookahead steps (queued before the previous step's ids are read) change nothing a user sees:
+    greedy and seeded tokens, EOS, stop ids and strings, length limits, more requests than slots
+    (admissions between decode runs), a penalty row (no lookahead while it runs), aborts."""
+    eos_prompt = prompts()[1]  # qwen2's greedy output reaches EOS early (test_eos_ends_...)
+    ref_ids = hf_greedy("qwen2", prompts()[0], 24)
+
+    def run(async_scheduling: bool):
+        llm = make_llm("qwen2", async_scheduling=async_scheduling, max_num_seqs=4)
+        ps = prompts()
+        params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+                  SamplingParams(temperature=0.0, max_tokens=N),  # stops at EOS
+                  SamplingParams(temperature=1.0, max_tokens=20, seed=3, ignore_eos=True),
+                  SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, stop_token_ids=[ref_ids[5]]),
+                  SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+                  SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.3)]
+        prompts_ = [ps[0], eos_prompt, ps[2], ps[0], ps[4], ps[3]]
+        outs = llm.generate(prompts_, params)
+        return llm, [(o.token_ids, o.finish_reason) for o in outs]
+
+    llm_plain, plain = run(False)
+    llm_async, got = run(True)
+    assert got == plain
+    assert plain[0][0] == ref_ids and plain[1][1] == "stop" and plain[3][1] == "stop" and plain[4][1] == "length"
+    assert llm_plain.engine.lookahead_steps == 0 and llm_async.engine.lookahead_steps > 0
+    bm = llm_async.engine.block_manager
+    assert not llm_async.engine.has_unfinished() and bm.num_free_pages == bm.num_pages
+    assert all(-1 not in ids for ids, _ in got)  # no placeholder ever leaks out
+
+
+def test_abort_during_a_lookahead_step():
+    engine = LLMEngine(loaded("llama"), EngineConfig(max_model_len=128, page_size=4, num_pages=64))
+    ids = [engine.add_request(p, GREEDY) for p in prompts()[:2]]
+    for _ in range(4):
+        engine.step()
+    assert engine._ahead is not None  # a decode step is queued ahead
+    engine.abort(ids[0])
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    (done,) = [o for o in outs if o.finished]
+    assert done.request_id == ids[1] and len(done.token_ids) == N and -1 not in done.token_ids
+    assert done.token_ids == hf_greedy("llama", prompts()[1], N)
+    assert engine.lookahead_steps >= N - 8  # steady decoding runs ahead nearly every step
+    bm = engine.block_manager
+    assert bm.num_free_pages == bm.num_pages

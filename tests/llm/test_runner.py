@@ -65,6 +65,43 @@ def test_prepare_decode_graph_padding():
     assert h["block_tables"] == [[2, 6], [0, 0], [0, 0], [0, 0]] and h["sample_rows"] == [0]
 
 
+def test_decode_arrays_match_host_inputs_and_track_page_changes():
+    """The CUDA-graph path's numpy inputs equal host_inputs' lists, also after the page list grows,
+    is replaced, or has a page swapped in place by copy-on-write."""
+    import numpy as np
+
+    r = runner()
+    a = seq_with_pages(list(range(10, 19)), [7, 3, 12], computed=8)  # 9 tokens: position 8 in page 12
+    b = seq_with_pages([1, 2, 3, 4, 5], [2, 6], computed=4)
+    c = seq_with_pages([9] * 4, [5], computed=3)
+
+    def check(seqs, pad):
+        batch = ScheduledBatch()
+        for s in seqs:
+            batch.add(s, 1)
+        want, got = r.host_inputs(batch, pad_to=pad), r.decode_arrays(batch, pad)
+        for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables"):
+            assert np.array_equal(got[name], np.asarray(want[name])), name
+        assert got["block_tables"].dtype == got["seq_lens"].dtype == np.int32
+        return got
+
+    got = check([a, b, c], 4)
+    assert got["slot_mapping"].tolist() == [12 * 4, 6 * 4, 5 * 4 + 3, -1]
+    a.token_ids.append(19)  # a new token in a new page
+    a.block_table.append(30)
+    a.num_computed_tokens += 1
+    check([a, b, c], 4)
+    b.block_table[1] = 8  # copy-on-write swaps the page in place: the block manager bumps the version
+    b.block_table_version += 1
+    assert check([b, a], 2)["block_tables"][0].tolist()[:2] == [2, 8]
+    c.block_table = [11]  # a new list (freed and allocated again)
+    check([c], 1)
+    with pytest.raises(ValueError, match="decode-only"):
+        prefill = ScheduledBatch()
+        prefill.add(seq_with_pages([1, 2, 3], [1], computed=0), 3)
+        r.decode_arrays(prefill, 1)
+
+
 def test_copy_on_write_copies_every_layer():
     r = runner(num_pages=8)
     for c in r.kv_caches:

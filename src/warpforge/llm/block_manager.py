@@ -155,6 +155,7 @@ class BlockManager:
             self.pending_copies.append((src, dst))
             self._deref(src)
             seq.block_table[idx] = dst
+            seq.block_table_version += 1
 
     def can_allocate(self, seq: Sequence) -> bool:
         hits, _ = self._lookup(seq)
@@ -183,14 +184,25 @@ class BlockManager:
         self.prefix_queried_tokens += seq.num_tokens
         self.prefix_hit_tokens += seq.num_cached_tokens
 
+    def can_append_free(self, seq: Sequence) -> bool:
+        """The slot of ``seq``'s last token needs no page: it lies in a page ``seq`` holds alone."""
+        idx, bt = (len(seq.token_ids) - 1) // self.page_size, seq.block_table
+        return idx < len(bt) and self.pages[bt[idx]].ref_count == 1
+
     def can_append(self, seq: Sequence) -> bool:
         """Whether the slot of ``seq``'s last (uncomputed) token can be made ready."""
-        pos = seq.num_tokens - 1
+        pos = len(seq.token_ids) - 1
+        idx, bt = pos // self.page_size, seq.block_table
+        if idx < len(bt) and self.pages[bt[idx]].ref_count == 1:  # the usual decode: a private page
+            return True
         need = max(0, self.pages_for(seq.num_tokens) - len(seq.block_table)) + self._cow_needed(seq, pos)
         return self.num_free_pages >= need
 
     def append_slot(self, seq: Sequence) -> None:
         """Make the slot of ``seq``'s last token writable: a new page when the last one is full."""
+        idx, bt = (len(seq.token_ids) - 1) // self.page_size, seq.block_table
+        if idx < len(bt) and self.pages[bt[idx]].ref_count == 1:  # already a private page: nothing to do
+            return
         while len(seq.block_table) < self.pages_for(seq.num_tokens):
             seq.block_table.append(self._take_free())
         self._make_writable(seq, seq.num_tokens - 1)

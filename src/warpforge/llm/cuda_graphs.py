@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 from warpforge.llm.context import StepContext, set_context
@@ -34,11 +35,20 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(n, dtype=torch.int32, **kw)  # [N]
         self.block_tables = torch.zeros((n, max_pages_per_seq), dtype=torch.int32, **kw)  # [N, max pages]
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, **kw)  # [N + 1], one token per row
+        # Pinned host staging of every input: a step writes into numpy views of these and queues one
+        # async copy per buffer (no per-step pinned allocation or list->tensor conversion).
+        self._stage = {name: torch.empty_like(buf, device="cpu").pin_memory() for name, buf in self._buffers().items()}
+        self._stage_np = {name: t.numpy() for name, t in self._stage.items()}
+        self._copied: torch.cuda.Event | None = None  # the last step's copies out of the staging buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [bs, hidden] written by each replay
         self.pool = None
         self.replays = 0  # steps served by a graph (tests and stats)
         self._capture()
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "positions": self.positions, "slot_mapping": self.slot_mapping,
+                "seq_lens": self.seq_lens, "block_tables": self.block_tables}
 
     def _context(self, bs: int) -> StepContext:
         return StepContext(slot_mapping=self.slot_mapping[:bs], block_tables=self.block_tables[:bs],
@@ -67,18 +77,34 @@ class DecodeGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     def replay(self, bs: int, inputs: dict) -> torch.Tensor:
-        """Fill the buffers from host lists padded to ``bs`` rows (see ModelRunner.host_inputs),
-        one pinned non-blocking copy each, and replay; -> hidden [bs, hidden] (valid until the next replay)."""
-        def fill(buf: torch.Tensor, values, dtype) -> None:
-            buf.copy_(torch.tensor(values, dtype=dtype, pin_memory=True), non_blocking=True)
+        """Fill the buffers from host lists padded to ``bs`` rows (see ModelRunner.host_inputs) and
+        replay; -> hidden [bs, hidden] (valid until the next replay)."""
+        arrays = {name: np.asarray(inputs[name]) for name in self._stage}
+        return self.replay_arrays(bs, arrays)
 
-        fill(self.input_ids[:bs], inputs["input_ids"], torch.int64)
-        fill(self.positions[:bs], inputs["positions"], torch.int64)
-        fill(self.slot_mapping[:bs], inputs["slot_mapping"], torch.int64)
-        fill(self.seq_lens[:bs], inputs["seq_lens"], torch.int32)
-        # Only the used columns: entries past a row's length are never read, stale ones are harmless.
-        width = len(inputs["block_tables"][0])
-        fill(self.block_tables[:bs, :width], inputs["block_tables"], torch.int32)
+    def replay_arrays(self, bs: int, arrays: dict[str, np.ndarray], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Fill the buffers from numpy arrays of ``bs`` rows (ModelRunner.decode_arrays): each goes
+        into its pinned staging buffer, then one non-blocking copy per buffer; replay. Only the used
+        block-table columns are copied: entries past a row's length are never read. ``input_ids``
+        (a device tensor of the first rows' tokens, e.g. the previous step's samples) overrides the
+        host's, copied on the device."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the staging buffers are free again (normally long since)
+        width = arrays["block_tables"].shape[1]
+        if width > self.block_tables.shape[1]:
+            raise ValueError(f"block_tables: {width} pages per sequence, the graphs hold {self.block_tables.shape[1]}")
+        for name, buf in self._buffers().items():
+            src = arrays[name]
+            if name == "block_tables":
+                self._stage_np[name][:bs, :width] = src[:bs]
+                buf[:bs, :width].copy_(self._stage[name][:bs, :width], non_blocking=True)
+            else:
+                self._stage_np[name][:bs] = src[:bs]
+                buf[:bs].copy_(self._stage[name][:bs], non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        if input_ids is not None:
+            self.input_ids[:input_ids.shape[0]].copy_(input_ids)
         self.graphs[bs].replay()
         self.replays += 1
         return self.outputs[bs]

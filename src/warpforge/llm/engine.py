@@ -76,6 +76,8 @@ class LLMEngine:
         self.scheduler = Scheduler(ec, self.block_manager, eos)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self.lookahead_steps = 0  # steps queued by async scheduling (stats and tests)
+        self._ahead = None  # (batch, PendingStep): a lookahead step queued on the device, not yet postprocessed
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -135,15 +137,37 @@ class LLMEngine:
         return self._output(req, now())
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._live_ahead() is not None
+
+    def _live_ahead(self):
+        """The queued lookahead step, unless every sequence in it has ended since (aborted): then it is
+        dropped unread (its pages are free already; later steps queue behind it on the device)."""
+        if self._ahead is not None and all(s.is_finished for s in self._ahead[0].seqs):
+            self._ahead = None
+        return self._ahead
 
     # ---- the loop ---------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """One step for every scheduled request; -> outputs of the finished ones and, for streamed
-        requests, of every one that got a token."""
-        batch = self.scheduler.schedule()
-        ids, logprobs = self.runner.run(batch) if not batch.is_empty else ([], [])
+        requests, of every one that got a token.
+
+        Async scheduling (``EngineConfig.async_scheduling``): once a decode step is queued on the
+        device, the next one is formed and queued too (``Scheduler.lookahead``) before this step's
+        tokens are read back, so the host's work for step n + 1 overlaps the device's step n and
+        the device never waits for Python between decode steps."""
+        ahead, self._ahead = self._live_ahead(), None
+        if ahead is not None:
+            batch, pending = ahead
+        else:
+            batch = self.scheduler.schedule()
+            pending = self.runner.launch(batch) if not batch.is_empty else None
+        if pending is not None and self.config.async_scheduling:
+            nxt = self.scheduler.lookahead(batch)
+            if nxt is not None:
+                self._ahead = (nxt, self.runner.launch(nxt, ids_from=pending))
+                self.lookahead_steps += 1
+        ids, logprobs = pending.result() if pending is not None else ([], [])
         seqs = self.scheduler.postprocess(batch, ids, logprobs)
         return self._outputs(seqs + batch.finished)
 

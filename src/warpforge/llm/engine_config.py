@@ -33,6 +33,7 @@ class EngineConfig:
                             Default: 1, 2, 4, 8, 16, 32, 48, ... 512, cut at max_num_seqs (which is
                             added when it is not in the list and <= 512)
     kv_cache_dtype          "auto" (the model's dtype) or "fp8" (e4m3 pages with per-head scales)
+    async_scheduling        queue decode step n + 1 before reading step n's tokens (see LLMEngine.step)
     seed                    seed of the unseeded sampling rows' random stream
     """
 
@@ -46,6 +47,7 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_batch_sizes: list[int] | None = field(default=None)
     kv_cache_dtype: str = "auto"
+    async_scheduling: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -59,7 +61,7 @@ class EngineConfig:
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: expected 0 < x <= 1, got {u!r}")
-        for name in ("enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -61,8 +61,11 @@ class SamplingTensors:
     all_greedy: bool
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]],
-                    vocab_size: int, device: torch.device | str) -> SamplingTensors:
+    def from_params(cls, params: list[SamplingParams], prompt_ids: list[list[int]] | None,
+                    output_ids: list[list[int]] | None, vocab_size: int, device: torch.device | str, *,
+                    num_outputs: list[int] | None = None) -> SamplingTensors:
+        """``prompt_ids``/``output_ids`` may be None when no row uses a penalty; then ``num_outputs``
+        (tokens generated so far per row) seeds the seeded rows."""
         device = torch.device(device)
         pin = device.type == "cuda"
 
@@ -79,6 +82,12 @@ class SamplingTensors:
         use_min_p = any(p.min_p > 0.0 for p in params)
         use_rep = any(p.repetition_penalty != 1.0 for p in params)
         use_out = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
+        if (use_rep or use_out) and (prompt_ids is None or output_ids is None):
+            raise ValueError("from_params: penalties need prompt_ids and output_ids")
+        if num_outputs is None:
+            if output_ids is None:
+                raise ValueError("from_params: give output_ids or num_outputs")
+            num_outputs = [len(o) for o in output_ids]
         return cls(
             temperature=col([1.0 if g else p.temperature for p, g in zip(params, greedy)]),
             greedy=col(greedy, torch.bool),
@@ -90,7 +99,7 @@ class SamplingTensors:
             frequency_penalty=col([p.frequency_penalty for p in params]) if use_out else None,
             seen_ids=up(_padded([a + b for a, b in zip(prompt_ids, output_ids)], V)) if use_rep else None,
             output_ids=up(_padded(output_ids, V)) if use_out else None,
-            row_seeds=[(i, _row_seed(p.seed, len(out))) for i, (p, out) in enumerate(zip(params, output_ids))
+            row_seeds=[(i, _row_seed(p.seed, n)) for i, (p, n) in enumerate(zip(params, num_outputs))
                        if p.seed is not None and not p.greedy],
             num_logprobs=[p.logprobs for p in params],
             all_greedy=all(greedy),
@@ -98,8 +107,15 @@ class SamplingTensors:
 
     @classmethod
     def from_sequences(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str) -> SamplingTensors:
-        return cls.from_params([s.params for s in seqs], [s.prompt_token_ids for s in seqs],
-                               [s.output_token_ids for s in seqs], vocab_size, device)
+        params = [s.params for s in seqs]
+        if any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+               for p in params):
+            return cls.from_params(params, [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs],
+                                   vocab_size, device)
+        # No penalty reads the ids: skip copying every sequence's tokens (O(context) per row per step);
+        # a seeded row needs only its output count.
+        return cls.from_params(params, None, None, vocab_size, device,
+                               num_outputs=[s.num_output_tokens for s in seqs])
 
 
 @dataclass

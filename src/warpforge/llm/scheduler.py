@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence as Seq
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from warpforge.llm.block_manager import BlockManager
 from warpforge.llm.engine_config import EngineConfig
@@ -34,10 +35,15 @@ class ScheduledBatch:
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) pages, copy before the forward
     preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting during this schedule()
     finished: list[Sequence] = field(default_factory=list)  # ended in schedule(): out of KV pages, alone
+    # Formed by Scheduler.lookahead before the previous step's tokens are known: one token per
+    # sequence, the last one (a placeholder), every sequence samples.
+    lookahead: bool = False
 
     def add(self, seq: Sequence, n: int) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(n)
+        for name in ("decode_only", "sample_mask", "sampling_seqs"):  # a grown batch recomputes them
+            self.__dict__.pop(name, None)
 
     @property
     def num_tokens(self) -> int:
@@ -47,16 +53,21 @@ class ScheduledBatch:
     def is_empty(self) -> bool:
         return not self.seqs
 
-    @property
+    # The three below are read several times a step (runner, sampler, postprocess) and computed once:
+    # the batch is final when schedule() returns, and sample_mask is first read before postprocess
+    # moves num_computed_tokens.
+    @cached_property
     def decode_only(self) -> bool:
         """Every sequence computes exactly one token (paged decode, CUDA-graph eligible)."""
         return bool(self.seqs) and all(n == 1 for n in self.num_new_tokens)
 
-    @property
+    @cached_property
     def sample_mask(self) -> list[bool]:
+        if self.lookahead:
+            return [True] * len(self.seqs)
         return [s.num_computed_tokens + n == s.num_tokens for s, n in zip(self.seqs, self.num_new_tokens)]
 
-    @property
+    @cached_property
     def sampling_seqs(self) -> list[Sequence]:
         """Sequences that sample this step, in batch order (the rows postprocess's token ids follow)."""
         return [s for s, m in zip(self.seqs, self.sample_mask) if m]
@@ -138,9 +149,11 @@ class Scheduler:
             if seq.num_uncomputed_tokens != 1:
                 i += 1
                 continue
-            while not bm.can_append(seq) and seq is not self.running[-1]:
+            ok = bm.can_append(seq)
+            while not ok and seq is not self.running[-1]:
                 self._preempt(self.running[-1], batch)
-            if bm.can_append(seq):
+                ok = bm.can_append(seq)
+            if ok:
                 bm.append_slot(seq)
                 batch.add(seq, 1)
                 budget -= 1
@@ -174,6 +187,47 @@ class Scheduler:
             budget -= n
         batch.copies = bm.take_copies()
         return batch
+
+    def lookahead(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The next step's batch, formed while ``batch`` (already launched) still runs, so the host's
+        scheduling and input preparation overlap the device (async scheduling). Each sequence gets a
+        placeholder for the token ``batch`` is sampling (filled in by postprocess) and the slot after it;
+        the runner takes the real ids from the device.
+
+        Only where the result is the batch schedule() would form once ``batch`` is postprocessed:
+        ``batch`` is decode-only and holds every running sequence, nothing is waiting, no sequence can
+        end by length at this step, none needs its output ids to sample (penalties), and every next
+        slot is free without preemption. None otherwise (the engine then schedules as usual). A
+        sequence that stops at this step (EOS, stop id or string, abort) has its lookahead row
+        computed and dropped: postprocess skips finished sequences."""
+        if (not batch.decode_only or self.waiting or batch.preempted or batch.finished
+                or len(batch.seqs) != len(self.running)
+                or len(batch.seqs) > self.config.max_num_batched_tokens):
+            return None
+        max_len = self.config.max_model_len
+        for seq, run in zip(batch.seqs, self.running):
+            p = seq.params
+            if (seq is not run or seq.is_finished or seq.pending_token
+                    or seq.num_output_tokens + 1 >= p.max_tokens or seq.num_tokens + 1 >= max_len
+                    or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+                return None
+        bm = self.block_manager
+        for seq in batch.seqs:
+            seq.token_ids.append(-1)  # the placeholder
+            seq.pending_token = True
+        # Pages the next slots need (a page boundary, or a shared page to copy) against the free pool.
+        need = sum(not bm.can_append_free(seq) for seq in batch.seqs)
+        if need > bm.num_free_pages:
+            for seq in batch.seqs:
+                seq.token_ids.pop()
+                seq.pending_token = False
+            return None
+        nxt = ScheduledBatch(lookahead=True)
+        for seq in batch.seqs:
+            bm.append_slot(seq)
+            nxt.add(seq, 1)
+        nxt.copies = bm.take_copies()
+        return nxt
 
     def postprocess(self, batch: ScheduledBatch, token_ids: Seq[int],
                     logprobs: Seq[dict[int, float] | None] | None = None) -> list[Sequence]:

@@ -18,9 +18,11 @@ class SequenceStatus(Enum):
 
     @property
     def finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+        return self in _FINISHED
 
 
+_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
+                       SequenceStatus.FINISHED_ABORTED})
 FINISH_REASONS = {SequenceStatus.FINISHED_STOPPED: "stop", SequenceStatus.FINISHED_LENGTH: "length",
                   SequenceStatus.FINISHED_ABORTED: "abort"}
 
@@ -53,6 +55,8 @@ class Sequence:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.block_table_version = 0  # bumped when a page id is replaced in place (copy-on-write)
+        self.pending_token = False  # the last id is a placeholder for a token still being sampled
         self.block_hashes: list[int] = []
         self.num_cached_tokens = 0
         self.num_computed_tokens = 0
@@ -93,14 +97,21 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        # Read several times per sequence per step: identity tests (Enum.__hash__ is Python code).
+        s = self.status
+        return s is not SequenceStatus.RUNNING and s is not SequenceStatus.WAITING
 
     @property
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
 
     def append_token(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
-        self.token_ids.append(token_id)
+        """Append a sampled token; it fills the placeholder instead when a lookahead step put one there."""
+        if self.pending_token:
+            self.token_ids[-1] = token_id
+            self.pending_token = False
+        else:
+            self.token_ids.append(token_id)
         if logprobs is not None:
             self.logprobs.append(logprobs)
             self.cumulative_logprob += logprobs.get(token_id, 0.0)
