@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from warpforge.kernels.argmax import argmax_rows
 from warpforge.llm.sampling import SamplingParams
 from warpforge.llm.sequence import Sequence
 
@@ -221,12 +222,12 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != t.temperature.shape[0]:
             raise ValueError(f"logits: expected [B={t.temperature.shape[0]}, V], got {tuple(logits.shape)}")
         logits = apply_penalties(logits.float(), t)  # [B, V]
-        greedy_ids = logits.argmax(dim=-1)  # [B]
+        greedy_ids = argmax_rows(logits)  # [B]; a chunked Triton argmax on CUDA (torch's is one block per row)
         if t.all_greedy:
             ids = greedy_ids
         else:
             probs = self.processed_logits(logits, t).softmax(dim=-1)
-            sampled = (probs / self.noise(probs, t)).argmax(dim=-1)
+            sampled = argmax_rows(probs / self.noise(probs, t))
             ids = torch.where(t.greedy, greedy_ids, sampled)
         wanted = [n for n in t.num_logprobs if n is not None]
         if not wanted:
