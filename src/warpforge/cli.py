@@ -195,8 +195,9 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
               help="Batch size of the example inputs (zoo models; factories that take `batch`).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where to optimize and measure (auto: cuda when available).")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16"]),
-              help="Precisions to try (repeatable; default: all three; fp16/bf16 need CUDA).")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
+              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA; int8, "
+                   "calibrated on the validation inputs, only when named).")
 @click.option("--backend", "backends", multiple=True, metavar="NAME",
               help="Candidates to try (repeatable): a family (eager, warpforge, torch.compile, onnxruntime) or a "
                    "candidate name such as torch.compile-max-autotune-fp16. Default: all (torch.compile on CPU "

@@ -141,18 +141,22 @@ def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
     return compile_sm90(gemv._linear_words_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False) -> dict:
+def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0) -> dict:
     """The implicit-GEMM conv with the heaviest epilogue (bias + residual + silu) on channels_last tensors
     (unit channel strides, as the launcher passes them); int8=True: conv2d_int8's launch (int8 x and w,
-    int32 accumulator, per-channel dequantization), quant_out=True: int8 out (out_scale=)."""
+    int32 accumulator, per-channel dequantization), quant_out=True: int8 out (out_scale=); zero=-128:
+    unsigned x and out (zero points, weight sums)."""
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": f"*{out}",
-           "ws_ptr": "*i32" if int8 else "*fp32", "xs_ptr": "*fp32", "wsc_ptr": "*fp32", "os_ptr": "*fp32",
+           "ws_ptr": "*i32" if int8 else "*fp32", "xs_ptr": "*fp32", "wsc_ptr": "*fp32", "wsum_ptr": "*i32",
+           "os_ptr": "*fp32",
            **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "CIN_G", "COUT_G", "COUT", "SPLIT_STRIDE", "s_xn",
                                  "s_xh", "s_xw", "s_wo", "s_wh", "s_ww", "stride_h", "stride_w", "pad_h", "pad_w",
                                  "dil_h", "dil_w")}}
     consts = {"s_xc": 1, "s_wc": 1}
     if not int8:
         consts.update(xs_ptr=None, wsc_ptr=None, os_ptr=None)
+    if not zero:
+        consts["wsum_ptr"] = None
     elif not quant_out:
         consts["os_ptr"] = None
     if cfg.split_k == 1:
@@ -162,7 +166,8 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
     k = 1 if mode == conv.MODE_PLAIN else 3
     _flags(sig, consts, KH=k, KW=k, MODE=mode, EVEN_C=mode != conv.MODE_FLAT, HAS_BIAS=True, HAS_RES=True, ACT=2,
            DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-           GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, INT_ACC=int8, QUANT_OUT=quant_out)
+           GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, INT_ACC=int8, QUANT_OUT=quant_out, X_ZERO=zero,
+           OUT_ZERO=zero if quant_out else 0)
     odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
 
@@ -191,6 +196,8 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         out.append((f"conv int8 taps {cfg}", lambda cfg=cfg: conv_gemm(cfg, conv.MODE_TAPS, "i8", int8=True)))
         out.append((f"conv int8 plain int8-out {cfg}",
                     lambda cfg=cfg: conv_gemm(cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True)))
+        out.append((f"conv int8 taps unsigned int8-out {cfg}", lambda cfg=cfg: conv_gemm(
+            cfg, conv.MODE_TAPS, "i8", "i8", int8=True, quant_out=True, zero=-128)))
     if every:
         out.append(("conv int8 flat (stem)", lambda: conv_gemm(conv_int8.INT8_CONV_CONFIGS[5], conv.MODE_FLAT, "i8",
                                                                int8=True)))

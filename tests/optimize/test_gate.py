@@ -89,8 +89,27 @@ def test_budget_validates_and_defaults():
     with pytest.raises(ValueError, match="threshold"):
         Budget(metric=lambda r, c: 0.0)
     with pytest.raises(ValueError, match="precision"):
-        Budget.for_precision("int8")
-    fp32, fp16, bf16 = (Budget.for_precision(p) for p in ("fp32", "fp16", "bf16"))
-    assert fp32.max_rel < fp16.max_rel < bf16.max_rel
+        Budget.for_precision("int4")
+    with pytest.raises(ValueError, match="top1_tie"):
+        Budget(top1_tie=1.0)
+    fp32, fp16, bf16, int8 = (Budget.for_precision(p) for p in ("fp32", "fp16", "bf16", "int8"))
+    assert fp32.max_rel < fp16.max_rel < bf16.max_rel < int8.max_rel
+    assert int8.min_top1 == 0.99 and int8.top1_tie == 0.01  # the bar, near-ties left out
+    assert all(b.top1_tie is None for b in (fp32, fp16, bf16))
     assert fp16.with_overrides(max_rel=0.5, min_cosine=None).max_rel == 0.5
     assert fp16.with_overrides(max_rel=0.5).min_cosine == fp16.min_cosine
+
+
+def test_top1_near_ties_are_counted_not_judged():
+    ref = torch.tensor([[2.0, 1.0, 0.0], [1.0, 1.002, -3.0], [0.0, 4.0, 1.0], [3.0, 0.0, 2.8]])
+    cand = torch.tensor([[2.0, 1.0, 0.0], [1.01, 1.0, -3.0], [0.0, 4.0, 1.0], [2.9, 0.0, 3.0]])  # rows 1, 3 flip
+    plain = compare(ref, cand, "classifier")
+    assert plain.top1 == 0.5 and plain.top1_ties == 0
+    tie = Budget(min_top1=0.99, top1_tie=0.01)
+    acc = compare(ref, cand, "classifier", budget=tie)
+    # row 1: softmax probabilities 0.4960 vs 0.4950 (a tie, left out); row 3: 0.53 vs 0.44 (judged, flipped)
+    assert acc.top1_ties == 1 and acc.n_samples == 3 and acc.top1 == pytest.approx(2 / 3)
+    ok, reasons = acc.passes(tie)
+    assert not ok and reasons == ["top1 0.666667 (budget >= 0.99)"]
+    assert acc.as_dict()["top1_ties"] == 1 and tie.as_dict()["top1_tie"] == 0.01
+    assert compare(ref[:3], cand[:3], "classifier", budget=tie).top1 == 1.0

@@ -113,7 +113,7 @@ def test_bad_input_says_what_happened():
     with pytest.raises(BadInputError, match="backends must name"):
         optimize(make(SmallNet()), image(), backends=["tensorrt"])
     with pytest.raises(BadInputError, match="precisions"):
-        optimize(make(SmallNet()), image(), precisions=["int8"])
+        optimize(make(SmallNet()), image(), precisions=["int4"])
     with pytest.raises(BadInputError, match="kind"):
         optimize(make(SmallNet()), image(), kind="detector")
 

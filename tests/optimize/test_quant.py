@@ -1,7 +1,8 @@
-"""INT8 PTQ of nn.Linear (warpforge.optimize.quant): observers, QuantLinearW8A8, quantize_linears (CPU).
+"""INT8 PTQ (warpforge.optimize.quant): observers, QuantLinearW8A8, QuantConv2d, quantize_linears, quantize_model (CPU).
 
-On CPU tensors ``matmul_int8`` runs its exact reference (int8 product in float64, fp32 epilogue), so
-these tests check the quantization itself; the kernel is tested in tests/kernels/test_matmul_int8.py.
+On CPU tensors ``matmul_int8`` and ``conv2d_int8`` run their exact references (int8 products in float64,
+fp32 epilogue), so these tests check the quantization itself; the kernels are tested in
+tests/kernels/test_matmul_int8.py and tests/kernels/test_conv_int8.py (and here once through the interpreter).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import torch
 from torch import nn
 
 from warpforge.kernels import force_triton
-from warpforge.optimize.quant import (MaxObserver, MSEObserver, PercentileObserver, QuantLinearW8A8, QuantReport,
-                                      quantize_linears)
+from warpforge.optimize.quant import (MaxObserver, MSEObserver, PercentileObserver, QuantConv2d, QuantLinearW8A8,
+                                      QuantReport, quantize_linears, quantize_model)
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -181,3 +182,142 @@ def test_quantize_rejects_bad_calibration_inputs():
         quantize_linears(model, [(torch.randn(4, 64),)], observer="minmax")
     with pytest.raises(ValueError, match="model:"):
         quantize_linears("mlp", [(torch.randn(4, 64),)])
+
+
+# ---- convolutions: QuantConv2d, quantize_model ------------------------------------------------------
+def _fused_graph(c: int = 16, seed: int = 0):
+    """SmallNet through the warpforge pipeline (BN folded, FusedConv2d everywhere) and held-out inputs."""
+    from warpforge.optimize.pipeline import optimize_graph
+
+    from .nets import SmallNet, image, make
+
+    model = make(SmallNet(c=c), seed=seed)
+    gm, _ = optimize_graph(model, (image(n=2, hw=16),))
+    calib = [(image(n=8, hw=16, seed=s),) for s in (11, 12)]
+    return model, gm, calib, image(n=16, hw=16, seed=99)
+
+
+def test_quant_conv_matches_conv():
+    gen = _gen(11)
+    conv = nn.Conv2d(16, 24, 3, stride=2, padding=1)
+    x = torch.randn(2, 16, 9, 9, generator=gen)
+    for unsigned, xin in ((False, x), (True, torch.relu(x))):
+        levels = 255 if unsigned else 127
+        q = QuantConv2d(conv, float(xin.abs().max()) / levels, unsigned=unsigned)
+        assert q.weight_q.dtype == torch.int8 and q.weight_q.is_contiguous(memory_format=torch.channels_last)
+        assert (q.weight_q.abs().amax((1, 2, 3)) == 127).all(), "per-channel scales use the full range"
+        assert (q.weight_sum is not None) == unsigned and q.act_zero_point == (-128 if unsigned else 0)
+        y = q(xin)
+        assert y.shape == (2, 24, 5, 5) and y.dtype == torch.float32
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        assert _cosine(y, conv(xin).detach()) > 0.9995
+    assert q(torch.relu(x).half()).dtype == torch.float16
+    with pytest.raises(ValueError, match="act_scale:"):
+        QuantConv2d(conv, 0.0)
+    with pytest.raises(ValueError, match="conv: expected an nn.Conv2d or a FusedConv2d"):
+        QuantConv2d(nn.Linear(3, 4), 0.1)
+    with pytest.raises(ValueError, match="zero padding"):
+        QuantConv2d(nn.Conv2d(4, 4, 3, padding="same"), 0.1)
+
+
+def test_quant_conv_forward_through_the_int8_kernel():
+    """A FusedConv2d (relu, residual) quantized with unsigned input and int8 output, on the Triton kernels
+    (interpreter) and on the CPU references: the same int8 bits."""
+    from warpforge.optimize.passes.fuse_conv import FusedConv2d
+
+    gen = _gen(12)
+    fused = FusedConv2d(nn.Conv2d(16, 16, 3, padding=1), "relu", has_residual=True)
+    x = torch.rand(2, 16, 7, 5, generator=gen) * 6
+    r = torch.randn(2, 16, 7, 5, generator=gen).contiguous(memory_format=torch.channels_last)
+    q = QuantConv2d(fused, 6.0 / 255, unsigned=True)
+    q.out_scale, q.out_zero_point = torch.tensor([0.05]), -128
+    ref = q(x, r)
+    with force_triton():
+        out = q(x, r)
+    assert out.dtype == torch.int8 and torch.equal(out, ref)
+    y = (ref.float() + 128) * 0.05  # dequantized: the float layer's output (clipped to the int8 range)
+    assert _cosine(y, fused(x, r).detach().clamp(max=255 * 0.05)) > 0.999
+
+
+def test_quantize_model_on_the_fused_graph():
+    from warpforge.optimize.passes.fuse_conv import FusedConv2d
+
+    model, gm, calib, held_out = _fused_graph()
+    with torch.no_grad():
+        expect = model(held_out)
+    qm, report = quantize_model(gm, calib)
+    assert qm is gm
+    kept = {k.name: k.reason for k in report.kept}
+    assert set(kept) == {"stem_0_fused", "dw_0_fused"}
+    assert "image stem" in kept["stem_0_fused"] and "depthwise" in kept["dw_0_fused"]
+    assert isinstance(gm.stem_0_fused, FusedConv2d) and isinstance(gm.dw_0_fused, FusedConv2d)
+    layers = {r.name: r for r in report.layers}
+    assert set(layers) == {"block_conv1_fused", "block_conv2_fused", "pw_0_fused", "grouped_0_fused", "fc"}
+    assert isinstance(gm.fc, QuantLinearW8A8) and isinstance(gm.grouped_0_fused, QuantConv2d)
+    # unsigned: inputs after a ReLU/ReLU6 (stem -> conv1, relu -> conv2, dw's relu6 -> pw); SiLU's are signed
+    assert {n for n, r in layers.items() if r.unsigned} == {"block_conv1_fused", "block_conv2_fused", "pw_0_fused"}
+    # int8 out where a quantized conv feeds only another one's input (conv2 feeds the float dw conv)
+    assert {n for n, r in layers.items() if r.int8_out} == {"block_conv1_fused", "pw_0_fused"}
+    assert gm.block_conv1_fused.out_scale is not None and gm.block_conv2_fused.out_scale is None
+    assert gm.block_conv1_fused.out_zero_point == -128 and gm.pw_0_fused.out_zero_point == 0
+    for r in report.layers:
+        assert 0 < r.rel_err < 0.05 and r.cosine > 0.999, r
+    with torch.no_grad():
+        got = gm(held_out)
+    assert _cosine(got, expect) > 0.999
+    d = report.as_dict()
+    assert [x["decision"] for x in d["layers"]] == ["int8"] * 5 and [x["decision"] for x in d["kept"]] == ["float"] * 2
+    assert "kept float: depthwise" in str(report) and "-> int8 out" in str(report)
+
+
+def test_fused_requantization_is_exact_on_cpu():
+    """Storing int8 from the producer's epilogue quantizes the same fp32 value the consumer would."""
+    _, gm_a, calib, held_out = _fused_graph(seed=3)
+    _, gm_b, _, _ = _fused_graph(seed=3)
+    quantize_model(gm_a, calib, requant=True)
+    _, rep_b = quantize_model(gm_b, calib, requant=False)
+    assert not any(r.int8_out for r in rep_b.layers)
+    with torch.no_grad():
+        assert torch.equal(gm_a(held_out), gm_b(held_out))
+
+
+def test_quantized_graph_on_the_triton_kernels_matches_the_references():
+    _, gm, calib, held_out = _fused_graph(seed=4)
+    quantize_model(gm, calib)
+    x = held_out[:2]
+    with torch.no_grad():
+        ref = gm(x)
+        with force_triton():
+            got = gm(x)
+    # The float layers (stem, depthwise) round differently on the Triton kernels, which can move an int8
+    # code by one step downstream: close, not bit-identical.
+    assert _cosine(got, ref) > 0.9999 and (got - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_quantize_model_options():
+    _, gm, calib, _ = _fused_graph(seed=5)
+    _, report = quantize_model(gm, calib, skip=("pw_0_fused",), min_channels=1, unsigned=False)
+    kept = {k.name: k.reason for k in report.kept}
+    assert kept == {"pw_0_fused": "skipped by request", "dw_0_fused": kept["dw_0_fused"]}
+    assert "stem_0_fused" in {r.name for r in report.layers} and not any(r.unsigned for r in report.layers)
+
+    _, gm, calib, _ = _fused_graph(seed=5)
+    _, report = quantize_model(gm, calib, convs=False)
+    assert [r.name for r in report.layers] == ["fc"] and report.kept == []
+
+    model = _WithUnused()
+    _, report = quantize_model(model, [(torch.randn(2, 16, 5, 5),)])
+    assert [r.name for r in report.layers] == ["conv"] and report.layers[0].type == "Conv2d"
+    assert [(k.name, k.reason) for k in report.kept] == [("unused", "not called on the calibration inputs")]
+    assert isinstance(model.unused, nn.Conv2d) and isinstance(model.conv, QuantConv2d)
+    with pytest.raises(ValueError, match=r"calib_inputs\[0\]: Conv2d '0' expects a float input \[N, 16, H, W\]"):
+        quantize_model(nn.Sequential(nn.Conv2d(16, 8, 1)), [(torch.randn(2, 15, 5, 5),)])
+
+
+class _WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.unused = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1)  # the second is never called
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))

@@ -58,11 +58,13 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
-                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-                    INT_ACC: tl.constexpr, QUANT_OUT: tl.constexpr):
+def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, COUT,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
+                    QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr, OUT_ZERO: tl.constexpr):
     # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
     # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix).
+    if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
+        acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
     if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
         scale = tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)
         acc = acc.to(tl.float32) * scale[None, :]
@@ -74,13 +76,13 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
         acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
     acc = apply_activation(acc, ACT)
     if QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y / out_scale), -127, 127)
-        tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr)), mask=mask)
+        tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
     else:
         tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr, os_ptr,
+def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                       M, OH, OW, H, W, CIN_G, COUT_G, COUT, SPLIT_STRIDE,
                       s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
                       s_wo, s_wc, s_wh, s_ww,  # weight strides for [Cout, C/g, KH, KW] (prepared: s_wc == 1)
@@ -88,12 +90,15 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       KH: tl.constexpr, KW: tl.constexpr, MODE: tl.constexpr, EVEN_C: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False):
+                      SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
+                      X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
     # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
     # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
     # INT_ACC (conv2d_int8): int8 x and w, exact int32 accumulator, dequantized by x_scale (xs_ptr, one
-    # value) and w_scale (wsc_ptr, [COUT]) in the epilogue; QUANT_OUT: int8 out at scale os_ptr.
+    # value) and w_scale (wsc_ptr, [COUT]) in the epilogue; QUANT_OUT: int8 out at scale os_ptr. Zero
+    # points (x = scale * (q - zero), 0 or -128 for unsigned data): X_ZERO fills x's padding and is taken
+    # out of the accumulator with the weight sums (wsum_ptr, [COUT] int32); OUT_ZERO is the output's.
     pid = tl.program_id(0)
     g = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -139,7 +144,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         for step in range(lo, hi):
             c = step * BLOCK_K + offs_k
             c_mask = (c < CIN_G) | EVEN_C  # EVEN_C (BLOCK_K divides C/groups): no channel tail to mask
-            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0.0)
+            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=X_ZERO)
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
             acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
@@ -154,7 +159,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             c = c0 + offs_k
             c_mask = (c < CIN_G) | EVEN_C
             a_row = x_img + ih * s_xh + iw * s_xw
-            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=valid[:, None] & c_mask[None, :], other=0.0)
+            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=valid[:, None] & c_mask[None, :], other=X_ZERO)
             b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
                         mask=c_mask[:, None] & n_mask[None, :], other=0.0)
             acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
@@ -170,25 +175,26 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             ih = ih0[:, None] + (kh * dil_h)[None, :]  # [BM, BK]
             iw = iw0[:, None] + (kw * dil_w)[None, :]
             valid = (m_mask[:, None] & k_mask[None, :]) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=0.0)
+            a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=X_ZERO)
             w_off = kh * s_wh + kw * s_ww + c * s_wc
             b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
 
     co = g * COUT_G + offs_n
     if SPLIT_K == 1:
-        _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
-                        HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT)
+        _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
+                        COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
-def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, M, COUT, SPLIT_STRIDE,
+def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, M, COUT, SPLIT_STRIDE,
                             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False):
+                            INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
+                            X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0):
     # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -202,8 +208,8 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for z in tl.static_range(SPLIT_K):
         acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0)
-    _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
-                    HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT)
+    _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
+                    COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO)
 
 
 @triton.jit
@@ -237,8 +243,8 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
                          mask=valid[:, None] & c_mask[None, :], other=0.0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, COUT,
-                    HAS_BIAS, HAS_RES, ACT, False, False)
+    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, None, COUT,
+                    HAS_BIAS, HAS_RES, ACT, False, False, 0, 0)
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -513,12 +519,15 @@ def gemm_mode(g: _Geometry) -> int:
 
 def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: torch.Tensor, dst: torch.Tensor,
                 g: _Geometry, mode: int, cfg: ConvConfig, epilogue: dict,
-                quant: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> None:
-    """One ``_conv_gemm_kernel`` launch (and the split-K epilogue). ``quant``: (x_scale [1], w_scale [Cout],
-    out_scale [1] or None) for int8 x and wp (exact int32 accumulator; int8 dst when out_scale is given)."""
+                quant: dict | None = None) -> None:
+    """One ``_conv_gemm_kernel`` launch (and the split-K epilogue). ``quant`` for int8 x and wp (exact int32
+    accumulator): x_scale [1], w_scale [Cout], x_zero (0 or -128) with w_sum [Cout] int32, out_scale [1]
+    or None (int8 dst), out_zero."""
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
-    xs, wsc, os_ = quant if quant is not None else (None, None, None)
-    q = dict(INT_ACC=quant is not None, QUANT_OUT=os_ is not None)
+    qd = quant or {}
+    xs, wsc, wsum, os_ = (qd.get(k) for k in ("x_scale", "w_scale", "w_sum", "out_scale"))
+    q = dict(INT_ACC=quant is not None, QUANT_OUT=os_ is not None, X_ZERO=qd.get("x_zero", 0),
+             OUT_ZERO=qd.get("out_zero", 0))
     split = cfg.split_k
     if split > 1:
         ws = torch.empty((split, m, g.cout), dtype=torch.int32 if quant is not None else torch.float32,
@@ -527,7 +536,7 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
         ws = dst
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), g.groups, split)
     _conv_gemm_kernel[grid](
-        x, wp, b_arg, r_arg, dst, ws, xs, wsc, os_, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
+        x, wp, b_arg, r_arg, dst, ws, xs, wsc, wsum, os_, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
         *x.stride(), *wp.stride(), *g.stride, *g.padding, *g.dilation, KH=g.kh, KW=g.kw, MODE=mode,
         EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue,
         # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
@@ -536,7 +545,7 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **q)
     if split > 1:
         egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
-        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, os_, m, g.cout, m * g.cout, **epilogue,
+        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, wsum, os_, m, g.cout, m * g.cout, **epilogue,
                                        SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4, **q)
 
 

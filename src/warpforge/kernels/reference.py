@@ -167,26 +167,30 @@ def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def conv2d_int8_acc_reference(x_q: torch.Tensor, w_q: torch.Tensor, *, stride=1, padding=0, dilation=1,
-                              groups: int = 1) -> torch.Tensor:
-    """The exact int32 accumulator of ``_conv_gemm_kernel`` with INT_ACC (kernels/conv.py): conv2d of int8
-    x_q [N, C, H, W] and w_q [Cout, C/groups, KH, KW] as int32 [N, Cout, OH, OW]. float64 holds every sum
-    exactly (|sum| <= K * 128^2 < 2^53; the launcher bounds K so that it fits int32 too)."""
-    y = torch.nn.functional.conv2d(x_q.to(torch.float64), w_q.to(torch.float64), None, stride, padding, dilation,
-                                   groups)
+                              groups: int = 1, x_zero_point: int = 0) -> torch.Tensor:
+    """The exact int32 accumulator of ``_conv_gemm_kernel`` with INT_ACC (kernels/conv.py): conv2d of
+    (x_q - x_zero_point) [N, C, H, W] (zero padding: the padded x is 0) and int8 w_q [Cout, C/groups, KH, KW]
+    as int32 [N, Cout, OH, OW]. float64 holds every sum exactly (|sum| <= K * 255 * 128 < 2^53; the
+    launcher bounds K so that it fits int32 too)."""
+    y = torch.nn.functional.conv2d(x_q.to(torch.float64) - x_zero_point, w_q.to(torch.float64), None, stride,
+                                   padding, dilation, groups)
     return y.to(torch.int32)
 
 
 def conv2d_int8_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                           bias: torch.Tensor | None = None, *, stride=1, padding=0, dilation=1, groups: int = 1,
                           activation: str | None = None, residual: torch.Tensor | None = None,
-                          out_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                          out_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
+                          x_zero_point: int = 0, out_zero_point: int = 0) -> torch.Tensor:
     """Reference for ``_conv_gemm_kernel`` with INT_ACC (kernels/conv.py), launched by ``conv2d_int8``
     (kernels/conv_int8.py), in the kernel's order of fp32 operations:
 
-    y = act(fp32(acc) * (x_scale * w_scale[co]) + bias + residual), acc the exact int32 conv of x_q and w_q;
-    returns y in ``out_dtype``, or with ``out_scale`` int8 clamp(round(y / out_scale), -127, 127).
+    y = act(fp32(acc) * (x_scale * w_scale[co]) + bias + residual), acc the exact int32 conv of
+    (x_q - x_zero_point) and w_q; returns y in ``out_dtype``, or with ``out_scale`` int8 quantized as
+    :func:`quantize_int8_reference` does with ``out_zero_point``.
     """
-    acc = conv2d_int8_acc_reference(x_q, w_q, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    acc = conv2d_int8_acc_reference(x_q, w_q, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                                    x_zero_point=x_zero_point)
     scale = x_scale.float().reshape(()) * w_scale.float().reshape(-1)  # [Cout]
     y = acc.float() * scale.view(1, -1, 1, 1)
     if bias is not None:
@@ -195,14 +199,16 @@ def conv2d_int8_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.T
         y = y + residual.float()
     y = activation_reference(y, activation)
     if out_scale is not None:
-        return quantize_int8_reference(y, out_scale)
+        return quantize_int8_reference(y, out_scale, out_zero_point)
     return y.to(out_dtype)
 
 
-def quantize_int8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def quantize_int8_reference(x: torch.Tensor, scale: torch.Tensor, zero_point: int = 0) -> torch.Tensor:
     """Reference for ``_quantize_int8_kernel`` (kernels/quantize.py) and the conv epilogue's int8 out:
-    clamp(round(x / scale), -127, 127) in fp32 (IEEE division, round half to even), x's layout kept."""
-    return torch.round(x.float() / scale.float().reshape(())).clamp_(-127, 127).to(torch.int8)
+    clamp(round(x / scale) + zero_point, -127 (zero_point 0) or -128, 127) in fp32 (IEEE division, round
+    half to even), x's layout kept."""
+    q = torch.round(x.float() / scale.float().reshape(())) + zero_point
+    return q.clamp_(-127 if zero_point == 0 else -128, 127).to(torch.int8)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *,

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, select
-from warpforge.optimize.gate import DEFAULT_BUDGETS, KINDS, PRECISIONS, Budget, compare
+from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
 from warpforge.optimize.report import make_report
 
@@ -141,25 +141,27 @@ def _random_like(inputs: tuple, gen: torch.Generator) -> tuple:
     return tuple(out)
 
 
-def _check_val(val: Iterable[Any], example: tuple, device: torch.device) -> list[tuple]:
-    """Each validation batch shaped like the example inputs (the batch dim may differ)."""
+def _check_val(val: Iterable[Any], example: tuple, device: torch.device, what: str = "val") -> list[tuple]:
+    """Each validation (or calibration) batch shaped like the example inputs (the batch dim may differ)."""
     out = []
     for i, v in enumerate(val):
-        v = _as_inputs(v, f"val[{i}]")
+        v = _as_inputs(v, f"{what}[{i}]")
         if len(v) != len(example):
-            raise BadInputError(f"val[{i}] has {len(v)} argument(s); the example inputs have {len(example)}")
+            raise BadInputError(f"{what}[{i}] has {len(v)} argument(s); the example inputs have {len(example)}")
         for j, (a, e) in enumerate(zip(v, example)):
             if isinstance(e, torch.Tensor):
                 if not isinstance(a, torch.Tensor):
-                    raise BadInputError(f"val[{i}] argument {j} is {type(a).__name__}; the example input is a tensor")
+                    raise BadInputError(f"{what}[{i}] argument {j} is {type(a).__name__}; the example input is a "
+                                        "tensor")
                 if a.dim() != e.dim() or a.shape[1:] != e.shape[1:]:
-                    raise BadInputError(f"val[{i}] argument {j} has shape {tuple(a.shape)}; the example input has "
+                    raise BadInputError(f"{what}[{i}] argument {j} has shape {tuple(a.shape)}; the example input has "
                                         f"{tuple(e.shape)}: every dimension but the batch (dim 0) must match")
                 if a.is_floating_point() != e.is_floating_point():
-                    raise BadInputError(f"val[{i}] argument {j} has dtype {a.dtype}; the example input has {e.dtype}")
+                    raise BadInputError(f"{what}[{i}] argument {j} has dtype {a.dtype}; the example input has "
+                                        f"{e.dtype}")
         out.append(_to(v, device))
     if not out:
-        raise BadInputError("val is empty: give at least one batch of validation inputs, or None for the default")
+        raise BadInputError(f"{what} is empty: give at least one batch of inputs, or None for the default")
     return out
 
 
@@ -178,7 +180,8 @@ def _err(e: BaseException) -> str:
 
 
 def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None = None,
-             budget: Budget | Mapping[str, Budget] | None = None, precisions: Sequence[str] = PRECISIONS,
+             calib: Iterable[Any] | None = None,
+             budget: Budget | Mapping[str, Budget] | None = None, precisions: Sequence[str] = DEFAULT_PRECISIONS,
              backends: Sequence[str] | None = None, kind: str | None = None, device: Any = None,
              progress: Progress | None = None, queries: int = 200, warmup: int = 20, offline_calls: int = 50,
              name: str | None = None, seed: int = 0) -> Optimized:
@@ -188,8 +191,12 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     example_inputs: a tensor or tuple of forward arguments; latency is measured at their shapes.
     val: validation batches (each a tensor or tuple shaped like example_inputs, any batch size);
         default: example_inputs plus 3 fresh random inputs of the same shapes.
+    calib: calibration batches for the int8 candidate (shaped like val); default: the val batches the
+        user gave (then the gate judges int8 on its own calibration data: pass calib for a held-out
+        check), else example_inputs alone. Random inputs are never used to calibrate.
     budget: one :class:`Budget` for all, ``{precision: Budget}``, or None for the per-precision defaults.
-    precisions / backends: which candidates (see ``backends.select``). kind: "classifier" adds top-1
+    precisions / backends: which candidates (see ``backends.select``; "int8" is tried only when listed).
+        kind: "classifier" adds top-1
         agreement; None infers it from the output shape. queries / warmup: single-stream protocol;
         offline_calls: back-to-back calls for throughput.
     """
@@ -264,7 +271,27 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         except Exception as e:  # noqa: BLE001
             raise fail(BadInputError, f"the model does not run on val[{i}]: {_err(e)}") from e
 
-    # 3. Build, run and gate each candidate.
+    # 3. Calibration inputs for the candidates that quantize (int8).
+    calib_inputs = None
+    if any(c.needs_calib and skip is None for c, skip in plan):
+        if calib is not None:
+            try:
+                calib_inputs = _check_val(calib, inputs, dev, what="calib")
+            except BadInputError as e:
+                raise fail(BadInputError, str(e)) from None
+            settings["calib"] = f"{len(calib_inputs)} user calibration batch(es)"
+        elif val is not None:
+            calib_inputs = val_inputs
+            settings["calib"] = f"the {len(val_inputs)} val batch(es) (no calib given)"
+            notes.append("int8 was calibrated on the validation batches it is gated on (no calib= given): "
+                         "pass calib= for a held-out accuracy check")
+        else:
+            calib_inputs = [inputs]
+            settings["calib"] = "the example inputs (no calib or val given)"
+            notes.append("int8 was calibrated on the example inputs alone (no calib= or val= given); "
+                         "its scales fit real data only if these are real data")
+
+    # 4. Build, run and gate each candidate.
     todo = [c for c, skip in plan if skip is None]
     total, done = len(todo) + 1, 0
     records: list[dict[str, Any]] = []
@@ -280,9 +307,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         if progress:
             progress(f"building {cand.name}", done, total)
         rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
-                        ref if cand.name == REFERENCE else None))
+                        ref if cand.name == REFERENCE else None, calib_inputs))
         done += 1
-    # 4. Time the passing ones together, then offline throughput each.
+    # 5. Time the passing ones together, then offline throughput each.
     if progress:
         progress(f"timing {len(live)} passing candidate(s)", done, total)
     _time(live, records, inputs, dev, queries, warmup, offline_calls)
@@ -305,13 +332,18 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
 
 def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any], kind: str,
          budget: Budget, dev: torch.device, live: dict[str, tuple[Candidate, Built]],
-         prebuilt: Built | None) -> dict[str, Any]:
+         prebuilt: Built | None, calib: list[tuple] | None = None) -> dict[str, Any]:
     """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
     rec: dict[str, Any] = {"budget": budget.as_dict()}
     with PeakMemory(dev) as mem:
         t0 = time.perf_counter()
         try:
-            built = prebuilt if prebuilt is not None else cand.build(base, inputs)
+            if prebuilt is not None:
+                built = prebuilt
+            elif cand.needs_calib:
+                built = cand.build(base, inputs, calib=calib)
+            else:
+                built = cand.build(base, inputs)
         except Exception as e:  # noqa: BLE001 - a candidate's failure is recorded, never fatal
             return {"status": "failed", "reason": f"build failed: {_err(e)}"}
         rec["build_s"] = time.perf_counter() - t0

@@ -4,13 +4,18 @@
     eager-fp16 / eager-bf16    the model cast to half precision (CUDA only)
     warpforge-<p>              capture + the default passes (fold_bn, channels_last, fuse_conv) at
                                precision p; replayed as a CUDA graph on the GPU when the inputs are tensors
+    warpforge-int8             the same pipeline, then W8A8 post-training quantization calibrated on the
+                               ``calib`` inputs (optimize/quant.py): convs and linears on int8 kernels,
+                               depthwise convs and the rest fp16 on CUDA (fp32 on CPU, where the int8
+                               kernels run their exact references); asked for with precisions=[..., "int8"]
     torch.compile-<p>          inductor, mode "default"; torch.compile-max-autotune-<p> the same with
                                mode "max-autotune" (on CPU only when asked for by name: slow to compile)
     onnxruntime-<ep>           ONNX export run by ONNX Runtime, one per installed execution provider that
                                fits the device (fp32; only when the ``onnxruntime`` package is importable)
 
 A build function takes the fp32 eval-mode model on the target device (it must not modify it) and the
-example inputs, and returns a :class:`Built`: a callable taking the user's inputs and returning fp32
+example inputs (and ``calib=``, a list of input tuples, when the candidate ``needs_calib``), and returns a
+:class:`Built`: a callable taking the user's inputs and returning fp32
 outputs, the module that ``save`` stores, and details for the report (passes, coverage, fallbacks).
 """
 
@@ -29,7 +34,7 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from warpforge.optimize.gate import DTYPES, PRECISIONS
+from warpforge.optimize.gate import DEFAULT_PRECISIONS, DTYPES, PRECISIONS
 from warpforge.optimize.runtime import CastIO, CudaGraphed, static_cuda_inputs
 
 FAMILIES = ("eager", "warpforge", "torch.compile", "onnxruntime")
@@ -62,6 +67,7 @@ class Candidate:
     needs_cuda: bool = False
     needs_package: str | None = None
     cpu_opt_in: bool = False  # on CPU, only when asked for by name or family
+    needs_calib: bool = False  # build(model, inputs, calib=[input tuples]): post-training quantization
     about: str = ""
 
 
@@ -129,10 +135,44 @@ def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
     return build
 
 
+def _build_warpforge_int8(observer: str = "max") -> Callable[..., Built]:
+    def build(model: nn.Module, inputs: tuple, calib: list[tuple]) -> Built:
+        from warpforge.optimize.pipeline import optimize_graph
+        from warpforge.optimize.quant import quantize_model
+        from warpforge.optimize.runtime import _cast_floats
+
+        device = _device_of(inputs, model)
+        # The layers left float run fp16 on the GPU; on CPU fp32 (fp16 convolutions there are slow).
+        dtype = DTYPES["int8"] if device.type == "cuda" else torch.float32
+        src = model if dtype == torch.float32 else _cast_model(model, dtype)
+        gm, report = optimize_graph(src, _cast_floats(inputs, dtype), device=device, dtype=dtype)
+        gm, quant = quantize_model(gm, [_cast_floats(c, dtype) for c in calib], observer=observer)
+        if not quant.layers:
+            raise RuntimeError("no layer could be quantized: " + "; ".join(f"{k.name}: {k.reason}" for k in quant.kept)
+                               if quant.kept else "the model has no conv or linear layer to quantize")
+        mod = CastIO(gm, dtype).eval()
+        details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
+                                   "coverage": op_coverage(gm), "layers": layer_precisions(mod),
+                                   "quant": {"observer": observer, "float_dtype": str(dtype).removeprefix("torch."),
+                                             "calib_batches": len(calib), **quant.as_dict()}}
+        fallbacks = [{"what": path, "reason": f"left eager (not traceable: {why})"}
+                     for path, why in report["capture"]["eager_modules"].items()]
+        fallbacks += [{"what": c["where"], "reason": f"{c['pass']}: {c['detail']}"}
+                      for p in report["passes"] for c in p["changes"] if c["action"] == "skipped"]
+        fallbacks += [{"what": k.name, "reason": f"kept {details['quant']['float_dtype']}: {k.reason}"}
+                      for k in quant.kept]
+        if fallbacks:
+            details["fallbacks"] = fallbacks
+        fn, graphed = _maybe_graph(mod, inputs, details)
+        return Built(fn=fn, module=mod, save_format="pickle", cuda_graph=graphed, details=details)
+    return build
+
+
 def op_coverage(gm: nn.Module) -> dict[str, Any]:
     """Operators of a captured graph: how many calls run through warpforge kernels and which stay torch."""
     from warpforge.optimize.passes.attention import FlashAttention
     from warpforge.optimize.passes.fuse_conv import FusedConv2d
+    from warpforge.optimize.quant import QuantConv2d, QuantLinearW8A8
 
     if not isinstance(gm, fx.GraphModule):
         return {}
@@ -142,7 +182,8 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
         if node.op == "call_module":
             mod = gm.get_submodule(node.target)
             name = type(mod).__name__
-            (ours if isinstance(mod, (FusedConv2d, FlashAttention)) else ops)[name] += 1
+            warpforge = isinstance(mod, (FusedConv2d, FlashAttention, QuantConv2d, QuantLinearW8A8))
+            (ours if warpforge else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
             if name in ("getitem", "getattr", "contiguous", "size"):
@@ -154,13 +195,16 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
 
 
 def layer_precisions(module: nn.Module) -> list[dict[str, str]]:
-    """Per layer with its own parameters: path, type and the dtype its weights compute in."""
+    """Per layer with its own parameters (or int8 weights, ``weight_q``): path, type and the dtype its
+    weights compute in."""
     out = []
     for path, m in module.named_modules():
         params = list(m.parameters(recurse=False))
-        if params:
+        weight_q = getattr(m, "weight_q", None)
+        if params or isinstance(weight_q, torch.Tensor):
+            dtype = weight_q.dtype if isinstance(weight_q, torch.Tensor) else params[0].dtype
             out.append({"layer": path.removeprefix("inner.") or type(m).__name__, "type": type(m).__name__,
-                        "dtype": str(params[0].dtype).removeprefix("torch.")})
+                        "dtype": str(dtype).removeprefix("torch.")})
     return out
 
 
@@ -290,13 +334,17 @@ _EP_SHORT = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "Te
 def all_candidates(device: torch.device) -> list[Candidate]:
     """Every candidate warpforge knows for this device, in the order they are tried."""
     out = [Candidate(f"eager-{p}", "eager", p, _build_eager(p), needs_cuda=p != "fp32",
-                     about="the model as given" + ("" if p == "fp32" else f", cast to {p}")) for p in PRECISIONS]
+                     about="the model as given" + ("" if p == "fp32" else f", cast to {p}"))
+           for p in DEFAULT_PRECISIONS]
     out += [Candidate(f"warpforge-{p}", "warpforge", p, _build_warpforge(p), needs_cuda=p != "fp32",
-                      about="capture + fold_bn, channels_last, fuse_conv") for p in PRECISIONS]
+                      about="capture + fold_bn, channels_last, fuse_conv") for p in DEFAULT_PRECISIONS]
+    out.append(Candidate("warpforge-int8", "warpforge", "int8", _build_warpforge_int8(), needs_calib=True,
+                         about="capture + fold_bn, channels_last, fuse_conv; W8A8 PTQ of convs and linears "
+                               "(int8 kernels), depthwise convs and the rest fp16"))
     for mode in ("default", "max-autotune"):
         out += [Candidate(f"torch.compile-{p}" if mode == "default" else f"torch.compile-{mode}-{p}", "torch.compile",
                           p, _build_compile(p, mode), needs_cuda=p != "fp32", cpu_opt_in=True,
-                          about=f"inductor, mode={mode!r}") for p in PRECISIONS]
+                          about=f"inductor, mode={mode!r}") for p in DEFAULT_PRECISIONS]
     providers = ort_providers(device)
     if providers:
         out += [Candidate(f"onnxruntime-{_EP_SHORT.get(ep, ep)}", "onnxruntime", "fp32", _build_ort(ep),
@@ -355,6 +403,8 @@ def _skip_reason(c: Candidate, device: torch.device, named: bool) -> str | None:
                 "this candidate runs on CUDA only")
     if c.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16 support"
+    if c.precision == "int8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return "int8 tensor-core kernels need compute capability >= 8.0"
     if c.cpu_opt_in and device.type == "cpu" and not named:
         return "torch.compile on CPU is slow to compile; ask for it with backends=['torch.compile']"
     return None

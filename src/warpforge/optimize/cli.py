@@ -158,7 +158,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
 
     from warpforge.optimize import report as report_mod
     from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
-    from warpforge.optimize.gate import DEFAULT_BUDGETS, PRECISIONS
+    from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
 
     console = console or Console()
     err_console = Console(stderr=True) if json_out else console
@@ -185,7 +185,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
 
     def run(progress_cb):
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
-                        precisions=precisions or PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
+                        precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
                         device=dev, progress=progress_cb, queries=queries, warmup=warmup, name=resolved.name)
 
     try:

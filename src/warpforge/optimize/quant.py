@@ -44,9 +44,14 @@ MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 
 # ---- observers ----------------------------------------------------------------------------------
 class Observer(abc.ABC):
-    """Sees activations (``observe``) and chooses a clipping threshold; scale = threshold / 127."""
+    """Sees activations (``observe``) and chooses a clipping threshold; scale = threshold / levels.
+
+    ``levels`` is 127 for the symmetric int8 grid; quantize_model sets 255 for data that were never
+    negative (the unsigned grid, zero point -128).
+    """
 
     name = "observer"
+    levels = INT8_MAX
 
     @abc.abstractmethod
     def observe(self, x: torch.Tensor) -> None: ...
@@ -55,7 +60,7 @@ class Observer(abc.ABC):
     def threshold(self) -> float: ...
 
     def scale(self) -> float:
-        return max(self.threshold(), MIN_AMAX) / INT8_MAX
+        return max(self.threshold(), MIN_AMAX) / self.levels
 
 
 class MaxObserver(Observer):
@@ -114,7 +119,7 @@ class PercentileObserver(_SampleObserver):
 
 class MSEObserver(_SampleObserver):
     """The clipping threshold t in a grid over (0, max|x|] minimizing E[(x - Q_t(x))^2], with Q_t the
-    symmetric int8 round-trip at scale t / 127 (clipped values included)."""
+    int8 round-trip at scale t / levels (clipped values included)."""
 
     name = "mse"
 
@@ -130,9 +135,9 @@ class MSEObserver(_SampleObserver):
             return 0.0
         grid = torch.linspace(self.min_fraction * amax, amax, self.num_thresholds)
         errs = []
-        for t in grid.tolist():  # |x| suffices: the quantizer is symmetric
-            s = t / INT8_MAX
-            errs.append(float(((v / s).round().clamp(max=INT8_MAX) * s - v).square().mean()))
+        for t in grid.tolist():  # |x| suffices: the quantizer is symmetric (or x >= 0 on the unsigned grid)
+            s = t / self.levels
+            errs.append(float(((v / s).round().clamp(max=self.levels) * s - v).square().mean()))
         self.errors = torch.tensor(errs)
         return float(grid[int(self.errors.argmin())])
 
@@ -193,11 +198,14 @@ class QuantConv2d(nn.Module):
 
     Built from an nn.Conv2d or a FusedConv2d (whose activation and residual add it keeps in the epilogue).
     x is a float tensor, quantized here at ``act_scale``, or int8 already quantized at ``act_scale`` by the
-    producing layer's epilogue. The output is float (x's dtype; ``float_dtype`` for int8 x), or int8 at
-    ``out_scale`` once :func:`quantize_model` has fused the next layer's quantizer into this epilogue.
+    producing layer's epilogue. ``unsigned``: x is never negative (a ReLU's output), quantized on the
+    unsigned grid (zero point -128, 255 steps of act_scale); a negative value would clamp to 0. The output
+    is float (x's dtype; ``float_dtype`` for int8 x), or int8 at ``out_scale`` / ``out_zero_point`` once
+    :func:`quantize_model` has fused the next layer's quantizer into this epilogue.
     """
 
-    def __init__(self, conv: nn.Module, act_scale: float, float_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, conv: nn.Module, act_scale: float, unsigned: bool = False,
+                 float_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if isinstance(conv, FusedConv2d):
             self.activation, self.has_residual = conv.activation, conv.has_residual
@@ -219,7 +227,10 @@ class QuantConv2d(nn.Module):
         self.register_buffer("weight_scale", w_scale.contiguous())  # [Cout] fp32
         self.register_buffer("act_scale", torch.tensor([float(act_scale)], dtype=torch.float32, device=w.device))
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().float().clone())
+        self.act_zero_point = -128 if unsigned else 0
+        self.register_buffer("weight_sum", w_q.sum((1, 2, 3), dtype=torch.int32) if unsigned else None)  # [Cout]
         self.register_buffer("out_scale", None)  # [1] fp32 once the next layer's quantizer is fused here
+        self.out_zero_point = 0
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         cl = torch.channels_last
@@ -228,16 +239,20 @@ class QuantConv2d(nn.Module):
         else:
             x = x.contiguous(memory_format=cl)
             out_dtype = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
-            x_q = quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.act_scale)
+            x_q = quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.act_scale,
+                                zero_point=self.act_zero_point)
         if residual is not None:
             residual = residual.contiguous(memory_format=cl)
         return conv2d_int8(x_q, self.weight_q, self.act_scale, self.weight_scale, self.bias, stride=self.stride,
                            padding=self.padding, dilation=self.dilation, groups=self.groups,
                            activation=self.activation, residual=residual, out_scale=self.out_scale,
-                           out_dtype=None if self.out_scale is not None else out_dtype)
+                           out_dtype=None if self.out_scale is not None else out_dtype,
+                           x_zero_point=self.act_zero_point, w_sum=self.weight_sum,
+                           out_zero_point=self.out_zero_point)
 
     def extra_repr(self) -> str:
         out = "" if self.out_scale is None else f", out_scale={float(self.out_scale):.4g} (int8 out)"
+        out += ", unsigned x" if self.act_zero_point else ""
         return (f"{tuple(self.weight_q.shape)}, stride={self.stride}, padding={self.padding}, groups={self.groups}, "
                 f"activation={self.activation}, residual={self.has_residual}, act_scale={float(self.act_scale):.4g}"
                 + out)
@@ -254,6 +269,7 @@ class LayerQuantReport:
     cosine: float
     max_abs_err: float
     type: str = "Linear"  # the float layer it replaced: Linear, Conv2d or FusedConv2d
+    unsigned: bool = False  # input never negative in calibration: the unsigned grid (zero point -128)
     int8_out: bool = False  # stores int8 for the next layer (its quantizer fused into this epilogue)
 
 
@@ -276,7 +292,8 @@ class QuantReport:
     def __str__(self) -> str:
         rows = [f"{'layer':<30} {'type':<12} {'observer':<10} {'scale':>10} {'rel_err':>9} {'cosine':>9}"]
         rows += [f"{r.name or '<model>':<30} {r.type:<12} {r.observer:<10} {r.act_scale:>10.4g} {r.rel_err:>9.2e} "
-                 f"{r.cosine:>9.6f}{'  -> int8 out' if r.int8_out else ''}" for r in self.layers]
+                 f"{r.cosine:>9.6f}{'  unsigned' if r.unsigned else ''}{'  -> int8 out' if r.int8_out else ''}"
+                 for r in self.layers]
         rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}" for k in self.kept]
         if self.output_rel_err is not None:
             rows.append(f"model output: rel_err {self.output_rel_err:.2e}, cosine {self.output_cosine:.6f}")
@@ -295,12 +312,13 @@ class _ErrorStats:
         self.dot = self.qq = self.rr = self.ee = self.max_abs = 0.0
 
     def add(self, y: torch.Tensor, ref: torch.Tensor) -> None:
-        y, ref = y.detach().double(), ref.detach().double()
+        y, ref = y.detach().float(), ref.detach().float()  # fp32 products, float64 sums
         e = y - ref
-        self.dot += float((y * ref).sum())
-        self.qq += float((y * y).sum())
-        self.rr += float((ref * ref).sum())
-        self.ee += float((e * e).sum())
+        f64 = torch.float64
+        self.dot += float((y * ref).sum(dtype=f64))
+        self.qq += float((y * y).sum(dtype=f64))
+        self.rr += float((ref * ref).sum(dtype=f64))
+        self.ee += float((e * e).sum(dtype=f64))
         self.max_abs = max(self.max_abs, float(e.abs().max()) if e.numel() else 0.0)
 
     def rel_err(self) -> float:
@@ -324,7 +342,7 @@ def _kind(m: nn.Module) -> str | None:
     return None
 
 
-def _why_float(m: nn.Module, parent: nn.Module | None) -> str | None:
+def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int) -> str | None:
     """Why layer ``m`` must stay float, or None when it can run int8."""
     if not m.weight.is_floating_point():
         return f"weight dtype {m.weight.dtype} is not floating point"
@@ -338,13 +356,18 @@ def _why_float(m: nn.Module, parent: nn.Module | None) -> str | None:
     if m.groups > 1 and cin_g == 1:
         return (f"depthwise ({m.groups} groups): memory-bound at {kh * kw} MACs per loaded value, int8 tensor "
                 "cores gain it little; stays on the float conv kernel")
+    if cin_g < min_channels:
+        # MobileNetV2 (ImageNet weights): int8 on the stem's input alone moved the logits by 5% (relative),
+        # as much as any other single layer, for a conv with K = 27 that tensor cores barely serve.
+        return (f"C/groups = {cin_g} < {min_channels} (an image stem): too few channels for int8 tensor cores to "
+                "pay, and quantizing the network's input costs accuracy")
     if cin_g * kh * kw > MAX_K:
         return f"K = {cin_g * kh * kw} > {MAX_K}: the int32 accumulator could overflow"
     return None
 
 
-def _quantized(m: nn.Module, scale: float) -> nn.Module:
-    return QuantLinearW8A8(m, scale) if isinstance(m, nn.Linear) else QuantConv2d(m, scale)
+def _quantized(m: nn.Module, scale: float, unsigned: bool) -> nn.Module:
+    return QuantLinearW8A8(m, scale) if isinstance(m, nn.Linear) else QuantConv2d(m, scale, unsigned)
 
 
 def _layer_input(name: str, m: nn.Module, args: tuple, index: int) -> torch.Tensor:
@@ -363,15 +386,15 @@ def _layer_input(name: str, m: nn.Module, args: tuple, index: int) -> torch.Tens
     return x
 
 
-def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(the float layer's fp32 output on q's input, q's input scale for int8 x or None)."""
+def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> torch.Tensor:
+    """The float layer's fp32 output on q's input (an int8 input dequantized at q's scale)."""
     x = args[0]
     if isinstance(m, nn.Linear):
-        return nn.functional.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float()), None
-    xf = x.float() * q.act_scale if x.dtype == torch.int8 else x.float()
+        return nn.functional.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float())
+    xf = (x.float() - q.act_zero_point) * q.act_scale if x.dtype == torch.int8 else x.float()
     return reference.conv2d_reference(xf, m.weight.float(), None if m.bias is None else m.bias.float(),
                                       stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups,
-                                      activation=q.activation, residual=args[1] if len(args) > 1 else None), None
+                                      activation=q.activation, residual=args[1] if len(args) > 1 else None)
 
 
 def _fuse_requant(gm: fx.GraphModule) -> set[nn.Module]:
@@ -391,7 +414,7 @@ def _fuse_requant(gm: fx.GraphModule) -> set[nn.Module]:
         b = modules.get(user.target) if user.op == "call_module" else None
         if (isinstance(b, QuantConv2d) and user.args and user.args[0] is n and n not in user.args[1:]
                 and not user.kwargs):
-            a.out_scale = b.act_scale.clone()
+            a.out_scale, a.out_zero_point = b.act_scale.clone(), b.act_zero_point
             fused.add(a)
     return fused
 
@@ -418,12 +441,15 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
 
 
 def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
-                   linears: bool = True, skip=(), requant: bool = True) -> tuple[nn.Module, QuantReport]:
+                   linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
+                   min_channels: int = 16) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
-    Layers that must stay float (depthwise convs, layers named in ``skip``, layers no calibration input
-    reaches, ...) are listed in ``report.kept`` with the reason. ``requant`` (FX graphs): a quantized conv
+    Layers that must stay float (depthwise convs, convs with fewer than ``min_channels`` input channels
+    per group such as an RGB stem, layers named in ``skip``, layers no calibration input reaches, ...) are
+    listed in ``report.kept`` with the reason. ``unsigned``: a conv whose input was never negative during
+    calibration quantizes it on the unsigned grid (one more bit). ``requant`` (FX graphs): a quantized conv
     feeding only another quantized conv's input stores int8 at that layer's scale. Returns (model,
     report); a bare layer ``model`` comes back as its new quantized module. Calibration runs in eval mode
     under no_grad; each module's mode is restored.
@@ -441,7 +467,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
         if kind is None or m in seen or (kind == "conv" and not convs) or (kind == "linear" and not linears):
             continue
         seen.add(m)
-        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m))
+        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m), min_channels)
         if reason is None:
             plan[m] = name
         else:
@@ -458,10 +484,14 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
             observers = {m: make_observer(observer) for m in plan}
             called: set[nn.Module] = set()
+            nonneg: dict[nn.Module, bool] = {}
 
             def observe_hook(m, args):
-                observers[m].observe(_layer_input(plan[m], m, args, at[0]))
+                x = _layer_input(plan[m], m, args, at[0])
+                observers[m].observe(x)
                 called.add(m)
+                if unsigned and not isinstance(m, nn.Linear):
+                    nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
 
             handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
             ref_outputs = _run(model, calib_inputs, at)
@@ -471,7 +501,10 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 report.kept.append(KeptLayer(plan.pop(m), type(m).__name__, "not called on the calibration inputs"))
 
             # 2. Build the int8 layers; swap them in wherever each layer is held; fuse requantization.
-            quant = {m: _quantized(m, observers[m].scale()) for m in plan}
+            for m in plan:
+                if nonneg.get(m, False):
+                    observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
+            quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
             if model in quant:
                 new_model: nn.Module = quant[model]
             else:
@@ -489,8 +522,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             floats = {q: m for m, q in quant.items()}
 
             def error_hook(q, args, out):
-                ref, _ = _float_reference(floats[q], q, args)
-                y = out.float() * q.out_scale if out.dtype == torch.int8 else out
+                ref = _float_reference(floats[q], q, args)
+                y = (out.float() - q.out_zero_point) * q.out_scale if out.dtype == torch.int8 else out
                 stats[q].add(y, ref)
 
             handles = [q.register_forward_hook(error_hook) for q in quant.values()]
@@ -506,9 +539,9 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     for m, name in plan.items():
         q, obs = quant[m], observers[m]
         report.layers.append(LayerQuantReport(
-            name=name, act_scale=float(q.act_scale), threshold=float(q.act_scale) * INT8_MAX, observer=obs.name,
+            name=name, act_scale=float(q.act_scale), threshold=float(q.act_scale) * obs.levels, observer=obs.name,
             rel_err=stats[q].rel_err(), cosine=stats[q].cosine(), max_abs_err=stats[q].max_abs,
-            type=type(m).__name__, int8_out=q in int8_out))
+            type=type(m).__name__, unsigned=obs.levels != INT8_MAX, int8_out=q in int8_out))
     if all(isinstance(o, torch.Tensor) for o in ref_outputs):
         total = _ErrorStats()
         for y, ref in zip(q_outputs, ref_outputs):

@@ -6,8 +6,9 @@ input shapes, kind), ``settings`` (device, protocol, budgets), ``environment`` (
 single-stream latency p50/p90/p99, offline throughput, speedup against eager-fp32 and against the fastest
 torch.compile candidate, peak memory, details), ``fallbacks`` (what each candidate could not do and why),
 and for the winner ``layers`` (per-layer compute precision), ``coverage`` (operators run by warpforge
-kernels vs torch) and ``passes`` (what each pass changed). Only measured figures appear: a figure that was
-not measured is null, never zero.
+kernels vs torch) and ``passes`` (what each pass changed); ``quant`` (when the int8 candidate was built:
+each layer's decision, int8 or kept float and why, its observer, scale and calibration error). Only
+measured figures appear: a figure that was not measured is null, never zero.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def make_report(model: dict[str, Any], settings: dict[str, Any], records: list[d
         "candidates": records, "fallbacks": fallbacks,
         "layers": details.get("layers", []), "graph_of": graph_src["name"] if graph_src else None,
         "coverage": graph.get("coverage", {}), "capture": graph.get("capture", {}), "passes": graph.get("passes", []),
+        "quant": next(({"candidate": r["name"], **r["details"]["quant"]} for r in records
+                       if "quant" in r.get("details", {})), None),
     }
 
 
@@ -226,6 +229,18 @@ def to_html(report: dict[str, Any]) -> str:
             ["pass", "changes"],
             [[e(p["name"]), e(", ".join(f"{k}: {v}" for k, v in p.get("counts", {}).items()) or "none")]
              for p in report["passes"]], left=2))
+    q = report.get("quant")
+    if q:
+        rows = [[e(x["name"]), e(x["type"]), "int8" + (" unsigned" if x.get("unsigned") else "")
+                 + (" &rarr; int8 out" if x.get("int8_out") else ""), e(x["observer"]), _f(x["act_scale"], "{:.4g}"),
+                 _f(x["rel_err"], "{:.2e}"), ""] for x in q.get("layers", [])]
+        rows += [[e(k["name"]), e(k["type"]), e(q.get("float_dtype", "float")), "", "", "", e(k["reason"])]
+                 for k in q.get("kept", [])]
+        parts.append(f"<h2>INT8 quantization ({e(q['candidate'])})</h2><p>Calibrated on {q.get('calib_batches')} "
+                     f"batch(es) with the {e(str(q.get('observer')))} observer; calibration output error: rel "
+                     f"{_f(q.get('output_rel_err'), '{:.2e}')}, cosine {_f(q.get('output_cosine'), '{:.6f}')}.</p>"
+                     + _table(["layer", "type", "runs in", "observer", "input scale", "rel err", "why float"], rows,
+                              left=3))
     if report.get("layers"):
         parts.append("<h2>Per-layer precision (winner)</h2>" + _table(
             ["layer", "type", "computes in"],

@@ -1,0 +1,164 @@
+"""``conv2d_int8``: W8A8 convolution on channels_last tensors, exact int32 accumulation, fused epilogue.
+
+    y = act(float(conv2d(x_q - x_zero_point, w_q)) * (x_scale * w_scale[co]) + bias + residual)
+    out = y in out_dtype (fp16 by default), or with out_scale: int8 y quantized as ``quantize_int8`` does
+
+x_q is int8 [N, C, H, W] channels_last, quantized with one static scale (``quantize_int8``,
+kernels/quantize.py): symmetric (zero point 0), or unsigned (zero point -128, x = x_scale * (x_q + 128),
+one more bit for data >= 0 such as a ReLU's output). w_q is int8 [Cout, C/groups, KH, KW] quantized per
+output channel (symmetric, w_scale [Cout]). With zero point -128 the kernel reads padding as -128 (x = 0)
+and subtracts -128 * sum(w_q[co]) (``w_sum``) from the accumulator, so the conv of (x_q + 128) stays exact.
+
+It launches the implicit-GEMM kernel of kernels/conv.py with ``INT_ACC=True``: int8 tiles into
+``tl.dot`` with an int32 accumulator (exact: the s8 tensor-core MMA on the GPU), converted to fp32 once,
+in the epilogue. ``out_scale`` fuses the next int8 layer's input quantization into this
+epilogue: an int8 activation is half the bytes of an fp16 one, for this store and the next layer's loads.
+
+Depthwise convs (groups == C) are refused: a 3x3 depthwise conv does 9 MACs per loaded value, so it is
+memory-bound and int8 tensor cores gain it little; it stays on ``conv2d`` (fp16). Other group counts
+run the implicit GEMM per group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from warpforge.kernels import reference as ref
+from warpforge.kernels._autotune import Tuner
+from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels.activation import ACTIVATIONS
+from warpforge.kernels.conv import (ConvConfig, _check_out, _geometry, _is_depthwise, _prepared, _shares_storage,
+                                    choose_gemm_config, gemm_mode, launch_gemm)
+from warpforge.kernels.quantize import check_scale, check_zero_point
+
+FLOAT_OUT = (torch.float16, torch.bfloat16, torch.float32)
+# |conv(x_q - zero_point, w_q)| <= K * 255 * 128 must stay below 2^31: K = KH * KW * C/groups up to 65793.
+MAX_K = (2 ** 31 - 1) // (255 * 128)
+
+# int8 is half fp16's bytes: the fp16 candidates (kernels/conv.py) with block_k doubled to 128, the same
+# shared memory per stage. Every block_k is >= 32, the K of the s8 MMA instruction. Compiled for sm_90
+# (tests/kernels/sm90_compile.py --all, triton 3.6, 2026-12-01; bias + residual + silu epilogue, fp16 out,
+# and int8 out): none spills, all fit shared memory (<= 131 KB), all but the BM=32 split-K tile reach
+# wgmma (that one runs mma.sync, still tensor cores). fp16's (128, 256, 64) twin, (128, 256, 128), spilled
+# 184-240 B there and was replaced by (128, 128, 128) with 4 stages. Not yet run on a GPU.
+INT8_CONV_CONFIGS = [
+    ConvConfig(128, 128, 128, 8, 8, 3),
+    ConvConfig(128, 64, 128, 8, 4, 4),
+    ConvConfig(64, 128, 128, 8, 4, 4),
+    ConvConfig(128, 128, 128, 8, 8, 4),
+    ConvConfig(64, 64, 128, 8, 4, 4),
+    ConvConfig(64, 64, 32, 8, 4, 5),  # small Cout and short K (the RGB stem: K = 27)
+    # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
+    ConvConfig(64, 64, 128, 8, 4, 4, split_k=4),
+    ConvConfig(32, 64, 128, 4, 4, 4, split_k=8),
+]
+INT8_INTERPRET_CONFIG = ConvConfig(32, 32, 32, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
+_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm", INT8_CONV_CONFIGS, ConvConfig)
+
+
+def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups, activation, residual,
+              out_scale, out_dtype, out, config, x_zero_point, w_sum, out_zero_point):
+    if config is not None and (not isinstance(config, ConvConfig) or config.block_k < 32):
+        raise ValueError(f"config must be a ConvConfig with block_k >= 32 (the K of the s8 MMA), got {config!r}")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int8:
+        raise ValueError("x must be an int8 tensor (quantize_int8 makes one), got "
+                         f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.int8 or weight.device != x.device:
+        raise ValueError(f"weight must be an int8 tensor on {x.device}, got "
+                         f"{getattr(weight, 'dtype', type(weight).__name__)} on {getattr(weight, 'device', None)}")
+    g = _geometry(x, weight, bias, stride, padding, dilation, groups, activation)
+    if _is_depthwise(g.cin, g.cout, groups):
+        raise ValueError(f"groups={groups}: depthwise convs are not served by conv2d_int8 (memory-bound, int8 "
+                         "tensor cores gain them little); run them with conv2d in fp16")
+    if g.cin_g * g.kh * g.kw > MAX_K:
+        raise ValueError(f"weight: K = KH*KW*C/groups = {g.cin_g * g.kh * g.kw} exceeds {MAX_K}, where the int32 "
+                         "accumulator could overflow")
+    xs = check_scale("x_scale", x_scale, x.device)
+    if (not isinstance(w_scale, torch.Tensor) or w_scale.dtype != torch.float32 or w_scale.shape != (g.cout,)
+            or w_scale.device != x.device):
+        raise ValueError(f"w_scale must be a float32 tensor [{g.cout}] on {x.device} (one scale per output channel), "
+                         f"got {getattr(w_scale, 'dtype', type(w_scale).__name__)} "
+                         f"{tuple(getattr(w_scale, 'shape', ()))}")
+    os_ = None if out_scale is None else check_scale("out_scale", out_scale, x.device)
+    check_zero_point("x_zero_point", x_zero_point)
+    check_zero_point("out_zero_point", out_zero_point)
+    if out_zero_point != 0 and out_scale is None:
+        raise ValueError("out_zero_point applies to int8 out: give out_scale too")
+    if w_sum is not None and (not isinstance(w_sum, torch.Tensor) or w_sum.dtype != torch.int32
+                              or w_sum.shape != (g.cout,) or w_sum.device != x.device):
+        raise ValueError(f"w_sum must be an int32 tensor [{g.cout}] on {x.device} (weight.sum((1, 2, 3))), got "
+                         f"{getattr(w_sum, 'dtype', type(w_sum).__name__)} {tuple(getattr(w_sum, 'shape', ()))}")
+    if out_dtype is None:
+        out_dtype = torch.int8 if out_scale is not None else torch.float16
+    if out_scale is not None and out_dtype != torch.int8:
+        raise ValueError(f"out_dtype must be torch.int8 (or None) with out_scale, got {out_dtype}")
+    if out_scale is None and out_dtype not in FLOAT_OUT:
+        raise ValueError(f"out_dtype must be one of {[str(d) for d in FLOAT_OUT]} (int8 out needs out_scale), "
+                         f"got {out_dtype}")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor) or residual.dtype not in FLOAT_OUT:
+            raise ValueError(f"residual must be a float16/bfloat16/float32 tensor, got "
+                             f"{getattr(residual, 'dtype', type(residual).__name__)}")
+        _check_out(residual, "residual", g, residual.dtype, x.device)
+    _check_out(out, "out", g, out_dtype, x.device)
+    if out is not None and _shares_storage(out, x):
+        raise ValueError("out must not share memory with x (other output pixels still read it)")
+    if out is not None and residual is not None and _shares_storage(out, residual) and out.dtype != residual.dtype:
+        raise ValueError("out may share memory with residual (an in-place add) only in residual's dtype")
+    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 0):
+        raise ValueError(f"x: int8 tensor-core convolution needs compute capability >= 8.0, device {x.device} has "
+                         f"{torch.cuda.get_device_capability(x.device)}")
+    return g, xs, os_, out_dtype
+
+
+def conv2d_int8(
+    x: torch.Tensor,  # [N, C, H, W] int8, channels_last
+    weight: torch.Tensor,  # [Cout, C/groups, KH, KW] int8 (channels_last is read without a repack)
+    x_scale: torch.Tensor | float,  # one fp32 value: x ~= x_q * x_scale
+    w_scale: torch.Tensor,  # [Cout] fp32: weight[co] ~= w_q[co] * w_scale[co]
+    bias: torch.Tensor | None = None,  # [Cout], any float dtype
+    *,
+    stride=1, padding=0, dilation=1, groups: int = 1,
+    activation: str | None = None,  # None | "relu" | "silu" | "gelu" | "relu6"
+    residual: torch.Tensor | None = None,  # [N, Cout, OH, OW] channels_last, fp16/bf16/fp32
+    out_scale: torch.Tensor | float | None = None,  # int8 out at this scale (the next layer's x_scale)
+    out_dtype: torch.dtype | None = None,  # default fp16, or int8 with out_scale
+    out: torch.Tensor | None = None,  # [N, Cout, OH, OW] channels_last of out_dtype
+    config: ConvConfig | None = None,  # fixed tiling (skips autotuning; for sweeps and tests)
+    x_zero_point: int = 0,  # 0: symmetric x; -128: unsigned x = x_scale * (x_q + 128)
+    w_sum: torch.Tensor | None = None,  # [Cout] int32 = weight.sum((1, 2, 3)), for x_zero_point -128 (else computed)
+    out_zero_point: int = 0,  # the int8 output's zero point (with out_scale)
+) -> torch.Tensor:  # [N, Cout, OH, OW] channels_last
+    """W8A8 conv: ``act(float(conv(x_q - x_zero_point, w_q)) * x_scale * w_scale + bias + residual)``, the
+    conv in int32."""
+    g, xs, os_, out_dtype = _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups,
+                                      activation, residual, out_scale, out_dtype, out, config, x_zero_point,
+                                      w_sum, out_zero_point)
+    if out is None:
+        out = torch.empty(g.out_shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
+    if not use_triton(x, weight, xs, w_scale, bias, residual, os_, out):
+        out.copy_(ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, stride=g.stride, padding=g.padding,
+                                            dilation=g.dilation, groups=groups, activation=activation,
+                                            residual=residual, out_scale=os_, out_dtype=out_dtype,
+                                            x_zero_point=x_zero_point, out_zero_point=out_zero_point))
+        return out
+    if g.n * g.oh * g.ow == 0 or g.cout == 0:
+        return out
+    epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[activation])
+    b_arg = bias.contiguous() if bias is not None else None
+    wp = _prepared(weight, groups, False)
+    mode = gemm_mode(g)
+    if x_zero_point != 0 and w_sum is None:
+        w_sum = weight.sum((1, 2, 3), dtype=torch.int32)
+    quant = dict(x_scale=xs, w_scale=w_scale.contiguous(), x_zero=x_zero_point, w_sum=w_sum, out_scale=os_,
+                 out_zero=out_zero_point)
+
+    def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
+        launch_gemm(x, wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
+
+    cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch)
+    launch(cfg, out)
+    return out
+
+
+__all__ = ["INT8_CONV_CONFIGS", "conv2d_int8"]
