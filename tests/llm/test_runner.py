@@ -162,6 +162,27 @@ def test_cuda_graph_decode_equals_eager():
 
 
 @pytest.mark.gpu
+def test_async_scheduling_on_cuda_graphs_changes_no_token():
+    """Lookahead decode steps on the GPU (queued before the previous ids are read back, their input ids
+    copied on the device into the graph's buffer) give exactly the tokens of the plain loop, bf16 too."""
+    ps = prompts()
+    kw = dict(dtype=torch.bfloat16, device="cuda", max_model_len=128, page_size=16, num_pages=64,
+              cuda_graph_batch_sizes=[1, 2, 4, 8])
+    on = LLM(str(checkpoint("llama")), async_scheduling=True, **kw)
+    off = LLM(str(checkpoint("llama")), async_scheduling=False, **kw)
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=2)]
+    for n in (1, 3, 5):
+        a = on.generate(ps[:n], params[:n] if n <= 3 else params + params[:n - 3])
+        b = off.generate(ps[:n], params[:n] if n <= 3 else params + params[:n - 3])
+        assert [o.token_ids for o in a] == [o.token_ids for o in b]
+        assert [o.logprobs for o in a] == [o.logprobs for o in b]
+    assert on.engine.lookahead_steps > 20 and off.engine.lookahead_steps == 0
+    assert on.engine.runner.graphs.replays > 20
+
+
+@pytest.mark.gpu
 def test_kv_cache_sized_from_free_memory(tmp_path):
     from warpforge.llm.testing import tiny_checkpoint
 
