@@ -230,3 +230,21 @@ def test_abort_during_a_lookahead_step():
     assert engine.lookahead_steps >= N - 8  # steady decoding runs ahead nearly every step
     bm = engine.block_manager
     assert bm.num_free_pages == bm.num_pages
+
+
+def test_a_failed_lookahead_launch_leaves_no_placeholder():
+    engine = LLMEngine(loaded("llama"), EngineConfig(max_model_len=128, page_size=4, num_pages=64))
+    rid = engine.add_request(prompts()[0], GREEDY)
+    engine.step()  # the prefill
+    launch = engine.runner.launch
+
+    def failing(batch, ids_from=None):
+        if batch.lookahead:
+            raise RuntimeError("device lost")
+        return launch(batch, ids_from)
+
+    engine.runner.launch = failing
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()
+    seq = engine.scheduler.get(rid)
+    assert not seq.pending_token and -1 not in seq.token_ids and engine._ahead is None

@@ -165,7 +165,11 @@ class LLMEngine:
         if pending is not None and self.config.async_scheduling:
             nxt = self.scheduler.lookahead(batch)
             if nxt is not None:
-                self._ahead = (nxt, self.runner.launch(nxt, ids_from=pending))
+                try:
+                    self._ahead = (nxt, self.runner.launch(nxt, ids_from=pending))
+                except BaseException:
+                    self.scheduler.cancel_lookahead(nxt)  # no placeholder may outlive a failed launch
+                    raise
                 self.lookahead_steps += 1
         ids, logprobs = pending.result() if pending is not None else ([], [])
         seqs = self.scheduler.postprocess(batch, ids, logprobs)

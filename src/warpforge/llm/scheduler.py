@@ -229,6 +229,14 @@ class Scheduler:
         nxt.copies = bm.take_copies()
         return nxt
 
+    def cancel_lookahead(self, batch: ScheduledBatch) -> None:
+        """Undo :meth:`lookahead`'s placeholders (its launch failed); the slots it made ready stay
+        allocated, as schedule() would have allocated them for the same tokens."""
+        for seq in batch.seqs:
+            if seq.pending_token:
+                seq.token_ids.pop()
+                seq.pending_token = False
+
     def postprocess(self, batch: ScheduledBatch, token_ids: Seq[int],
                     logprobs: Seq[dict[int, float] | None] | None = None) -> list[Sequence]:
         """Advance the batch by one step. ``token_ids[j]`` (and ``logprobs[j]``) belong to
