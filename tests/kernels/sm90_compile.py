@@ -172,6 +172,25 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
     return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
 
 
+def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
+    """The depthwise conv (fp16, bias + relu6) at conv.depthwise_config(cout); quant_out: int8 out, unsigned
+    (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate)."""
+    cfg = conv.depthwise_config(cout)
+    sig = {"x_ptr": "*fp16", "w_ptr": "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
+           else "*fp16", "os_ptr": "*fp32", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
+                                                                   "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
+                                                                   "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
+    consts = {"s_xc": 1, "s_wo": 1, "r_ptr": None}
+    if not quant_out:
+        consts["os_ptr"] = None
+    for n in consts:
+        sig[n] = "constexpr"
+    _flags(sig, consts, KH=k, KW=k, HAS_BIAS=True, HAS_RES=False, ACT=5, BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c,
+           QUANT_OUT=quant_out, OUT_ZERO=-128 if quant_out else 0)
+    odd = ("M", "OH", "OW", "H", "W", "MULT", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
+    return compile_sm90(conv._conv_depthwise_kernel, sig, consts, cfg.num_warps, 3, odd)  # the launch default
+
+
 def jobs(every: bool) -> list[tuple[str, object]]:
     """(label, thunk) per kernel/config: the first candidate of each family, or all of them."""
     pick = (lambda cfgs: cfgs) if every else (lambda cfgs: cfgs[:1])
@@ -198,6 +217,11 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                     lambda cfg=cfg: conv_gemm(cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True)))
         out.append((f"conv int8 taps unsigned int8-out {cfg}", lambda cfg=cfg: conv_gemm(
             cfg, conv.MODE_TAPS, "i8", "i8", int8=True, quant_out=True, zero=-128)))
+    # The fp16-out depthwise kernel spilled 310 B at this config before the int8 work too (triton 3.6,
+    # 2026-12-01, same figure from the conv.py of f3b656f~1): listed with --all only, where it shows.
+    for quant_out in ((False, True) if every else (True,)):
+        out.append((f"depthwise fp16 3x3{' int8-out' if quant_out else ''}",
+                    lambda q=quant_out: conv_depthwise(384, quant_out=q)))
     if every:
         out.append(("conv int8 flat (stem)", lambda: conv_gemm(conv_int8.INT8_CONV_CONFIGS[5], conv.MODE_FLAT, "i8",
                                                                int8=True)))

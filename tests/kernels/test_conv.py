@@ -59,6 +59,35 @@ def test_conv_matches_reference(device, dtype, case):
     _run(device, dtype, *case)
 
 
+@pytest.mark.parametrize("zero", [0, -128], ids=["symmetric", "unsigned"])
+@pytest.mark.parametrize("case", [CASES[7], CASES[9], CASES[2], CASES[3]], ids=["dw", "dw-s2", "taps", "plain"])
+def test_int8_out(device, case, zero):
+    """out_scale: the epilogue stores int8 for the next int8 layer. With fp32 x it quantizes exactly the value
+    conv2d stores in fp32 (same kernel, same epilogue), so it equals quantize_int8 of that output."""
+    from warpforge.kernels.quantize import quantize_int8
+
+    n, cin, h, w, cout, k, s, p, d, g, act, res = case
+    act = "relu6" if zero else act  # unsigned codes are for non-negative data
+    x = torch.randn(n, cin, h, w, device=device).to(memory_format=CL)
+    wt = torch.randn(cout, cin // g, k, k, device=device) / (cin // g * k * k) ** 0.5
+    b = torch.randn(cout, device=device)
+    oh, ow = _out_hw(h, w, k, s, p, d)
+    r = torch.randn(n, cout, oh, ow, device=device).to(memory_format=CL) if res and not zero else None
+    scale = torch.tensor([6.0 / 255 if zero else 0.02], device=device)
+    out = torch.full((n, cout, oh, ow), 77, dtype=torch.int8, device=device).to(memory_format=CL)
+    geo = dict(stride=s, padding=p, dilation=d, groups=g, activation=act, residual=r)
+    assert conv2d(x, wt, b, out=out, out_scale=scale, out_zero_point=zero, **geo) is out
+    y = conv2d(x, wt, b, **geo)
+    assert torch.equal(out, quantize_int8(y, scale, zero_point=zero))
+    want = ref.quantize_int8_reference(ref.conv2d_reference(x, wt, b, **geo), scale, zero)
+    diff = (out.int() - want.int()).abs()  # fp32 summation order may break a rounding tie the other way
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
+    with pytest.raises(ValueError, match="out must be"):
+        conv2d(x, wt, b, out=torch.empty_like(y), out_scale=scale, **geo)
+    with pytest.raises(ValueError, match="out_zero_point applies to int8 out"):
+        conv2d(x, wt, b, out_zero_point=-128, **geo)
+
+
 def test_residual_added_in_place(device):
     # out == residual (the bottleneck's identity buffer reused): each element is read before it is written.
     x = torch.randn(2, 16, 5, 5, device=device).to(memory_format=CL)

@@ -61,6 +61,8 @@ def test_mobilenet_v2_int8_keeps_top1_on_bundled_photos():
     assert len(layers) == 35 and layers["classifier.1"]["type"] == "Linear"
     assert sum(layer["unsigned"] for layer in layers.values()) == 17  # the projections read ReLU6 outputs
     assert any(layer["int8_out"] for layer in layers.values())  # projection -> next expansion stays int8
+    # every depthwise conv feeds its block's projection int8, quantized in the depthwise epilogue
+    assert sum(k["int8_out"] for k in quant["kept"]) == 17
     assert all(layer["cosine"] > 0.99 for layer in layers.values())
     assert rec["details"]["coverage"]["warpforge_ops"] == {"FusedConv2d": 18, "QuantConv2d": 34, "QuantLinearW8A8": 1}
 

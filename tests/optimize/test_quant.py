@@ -260,6 +260,9 @@ def test_quantize_model_on_the_fused_graph():
     assert {n for n, r in layers.items() if r.int8_out} == {"block_conv1_fused", "pw_0_fused"}
     assert gm.block_conv1_fused.out_scale is not None and gm.block_conv2_fused.out_scale is None
     assert gm.block_conv1_fused.out_zero_point == -128 and gm.pw_0_fused.out_zero_point == 0
+    # the float depthwise conv quantizes pw's input in its own epilogue (unsigned: pw reads a ReLU6)
+    assert {k.name for k in report.kept if k.int8_out} == {"dw_0_fused"}
+    assert torch.equal(gm.dw_0_fused.out_scale, gm.pw_0_fused.act_scale) and gm.dw_0_fused.out_zero_point == -128
     for r in report.layers:
         assert 0 < r.rel_err < 0.05 and r.cosine > 0.999, r
     with torch.no_grad():

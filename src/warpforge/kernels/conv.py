@@ -40,7 +40,7 @@ from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
-from warpforge.kernels.quantize import round_to_int8
+from warpforge.kernels.quantize import check_scale, check_zero_point, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
@@ -213,14 +213,16 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
 
 
 @triton.jit
-def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
+def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr,
                            M, OH, OW, H, W, COUT, MULT,
                            s_xn, s_xc, s_xh, s_xw, s_wo, s_wh, s_ww,
                            stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
                            KH: tl.constexpr, KW: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-                           BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT.
+                           BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                           QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0):
+    # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT. QUANT_OUT: int8 out
+    # at scale os_ptr (the next int8 layer's input quantizer, fused here).
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_mask = offs_p < M
@@ -243,8 +245,8 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr,
                          mask=valid[:, None] & c_mask[None, :], other=0.0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, None, COUT,
-                    HAS_BIAS, HAS_RES, ACT, False, False, 0, 0)
+    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, os_ptr, COUT,
+                    HAS_BIAS, HAS_RES, ACT, False, QUANT_OUT, 0, OUT_ZERO)
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -447,14 +449,15 @@ def _check_out(t: torch.Tensor | None, name: str, geo: _Geometry, dtype: torch.d
                          f"{list(t.shape)} {t.dtype} on {t.device}")
 
 
-def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out) -> _Geometry:
+def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
+              int8_out: bool = False) -> _Geometry:
     if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES:
         raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
     geo = _geometry(x, weight, bias, stride, padding, dilation, groups, activation)
     if weight.dtype != x.dtype or weight.device != x.device:
         raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
     _check_out(residual, "residual", geo, x.dtype, x.device)
-    _check_out(out, "out", geo, x.dtype, x.device)
+    _check_out(out, "out", geo, torch.int8 if int8_out else x.dtype, x.device)
     if out is not None and _shares_storage(out, x):
         raise ValueError("out must not share memory with x (other output pixels still read it)")
     return geo
@@ -463,21 +466,33 @@ def _validate(x, weight, bias, stride, padding, dilation, groups, activation, re
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           config: ConvConfig | DepthwiseConfig | None = None) -> torch.Tensor:
+           config: ConvConfig | DepthwiseConfig | None = None, out_scale: torch.Tensor | float | None = None,
+           out_zero_point: int = 0) -> torch.Tensor:
     """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last.
 
     weight [Cout, C/groups, KH, KW] (any memory format; see :func:`prepare_conv_weight`), bias [Cout]
     (any float dtype), residual [N, Cout, OH, OW] channels_last in x's dtype (``out=residual`` adds in
     place). groups: 1, any divisor of C and Cout (implicit GEMM per group), or C (depthwise, its own
     direct kernel). activation: None, "relu", "silu", "gelu" (erf) or "relu6". ``config`` pins a
-    tiling (otherwise tuned per shape on the GPU).
+    tiling (otherwise tuned per shape on the GPU). ``out_scale`` (one fp32 value) stores int8 instead,
+    quantized as ``quantize_int8`` does with ``out_zero_point``: the next int8 layer's input quantizer
+    fused into this epilogue (a depthwise conv feeding a ``conv2d_int8``).
     """
-    g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out)
+    g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
+                  int8_out=out_scale is not None)
+    os_ = None
+    if out_scale is not None:
+        os_ = check_scale("out_scale", out_scale, x.device)
+        check_zero_point("out_zero_point", out_zero_point)
+    elif out_zero_point != 0:
+        raise ValueError("out_zero_point applies to int8 out: give out_scale too")
     if out is None:
-        out = torch.empty(g.out_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+        out = torch.empty(g.out_shape, dtype=x.dtype if os_ is None else torch.int8, device=x.device,
+                          memory_format=torch.channels_last)
     if not use_triton(x):
-        out.copy_(ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
-                                       groups=groups, activation=activation, residual=residual))
+        y = ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
+                                 groups=groups, activation=activation, residual=residual)
+        out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
         return out
     m = g.n * g.oh * g.ow
     if m == 0 or g.cout == 0:
@@ -492,16 +507,18 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
-            x, wp, b_arg, r_arg, out, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin, *x.stride(),
+            x, wp, b_arg, r_arg, out, os_, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin, *x.stride(),
             wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
-            BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
+            BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, QUANT_OUT=os_ is not None, OUT_ZERO=out_zero_point,
+            num_warps=cfg.num_warps)
         return out
 
     wp = _prepared(weight, groups, False)
     mode = gemm_mode(g)
+    quant = None if os_ is None else dict(out_scale=os_, out_zero=out_zero_point)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
-        launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue)
+        launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue, quant)
 
     cfg = choose_gemm_config(config, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch)
     launch(cfg, out)
@@ -520,17 +537,17 @@ def gemm_mode(g: _Geometry) -> int:
 def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: torch.Tensor, dst: torch.Tensor,
                 g: _Geometry, mode: int, cfg: ConvConfig, epilogue: dict,
                 quant: dict | None = None) -> None:
-    """One ``_conv_gemm_kernel`` launch (and the split-K epilogue). ``quant`` for int8 x and wp (exact int32
-    accumulator): x_scale [1], w_scale [Cout], x_zero (0 or -128) with w_sum [Cout] int32, out_scale [1]
-    or None (int8 dst), out_zero."""
+    """One ``_conv_gemm_kernel`` launch (and the split-K epilogue). ``quant``: x_scale [1], w_scale [Cout],
+    x_zero (0 or -128) with w_sum [Cout] int32 for int8 x and wp (exact int32 accumulator); out_scale [1]
+    and out_zero for an int8 dst (float or int8 x)."""
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
     qd = quant or {}
     xs, wsc, wsum, os_ = (qd.get(k) for k in ("x_scale", "w_scale", "w_sum", "out_scale"))
-    q = dict(INT_ACC=quant is not None, QUANT_OUT=os_ is not None, X_ZERO=qd.get("x_zero", 0),
+    q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None, X_ZERO=qd.get("x_zero", 0),
              OUT_ZERO=qd.get("out_zero", 0))
     split = cfg.split_k
     if split > 1:
-        ws = torch.empty((split, m, g.cout), dtype=torch.int32 if quant is not None else torch.float32,
+        ws = torch.empty((split, m, g.cout), dtype=torch.int32 if xs is not None else torch.float32,
                          device=x.device)
     else:
         ws = dst

@@ -280,6 +280,7 @@ class KeptLayer:
     name: str
     type: str
     reason: str
+    int8_out: bool = False  # a float conv that stores int8 for the int8 layer it feeds
 
 
 @dataclass
@@ -294,7 +295,8 @@ class QuantReport:
         rows += [f"{r.name or '<model>':<30} {r.type:<12} {r.observer:<10} {r.act_scale:>10.4g} {r.rel_err:>9.2e} "
                  f"{r.cosine:>9.6f}{'  unsigned' if r.unsigned else ''}{'  -> int8 out' if r.int8_out else ''}"
                  for r in self.layers]
-        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}" for k in self.kept]
+        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}{'  -> int8 out' if k.int8_out else ''}"
+                 for k in self.kept]
         if self.output_rel_err is not None:
             rows.append(f"model output: rel_err {self.output_rel_err:.2e}, cosine {self.output_cosine:.6f}")
         return "\n".join(rows)
@@ -398,8 +400,9 @@ def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> torch.Tensor:
 
 
 def _fuse_requant(gm: fx.GraphModule) -> set[nn.Module]:
-    """Give each QuantConv2d whose only consumer is another QuantConv2d's input the consumer's scale as its
-    out_scale (int8 out). Producers called from more than one place keep float outputs."""
+    """Give each conv (QuantConv2d, or a float FusedConv2d such as a depthwise conv) whose only consumer is a
+    QuantConv2d's input the consumer's scale as its out_scale (int8 out). Producers called from more than
+    one place keep float outputs."""
     modules = dict(gm.named_modules())
     calls: dict[int, int] = {}
     for n in gm.graph.nodes:
@@ -408,7 +411,7 @@ def _fuse_requant(gm: fx.GraphModule) -> set[nn.Module]:
     fused = set()
     for n in gm.graph.nodes:
         a = modules.get(n.target) if n.op == "call_module" else None
-        if not isinstance(a, QuantConv2d) or calls[id(a)] != 1 or len(n.users) != 1:
+        if not isinstance(a, (QuantConv2d, FusedConv2d)) or calls[id(a)] != 1 or len(n.users) != 1:
             continue
         user = next(iter(n.users))
         b = modules.get(user.target) if user.op == "call_module" else None
@@ -536,6 +539,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     if new_model is not model:
         new_model.train(model.training)
 
+    for k in report.kept:
+        k.int8_out = bool(k.name) and new_model.get_submodule(k.name) in int8_out
     for m, name in plan.items():
         q, obs = quant[m], observers[m]
         report.layers.append(LayerQuantReport(

@@ -29,6 +29,8 @@ class FusedConv2d(nn.Module):
 
     Takes NCHW tensors in any memory format and returns channels_last [N, Cout, OH, OW]: the kernel reads
     and writes channels_last only, and the conversion is a no-op once the channels_last pass has run.
+    With ``out_scale`` set (by optimize.quant when an int8 layer consumes this one's output) it returns
+    int8 quantized at that scale and ``out_zero_point``, straight from the kernel's epilogue.
     """
 
     def __init__(self, conv: nn.Conv2d, activation: str | None, has_residual: bool) -> None:
@@ -38,6 +40,8 @@ class FusedConv2d(nn.Module):
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
         self.activation = activation
         self.has_residual = has_residual
+        self.register_buffer("out_scale", None)  # [1] fp32: int8 out for the next (int8) layer
+        self.out_zero_point = 0
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         cl = torch.channels_last
@@ -45,7 +49,8 @@ class FusedConv2d(nn.Module):
         if residual is not None:
             residual = residual.contiguous(memory_format=cl)
         return conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding, dilation=self.dilation,
-                      groups=self.groups, activation=self.activation, residual=residual)
+                      groups=self.groups, activation=self.activation, residual=residual,
+                      out_scale=getattr(self, "out_scale", None), out_zero_point=getattr(self, "out_zero_point", 0))
 
     def extra_repr(self) -> str:
         return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, groups={self.groups}, "
