@@ -10,6 +10,7 @@ import torch
 
 from warpforge.optimize import BadInputError, candidate_names, load, optimize
 from warpforge.optimize.gate import DEFAULT_BUDGETS
+from warpforge.optimize.report import to_html, to_json
 
 from .nets import SmallNet, image, make
 
@@ -40,6 +41,9 @@ def test_int8_candidate_on_cpu():
     dtypes = {layer["layer"]: layer["dtype"] for layer in d["layers"]}
     assert dtypes["pw_0_fused"] == "int8" and dtypes["fc"] == "int8" and dtypes["dw_0_fused"] == "float32"
     assert rep["quant"]["candidate"] == "warpforge-int8" and len(rep["quant"]["layers"]) == 5
+    html = to_html(rep)
+    assert "INT8 quantization (warpforge-int8)" in html and "depthwise (16 groups)" in html and "image stem" in html
+    assert json.loads(to_json(rep))["quant"]["kept"][0]["decision"] == "float"
     assert "latency" in rec and rec["speedup_vs_eager"] > 0
     with torch.no_grad():
         torch.testing.assert_close(opt(x), model(x), rtol=0.05, atol=0.05 * model(x).abs().max().item())
