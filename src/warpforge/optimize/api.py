@@ -184,7 +184,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
              budget: Budget | Mapping[str, Budget] | None = None, precisions: Sequence[str] = DEFAULT_PRECISIONS,
              backends: Sequence[str] | None = None, kind: str | None = None, device: Any = None,
              progress: Progress | None = None, queries: int = 200, warmup: int = 20, offline_calls: int = 50,
-             name: str | None = None, seed: int = 0) -> Optimized:
+             name: str | None = None, seed: int = 0, precision_fallback: bool = True) -> Optimized:
     """The fastest candidate whose outputs stay within ``budget`` of the fp32 model (module docstring).
 
     model: an ``nn.Module`` (a private fp32 eval-mode copy is used; the original is not modified).
@@ -199,6 +199,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         kind: "classifier" adds top-1
         agreement; None infers it from the output shape. queries / warmup: single-stream protocol;
         offline_calls: back-to-back calls for throughput.
+    precision_fallback: a fp16/bf16 warpforge candidate over budget gets the layers that put it there
+        kept in fp32, found by bisection over its layers (``warpforge.optimize.precision``), and is gated
+        again; the search (layers kept, trials) is in its report record.
     """
     t_start = time.perf_counter()
     notes: list[str] = []
@@ -307,7 +310,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         if progress:
             progress(f"building {cand.name}", done, total)
         rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
-                        ref if cand.name == REFERENCE else None, calib_inputs))
+                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback))
         done += 1
     # 5. Time the passing ones together, then offline throughput each.
     if progress:
@@ -332,7 +335,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
 
 def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any], kind: str,
          budget: Budget, dev: torch.device, live: dict[str, tuple[Candidate, Built]],
-         prebuilt: Built | None, calib: list[tuple] | None = None) -> dict[str, Any]:
+         prebuilt: Built | None, calib: list[tuple] | None = None, precision_fallback: bool = True) -> dict[str, Any]:
     """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
     rec: dict[str, Any] = {"budget": budget.as_dict()}
     with PeakMemory(dev) as mem:
@@ -361,9 +364,70 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
     ok, reasons = acc.passes(budget)
     rec["accuracy"] = acc.as_dict()
     if not ok:
-        return {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
+        rejected = {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
+        if precision_fallback and cand.family == "warpforge" and cand.precision in ("fp16", "bf16"):
+            return _with_fp32_layers(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
+                                     rejected)
+        return rejected
     live[cand.name] = (cand, built)
     return {**rec, "status": "passed", "reason": "within budget"}
+
+
+def _with_fp32_layers(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple],
+                      ref_outs: list[Any], kind: str, budget: Budget, dev: torch.device,
+                      live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any]) -> dict[str, Any]:
+    """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps
+    the layers the bisection finds in fp32 and is gated again; the search is recorded either way."""
+    from warpforge.optimize.backends import _maybe_graph, layer_precisions
+    from warpforge.optimize.pipeline import optimize_graph
+    from warpforge.optimize.precision import layer_names, search, with_fp32_layers
+    from warpforge.optimize.runtime import CastIO
+
+    low = getattr(built, "module", None)
+    if not isinstance(low, CastIO):
+        return {**rejected, "precision_fallback": {"note": "not a cast pipeline module: no per-layer fallback"}}
+    dtype = low.dtype
+    try:
+        gm32, _ = optimize_graph(base, inputs, device=dev, dtype=torch.float32)
+        names = layer_names(low.inner)
+    except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
+        return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}
+
+    def run(kept: list[str]) -> list[Any]:
+        mod = CastIO(with_fp32_layers(low.inner, gm32, kept, dtype), dtype).eval()
+        with torch.no_grad():
+            return [mod(*v) for v in val_inputs]
+
+    def passes(kept: list[str]) -> tuple[bool, str]:
+        ok, reasons = compare(ref_outs, run(kept), kind, batched=True, budget=budget).passes(budget)
+        return ok, "; ".join(reasons)
+
+    try:
+        found = search(names, passes)
+    except Exception as e:  # noqa: BLE001
+        return {**rejected, "precision_fallback": {"note": f"search failed: {_err(e)}"}}
+    info = found.as_dict()
+    if not found.kept:
+        return {**rejected, "precision_fallback": info}
+    mod = CastIO(with_fp32_layers(low.inner, gm32, found.kept, dtype), dtype).eval()
+    details = {**built.details, "layers": layer_precisions(mod), "precision_fallback": info}
+    details["fallbacks"] = list(built.details.get("fallbacks", [])) + [
+        {"what": name, "reason": f"kept fp32: {cand.precision} put the model over budget "
+                                 f"({rejected['reason']}); bisection over {len(names)} layers"} for name in found.kept]
+    fn, graphed = _maybe_graph(mod, inputs, details)
+    fixed = Built(fn=fn, module=mod, save_format=built.save_format, cuda_graph=graphed, details=details)
+    with torch.no_grad():
+        outs = [fixed(*v) for v in val_inputs]
+    acc = compare(ref_outs, outs, kind, batched=True, budget=budget)
+    ok, reasons = acc.passes(budget)
+    rec = {**rejected, "accuracy": acc.as_dict(), "details": details, "cuda_graph": graphed,
+           "precision_fallback": info, "accuracy_all_low_precision": rejected["accuracy"]}
+    if not ok:  # the graphed build disagrees with the search's eager trials: keep the rejection, say so
+        return {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
+    rec.pop("reasons", None)
+    live[cand.name] = (cand, fixed)
+    return {**rec, "status": "passed",
+            "reason": f"within budget with {len(found.kept)} of {len(names)} layers kept fp32 (per-layer fallback)"}
 
 
 def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]], inputs: tuple,
