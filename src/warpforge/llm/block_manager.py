@@ -191,17 +191,15 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the slot of ``seq``'s last (uncomputed) token can be made ready."""
-        pos = len(seq.token_ids) - 1
-        idx, bt = pos // self.page_size, seq.block_table
-        if idx < len(bt) and self.pages[bt[idx]].ref_count == 1:  # the usual decode: a private page
+        if self.can_append_free(seq):  # the usual decode: a private page
             return True
+        pos = len(seq.token_ids) - 1
         need = max(0, self.pages_for(seq.num_tokens) - len(seq.block_table)) + self._cow_needed(seq, pos)
         return self.num_free_pages >= need
 
     def append_slot(self, seq: Sequence) -> None:
         """Make the slot of ``seq``'s last token writable: a new page when the last one is full."""
-        idx, bt = (len(seq.token_ids) - 1) // self.page_size, seq.block_table
-        if idx < len(bt) and self.pages[bt[idx]].ref_count == 1:  # already a private page: nothing to do
+        if self.can_append_free(seq):  # already a private page: nothing to do
             return
         while len(seq.block_table) < self.pages_for(seq.num_tokens):
             seq.block_table.append(self._take_free())

@@ -16,13 +16,7 @@ class SequenceStatus(Enum):
     FINISHED_LENGTH = auto()  # max_tokens, max_model_len, or out of KV pages with nothing left to preempt
     FINISHED_ABORTED = auto()  # aborted by the caller
 
-    @property
-    def finished(self) -> bool:
-        return self in _FINISHED
 
-
-_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                       SequenceStatus.FINISHED_ABORTED})
 FINISH_REASONS = {SequenceStatus.FINISHED_STOPPED: "stop", SequenceStatus.FINISHED_LENGTH: "length",
                   SequenceStatus.FINISHED_ABORTED: "abort"}
 
