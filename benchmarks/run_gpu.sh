@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: install, GPU tests, probe, suites. Writes everything under $OUT
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
-# Stages: install test-gpu[:path,path] test-par[:N] probe bench:<suite>[:-k filter]
+# Stages: install test-gpu[:path,path] test-par[:N[:path,path]] probe bench:<suite>[:-k filter]
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
 # Env: WARPFORGE_GIT (the tree copy has no .git), BENCH_LIMIT (seconds per bench stage, 0 = none),
 # CALL_LIMIT (seconds for the whole script: bench stages stop in time to pack the results).
@@ -21,8 +21,8 @@ for st in "${stages[@]}"; do
     install) make install > "$OUT/install.log" 2>&1; rc=$? ;;
     test-gpu|test-gpu:*) paths=${st#test-gpu}; paths=${paths#:}; IFS=, read -ra p <<< "$paths"
        .venv/bin/python -m pytest -q -m gpu --timeout 300 "${p[@]}" 2>&1 | tee "$OUT/test-gpu.log" | tail -40; rc=${PIPESTATUS[0]} ;;
-    test-par|test-par:*) n=${st#test-par}; n=${n#:}
-       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT"; rc=$? ;;
+    test-par|test-par:*) IFS=: read -r _ n paths <<< "$st"; IFS=, read -ra p <<< "${paths:-}"
+       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" "${p[@]}"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        args=(bench "$suite" --out "$OUT/$suite.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
