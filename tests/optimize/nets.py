@@ -1,4 +1,5 @@
-"""Tiny random CNNs for the optimize tests (built here: no torchvision), with non-trivial BN statistics."""
+"""Tiny random nets for the optimize tests (built here: no torchvision): CNNs with non-trivial BN statistics, a
+linear-heavy MLP with odd widths, and the zoo planner at a test size."""
 
 from __future__ import annotations
 
@@ -92,3 +93,38 @@ def make(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def image(n: int = 2, c: int = 3, hw: int = 12, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, c, hw, hw, generator=torch.Generator().manual_seed(seed))
+
+
+class LinearHeavy(nn.Module):
+    """A planner-like MLP over tokens, odd widths: [B, T, 10] -> (steps [B, T, 37], logit [B, T, 1]).
+
+    embed K=10 and logit N=1 are too small for a quantized kernel; fc1 has K=129 (one past a group of 128),
+    head N=37 (no power of two)."""
+
+    def __init__(self, features: int = 10, width: int = 129, hidden: int = 200, out: int = 37) -> None:
+        super().__init__()
+        self.embed = nn.Linear(features, width)
+        self.norm = nn.LayerNorm(width)
+        self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.head, self.logit = nn.Linear(width, out), nn.Linear(width, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.embed(x))
+        h = h + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(h))))
+        return self.head(h), self.logit(h)
+
+
+def tokens(b: int = 2, t: int = 9, f: int = 10, seed: int = 1) -> torch.Tensor:
+    return torch.randn(b, t, f, generator=torch.Generator().manual_seed(seed))
+
+
+def small_planner(dim: int = 48, ffn: int = 80):
+    """The zoo's planner (warpforge.models.planner) at a CPU-test size, with one seeded scene of batch 2."""
+    from warpforge.models.planner import Planner, PlannerConfig, scene
+
+    c = PlannerConfig(agents=4, history=5, polylines=6, points=7, dim=dim, heads=4, ffn=ffn, encoder_layers=1,
+                      decoder_layers=1, modes=3, horizon=5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Planner(c).eval()
+    return model, scene(torch.Generator().manual_seed(1), 2, c), c

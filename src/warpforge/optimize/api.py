@@ -191,11 +191,12 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     example_inputs: a tensor or tuple of forward arguments; latency is measured at their shapes.
     val: validation batches (each a tensor or tuple shaped like example_inputs, any batch size);
         default: example_inputs plus 3 fresh random inputs of the same shapes.
-    calib: calibration batches for the int8 candidate (shaped like val); default: the val batches the
-        user gave (then the gate judges int8 on its own calibration data: pass calib for a held-out
+    calib: calibration batches for the int8 and fp8 candidates (shaped like val); default: the val batches
+        the user gave (then the gate judges them on their own calibration data: pass calib for a held-out
         check), else example_inputs alone. Random inputs are never used to calibrate.
     budget: one :class:`Budget` for all, ``{precision: Budget}``, or None for the per-precision defaults.
-    precisions / backends: which candidates (see ``backends.select``; "int8" is tried only when listed).
+    precisions / backends: which candidates (see ``backends.select``; "int8", "fp8" and the weight-only
+        "w8" / "w4" are tried only when listed).
         kind: "classifier" adds top-1
         agreement; None infers it from the output shape. queries / warmup: single-stream protocol;
         offline_calls: back-to-back calls for throughput.
@@ -274,9 +275,11 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         except Exception as e:  # noqa: BLE001
             raise fail(BadInputError, f"the model does not run on val[{i}]: {_err(e)}") from e
 
-    # 3. Calibration inputs for the candidates that quantize (int8).
+    # 3. Calibration inputs for the candidates that quantize activations at static scales (int8, fp8).
     calib_inputs = None
-    if any(c.needs_calib and skip is None for c, skip in plan):
+    calibrated = [c.name for c, skip in plan if c.needs_calib and skip is None]
+    if calibrated:
+        who = " and ".join(calibrated) + (" was" if len(calibrated) == 1 else " were")
         if calib is not None:
             try:
                 calib_inputs = _check_val(calib, inputs, dev, what="calib")
@@ -286,13 +289,13 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         elif val is not None:
             calib_inputs = val_inputs
             settings["calib"] = f"the {len(val_inputs)} val batch(es) (no calib given)"
-            notes.append("int8 was calibrated on the validation batches it is gated on (no calib= given): "
+            notes.append(f"{who} calibrated on the validation batches the gate judges with (no calib= given): "
                          "pass calib= for a held-out accuracy check")
         else:
             calib_inputs = [inputs]
             settings["calib"] = "the example inputs (no calib or val given)"
-            notes.append("int8 was calibrated on the example inputs alone (no calib= or val= given); "
-                         "its scales fit real data only if these are real data")
+            notes.append(f"{who} calibrated on the example inputs alone (no calib= or val= given); "
+                         "the scales fit real data only if these are real data")
 
     # 4. Build, run and gate each candidate.
     todo = [c for c, skip in plan if skip is None]

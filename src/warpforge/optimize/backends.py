@@ -8,6 +8,15 @@
                                ``calib`` inputs (optimize/quant.py): convs and linears on int8 kernels,
                                depthwise convs and the rest fp16 on CUDA (fp32 on CPU, where the int8
                                kernels run their exact references); asked for with precisions=[..., "int8"]
+    warpforge-fp8              the same pipeline, then every nn.Linear the e4m3 GEMM takes on ``matmul_fp8``
+                               (optimize/fp8.py): e4m3 weights per output channel, inputs at a static
+                               per-tensor scale calibrated on ``calib``; warpforge-fp8-dynamic: a scale per
+                               input row, no calibration. GPUs of compute capability >= 8.9 only; precisions
+                               [..., "fp8"]
+    warpforge-w8 / -w4         the same pipeline, then weight-only int8 (per channel) / int4 (groups of 128)
+                               nn.Linear layers on ``kernels.gemv.linear`` (optimize/weight_only.py), fp16
+                               activations on CUDA (fp32 on CPU, where ``linear`` runs its torch reference);
+                               no calibration; precisions [..., "w8"] / [..., "w4"]
     torch.compile-<p>          inductor, mode "default"; torch.compile-max-autotune-<p> the same with
                                mode "max-autotune" (on CPU only when asked for by name: slow to compile)
     onnxruntime-<ep>           ONNX export run by ONNX Runtime, one per installed execution provider that
@@ -110,21 +119,33 @@ def _build_eager(precision: str) -> Callable[[nn.Module, tuple], Built]:
 
 # --- warpforge ---------------------------------------------------------------------------------------
 
+def _pipeline_fallbacks(report: dict[str, Any]) -> list[dict[str, str]]:
+    """What the pipeline could not do: modules left eager, changes a pass skipped (with the reasons)."""
+    fallbacks = [{"what": path, "reason": f"left eager (not traceable: {why})"}
+                 for path, why in report["capture"]["eager_modules"].items()]
+    fallbacks += [{"what": c["where"], "reason": f"{c['pass']}: {c['detail']}"}
+                  for p in report["passes"] for c in p["changes"] if c["action"] == "skipped"]
+    return fallbacks
+
+
+def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype) -> tuple[nn.Module, dict[str, Any]]:
+    """The default warpforge pipeline at ``dtype`` on a copy of the fp32 model (the quantizing candidates'
+    first step)."""
+    from warpforge.optimize.pipeline import optimize_graph
+    from warpforge.optimize.runtime import _cast_floats
+
+    src = model if dtype == torch.float32 else _cast_model(model, dtype)
+    return optimize_graph(src, _cast_floats(inputs, dtype), device=_device_of(inputs, model), dtype=dtype)
+
+
 def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
     def build(model: nn.Module, inputs: tuple) -> Built:
-        from warpforge.optimize.pipeline import optimize_graph
-        from warpforge.optimize.runtime import _cast_floats
-
         dtype = DTYPES[precision]
-        src = model if dtype == torch.float32 else _cast_model(model, dtype)
-        gm, report = optimize_graph(src, _cast_floats(inputs, dtype), device=_device_of(inputs, model), dtype=dtype)
+        gm, report = _pipeline(model, inputs, dtype)
         mod = CastIO(gm, dtype).eval()
         details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
                                    "coverage": op_coverage(gm), "layers": layer_precisions(mod)}
-        fallbacks = [{"what": path, "reason": f"left eager (not traceable: {why})"}
-                     for path, why in report["capture"]["eager_modules"].items()]
-        fallbacks += [{"what": c["where"], "reason": f"{c['pass']}: {c['detail']}"}
-                      for p in report["passes"] for c in p["changes"] if c["action"] == "skipped"]
+        fallbacks = _pipeline_fallbacks(report)
         if fallbacks:
             details["fallbacks"] = fallbacks
         fn, graphed = _maybe_graph(mod, inputs, details)
@@ -137,34 +158,76 @@ def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
 
 def _build_warpforge_int8(observer: str = "max") -> Callable[..., Built]:
     def build(model: nn.Module, inputs: tuple, calib: list[tuple]) -> Built:
-        from warpforge.optimize.pipeline import optimize_graph
         from warpforge.optimize.quant import quantize_model
         from warpforge.optimize.runtime import _cast_floats
 
-        device = _device_of(inputs, model)
         # The layers left float run fp16 on the GPU; on CPU fp32 (fp16 convolutions there are slow).
-        dtype = DTYPES["int8"] if device.type == "cuda" else torch.float32
-        src = model if dtype == torch.float32 else _cast_model(model, dtype)
-        gm, report = optimize_graph(src, _cast_floats(inputs, dtype), device=device, dtype=dtype)
+        dtype = DTYPES["int8"] if _device_of(inputs, model).type == "cuda" else torch.float32
+        gm, report = _pipeline(model, inputs, dtype)
         gm, quant = quantize_model(gm, [_cast_floats(c, dtype) for c in calib], observer=observer)
         if not quant.layers:
             raise RuntimeError("no layer could be quantized: " + "; ".join(f"{k.name}: {k.reason}" for k in quant.kept)
                                if quant.kept else "the model has no conv or linear layer to quantize")
-        mod = CastIO(gm, dtype).eval()
-        details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
-                                   "coverage": op_coverage(gm), "layers": layer_precisions(mod),
-                                   "quant": {"observer": observer, "float_dtype": str(dtype).removeprefix("torch."),
-                                             "calib_batches": len(calib), **quant.as_dict()}}
-        fallbacks = [{"what": path, "reason": f"left eager (not traceable: {why})"}
-                     for path, why in report["capture"]["eager_modules"].items()]
-        fallbacks += [{"what": c["where"], "reason": f"{c['pass']}: {c['detail']}"}
-                      for p in report["passes"] for c in p["changes"] if c["action"] == "skipped"]
-        fallbacks += [{"what": k.name, "reason": f"kept {details['quant']['float_dtype']}: {k.reason}"}
-                      for k in quant.kept]
-        if fallbacks:
-            details["fallbacks"] = fallbacks
-        fn, graphed = _maybe_graph(mod, inputs, details)
-        return Built(fn=fn, module=mod, save_format="pickle", cuda_graph=graphed, details=details)
+        info = {"observer": observer, "float_dtype": str(dtype).removeprefix("torch."), "calib_batches": len(calib),
+                **quant.as_dict()}
+        return _quantized_built(gm, report, inputs, dtype, "quant", info, quant.kept)
+    return build
+
+
+def _quantized_built(gm: nn.Module, report: dict[str, Any], inputs: tuple, dtype: torch.dtype, key: str,
+                     info: dict[str, Any], kept: list) -> Built:
+    """The Built of a pipeline graph whose layers a quantizing pass replaced: its report under ``details[key]``,
+    the layers it kept float among the fallbacks."""
+    from warpforge.optimize.runtime import CastIO
+
+    mod = CastIO(gm, dtype).eval()
+    details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
+                               "coverage": op_coverage(gm), "layers": layer_precisions(mod), key: info}
+    fallbacks = _pipeline_fallbacks(report)
+    fallbacks += [{"what": k.name, "reason": f"kept {str(dtype).removeprefix('torch.')}: {k.reason}"} for k in kept]
+    if fallbacks:
+        details["fallbacks"] = fallbacks
+    fn, graphed = _maybe_graph(mod, inputs, details)
+    return Built(fn=fn, module=mod, save_format="pickle", cuda_graph=graphed, details=details)
+
+
+def _nothing_quantized(what: str, kept: list) -> str:
+    """Why a linear-quantizing candidate has nothing to build: each layer's reason, or no linear at all."""
+    if not kept:
+        return "the model has no nn.Linear layer to quantize"
+    return f"{what}: " + "; ".join(f"{k.name}: {k.reason}" for k in kept)
+
+
+def _build_warpforge_fp8(activations: str, observer: str = "max") -> Callable[..., Built]:
+    def build(model: nn.Module, inputs: tuple, calib: list[tuple] | None = None) -> Built:
+        from warpforge.optimize.fp8 import quantize_fp8
+        from warpforge.optimize.runtime import _cast_floats
+
+        dtype = DTYPES["fp8"]
+        gm, report = _pipeline(model, inputs, dtype)
+        calib_t = None if calib is None else [_cast_floats(c, dtype) for c in calib]
+        gm, fp8 = quantize_fp8(gm, calib_t, activations=activations, observer=observer)
+        if not fp8.layers:
+            raise RuntimeError(_nothing_quantized("no linear layer could run in fp8", fp8.kept))
+        info = {"observer": observer if activations == "static" else None,
+                "float_dtype": str(dtype).removeprefix("torch."),
+                "calib_batches": len(calib) if calib is not None else 0, **fp8.as_dict()}
+        return _quantized_built(gm, report, inputs, dtype, "fp8", info, fp8.kept)
+    return build
+
+
+def _build_warpforge_weight_only(precision: str) -> Callable[[nn.Module, tuple], Built]:
+    def build(model: nn.Module, inputs: tuple) -> Built:
+        from warpforge.optimize.weight_only import quantize_weights
+
+        # Activations run fp16 on the GPU; on CPU fp32 (linear() runs its torch reference there, and fp16
+        # convolutions on CPU are slow).
+        dtype = DTYPES[precision] if _device_of(inputs, model).type == "cuda" else torch.float32
+        gm, report = _pipeline(model, inputs, dtype)
+        gm, wo = quantize_weights(gm, precision, dtype=dtype)
+        if not wo.layers:
+            raise RuntimeError(_nothing_quantized("no linear layer could be quantized", wo.kept))
+        return _quantized_built(gm, report, inputs, dtype, "weight_only", wo.as_dict(), wo.kept)
     return build
 
 
@@ -172,7 +235,9 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
     """Operators of a captured graph: how many calls run through warpforge kernels and which stay torch."""
     from warpforge.optimize.passes.attention import FlashAttention
     from warpforge.optimize.passes.fuse_conv import FusedConv2d
+    from warpforge.optimize.fp8 import FP8Linear
     from warpforge.optimize.quant import QuantConv2d, QuantLinearW8A8
+    from warpforge.optimize.weight_only import WeightOnlyLinear
 
     if not isinstance(gm, fx.GraphModule):
         return {}
@@ -182,7 +247,8 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
         if node.op == "call_module":
             mod = gm.get_submodule(node.target)
             name = type(mod).__name__
-            warpforge = isinstance(mod, (FusedConv2d, FlashAttention, QuantConv2d, QuantLinearW8A8))
+            warpforge = isinstance(mod, (FusedConv2d, FlashAttention, QuantConv2d, QuantLinearW8A8, FP8Linear,
+                                         WeightOnlyLinear))
             (ours if warpforge else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
@@ -195,16 +261,17 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
 
 
 def layer_precisions(module: nn.Module) -> list[dict[str, str]]:
-    """Per layer with its own parameters (or int8 weights, ``weight_q``): path, type and the dtype its
-    weights compute in."""
+    """Per layer with its own parameters (or quantized weights, ``weight_q``): path, type and the format its
+    weights compute in (the dtype; a packed layer's ``weight_format``, e.g. int4_g128)."""
     out = []
     for path, m in module.named_modules():
         params = list(m.parameters(recurse=False))
         weight_q = getattr(m, "weight_q", None)
         if params or isinstance(weight_q, torch.Tensor):
             dtype = weight_q.dtype if isinstance(weight_q, torch.Tensor) else params[0].dtype
+            fmt = getattr(m, "weight_format", None)
             out.append({"layer": path.removeprefix("inner.") or type(m).__name__, "type": type(m).__name__,
-                        "dtype": str(dtype).removeprefix("torch.")})
+                        "dtype": fmt if isinstance(fmt, str) else str(dtype).removeprefix("torch.")})
     return out
 
 
@@ -341,6 +408,16 @@ def all_candidates(device: torch.device) -> list[Candidate]:
     out.append(Candidate("warpforge-int8", "warpforge", "int8", _build_warpforge_int8(), needs_calib=True,
                          about="capture + fold_bn, channels_last, fuse_conv; W8A8 PTQ of convs and linears "
                                "(int8 kernels), depthwise convs and the rest fp16"))
+    out.append(Candidate("warpforge-fp8", "warpforge", "fp8", _build_warpforge_fp8("static"), needs_calib=True,
+                         about="capture + fold_bn, channels_last, fuse_conv; e4m3 linears (matmul_fp8), static "
+                               "per-tensor input scales calibrated, weights per channel; the rest fp16"))
+    out.append(Candidate("warpforge-fp8-dynamic", "warpforge", "fp8", _build_warpforge_fp8("dynamic"),
+                         about="capture + fold_bn, channels_last, fuse_conv; e4m3 linears (matmul_fp8), an input "
+                               "scale per row at run time, weights per channel; the rest fp16"))
+    out += [Candidate(f"warpforge-{p}", "warpforge", p, _build_warpforge_weight_only(p),
+                      about=f"capture + fold_bn, channels_last, fuse_conv; weight-only {scheme} linears "
+                            "(kernels.gemv.linear), activations fp16")
+            for p, scheme in (("w8", "int8"), ("w4", "int4 g128"))]
     for mode in ("default", "max-autotune"):
         out += [Candidate(f"torch.compile-{p}" if mode == "default" else f"torch.compile-{mode}-{p}", "torch.compile",
                           p, _build_compile(p, mode), needs_cuda=p != "fp32", cpu_opt_in=True,
@@ -394,6 +471,12 @@ def select(device: torch.device, precisions: Sequence[str], backends: Sequence[s
 
 
 def _skip_reason(c: Candidate, device: torch.device, named: bool) -> str | None:
+    if c.precision == "fp8" and device.type != "cuda":
+        return ("fp8 (e4m3) needs an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper): there are no fp8 "
+                f"kernels on {device.type}")
+    if c.precision == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
+        return (f"e4m3 tensor-core matmul needs compute capability >= 8.9, this GPU has "
+                f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
     if c.needs_package and importlib.util.find_spec(c.needs_package) is None:
         return f"the {c.needs_package} package is not installed (pip install {c.needs_package})"
     if c.needs_package and not c.name.startswith(f"{c.family}-"):

@@ -29,11 +29,14 @@ from typing import Any
 
 import torch
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")  # what optimize() tries unless asked: int8 needs calibration
-# The dtype each precision computes its float parts in (int8: the layers left float run fp16 on CUDA; on CPU
-# the warpforge-int8 candidate keeps them fp32, see optimize/backends.py).
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float16}
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
+# What optimize() tries unless asked: int8 and fp8 need calibration, w8/w4 pay only where weights dominate.
+DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
+# The dtype each precision computes its float parts in (int8, fp8: the layers left float run fp16 on CUDA;
+# w8/w4: the activations are fp16 on CUDA; on CPU the int8 and w8/w4 candidates keep them fp32, see
+# optimize/backends.py).
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float16,
+          "fp8": torch.float16, "w8": torch.float16, "w4": torch.float16}
 KINDS = ("classifier", "generic")
 
 
@@ -75,7 +78,8 @@ class Budget:
         """Defaults per compute precision. fp32 candidates only reorder fp32 arithmetic (fused epilogues,
         other conv algorithms), so they must stay within 1e-3 of the output range; fp16 (10-bit mantissa)
         and bf16 (7-bit) round every activation, and the error grows with depth, hence the looser bars.
-        Top-1 agreement allows a few near-tie flips per thousand samples. int8: see DEFAULT_BUDGETS."""
+        Top-1 agreement allows a few near-tie flips per thousand samples. int8, fp8, w8, w4: see
+        DEFAULT_BUDGETS."""
         if precision not in DEFAULT_BUDGETS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         return DEFAULT_BUDGETS[precision]
@@ -107,6 +111,28 @@ DEFAULT_BUDGETS = {
     # whose two best classes are within 0.01 of probability (one of the 13 photos: 0.2455 vs 0.2441)
     # flips under any perturbation, fp16's included; such samples are counted in top1_ties, not judged.
     "int8": Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99, top1_tie=0.01),
+    # FP8 (warpforge-fp8): e4m3 keeps 3 mantissa bits, so each weight and each input value rounds by up to
+    # 6.25% of itself (a per-channel / per-tensor scale only places the range); a layer's output error is a
+    # few percent. Measured on CPU (the fp8 GEMM's torch reference on the same e4m3 operands, fp32 elsewhere),
+    # max-calibrated static scales: the zoo planner (random xavier weights, 51 of its 55 linears in e4m3, 4
+    # scenes) max_rel 0.13, worst cosine 0.994 (per-row dynamic scales: 0.125, 0.995); ViT-B/16 (random) 0.105,
+    # 0.9955. The int8 bars fit the same noise level: headroom for the GPU's fp16 layers and other nets, while a
+    # broken scale (cosine << 0.9) is rejected.
+    "fp8": Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99, top1_tie=0.01),
+    # Weight-only int8 (warpforge-w8): per-channel int8 weights, each within half a step (0.4% of its row's
+    # absmax); activations stay 16-bit. Measured as above (CPU references, fp32 activations): planner max_rel
+    # 0.017, cosine 0.99995; ViT-B/16 0.012, 0.99992; MobileNetV2's ImageNet head on the 7 bundled views
+    # 0.003 with top-1 kept. On the GPU the fp16 activations add fp16's own error (its bars: 0.02, 0.999), so:
+    # max_rel 0.05 and cosine 0.998, fp16's bars plus about twice the measured weight error.
+    "w8": Budget(max_rel=0.05, min_cosine=0.998, min_top1=0.99, top1_tie=0.01),
+    # Weight-only int4 (warpforge-w4, groups of 128, asymmetric): 16 levels per group, rounding noise about
+    # 1/50 of a group's range per weight, ~10x w8's. Measured as above: planner max_rel 0.20 (trajectories) and
+    # 0.23 (mode logits), worst cosine 0.951 (mode logits); ViT-B/16 0.21, 0.977; MobileNetV2's head alone
+    # 0.028, 0.9988, top-1 kept on its 6 decisive views. Random-weight transformers are a hard case (no trained
+    # structure), but a budget that rejects the planner would make w4 useless where it is meant to pay: max_rel
+    # 0.35 and cosine 0.9 admit that noise and still reject a wrong scale or zero point (cosine near 0); top-1
+    # 0.98 over decisive samples. Tighten it (budget=) where the task metric is known.
+    "w4": Budget(max_rel=0.35, min_cosine=0.9, min_top1=0.98, top1_tie=0.01),
 }
 
 

@@ -7,7 +7,10 @@ single-stream latency p50/p90/p99, offline throughput, speedup against eager-fp3
 torch.compile candidate, peak memory, details), ``fallbacks`` (what each candidate could not do and why),
 and for the winner ``layers`` (per-layer compute precision), ``coverage`` (operators run by warpforge
 kernels vs torch) and ``passes`` (what each pass changed); ``quant`` (when the int8 candidate was built:
-each layer's decision, int8 or kept float and why, its observer, scale and calibration error). Only
+each layer's decision, int8 or kept float and why, its observer, scale and calibration error); ``fp8`` (the
+same for a warpforge-fp8 candidate: e4m3 or kept float and why, static or per-row input scales) and
+``weight_only`` (a warpforge-w8 / -w4 candidate: each layer's scheme, weight error and bytes, or kept float
+and why), from the winner when it has one, else the first such candidate built. Only
 measured figures appear: a figure that was not measured is null, never zero.
 """
 
@@ -82,9 +85,15 @@ def make_report(model: dict[str, Any], settings: dict[str, Any], records: list[d
         "candidates": records, "fallbacks": fallbacks,
         "layers": details.get("layers", []), "graph_of": graph_src["name"] if graph_src else None,
         "coverage": graph.get("coverage", {}), "capture": graph.get("capture", {}), "passes": graph.get("passes", []),
-        "quant": next(({"candidate": r["name"], **r["details"]["quant"]} for r in records
-                       if "quant" in r.get("details", {})), None),
+        **{key: _section(records, w, key) for key in ("quant", "fp8", "weight_only")},
     }
+
+
+def _section(records: list[dict[str, Any]], winner: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    """A quantizing pass's report (``details[key]``) with its candidate's name: the winner's, else the first."""
+    rows = ([winner] if winner is not None else []) + records
+    r = next((r for r in rows if key in r.get("details", {})), None)
+    return None if r is None else {"candidate": r["name"], **r["details"][key]}
 
 
 def _jsonable(x: Any) -> Any:
@@ -241,6 +250,35 @@ def to_html(report: dict[str, Any]) -> str:
                      f"{_f(q.get('output_rel_err'), '{:.2e}')}, cosine {_f(q.get('output_cosine'), '{:.6f}')}.</p>"
                      + _table(["layer", "type", "runs in", "observer", "input scale", "rel err", "why float"], rows,
                               left=3))
+    q = report.get("fp8")
+    if q:
+        rows = [[e(x["name"]), e(x["type"]), "e4m3", f'{x["in_features"]} &times; {x["out_features"]}',
+                 "per row" if x["act_scale"] is None else f'{x["act_scale"]:.4g} ({e(str(x["observer"]))})',
+                 _f(x["rel_err"], "{:.2e}"), ""] for x in q.get("layers", [])]
+        rows += [[e(k["name"]), e(k["type"]), e(q.get("float_dtype", "float")), "", "", "", e(k["reason"])]
+                 for k in q.get("kept", [])]
+        how = ("static per-tensor input scales calibrated on "
+               f"{q.get('calib_batches')} batch(es) with the {e(str(q.get('observer')))} observer"
+               if q.get("activations") == "static" else "a dynamic input scale per row")
+        parts.append(f"<h2>FP8 quantization ({e(q['candidate'])})</h2><p>e4m3 weights with a scale per output "
+                     f"channel, {how}, on the fp8 GEMM (matmul_fp8); calibration output error: rel "
+                     f"{_f(q.get('output_rel_err'), '{:.2e}')}, cosine {_f(q.get('output_cosine'), '{:.6f}')}.</p>"
+                     + _table(["layer", "type", "runs in", "K &times; N", "input scale", "rel err", "why float"],
+                              rows, left=3))
+    q = report.get("weight_only")
+    if q:
+        rows = [[e(x["name"]), e(x["type"]), e(x["scheme"]), f'{x["in_features"]} &times; {x["out_features"]}',
+                 _f(x["weight_rel_err"], "{:.2e}"), f'{_bytes(x["bytes_float"])} &rarr; {_bytes(x["bytes_packed"])}',
+                 ""] for x in q.get("layers", [])]
+        rows += [[e(k["name"]), e(k["type"]), e(q.get("float_dtype", "float")), "", "", "", e(k["reason"])]
+                 for k in q.get("kept", [])]
+        ratio = q["bytes_packed"] / q["bytes_float"] if q.get("bytes_float") else None
+        parts.append(f"<h2>Weight-only quantization ({e(q['candidate'])})</h2><p>{e(q.get('scheme', ''))} weights "
+                     f"on the weight-streaming linear kernel (kernels.gemv.linear), {e(q.get('float_dtype', ''))} "
+                     f"activations, no calibration; quantized weights {_bytes(q.get('bytes_float'))} &rarr; "
+                     f"{_bytes(q.get('bytes_packed'))} ({_f(ratio, '{:.2f}x')}).</p>"
+                     + _table(["layer", "type", "runs in", "K &times; N", "weight rel err", "weight bytes",
+                               "why float"], rows, left=3))
     if report.get("layers"):
         parts.append("<h2>Per-layer precision (winner)</h2>" + _table(
             ["layer", "type", "computes in"],

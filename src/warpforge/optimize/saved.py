@@ -36,7 +36,12 @@ _RELOAD_BUDGET = {"fp32": Budget(max_rel=1e-4, min_cosine=0.99999), "fp16": Budg
                   "bf16": Budget(max_rel=3e-2, min_cosine=0.999),
                   # int8: the saved scales and int8 weights come back as they were and the int32 sums are exact;
                   # only the fp16 layers and epilogues round (tiling and FMA contraction may differ)
-                  "int8": Budget(max_rel=1e-2, min_cosine=0.9999)}
+                  "int8": Budget(max_rel=1e-2, min_cosine=0.9999),
+                  # fp8, w8, w4: likewise the e4m3 / int8 / int4 weights and scales (fp8: the static input scales)
+                  # come back as saved, nothing is re-calibrated; fp32 accumulation, fp16 layers and epilogues
+                  # round, and a new process may tile (or split K) differently
+                  "fp8": Budget(max_rel=1e-2, min_cosine=0.9999), "w8": Budget(max_rel=1e-2, min_cosine=0.9999),
+                  "w4": Budget(max_rel=1e-2, min_cosine=0.9999)}
 
 
 def _cpu(x: Any) -> Any:
