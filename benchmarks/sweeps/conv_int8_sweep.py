@@ -1,0 +1,138 @@
+"""Where does the INT8 ResNet-50 time go? Per layer: fp16 conv2d against conv2d_int8 at every tiling.
+
+    python benchmarks/sweeps/conv_int8_sweep.py --batch 32 --out conv_int8_sweep.json
+
+Why: on the H200 (vision suite, 2026-12-01, git d94da65) the warpforge-int8 ResNet-50 at batch 32 took
+2.68 ms against 1.70 ms for warpforge-fp16 (0.64x; the target is 1.3x), and MobileNetV2 0.63x. The PTX of
+the int8 implicit GEMM looks right offline (wgmma m64n128k32 s8, 16-byte cp.async, no spills), so this
+sweep measures instead of guessing. For each distinct ResNet-50 conv shape (bias + relu fused, as the
+optimizer runs them) it times, with the bench harness (CUDA graph of the launch, L2 flushed, host hidden):
+
+* ``fp16``: conv2d as tuned (the fp16 pipeline's layer),
+* ``int8 tuned``: conv2d_int8 with int8 out (out_scale: the next layer's quantizer fused), as tuned,
+* every INT8_CONV_CONFIGS entry and the EXTRA tilings below, fixed (block_k 64 for C = 64 layers,
+  where a 128-wide K tile is half padding in the 1x1 GEMMs and each 3x3 tap),
+* ``quantize``: quantize_int8 of the layer's fp16 input (what a layer pays when its producer is float).
+
+Each int8 run is checked once against the int8 reference (exact int32 accumulation: identical up to
+the last rounding of the requantized output). Prints per layer fp16 us, int8 tuned us, best int8 us and
+its tiling, the ratio fp16 / best; the sum over the network weighted by the layer counts; and writes all
+points to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from warpforge.bench.suites._kernels_fused import RESNET50, ConvLayer  # noqa: E402
+from warpforge.bench.timing import time_fn  # noqa: E402
+from warpforge.kernels import reference as ref  # noqa: E402
+from warpforge.kernels.conv import ConvConfig, conv2d  # noqa: E402
+from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8  # noqa: E402
+from warpforge.kernels.quantize import quantize_int8  # noqa: E402
+
+CL = torch.channels_last
+EXTRA = [  # not in the tuner: candidates this sweep tests
+    ConvConfig(128, 128, 64, 8, 8, 4),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(128, 256, 64, 8, 8, 3),
+    ConvConfig(256, 128, 64, 8, 8, 3),
+    ConvConfig(128, 128, 256, 8, 8, 3),
+    ConvConfig(64, 64, 64, 8, 4, 5),
+]
+
+
+def inputs(layer: ConvLayer, batch: int, dev: torch.device, gen: torch.Generator):
+    x = torch.randn(batch, layer.cin, layer.hw, layer.hw, generator=gen, device=dev).relu()
+    w = torch.randn(layer.cout, layer.cin, layer.k, layer.k, generator=gen, device=dev) * (2.0 / (layer.cin * layer.k ** 2)) ** 0.5
+    b = torch.randn(layer.cout, generator=gen, device=dev) * 0.1
+    x16, w16 = x.half().contiguous(memory_format=CL), w.half().contiguous(memory_format=CL)
+    xs = torch.tensor([float(x.abs().max()) / 127], device=dev)
+    ws = w.abs().amax((1, 2, 3)).clamp_min(1e-12) / 127
+    wq = torch.round(w / ws[:, None, None, None]).clamp(-127, 127).to(torch.int8).contiguous(memory_format=CL)
+    xq = quantize_int8(x16, xs)
+    y = torch.nn.functional.conv2d(x, w, b, layer.stride, layer.pad).relu()
+    os_ = torch.tensor([float(y.abs().max()) / 127], device=dev)
+    return x16, w16, b.half(), xq, wq, xs, ws.float(), b.float(), os_
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=Path("conv_int8_sweep.json"))
+    ap.add_argument("--layers", default="", help="comma-separated indices into RESNET50 (default: all 23)")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping new layers after this")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only as a dry run of the script (references, "
+                                                     "host timer: the figures mean nothing)")
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("needs a GPU: this sweep times kernels (--device cpu for a dry run)")
+    dev = torch.device(a.device)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    idx = [int(i) for i in a.layers.split(",") if i] or list(range(len(RESNET50)))
+    t0 = time.perf_counter()
+    rows = []
+    for i in idx:
+        if time.perf_counter() - t0 > a.budget_s:
+            print(f"budget: stopping before layer {i}")
+            break
+        la = RESNET50[i]
+        x16, w16, b16, xq, wq, xs, ws, b32, os_ = inputs(la, a.batch, dev, gen)
+        kw = dict(stride=la.stride, padding=la.pad, activation="relu")
+        row = {"layer": la.label, "count": la.count, "points": {}}
+
+        def t(fn) -> float:
+            return time_fn(fn, cuda_graph=dev.type == "cuda", device=dev, warmup=1 if dev.type != "cuda" else 10,
+                           rep=2 if dev.type != "cuda" else 50).median_ms * 1e3
+
+        row["fp16_us"] = t(lambda: conv2d(x16, w16, b16, **kw))
+        row["quantize_us"] = t(lambda: quantize_int8(x16, xs))
+        if la.cin < 16:  # the stem stays fp16 in the optimizer
+            rows.append(row)
+            print(f"{la.label:24s} x{la.count}  fp16 {row['fp16_us']:8.1f} us  (stem: fp16 only)")
+            continue
+        want = ref.conv2d_int8_reference(xq, wq, xs, ws, b32, out_scale=os_, out_dtype=torch.int8, **kw)
+
+        def int8(cfg):
+            return conv2d_int8(xq, wq, xs, ws, b32, out_scale=os_, config=cfg, **kw)
+
+        row["int8_tuned_us"] = t(lambda: int8(None))
+        for cfg in [*INT8_CONV_CONFIGS, *EXTRA]:
+            key = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} k{cfg.split_k}"
+            try:
+                got = int8(cfg)
+                diff = int((got.int() - want.int()).abs().max())
+                row["points"][key] = {"us": t(lambda c=cfg: int8(c)), "max_diff": diff}
+            except Exception as e:  # noqa: BLE001 - a tiling that does not fit this shape is data
+                row["points"][key] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+        ok = {k: v for k, v in row["points"].items() if "us" in v and v["max_diff"] <= 1}
+        best = min(ok, key=lambda k: ok[k]["us"]) if ok else None
+        row["best"] = best
+        row["best_us"] = ok[best]["us"] if best else None
+        rows.append(row)
+        bad = [k for k, v in row["points"].items() if "us" in v and v["max_diff"] > 1]
+        print(f"{la.label:24s} x{la.count}  fp16 {row['fp16_us']:8.1f}  int8 tuned {row['int8_tuned_us']:8.1f}  "
+              f"best {row['best_us'] or 0:8.1f} [{best}]  quant {row['quantize_us']:6.1f} us  "
+              f"fp16/best {row['fp16_us'] / row['best_us'] if row['best_us'] else 0:5.2f}x"
+              + (f"  WRONG: {bad}" if bad else ""), flush=True)
+        del x16, w16, xq, wq, want
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    tot = {k: sum(r[k] * r["count"] for r in rows if r.get(k)) for k in ("fp16_us", "int8_tuned_us", "best_us")}
+    print(f"network (x counts): fp16 {tot['fp16_us']:.0f} us, int8 tuned {tot['int8_tuned_us']:.0f} us, "
+          f"int8 best {tot['best_us']:.0f} us")
+    a.out.write_text(json.dumps({"batch": a.batch, "rows": rows, "totals_us": tot}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
