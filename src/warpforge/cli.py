@@ -9,6 +9,9 @@ import sys
 
 import click
 
+# optimize.gate.PRECISIONS, spelled out so `--help` does not import torch (a test keeps them equal)
+OPTIMIZE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
+
 NOT_BUILT = {
     "serve": "the OpenAI-compatible LLM server (a later issue)",
     "splat": "Gaussian-splatting render and training (a later issue)",
@@ -195,18 +198,19 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
               help="Batch size of the example inputs (zoo models; factories that take `batch`).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where to optimize and measure (auto: cuda when available).")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
-              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA; int8, "
-                   "calibrated on the validation inputs, only when named).")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(list(OPTIMIZE_PRECISIONS)),
+              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA). Only when "
+                   "named: int8 (W8A8 convs and linears, calibrated on the validation inputs), fp8 (e4m3 linears, "
+                   "compute capability >= 8.9), w8 / w4 (weight-only int8 / int4-g128 linears, for planners).")
 @click.option("--backend", "backends", multiple=True, metavar="NAME",
               help="Candidates to try (repeatable): a family (eager, warpforge, torch.compile, onnxruntime) or a "
                    "candidate name such as torch.compile-max-autotune-fp16. Default: all (torch.compile on CPU "
                    "only when named). eager-fp32 is always measured as the baseline.")
 @click.option("--max-rel", type=float, default=None,
-              help="Budget: max |error| / max |reference output| (default per precision: 1e-3, 2e-2, 5e-2).")
+              help="Budget: max |error| / max |reference output| (default per precision: optimize.gate.DEFAULT_BUDGETS).")
 @click.option("--max-abs", type=float, default=None, help="Budget: max absolute error (default: unchecked).")
 @click.option("--min-cosine", type=float, default=None,
-              help="Budget: worst per-sample cosine similarity (default: 0.99999, 0.999, 0.995).")
+              help="Budget: worst per-sample cosine similarity (default per precision: optimize.gate.DEFAULT_BUDGETS).")
 @click.option("--min-top1", type=float, default=None,
               help="Budget for classifiers: top-1 agreement with fp32 (default: 0.999, 0.99, 0.98).")
 @click.option("--queries", default=200, show_default=True, type=click.IntRange(min=1),

@@ -121,3 +121,11 @@ def noisy():
     assert by["eager-fp32"]["status"] == "rejected" and "max_rel" in by["eager-fp32"]["reason"]
     # capture itself notices that the traced copy does not reproduce the model
     assert by["warpforge-fp32"]["status"] == "failed" and "does not reproduce" in by["warpforge-fp32"]["reason"]
+
+
+def test_cli_precision_choices_are_the_gate_s():
+    """`warpforge optimize --precision` offers exactly what the gate budgets (spelled out for a fast --help)."""
+    from warpforge.cli import OPTIMIZE_PRECISIONS
+    from warpforge.optimize.gate import PRECISIONS
+
+    assert tuple(OPTIMIZE_PRECISIONS) == tuple(PRECISIONS)
