@@ -188,7 +188,7 @@ def test_two_blocks_and_default_passes_together():
 
     model = nn.Sequential(Block(128, 2, 256), Block(128, 2, 256, explicit=True)).eval()
     x = _x()
-    opt, report = optimize_graph(model, (x,), default_passes() + [ReplaceAttention()])
+    opt, report = optimize_graph(model, (x,), default_passes()[:-1] + [ReplaceAttention()])
     assert [p["name"] for p in report["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "attention"]
     changes = report["passes"][-1]["changes"]
     assert report["passes"][-1]["counts"] == {"replaced": 2}
@@ -400,3 +400,18 @@ def test_gpu_sdpa_replacement_is_near_torch_sdpa(causal):
     ratio = t["sdpa"].median_ms / t["flash"].median_ms
     print(f"SDPA-layout flash vs torch SDPA, causal={causal}: ratio {ratio:.2f} (above 1: ours faster)")
     assert ratio > 0.6
+
+
+def test_default_passes_leave_attention_to_torch_on_the_cpu():
+    """default_passes() carries ReplaceAttention(cuda_only=True): on the CPU it rewrites nothing and says so."""
+    from warpforge.models.layers import Block
+
+    model = nn.Sequential(Block(128, 2, 256), Block(128, 2, 256, explicit=True)).eval()
+    x = _x()
+    opt, report = optimize_graph(model, (x,))
+    assert [p["name"] for p in report["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "attention"]
+    att = report["passes"][-1]
+    assert att["counts"] == {"skipped": 1}, att
+    assert "2 attention candidate(s)" in att["changes"][0]["detail"] and "cpu" in att["changes"][0]["detail"]
+    assert not any(isinstance(m, FlashAttention) for m in opt.modules())
+    torch.testing.assert_close(opt(x), model(x))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from warpforge.optimize.capture import capture
+from warpforge.optimize.passes.attention import ReplaceAttention
 from warpforge.optimize.passes.base import Pass, PassContext, PassResult
 from warpforge.optimize.passes.channels_last import ChannelsLast
 from warpforge.optimize.passes.fold_bn import FoldBatchNorm
@@ -19,8 +20,9 @@ from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue
 
 
 def default_passes() -> list[Pass]:
-    """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion."""
-    return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue()]
+    """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion, then
+    attention onto flash attention (on CUDA only: see passes/attention.py)."""
+    return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue(), ReplaceAttention(cuda_only=True)]
 
 
 class Pipeline:

@@ -14,8 +14,10 @@ head dim or dtype the kernel is not tested for, weights used elsewhere, causal w
 is and recorded as skipped with the reason. Layouts: SDPA's [B, H, S, D] goes to the kernel as
 ``x.transpose(1, 2)`` views ([B, S, H, D], no copies) and the output comes back the same way.
 
-Opt-in for now (not in ``default_passes()``):
-``optimize_graph(model, inputs, default_passes() + [ReplaceAttention()])``.
+In ``default_passes()`` as ``ReplaceAttention(cuda_only=True)``: a model built for CUDA gets the kernel
+(its GPU tests, exactness and speed against torch SDPA, passed on the H200 on 2026-12-01); on the CPU the
+kernel would run in Triton's interpreter, so there the pass leaves attention to torch. Tests and users
+that want the rewrite anywhere pass ``ReplaceAttention()``.
 """
 
 from __future__ import annotations
@@ -223,12 +225,14 @@ class ReplaceAttention:
     """Pass: each provably equivalent attention call becomes one :class:`FlashAttention` call.
 
     ``head_dims``: the head dims rewritten (default: the ones the kernel is tested for on the GPU).
+    ``cuda_only``: leave every site to torch unless the model runs on CUDA (one "skipped" line says so).
     """
 
     name = "attention"
 
-    def __init__(self, head_dims: tuple[int, ...] = TESTED_HEAD_DIMS) -> None:
+    def __init__(self, head_dims: tuple[int, ...] = TESTED_HEAD_DIMS, *, cuda_only: bool = False) -> None:
         self.head_dims = tuple(head_dims)
+        self.cuda_only = cuda_only
 
     def apply(self, model: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         if not isinstance(model, fx.GraphModule):
@@ -236,6 +240,10 @@ class ReplaceAttention:
         candidates = [n for n in model.graph.nodes
                       if n.target is F.scaled_dot_product_attention or _softmax(model, n) is not None]
         if not candidates:
+            return model
+        if self.cuda_only and ctx.device.type != "cuda":
+            ctx.record(self.name, "skipped", "(model)", f"{len(candidates)} attention candidate(s) left to torch: "
+                       f"the model runs on {ctx.device.type}, where flash attention would run in Triton's interpreter")
             return model
         if ctx.example_inputs:
             _fx.propagate_shapes(model, ctx.example_inputs)  # head dims, sequence lengths, dtypes
