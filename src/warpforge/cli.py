@@ -204,8 +204,9 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
                    "compute capability >= 8.9), w8 / w4 (weight-only int8 / int4-g128 linears, for planners).")
 @click.option("--backend", "backends", multiple=True, metavar="NAME",
               help="Candidates to try (repeatable): a family (eager, warpforge, torch.compile, onnxruntime) or a "
-                   "candidate name such as torch.compile-max-autotune-fp16. Default: all (torch.compile on CPU "
-                   "only when named). eager-fp32 is always measured as the baseline.")
+                   "candidate name such as torch.compile-max-autotune-fp16. Default: all but torch.compile max-autotune "
+                   "(minutes to compile) and, on CPU, torch.compile: those only when named (`--backend "
+                   "torch.compile` names both modes). eager-fp32 is always measured as the baseline.")
 @click.option("--max-rel", type=float, default=None,
               help="Budget: max |error| / max |reference output| (default per precision: optimize.gate.DEFAULT_BUDGETS).")
 @click.option("--max-abs", type=float, default=None, help="Budget: max absolute error (default: unchecked).")
@@ -233,7 +234,7 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
     \b
     Candidates: eager fp32 (the reference), eager fp16/bf16, warpforge pipelines
     (fold BN, channels_last, fused conv kernels; CUDA-graph replay) per precision,
-    torch.compile (default, max-autotune), ONNX Runtime when installed. Each is checked
+    torch.compile (default; max-autotune when named), ONNX Runtime when installed. Each is checked
     against fp32 on the validation inputs and rejected when over budget; the passing ones
     are timed single-stream (p50/p90/p99) and offline; the lowest p50 wins.
     Exit 0: saved to --out with report.html/report.json; 1: no candidate met the budget

@@ -99,7 +99,7 @@ def test_full_size_case_list_on_a_gpu_machine(monkeypatch):
     assert cases["resnet50-b1"].params["top1_judged"] is False  # random weights: reported, not judged
     wall = cases["optimize-wall-mobilenet_v2"]
     assert set(wall.peers) == {"torch.compile-max-autotune-fp16"} and wall.target["max_ms"] == 60_000.0
-    assert wall.params["max_autotune_peer"] == "on" and wall.params["protocol"] == "optimize() defaults"
+    assert wall.params["max_autotune_peer"] == "on" and wall.params["protocol"] == {"backends": ["eager", "warpforge"]}
     monkeypatch.setenv("WARPFORGE_BENCH_MAX_AUTOTUNE", "0")  # the flag that skips the minutes-long peer
     wall = next(c for c in _suite().build(quick=False) if c.params["row"] == "optimize-wall-mobilenet_v2")
     assert wall.peers == {} and "WARPFORGE_BENCH_MAX_AUTOTUNE=0" in wall.params["max_autotune_peer"]
@@ -350,10 +350,10 @@ def test_full_size_vit_batch32_and_planner_on_the_gpu():
 @pytest.mark.gpu
 @pytest.mark.timeout(1200)
 def test_full_size_optimize_wall_time_on_the_gpu(monkeypatch):
-    """optimize() with the default backends, cold; the max-autotune peer is skipped here (minutes)."""
+    """optimize() with warpforge's own candidates, cold; the max-autotune peer is skipped here (minutes)."""
     monkeypatch.setenv("WARPFORGE_BENCH_MAX_AUTOTUNE", "0")
     (r,) = _run("optimize wall time", device="cuda", quick=False)
-    assert r["peers"] == {} and r["params"]["protocol"] == "optimize() defaults"
+    assert r["peers"] == {} and r["params"]["protocol"] == {"backends": ["eager", "warpforge"]}
     if "error" in r["ours"]:  # over its limit: recorded as such, never a hang
         assert "limit" in r["ours"]["error"] and r["meets"]["max_ms"] is None
     else:

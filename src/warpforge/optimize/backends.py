@@ -18,7 +18,8 @@
                                activations on CUDA (fp32 on CPU, where ``linear`` runs its torch reference);
                                no calibration; precisions [..., "w8"] / [..., "w4"]
     torch.compile-<p>          inductor, mode "default"; torch.compile-max-autotune-<p> the same with
-                               mode "max-autotune" (on CPU only when asked for by name: slow to compile)
+                               mode "max-autotune" (only when asked for by name or family: minutes to
+                               compile); on CPU both only when asked for
     onnxruntime-<ep>           ONNX export run by ONNX Runtime, one per installed execution provider that
                                fits the device (fp32; only when the ``onnxruntime`` package is importable)
 
@@ -76,6 +77,7 @@ class Candidate:
     needs_cuda: bool = False
     needs_package: str | None = None
     cpu_opt_in: bool = False  # on CPU, only when asked for by name or family
+    opt_in: bool = False  # anywhere, only when asked for by name or family (builds that take minutes)
     needs_calib: bool = False  # build(model, inputs, calib=[input tuples]): post-training quantization
     about: str = ""
 
@@ -421,7 +423,8 @@ def all_candidates(device: torch.device) -> list[Candidate]:
     for mode in ("default", "max-autotune"):
         out += [Candidate(f"torch.compile-{p}" if mode == "default" else f"torch.compile-{mode}-{p}", "torch.compile",
                           p, _build_compile(p, mode), needs_cuda=p != "fp32", cpu_opt_in=True,
-                          about=f"inductor, mode={mode!r}") for p in DEFAULT_PRECISIONS]
+                          opt_in=mode == "max-autotune", about=f"inductor, mode={mode!r}")
+                for p in DEFAULT_PRECISIONS]
     providers = ort_providers(device)
     if providers:
         out += [Candidate(f"onnxruntime-{_EP_SHORT.get(ep, ep)}", "onnxruntime", "fp32", _build_ort(ep),
@@ -441,7 +444,8 @@ def select(device: torch.device, precisions: Sequence[str], backends: Sequence[s
     """(candidate, None) for each one to build, (candidate, reason) for each skipped.
 
     ``backends``: families (``eager``, ``warpforge``, ``torch.compile``, ``onnxruntime``) or exact
-    candidate names; None means every family (torch.compile on CPU excepted: ask for it). The reference
+    candidate names; None means every family, except torch.compile on CPU and torch.compile max-autotune
+    anywhere (each takes minutes to build: ask for them by name or family). The reference
     eager-fp32 is always built, as the baseline.
     """
     bad = [p for p in precisions if p not in PRECISIONS]
@@ -490,6 +494,9 @@ def _skip_reason(c: Candidate, device: torch.device, named: bool) -> str | None:
         return "int8 tensor-core kernels need compute capability >= 8.0"
     if c.cpu_opt_in and device.type == "cpu" and not named:
         return "torch.compile on CPU is slow to compile; ask for it with backends=['torch.compile']"
+    if c.opt_in and not named:
+        return (f"{c.name} takes minutes to compile (its autotuning benchmarks every kernel); ask for it by name "
+                "or with backends=['torch.compile']")
     return None
 
 
