@@ -3,6 +3,9 @@
 A host clock and a device clock advance as a real eager run would: each op takes host time, its
 launch calls sit inside it, and each kernel starts when the device is free and its launch has
 returned (+ the GPU's own queue latency). Device work of one launch shares its correlation id.
+
+``bare=True`` builds what the light window records of the same run (CUDA activity alone: launch calls, syncs
+and device work; no operator or module spans, no iteration ranges), ``host_scale`` scales the host's costs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ class Builder:
     records: list[OpCount] = field(default_factory=list)
     iteration_index: int = -1
     count_now: bool = False  # record counted work (first iteration only: the counter runs once)
+    bare: bool = False  # runtime calls and device work only, as under the CUDA activity alone
+    host_scale: float = 1.0  # the host's costs (ops, launches, module hooks, Python) scaled by this
+
+    def _keep(self, span: HostSpan) -> None:
+        if not (self.bare and span.kind in ("op", "annotation")):
+            self.host.append(span)
+
+    def _host(self, us: float) -> None:
+        self.t += us * self.host_scale
 
     @contextlib.contextmanager
     def iteration(self):
@@ -39,28 +51,28 @@ class Builder:
         self.count_now = self.iteration_index == 0
         t0 = self.t
         yield
-        self.t += 0.5
-        self.host.append(HostSpan(ITER_ANNOTATION, "annotation", t0, self.t - t0))
+        self._host(0.5)
+        self._keep(HostSpan(ITER_ANNOTATION, "annotation", t0, self.t - t0))
 
     @contextlib.contextmanager
     def module(self, path: str):
         t0 = self.t
-        self.t += 0.3
+        self._host(0.3)
         self._path = getattr(self, "_path", [])
         self._path.append(path)
         yield
         self._path.pop()
-        self.t += 0.3
-        self.host.append(HostSpan(module_annotation(path, self.root_type), "op", t0, self.t - t0))
+        self._host(0.3)
+        self._keep(HostSpan(module_annotation(path, self.root_type), "op", t0, self.t - t0))
 
     @contextlib.contextmanager
     def region(self, name: str):
         """A host range that is not an aten op (a compiled region, a user record_function)."""
         t0 = self.t
-        self.t += 0.5
+        self._host(0.5)
         yield
-        self.t += 0.5
-        self.host.append(HostSpan(name, "op", t0, self.t - t0))
+        self._host(0.5)
+        self._keep(HostSpan(name, "op", t0, self.t - t0))
 
     @property
     def path(self) -> str:
@@ -71,27 +83,28 @@ class Builder:
                 launch_us: float = 4.0, nbytes: int | None = None) -> None:
         for kname, dur in kernels:
             self.corr += 1
-            self.host.append(HostSpan(name, "runtime", self.t, launch_us, correlation=self.corr))
-            self.t += launch_us
+            t0 = self.t
+            self._host(launch_us)
+            self.host.append(HostSpan(name, "runtime", t0, self.t - t0, correlation=self.corr))
             start = max(self.g, self.t + self.queue_us)
             self.gpu.append(GpuEvent(kname, kind, start, dur, stream=7, correlation=self.corr, bytes=nbytes))
             self.g = start + dur
-            self.t += 0.2
+            self._host(0.2)
 
     def op(self, name: str, kernels: list[tuple[str, float]], *, flops: float = 0, nbytes: float = 0,
            kind: str = "pointwise", ceiling: str = "fp32", host_us: float = 2.0, inner: str | None = None,
            counted: bool = True) -> None:
         """An aten op (optionally wrapping an inner op that does the launching, like linear -> addmm)."""
         t0 = self.t
-        self.t += host_us / 2
+        self._host(host_us / 2)
         if inner is not None:
             ti = self.t
             self._launch(kernels)
-            self.host.append(HostSpan(inner, "op", ti, self.t - ti))
+            self._keep(HostSpan(inner, "op", ti, self.t - ti))
         else:
             self._launch(kernels)
-        self.t += host_us / 2
-        self.host.append(HostSpan(name, "op", t0, self.t - t0))
+        self._host(host_us / 2)
+        self._keep(HostSpan(name, "op", t0, self.t - t0))
         if self.count_now and counted:
             self.records.append(OpCount(self.path, name, kind, int(flops), int(nbytes), ceiling, ""))
 
@@ -104,8 +117,9 @@ class Builder:
     def graph(self, kernels: list[tuple[str, float]]) -> None:
         """One cudaGraphLaunch replaying several kernels back to back."""
         self.corr += 1
-        self.host.append(HostSpan("cudaGraphLaunch", "runtime", self.t, 6.0, correlation=self.corr))
-        self.t += 6.0
+        t0 = self.t
+        self._host(6.0)
+        self.host.append(HostSpan("cudaGraphLaunch", "runtime", t0, self.t - t0, correlation=self.corr))
         start = max(self.g, self.t + self.queue_us)
         for kname, dur in kernels:
             self.gpu.append(GpuEvent(kname, "kernel", start, dur, stream=7, correlation=self.corr))
@@ -116,7 +130,7 @@ class Builder:
         t0 = self.t
         self._launch([("Memcpy HtoD (Pageable -> Device)", dur)], name="cudaMemcpyAsync", kind="memcpy",
                      nbytes=nbytes)
-        self.host.append(HostSpan("aten::copy_", "op", t0, self.t - t0))
+        self._keep(HostSpan("aten::copy_", "op", t0, self.t - t0))
         if self.count_now:
             self.records.append(OpCount(self.path, "aten::copy_", "movement", 0, 2 * nbytes, "fp32", ""))
 
@@ -127,11 +141,15 @@ class Builder:
         self.host.append(HostSpan("cudaStreamSynchronize", "runtime", self.t + 0.5, end - self.t - 0.5,
                                   correlation=None))
         self.t = end + 0.5
-        self.host.append(HostSpan("aten::item", "op", t0, self.t - t0))
+        self._keep(HostSpan("aten::item", "op", t0, self.t - t0))
 
     def python(self, us: float) -> None:
         """Host work outside any op (Python between calls)."""
-        self.t += us
+        self._host(us)
+
+    def pad(self, us: float) -> None:
+        """The GPU sleep the capture queues in front of a window (outside any iteration)."""
+        self._launch([("at::cuda::(anonymous namespace)::spin_kernel(long)", us)], launch_us=3.0)
 
     def trace(self) -> Trace:
         return Trace(host=list(self.host), gpu=list(self.gpu), device_type="cuda")

@@ -36,8 +36,10 @@ def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path):
     out, reports = tmp_path / "profile.jsonl", tmp_path / "reports"
     rc = script.main(["--quick", "--device", "cpu", "--out", str(out), "--reports", str(reports)])
     assert rc == 0
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    every = [json.loads(line) for line in out.read_text().splitlines()]
+    lines = [line for line in every if not line["case"].startswith("report/")]
     assert [line["case"].split("/")[0] for line in lines] == [suite for suite, _ in script.CASES]
+    assert every[:len(lines)] == lines  # the cases first, then the reports
     for line in lines:
         prof, bench, work = line["profiler"], line["bench"], line["work"]
         assert bench["figure"] > 0 and prof["figure"] > 0 and prof["overhead"] is not None
@@ -49,6 +51,8 @@ def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path):
         assert prof["figure"] == pytest.approx(per_s / (prof["device_us"] * 1e-6))
         assert bench["figure"] == pytest.approx(per_s / (bench["ms"] * 1e-3))
         assert bench["method"] == "host" and line["device"]["name"] == "cpu"
+        # on a CPU there are no graphs to replay and no kernels to match: eager, one window, no GPU sleep
+        assert (prof["mode"], prof["window"], prof["pad_us"]) == ("eager", "full", 0.0)
     targets = {"resnet50-eager-fp32-b1": "resnet50 (batch 1", "llm-tiny-decode-b1": "llm decode: batch 1,",
                "llm-tiny-decode-b8": "llm decode: batch 8,", "llm-tiny-prefill-b1x16": "llm prefill: batch 1 x 16"}
     for folder, target in targets.items():
@@ -56,6 +60,17 @@ def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path):
         assert d["tool"] == "warpforge.profile" and d["target"].startswith(target), (folder, d["target"])
         assert d["counts"]["flops"] > 0 and not d["counts"]["error"]
         assert (reports / folder / "profile.html").read_text().startswith("<!DOCTYPE html>")
+    # Each report's summary is a line of the JSONL too, with what its profile.json says.
+    reported = {line["case"]: line for line in every if line["case"].startswith("report/")}
+    assert list(reported) == [f"report/{folder}" for folder in targets]
+    for folder in targets:
+        line, d = reported[f"report/{folder}"], json.loads((reports / folder / "profile.json").read_text())
+        r, t = line["report"], d["timing"]
+        assert line["suite"] == "profile" and line["device"]["name"] == "cpu" and line["target"] == d["target"]
+        assert r["verdict"] == d["verdict"] and r["window_ms"] == t["window_ms"] and r["plain_ms"] == t["plain_ms"]
+        assert r["overhead"] == pytest.approx(r["window_ms"] / r["plain_ms"] - 1)
+        assert r["overhead_parts"] is None and r["window"] == "full"  # the halves are timed on CUDA only
+        assert line["overhead_ok"] == (r["overhead"] < script.OVERHEAD)
     resnet = json.loads((reports / "resnet50-eager-fp32-b1" / "profile.json").read_text())
     assert resnet["meta"]["tf32"] == {"matmul": False, "cudnn": False}  # fp32 means no TF32
 
@@ -73,3 +88,19 @@ def test_budget_skips_what_is_left_and_says_so(script, tmp_path):
 def test_full_sizes_refuse_a_cpu(script):
     with pytest.raises(SystemExit):
         script.main(["--device", "cpu"])
+
+
+@pytest.mark.gpu
+def test_graph_timed_case_is_profiled_by_graph_replay(script):
+    """The linear M=1 case (timed by graph replay in its suite) is profiled the same way: a graph of one call
+    replayed, its kernel mapped to the eager call's operator through count_fn."""
+    import torch
+
+    dev = torch.device("cuda")
+    suite, case = next((s, c) for s, c in script.pick_cases(quick=True) if s == "kernels" and " linear M1 " in c.name)
+    assert case.cuda_graph
+    line = script.agreement(suite, case, dev, quick=True)
+    prof = line["profiler"]
+    assert prof["mode"] == "graph" and prof["window"] == "light" and prof["pad_us"] > 0
+    assert any("_linear_kernel" in k for k in prof["kernels"]), prof["kernels"]
+    assert prof["figure"] and line["ratio"] is not None and prof["overhead"] is not None

@@ -2,9 +2,10 @@
 
 Order of work: warm-up calls (untimed); one counted call (FLOPs and bytes per operator, per module;
 on a GPU with an eager twin ``count_fn``, also which kernels each operator launched, so kernels replayed
-from a CUDA graph find their operators); the measured window under the profiler, between two plain
-windows that time the profiler's cost; then the analysis against the ceilings ``warpforge probe``
-measured (the datasheet until it has).
+from a CUDA graph find their operators); the measured windows under the profiler (on a GPU a detail window
+for attribution and a light one, CUDA activity alone, for time: ``trace.py``), between two plain windows
+that time the profiler's cost; then the analysis against the ceilings ``warpforge probe`` measured (the
+datasheet until it has).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Profile:
     raw_trace: dict[str, Any] | None = field(default=None, repr=False)
     load: dict[str, float] = field(default_factory=dict)  # what the profiler recorded per iteration
     parts_ms: dict[str, float] | None = None  # the window under the CPU-only / CUDA-only profiler
+    window: str = "full"  # the profiled window times come from: "light" (CUDA activity alone) or "full"
+    detail_ms: float | None = None  # per iteration, the detail window (operator records and module hooks on)
+    pad_us: float = 0.0  # the GPU sleep every CUDA window started behind (the host's head start)
 
     @property
     def overhead(self) -> float | None:
@@ -81,6 +85,7 @@ class Profile:
             "schema": SCHEMA, "tool": "warpforge.profile", "target": self.target, "meta": self.meta,
             "timing": {"window_ms": self.window_ms, "plain_ms": self.plain_ms, "overhead": self.overhead,
                        "overhead_parts": self.overhead_parts, "traced_per_iter": self.load,
+                       "window": self.window, "detail_ms": self.detail_ms, "pad_us": self.pad_us,
                        "iters": self.meta.get("iters"), "warmup": self.meta.get("warmup")},
             **a, "modules": self.modules, "declared": self.declared,
             "counts": {"flops": self.counts.flops, "bytes": self.counts.bytes, "records": len(self.counts.records),
@@ -162,7 +167,7 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
             nvtx: bool = True, module_depth_timed: int = 2, device: torch.device | str | None = None,
             ceilings: Ceilings | None = None, launch: LaunchCost | None = None, name: str | None = None,
             measure_overhead: bool = True, work: dict[str, Any] | None = None,
-            overhead_parts: bool = False) -> Profile:
+            overhead_parts: bool = False, window: str = "light") -> Profile:
     """Profile ``fn(*inputs)``: where its time goes, against the roofline of the measured ceilings.
 
     ``module``: the nn.Module whose submodules name the operators (default: ``fn`` itself when it is
@@ -173,12 +178,15 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
     "dtype"}); the profile then reports the rates they imply over the device time and the window.
     ``overhead_parts``: also time the window under the CPU half and the CUDA half of the profiler alone
     (CUDA runs; two more windows), to say which half a high overhead comes from.
+    ``window``: "light" (default) times the window under the CUDA activity alone and takes operators from a
+    second, detail window (falling back to the detail window, with a note, where the two launched different
+    work); "full" times the one window with everything on. CPU runs always have one window.
     Raises :class:`ProfileError` when the model fails or the window records nothing.
     """
     if not callable(fn):
         raise ValueError(f"fn: expected a callable (a model or a function), got {type(fn).__name__}")
     cfg = CaptureConfig(warmup=warmup, iters=iters, nvtx=nvtx, module_depth=module_depth_timed, grad=grad,
-                        overhead=measure_overhead, overhead_parts=overhead_parts)
+                        overhead=measure_overhead, overhead_parts=overhead_parts, window=window)
     target = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     root = _root_module(fn, module)
     eager = _compiled_original(root)
@@ -220,18 +228,17 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
         analysis = analyze(cap.trace, counts, ceilings=ceil, launch=launch)
     except ValueError as e:
         raise ProfileError(f"{target}: {e}") from e
-    if counts_note:
-        analysis.notes.insert(0, counts_note)
+    analysis.notes[:0] = ([counts_note] if counts_note else []) + cap.notes
     if ceil is not None:
         analysis.notes.append(f"ceilings: {ceil.source}")
-    load = iteration_load(cap.trace) if cuda else {}
+    load = cap.load if cap.load is not None else (iteration_load(cap.trace) if cuda else {})
     cost = overhead_finding(cap.overhead, cap.window_ms, cap.plain_ms, load)
     if cost is not None:
         analysis.findings = sorted(analysis.findings + [cost], key=lambda f: -f["severity"])
     return Profile(target=target, meta=_meta(target, dev, cfg), analysis=analysis, counts=counts,
                    window_ms=cap.window_ms, plain_ms=cap.plain_ms, modules=_module_rows(cap, analysis),
                    declared=declared_rates(work, analysis, ceil) if work else None, raw_trace=cap.raw,
-                   load=load, parts_ms=cap.parts_ms)
+                   load=load, parts_ms=cap.parts_ms, window=cap.window, detail_ms=cap.detail_ms, pad_us=cap.pad_us)
 
 
 def overhead_finding(cost: float | None, window_ms: float, plain_ms: float | None,
@@ -245,8 +252,8 @@ def overhead_finding(cost: float | None, window_ms: float, plain_ms: float | Non
     extra_us = (window_ms - plain_ms) * 1e3
     what = ""
     if load:
-        what = (f" Per iteration it recorded {load.get('host_ops', 0):,.0f} operators and "
-                f"{load.get('runtime_calls', 0):,.0f} runtime calls")
+        ops = f"{load['host_ops']:,.0f} operators and " if load.get("host_ops") else ""
+        what = f" Per iteration it recorded {ops}{load.get('runtime_calls', 0):,.0f} runtime calls"
         if load.get("graph_kernels"):
             what += (f", and traced {load['graph_kernels']:,.0f} kernels replayed from CUDA graphs one by one "
                      f"(the graph launches took {us(load.get('graph_launch_host_us', 0.0))} on the host)")

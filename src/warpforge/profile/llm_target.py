@@ -23,7 +23,9 @@ import torch
 # Random-weight checkpoints live with the engine; re-exported here for the profile target and its tests.
 from warpforge.llm.random_weights import PRESETS, random_checkpoint  # noqa: F401
 
-DECODE_ROOM = 256  # decode steps a profile may take: warm-up + counted + 3 windows of iters, with margin
+# Decode steps a profile may take, with margin: at iters=20, warm-up 5 + counted 1 + pad sizing 2 + plain 20
+# + detail 21 + timed 21 + plain 20 + the two overhead_parts windows 2 x 21 = 152.
+DECODE_ROOM = 256
 
 
 def llm_engine(path: str, *, batch: int, prompt_len: int, device: torch.device, prefill: bool):

@@ -68,6 +68,8 @@ def _figs(d: dict[str, Any]) -> str:
         o = t["overhead"]
         # A profiled window faster than the plain ones means the run-to-run noise exceeds the cost.
         figs.append(("profiler overhead" + (" (below noise)" if o < -0.02 else ""), _pct(o)))
+        if t.get("window") == "light":  # the overhead and the device times are the CUDA-only window's
+            figs.append(("timed window", "CUDA activity alone"))
         for half, v in (t.get("overhead_parts") or {}).items():
             if v is not None:
                 figs.append((f"{half.upper()} half of it alone", _pct(v)))

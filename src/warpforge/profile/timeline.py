@@ -107,6 +107,14 @@ def split_time(trace: Trace, att: Attribution, ops: list, launch_us: float | Non
 
     events = sorted([g for i in att.instances for g in i.gpu] + att.unattributed, key=lambda g: g.ts_us)
     t0 = att.iterations[0][0] if att.iterations else (events[0].ts_us if events else 0.0)
+    if events:
+        # Device work queued before the window and still running when its first iteration starts (the GPU
+        # sleep that gives the host its head start, trace._window_ms) holds the GPU: the window's device
+        # time starts when that work ends, not earlier, and never after the window's own first work.
+        ids = {id(g) for g in events}
+        held = [g.end_us for g in trace.gpu if id(g) not in ids and g.ts_us <= events[0].ts_us and g.end_us > t0]
+        if held:
+            t0 = min(max(held), events[0].ts_us)
     # The window ends when both the host's last iteration and the device's last work have ended.
     t1 = max([g.end_us for g in events] + ([att.iterations[-1][1]] if att.iterations else []), default=t0)
     by_cat: dict[str, list[tuple[float, float]]] = defaultdict(list)
