@@ -16,8 +16,8 @@ from warpforge.bench.e2e import mbu, mfu, run_end_to_end
 from warpforge.bench.record import validate_record
 from warpforge.bench.suite import EndToEndCase, Run
 
-ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "throughput-8b-1000", "prefix-cache",
-        "long-prompt", "gemma3-270m-b1", "gemma3-270m-b64"}
+ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "throughput-8b-1000", "throughput-8b-1000-kv-fp8",
+        "prefix-cache", "long-prompt", "gemma3-270m-b1", "gemma3-270m-b64"}
 CPU = {"name": "cpu", "torch": torch.__version__}
 
 
@@ -40,6 +40,9 @@ def test_full_case_list_has_every_row_of_the_table():
         assert cases[row].target == {"ratio": {"hf": 10.0}} and "hf" in cases[row].peers
     assert (p["throughput-8b-1000"]["requests"], p["throughput-8b-1000"]["in"]) == (1024, 1000)
     assert cases["throughput-8b-1000"].target["tok/s"] == 10000.0 and "17,744" in cases["throughput-8b-1000"].baseline
+    # the fp8-KV twin is reported beside it, never judged against the bf16 target
+    assert p["throughput-8b-1000-kv-fp8"]["kv_cache_dtype"] == "fp8"
+    assert "tok/s" not in cases["throughput-8b-1000-kv-fp8"].target
     pc = cases["prefix-cache"]
     assert (p["prefix-cache"]["system"], p["prefix-cache"]["question"], p["prefix-cache"]["requests"]) == (2000, 100, 256)
     assert pc.metric == "ms" and pc.target == {"ratio": {"no-prefix-cache": 3.0}}
@@ -53,7 +56,7 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
 
     records = run_suite(_suite(), quick=True, device="cpu")
     by_row = {r["params"]["row"]: r for r in records}
-    assert set(by_row) == ROWS - {"gemma3-270m-b1", "gemma3-270m-b64"}
+    assert set(by_row) == ROWS - {"gemma3-270m-b1", "gemma3-270m-b64", "throughput-8b-1000-kv-fp8"}
     for r in records:
         validate_record(r)
         assert r["correct"]["ok"], (r["case"], r["correct"])
