@@ -174,9 +174,12 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
               help="llm targets: sequences in the batch (default: 8 for decode, 1 for prefill).")
 @click.option("--prompt-len", default=None, type=click.IntRange(min=1),
               help="llm targets: prompt tokens per sequence (default: 128 for decode, 512 for prefill).")
+@click.option("--window", default="light", show_default=True, type=click.Choice(["light", "full"]),
+              help="CUDA: 'light' times a window under CUPTI's device activity alone and takes operator names "
+                   "from a separate detail window (low overhead); 'full' times the detail window itself.")
 def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iters: int, out: str | None,
             compare_paths: tuple[str, str] | None, trace: bool, device: str, top: int, batch: int | None,
-            prompt_len: int | None) -> None:
+            prompt_len: int | None, window: str) -> None:
     """Where TARGET's time goes, against the roofline of the measured ceilings.
 
     TARGET is `path/file.py:factory` or `package.module:factory` (the factory returns a model, or
@@ -189,7 +192,7 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
 
     sys.exit(cli_profile(target, input_shapes=input_shapes, warmup=warmup, iters=iters, out=out,
                          compare_paths=compare_paths, trace=trace, device=device, top=top, batch=batch,
-                         prompt_len=prompt_len, console=_console()))
+                         prompt_len=prompt_len, window=window, console=_console()))
 
 
 @main.command()

@@ -25,7 +25,7 @@ def _slug(name: str) -> str:
 def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmup: int = 5, iters: int = 20,
                 out: str | None = None, compare_paths: tuple[str, str] | None = None, trace: bool = False,
                 device: str = "auto", top: int = 15, batch: int | None = None, prompt_len: int | None = None,
-                console=None) -> int:
+                window: str = "light", console=None) -> int:
     from rich.console import Console
 
     console = console or Console(stderr=False)
@@ -52,7 +52,7 @@ def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmu
                   highlight=False)
     try:
         p = profile(t.fn, *t.inputs, module=t.module, count_fn=t.count_fn, warmup=warmup, iters=iters,
-                    name=t.name, work=t.work)
+                    name=t.name, work=t.work, window=window)
     except ProfileError as e:
         return _err(console, str(e))
     except ValueError as e:  # bad settings (iters < 1, ...)
