@@ -17,6 +17,7 @@ Must run in its own process: the interpreter (TRITON_INTERPRET=1) must be off be
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -39,6 +40,11 @@ _PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "b
 
 def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, odd: tuple = ()) -> dict:
     """``odd``: integer arguments not assumed divisible by 16 (image sizes, padding)."""
+    defaults = {n: q.default for n, q in inspect.signature(fn.fn).parameters.items()
+                if q.default is not inspect.Parameter.empty}
+    for n in fn.arg_names:  # constexpr parameters left out take their defaults (e.g. PDL=False)
+        if n not in sig and n in defaults:
+            sig[n], consts[n] = "constexpr", defaults[n]
     sig = {n: sig[n] for n in fn.arg_names}  # in parameter order
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
              if (t.startswith("*") or t == "i32") and n not in odd}
@@ -56,6 +62,7 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, o
     spill = re.search(r"(\d+) bytes spill stores", r.stderr)
     return {"shared": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
             "spill": int(spill.group(1)) if spill else 0, "wgmma": "wgmma" in ptx,
+            "pdl": "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx,
             "warp_specialized": "ttg.warp_specialize" in k.asm["ttgir"]}
 
 
@@ -103,7 +110,7 @@ def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True, int8=False)
     return compile_sm90(matmul._matmul_ptr_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def linear(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
+def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: bool = False) -> dict:
     wdt = {0: dt, 1: "i8", 2: "u8", 3: "u8"}[fmt]
     ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split"]
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
@@ -119,7 +126,7 @@ def linear(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
         sig[n] = "constexpr"
     _flags(sig, consts, FORMAT=fmt, GROUP=group or 1, SCALE_B=2 if fmt in (1, 3) else 0, HAS_BIAS=False,
            ACTIVATION=0, SPLIT_K=cfg.split_k, EVEN_K=True, USE_DOT=cfg.use_dot, DOT_PRECISION="tf32",
-           LOOP_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+           LOOP_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl)
     return compile_sm90(gemv._linear_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
@@ -233,6 +240,9 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         for cfg in pick([c for c in cfgs if c.words]):
             for fmt, group in ((1, None), (2, 128)):
                 out.append((f"linear words fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear_words(cfg, fmt, g)))
+    # Programmatic dependent launch (the LLM decode graphs): griddepcontrol wait + launch_dependents.
+    cfg = next(c for c in gemv.LINEAR_CONFIGS[min(gemv.LINEAR_CONFIGS)] if not c.words)
+    out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=True)))
     return out
 
 

@@ -350,6 +350,9 @@ def test_default_configs_compile_for_sm90(tmp_path):
     bad = [row for row in rows if not row["ok"]]
     assert not bad and r.returncode == 0, bad or r.stderr[-2000:]
     assert all(row["wgmma"] for row in rows if row["kernel"].startswith(("matmul", "fp8", "int8", "conv")))
+    pdl = [row for row in rows if row["kernel"].startswith("linear pdl")]
+    assert pdl and all(row["pdl"] for row in pdl)  # PDL=True emits griddepcontrol.wait + launch_dependents
+    assert not any(row["pdl"] for row in rows if not row["kernel"].startswith("linear pdl"))
 
 
 @pytest.mark.gpu

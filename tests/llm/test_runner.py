@@ -183,6 +183,27 @@ def test_async_scheduling_on_cuda_graphs_changes_no_token():
 
 
 @pytest.mark.gpu
+def test_pdl_decode_graphs_change_no_token():
+    """Decode graphs captured with programmatic dependent launch: every kernel still waits for the one
+    before it, so bf16 tokens and logprobs are bit-identical to graphs without (a race would move them)."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    ps = prompts()
+    kw = dict(dtype=torch.bfloat16, device="cuda", max_model_len=128, page_size=16, num_pages=64,
+              cuda_graph_batch_sizes=[1, 2, 4, 8])
+    on = LLM(str(checkpoint("llama")), pdl=True, **kw)
+    off = LLM(str(checkpoint("llama")), pdl=False, **kw)
+    assert on.engine.runner.graphs.pdl and not off.engine.runner.graphs.pdl
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
+    for _ in range(3):
+        for n in (1, 3, 5):
+            a, b = on.generate(ps[:n], params), off.generate(ps[:n], params)
+            assert [o.token_ids for o in a] == [o.token_ids for o in b]
+            assert [o.logprobs for o in a] == [o.logprobs for o in b]
+    assert on.engine.runner.graphs.replays > 3 * 3 * 30
+
+
+@pytest.mark.gpu
 def test_kv_cache_sized_from_free_memory(tmp_path):
     from warpforge.llm.testing import tiny_checkpoint
 

@@ -5,9 +5,9 @@ and a torch reference in :mod:`warpforge.kernels.reference`. Imports torch and t
 """
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
-from warpforge.kernels._dispatch import force_triton, use_triton
+from warpforge.kernels._dispatch import force_triton, programmatic_launch, use_triton
 
-__all__ = ["force_triton", "use_triton"]
+__all__ = ["force_triton", "programmatic_launch", "use_triton"]
 
 # Kernels are imported from their modules (``from warpforge.kernels.matmul import matmul``): several
 # functions share their module's name (matmul, gemv, rope), so re-exporting them here would make

@@ -8,6 +8,7 @@ is imported first by every module that defines Triton kernels.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 
@@ -18,6 +19,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+import triton  # noqa: E402  (after the interpreter is chosen)
+import triton.language as tl  # noqa: E402
 _forced = False
 
 
@@ -39,3 +43,44 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     if _forced:
         return True
     return all(t.is_cuda for t in tensors if t is not None)
+
+
+# ---- programmatic dependent launch (Hopper) ------------------------------------------------------
+# A kernel launched with PDL may start while the kernel before it in the stream is still finishing:
+# its programs become resident, run up to ``pdl_enter``'s ``griddepcontrol.wait`` (which returns once
+# the previous grid has completed and its writes are visible), then signal that the next kernel may
+# launch in turn. Inside a CUDA graph of many short kernels (an LLM decode step: ~10 per layer) that
+# hides most of each kernel-to-kernel launch gap. Correctness stays stream order, since every kernel
+# waits before its first global access; the win is launch latency only. Off unless a caller opts in
+# with ``programmatic_launch()`` (the LLM engine's decode graphs); ``pdl(x)`` is what launchers ask.
+
+_PDL = contextvars.ContextVar("warpforge_pdl", default=False)
+_PDL_CAPABLE: dict[int, bool] = {}
+
+
+@contextlib.contextmanager
+def programmatic_launch(enabled: bool = True) -> Iterator[None]:
+    """Launch the kernels that support it with programmatic dependent launch inside this block."""
+    token = _PDL.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _PDL.reset(token)
+
+
+def pdl(x: torch.Tensor) -> bool:
+    """True when a launch on x's device should use PDL: asked for, CUDA (not the interpreter), sm_90+."""
+    if not _PDL.get() or INTERPRET or not x.is_cuda:
+        return False
+    idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_CAPABLE:
+        _PDL_CAPABLE[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
+    return _PDL_CAPABLE[idx]
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """First statement of a PDL-capable kernel: wait for the previous grid, then let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -138,8 +138,9 @@ def row_config(m: int, n: int, *, target: int = TARGET_ELEMS, max_block_n: int |
 
 @triton.jit
 def _gated_kernel(x_ptr, out_ptr, M, D, stride_xm, stride_om,
-                  ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
     # x [M, 2*D] (first half activated, second half the gate multiplier), out [M, D]
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < D)[None, :]
@@ -171,7 +172,8 @@ def _gated(x: torch.Tensor, act: str, out: torch.Tensor | None, config: RowConfi
         return out
     cfg = config or row_config(m, d, max_block_n=1024)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(d, cfg.block_n))
-    _gated_kernel[grid](x2, out2, m, d, x2.stride(0), out2.stride(0), ACT=ACTIVATIONS[act],
+    p = pdl(x2)
+    _gated_kernel[grid](x2, out2, m, d, x2.stride(0), out2.stride(0), ACT=ACTIVATIONS[act], PDL=p, launch_pdl=p,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return out
 

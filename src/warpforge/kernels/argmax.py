@@ -15,14 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
 from warpforge.kernels.activation import check_float, rows_view
 
 CHUNK = 4096  # row entries per program (16 KiB of fp32)
 
 
 @triton.jit
-def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: tl.constexpr):
+def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -36,7 +37,8 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: 
 
 
 @triton.jit
-def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.constexpr):
+def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     ok = c < n_chunks
@@ -65,10 +67,11 @@ def argmax_rows(x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
     n_chunks = triton.cdiv(n, block)
     vals = torch.empty((m, n_chunks), dtype=torch.float32, device=x.device)
     idxs = torch.empty((m, n_chunks), dtype=torch.int32, device=x.device)
-    _argmax_chunk_kernel[(m, n_chunks)](x2, vals, idxs, n, x2.stride(0), n_chunks, BLOCK=block,
-                                        num_warps=8 if block >= 2048 else 4)
+    p = pdl(x2)
+    _argmax_chunk_kernel[(m, n_chunks)](x2, vals, idxs, n, x2.stride(0), n_chunks, BLOCK=block, PDL=p,
+                                        launch_pdl=p, num_warps=8 if block >= 2048 else 4)
     _argmax_rows_kernel[(m,)](vals, idxs, out, n_chunks, BLOCK_C=max(16, triton.next_power_of_2(n_chunks)),
-                              num_warps=1)
+                              PDL=p, launch_pdl=p, num_warps=1)
     return out.view(x.shape[:-1])
 
 

@@ -27,7 +27,7 @@ import torch
 from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter before any @jit)
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
-from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
 from warpforge.kernels.matmul import (
     FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _store, activation_code, check_epilogue_operands,
     check_tensor, matmul,
@@ -152,8 +152,10 @@ def _linear_kernel(
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, LOOP_STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits)."""
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -227,6 +229,7 @@ def _linear_words_kernel(
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """M = 1 against int8 (per-channel scale) or int4 (group scale and zero) weights read as int32 words.
 
@@ -239,6 +242,7 @@ def _linear_words_kernel(
     group's sum, sum_g s_g * (sum_k x_k q_k - z_g * sum_k x_k), and the int8 scale goes to the
     epilogue. w_ptr is the packed weight viewed as int32 [N, K_w / per-word]; stride_wn in words.
     """
+    pdl_enter(PDL)
     PER: tl.constexpr = 8 if FORMAT == 2 else 4  # values per 32-bit word
     BW: tl.constexpr = BLOCK_K // PER  # words per row per tile
     pid_n = tl.program_id(0)
@@ -319,8 +323,9 @@ def _linear_words_kernel(
 @triton.jit
 def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias, stride_om, stride_on,
                           SPLIT_K: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
     """out = epilogue(sum over splits of part[s]); part fp32 [SPLIT_K, M, N]."""
+    pdl_enter(PDL)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -346,6 +351,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
     bias_stride = bias.stride(0) if bias is not None else 0
     sn = scales.stride(0) if fmt == FMT_INT4 else 0
 
+    p = pdl(x)
+
     def run(cfg: LinearConfig) -> None:
         k_per_split = triton.cdiv(triton.cdiv(max(K, 1), cfg.block_k), cfg.split_k) * cfg.block_k
         splits = triton.cdiv(max(K, 1), k_per_split)
@@ -360,7 +367,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 SPLIT_K=splits,
                 EVEN_K=(K % cfg.block_k == 0 and K_w == K and K_w % per == 0), LOOP_STAGES=cfg.num_stages,
                 ASM=not INTERPRET,
-                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=p, launch_pdl=p,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         else:
             _linear_kernel[grid](
@@ -370,7 +378,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 SPLIT_K=splits, EVEN_K=(K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=p, launch_pdl=p,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         if splits > 1:
@@ -378,7 +386,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             _splitk_reduce_kernel[(triton.cdiv(N, rbn), triton.cdiv(M, rbm))](
                 part, scales, bias, out, M, N, bias_stride, out.stride(0), out.stride(1),
                 SPLIT_K=splits, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
-                BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
+                BLOCK_M=rbm, BLOCK_N=rbn, PDL=p, launch_pdl=p, num_warps=4)
 
     words = words_ok(fmt, w, K_w)
     if config is None:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
 
 LAYOUTS = ("neox", "interleaved")
 
@@ -87,9 +87,10 @@ def _rotate_heads(base, stride_h, nh, h0, cos, sin, i, imask, HALF,
 def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
                  HQ, HK, stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
                  HALF, NUM_QB,
-                 INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = False):
     # grid (T, NUM_QB + NUM_KB): program (t, b) rotates head block b of q (b < NUM_QB) or of k.
     # One launch for q and k (decode is launch-bound); the cos/sin row is read once per program.
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -193,7 +194,7 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
         q, kk, positions, cos, sin, hq, hk, q.stride(0), q.stride(1), kk.stride(0), kk.stride(1),
         cos.stride(0), sin.stride(0), half, nqb,
         INTERLEAVED=layout == "interleaved", BLOCK_H=cfg.block_h, BLOCK_HALF=_pow2(half),
-        num_warps=cfg.num_warps)
+        PDL=pdl(q), launch_pdl=pdl(q), num_warps=cfg.num_warps)
     return q, k
 
 

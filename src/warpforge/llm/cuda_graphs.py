@@ -9,6 +9,8 @@ A batch of B pads to the next captured size with rows of slot -1 (no KV write) a
 
 Graphs share one memory pool; capturing the largest size first lets the smaller ones reuse its
 blocks. Each size runs once eagerly before capture so Triton compiles (and autotunes) outside it.
+With ``pdl`` the kernels that support it are captured with programmatic dependent launch (each one's
+programs start while the previous kernel drains; see kernels/_dispatch.py).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import bisect
 import numpy as np
 import torch
 
+from warpforge.kernels import programmatic_launch
 from warpforge.llm.context import StepContext, set_context
 
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, sizes: list[int], *, max_pages_per_seq: int, max_seq_len: int,
-                 device: torch.device):
+                 device: torch.device, pdl: bool = False):
         self.model = model
+        self.pdl = pdl  # capture the kernels that support it with programmatic dependent launch
         self.sizes = sorted(set(sizes))
         self.max_seq_len = max_seq_len
         n = self.sizes[-1]
@@ -59,11 +63,12 @@ class DecodeGraphs:
         for bs in reversed(self.sizes):
             set_context(self._context(bs))
             try:
-                self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up: compile/tune outside capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self.outputs[bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                with programmatic_launch(self.pdl):
+                    self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up: compile/tune outside capture
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool):
+                        self.outputs[bs] = self.model(self.input_ids[:bs], self.positions[:bs])
             finally:
                 set_context(None)
             if self.pool is None:

@@ -58,7 +58,8 @@ class ModelRunner:
         if self.on_cuda and torch.cuda.is_available() and not engine_config.enforce_eager and sizes:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(model, sizes, max_pages_per_seq=self.max_pages_per_seq,
-                                           max_seq_len=engine_config.max_model_len, device=self.device)
+                                           max_seq_len=engine_config.max_model_len, device=self.device,
+                                           pdl=bool(engine_config.pdl))
 
     # ---- KV memory -----------------------------------------------------------------------------
 

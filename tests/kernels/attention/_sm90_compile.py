@@ -8,6 +8,7 @@ specializes them at run time; without that hint the pipeliner emits no cp.async.
 from __future__ import annotations
 
 import json
+import inspect
 import os
 import re
 import subprocess
@@ -28,6 +29,9 @@ FLOATS = {"qk_scale", "cap_scale", "cap_log2", "sm_scale", "softcap"}
 
 def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int) -> dict:
     sig, attrs = {}, {}
+    # constexpr parameters left out take their defaults (e.g. PDL=False)
+    const = {**{n: q.default for n, q in inspect.signature(fn.fn).parameters.items()
+                if q.default is not inspect.Parameter.empty and n not in types}, **const}
     for i, name in enumerate(fn.arg_names):
         if name in const:
             sig[name] = "constexpr"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.attention.prefill import check_attention_options
@@ -111,7 +111,8 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, FP8: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -175,8 +176,9 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
 @triton.jit
 def _decode_reduce_kernel(O_part, LSE_part, O, stride_ob, stride_oh, num_heads, num_splits,
                           BLOCK_S: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     # out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max); empty splits weigh 0.
+    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -246,12 +248,13 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=D, BLOCK_D=block_d, PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n,
         SPLIT=num_splits > 1, MASK_LEFT=left >= 0, SOFTCAP=softcap is not None, FP8=cache.is_fp8,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl(q), launch_pdl=pdl(q),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=D, BLOCK_D=block_d, num_warps=4,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl(q),
+            launch_pdl=pdl(q), num_warps=4,
         )
     return out

@@ -1,0 +1,72 @@
+"""Programmatic dependent launch (kernels/_dispatch.py): off by default, never on CPU or in the
+interpreter, and on the GPU bit-identical results for a chain of dependent kernels in a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from warpforge.kernels import programmatic_launch
+from warpforge.kernels._dispatch import pdl
+
+
+def test_pdl_is_off_unless_asked_and_never_on_cpu():
+    x = torch.ones(4)
+    assert not pdl(x)
+    with programmatic_launch():
+        assert not pdl(x)  # CPU tensors (and the interpreter) never launch with PDL
+        with programmatic_launch(False):
+            assert not pdl(x)
+    assert not pdl(x)
+
+
+def test_engine_config_reads_pdl_from_the_environment(monkeypatch):
+    from warpforge.llm.engine_config import EngineConfig
+
+    monkeypatch.delenv("WARPFORGE_PDL", raising=False)
+    assert EngineConfig().pdl is False
+    monkeypatch.setenv("WARPFORGE_PDL", "1")
+    assert EngineConfig().pdl is True and EngineConfig(pdl=False).pdl is False
+    with pytest.raises(ValueError, match="pdl"):
+        EngineConfig(pdl="yes")
+
+
+def _chain(x, r, w_norm, w1, w2):
+    """norm(+residual) -> linear -> silu_and_mul -> linear -> argmax: each kernel reads the one before."""
+    from warpforge.kernels.activation import silu_and_mul
+    from warpforge.kernels.argmax import argmax_rows
+    from warpforge.kernels.gemv import linear
+    from warpforge.kernels.norm import rms_norm
+
+    h, res = rms_norm(x, w_norm, 1e-6, residual=r)
+    y = linear(silu_and_mul(linear(h, w1)), w2)
+    return y, res, argmax_rows(y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5])
+def test_pdl_chain_in_a_cuda_graph_is_bit_identical(m):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    dt = torch.bfloat16
+    x = torch.randn(m, 2048, device="cuda", generator=g).to(dt)
+    r = torch.randn(m, 2048, device="cuda", generator=g).to(dt)
+    w_norm = torch.rand(2048, device="cuda", generator=g).to(dt)
+    w1 = (torch.randn(2 * 5632, 2048, device="cuda", generator=g) / 45).to(dt)
+    w2 = (torch.randn(2048, 5632, device="cuda", generator=g) / 75).to(dt)
+    want = _chain(x, r, w_norm, w1, w2)
+    outs = {}
+    for on in (False, True):
+        with programmatic_launch(on):
+            _chain(x, r, w_norm, w1, w2)  # compile outside capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs[on] = _chain(x, r, w_norm, w1, w2)
+        for _ in range(20):  # a race would show as a moving result
+            outs[on][0].fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            for a, b in zip(outs[on], want):
+                assert torch.equal(a, b), f"pdl={on}"
