@@ -88,28 +88,11 @@ def pick_cases(quick: bool) -> list[tuple[str, Any]]:
     return out
 
 
-def graph_of(fn: Any, dev: torch.device, warmup: int) -> torch.cuda.CUDAGraph:
-    """``fn()`` captured once in a CUDA graph, after warm-up calls on a side stream (as capture requires;
-    the harness captures the same way, ``warpforge.bench.timing``)."""
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(max(warmup, 1)):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    torch.cuda.synchronize(dev)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize(dev)
-    return graph
-
-
 def agreement(suite: str, case: Any, dev: torch.device, *, quick: bool) -> dict[str, Any]:
     """One case: the harness's figure and the profiler's, on the same inputs, and how far apart."""
     from warpforge.bench.compare import case_seed
     from warpforge.bench.record import device_info, git_version, now_iso
-    from warpforge.bench.timing import time_fn
+    from warpforge.bench.timing import capture_graph, time_fn
     from warpforge.profile import profile
     from warpforge.profile.targets import case_work
 
@@ -122,7 +105,7 @@ def agreement(suite: str, case: Any, dev: torch.device, *, quick: bool) -> dict[
     # kernels find their operators through the eager call counted beside it (the graph-replay path).
     graphed = case.cuda_graph and dev.type == "cuda"
     if graphed:
-        graph = graph_of(lambda: case.ours(*inputs), dev, warmup)
+        graph = capture_graph(lambda: case.ours(*inputs), dev, warmup)  # as the harness does
         target, count_fn = (lambda *_: graph.replay()), case.ours
     else:
         target, count_fn = case.ours, None

@@ -138,7 +138,7 @@ def _check_counts(warmup: int, rep: int) -> None:
         raise ValueError(f"rep must be >= 1, got {rep}")
 
 
-def _capture(fn: Callable[[], Any], device: torch.device, warmup: int, calls: int) -> torch.cuda.CUDAGraph:
+def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int, calls: int = 1) -> torch.cuda.CUDAGraph:
     """Warm fn up on a side stream (as capture requires), then capture ``calls`` back-to-back calls."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -199,7 +199,7 @@ def time_interleaved(
         raise ValueError(f"graph_calls must be >= 1, got {graph_calls}")
     with torch.cuda.device(dev):
         if cuda_graph:
-            graphs = {n: _capture(fns[n], dev, warmup, graph_calls) for n in names}
+            graphs = {n: capture_graph(fns[n], dev, warmup, graph_calls) for n in names}
             calls: dict[str, Callable[[], Any]] = {n: graphs[n].replay for n in names}
             per_sample = graph_calls
         else:
