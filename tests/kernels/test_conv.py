@@ -246,3 +246,20 @@ def test_gpu_grouped_and_odd_shapes():
     _run("cuda", torch.float16, 4, 256, 28, 28, 256, 3, 1, 1, 1, 32, "relu", False)  # ResNeXt-style groups
     _run("cuda", torch.float16, 3, 33, 17, 19, 65, 3, 2, 2, 2, 1, "silu", False)
     _run("cuda", torch.float32, 2, 64, 15, 15, 96, 3, 1, 1, 1, 1, "gelu", True)
+
+
+def test_taps_mode_drops_k_steps_wider_than_the_channels():
+    """MODE_TAPS: one K step never straddles two taps, so block_k above C/groups only multiplies zeros."""
+    from warpforge.kernels.conv import ConvConfig, _fits
+    from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS
+
+    wide, narrow = ConvConfig(128, 128, 128, 8, 8, 4), ConvConfig(128, 128, 64, 8, 8, 4)
+    default = INT8_CONV_CONFIGS[0]
+    m = 32 * 56 * 56  # a 3x3 conv 64->256 at 56x56, batch 32: K = 576, 64 channels a step
+    assert _fits(wide, m, 256, 576, 1, default)  # judged by the whole K, as before
+    assert not _fits(wide, m, 256, 576, 1, default, k_tile=64) and _fits(narrow, m, 256, 576, 1, default, k_tile=64)
+    assert _fits(wide, m, 256, 256 * 9, 1, default, k_tile=256)  # 256 channels fill a 128-wide step
+    assert _fits(default, m, 256, 576, 1, default, k_tile=64)  # the default is always kept
+    # every int8 tile shape the tuner offers for C >= 128 has a block_k 64 twin for C = 64
+    shapes64 = {(c.block_m, c.block_n) for c in INT8_CONV_CONFIGS if c.block_k == 64 and c.split_k == 1}
+    assert {(128, 128), (128, 64), (64, 128), (64, 64)} <= shapes64

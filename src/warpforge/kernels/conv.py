@@ -582,7 +582,8 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
         # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
         scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
         cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch),
-                           valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, g.groups, tuner.configs[0]))
+                           valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, g.groups, tuner.configs[0],
+                                                 k_tile=g.cin_g if mode == MODE_TAPS else None))
         if not torch.cuda.is_current_stream_capturing():
             _CHOSEN[(tuner.kernel, str(x.device), bucket)] = cfg
     return cfg
@@ -592,9 +593,12 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int, default: ConvConfig | None = None) -> bool:
+def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int, default: ConvConfig | None = None,
+          k_tile: int | None = None) -> bool:
     """Drop tiles far larger than the problem (all-masked work) and split-K where the output tiles
-    already fill the GPU or K is too short to share; always keeps the default (CONV_CONFIGS[0])."""
+    already fill the GPU or K is too short to share; always keeps the default (CONV_CONFIGS[0]).
+    ``k_tile``: the most channels one K step can hold (MODE_TAPS: C/groups, a step never straddles two
+    taps), so a wider block_k only multiplies zeros in the same number of steps."""
     if cfg == (CONV_CONFIGS[0] if default is None else default):
         return True
     if cfg.split_k > 1:
@@ -603,7 +607,7 @@ def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int, default: Co
             return False
     return (cfg.block_n <= max(32, triton.next_power_of_2(cout_g))
             and cfg.block_m <= max(32, triton.next_power_of_2(m))
-            and cfg.block_k <= max(16, triton.next_power_of_2(k)))
+            and cfg.block_k <= max(16, triton.next_power_of_2(k if k_tile is None else k_tile)))
 
 
 __all__ = ["CONV_CONFIGS", "ConvConfig", "DepthwiseConfig", "conv2d", "depthwise_config", "prepare_conv_weight"]

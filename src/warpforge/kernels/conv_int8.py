@@ -48,6 +48,12 @@ INT8_CONV_CONFIGS = [
     ConvConfig(128, 128, 128, 8, 8, 4),
     ConvConfig(64, 64, 128, 8, 4, 4),
     ConvConfig(64, 64, 32, 8, 4, 5),  # small Cout and short K (the RGB stem: K = 27)
+    # block_k 64 twins for C/groups <= 64 (ResNet-50's layer1, MobileNetV2's 1x1s): a 128-wide K step
+    # there is half zeros in as many steps (the tuner drops it for those layers, see conv._fits).
+    ConvConfig(128, 128, 64, 8, 8, 4),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(64, 64, 64, 8, 4, 5),
     # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
     ConvConfig(64, 64, 128, 8, 4, 4, split_k=4),
     ConvConfig(32, 64, 128, 4, 4, 4, split_k=8),
