@@ -2,6 +2,7 @@
 # One call on a GPU machine: install, GPU tests, probe, suites. Writes everything under $OUT
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
 # Stages: install test-gpu[:path,path] test-par[:N[:path,path]] probe bench:<suite>[:-k filter]
+#         env:NAME=VALUE (exported for the stages after it, e.g. env:WARPFORGE_PDL=1)
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
 # Env: WARPFORGE_GIT (the tree copy has no .git), BENCH_LIMIT (seconds per bench stage, 0 = none),
 # CALL_LIMIT (seconds for the whole script: bench stages stop in time to pack the results).
@@ -24,15 +25,17 @@ for st in "${stages[@]}"; do
     test-par|test-par:*) IFS=: read -r _ n paths <<< "$st"; IFS=, read -ra p <<< "${paths:-}"
        .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" "${p[@]}"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
+    env:*) kv=${st#env:}; export "${kv?}"; echo "== $kv for the stages after this one"; rc=0 ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
-       args=(bench "$suite" --out "$OUT/$suite.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
+       n_bench=$(( ${n_bench:-0} + 1 ))  # one file per bench stage: two stages of a suite must not overwrite
+       args=(bench "$suite" --out "$OUT/$suite.$n_bench.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
        # BENCH_LIMIT (seconds): stop the suite there; finished cases are kept (SIGTERM = Ctrl-C)
        limit=${BENCH_LIMIT:-0}
        if [ -n "${CALL_LIMIT:-}" ]; then  # what is left of the whole call, less time to pack up
          left=$(( CALL_LIMIT - ($(date +%s) - T_START) - 25 )); [ $left -lt 5 ] && left=5
          { [ "$limit" = 0 ] || [ $left -lt "$limit" ]; } && limit=$left
        fi
-       timeout -s TERM "$limit" .venv/bin/warpforge "${args[@]}" 2>&1 | tee "$OUT/$suite.txt"
+       timeout -s TERM "$limit" .venv/bin/warpforge "${args[@]}" 2>&1 | tee "$OUT/$suite.$n_bench.txt"
        rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $st"; rc=2 ;;
   esac
