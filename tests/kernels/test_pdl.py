@@ -70,3 +70,24 @@ def test_pdl_chain_in_a_cuda_graph_is_bit_identical(m):
             torch.cuda.synchronize()
             for a, b in zip(outs[on], want):
                 assert torch.equal(a, b), f"pdl={on}"
+
+
+@pytest.mark.parametrize("m, n, k, split", [(1, 37, 300, None), (1, 64, 1024, 4), (5, 50, 129, None)])
+def test_linear_pdl_path_prefetches_the_first_weight_tile_and_stays_exact(monkeypatch, m, n, k, split):
+    """With PDL the GEMV loads its first weight tile before the wait and peels that K step off the loop:
+    run that code path (the interpreter skips the wait itself) on odd sizes and split-K."""
+    from warpforge.kernels import force_triton
+    from warpforge.kernels import gemv
+    from warpforge.kernels.gemv import LinearConfig, linear
+
+    monkeypatch.setattr(gemv, "pdl", lambda x: True)
+    g = torch.Generator().manual_seed(m * 1000 + k)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g)
+    cfg = None if split is None else LinearConfig(1, 16, 128, split_k=split)
+    out = torch.full((m, n), float("nan"))
+    with force_triton():
+        linear(x, w, bias=b, out=out, config=cfg)
+    want = (x.double() @ w.double().T + b.double()).float()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -78,9 +78,14 @@ def pdl(x: torch.Tensor) -> bool:
     return _PDL_CAPABLE[idx]
 
 
+_GDC: tl.constexpr = tl.constexpr(not INTERPRET)  # the interpreter has no griddepcontrol: a no-op there
+
+
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """First statement of a PDL-capable kernel: wait for the previous grid, then let the next one launch."""
-    if PDL:
+    """First statement of a PDL-capable kernel: wait for the previous grid, then let the next one launch.
+    (Kernel tests may set PDL in the interpreter to run a kernel's PDL-only code paths; the wait is
+    then skipped, stream order being the interpreter's anyway.)"""
+    if PDL and _GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -145,6 +145,25 @@ def _fits(cfg: LinearConfig, group: int | None, words: bool = False) -> bool:
 
 # ---- device code ------------------------------------------------------------------------------
 @triton.jit
+def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the [BN, BK] weight tile w times x's [BM, BK] tile at columns k0.."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + xrows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    if EVEN_K:
+        xt = tl.load(x_ptrs)  # [BM, BK]
+    else:
+        xt = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    if USE_DOT:
+        acc = tl.dot(w, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
+    elif BLOCK_M == 1:
+        acc += w.to(tl.float32) * xt.to(tl.float32)  # [BN, BK] * [1, BK]
+    else:
+        acc += w.to(tl.float32)[None, :, :] * xt.to(tl.float32)[:, None, :]
+    return acc
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
     M, N, K, K_w, stride_xm, stride_xk, stride_wn, stride_sn, stride_bias, stride_om, stride_on, k_per_split,
@@ -155,7 +174,6 @@ def _linear_kernel(
     PDL: tl.constexpr = False,
 ):
     """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits)."""
-    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -172,21 +190,22 @@ def _linear_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # one activation row: plain 2-D tiles
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + xrows[:, None] * stride_xm + offs_k[None, :] * stride_xk
-        if EVEN_K:
-            xt = tl.load(x_ptrs)  # [BM, BK]
-        else:
-            xt = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    start = k_lo
+    if PDL:
+        # The weight does not depend on the kernel before this one (PDL is used only in the LLM decode
+        # graphs, over static weights), so its first tile streams in while that kernel drains; x, the
+        # previous kernel's output, is read only after griddepcontrol.wait.
+        w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k_lo, K_w, stride_wn, stride_sn,
+                              FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
+        pdl_enter(PDL)
+        acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k_lo, K,
+                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K)
+        start = k_lo + BLOCK_K
+    for k0 in tl.range(start, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k0, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
-        if USE_DOT:
-            acc = tl.dot(w, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
-        elif BLOCK_M == 1:
-            acc += w.to(tl.float32) * xt.to(tl.float32)  # [BN, BK] * [1, BK]
-        else:
-            acc += w.to(tl.float32)[None, :, :] * xt.to(tl.float32)[:, None, :]
+        acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K,
+                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K)
     if USE_DOT:
         res = tl.trans(acc)  # [BM, BN]
     elif BLOCK_M == 1:
@@ -376,7 +395,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
                 k_per_split,
                 FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
-                SPLIT_K=splits, EVEN_K=(K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
+                SPLIT_K=splits, EVEN_K=(K > 0 and K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=p, launch_pdl=p,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
