@@ -22,6 +22,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 import triton  # noqa: E402  (after the interpreter is chosen)
 import triton.language as tl  # noqa: E402
+
 _forced = False
 
 
@@ -51,8 +52,10 @@ def use_triton(*tensors: torch.Tensor) -> bool:
 # the previous grid has completed and its writes are visible), then signal that the next kernel may
 # launch in turn. Inside a CUDA graph of many short kernels (an LLM decode step: ~10 per layer) that
 # hides most of each kernel-to-kernel launch gap. Correctness stays stream order, since every kernel
-# waits before its first global access; the win is launch latency only. Off unless a caller opts in
-# with ``programmatic_launch()`` (the LLM engine's decode graphs); ``pdl(x)`` is what launchers ask.
+# waits before it reads anything an earlier kernel writes or writes anything itself (the GEMV loads
+# its first tile of static weights before the wait: PDL is for graphs over fixed weights). Off unless
+# a caller opts in with ``programmatic_launch()`` (the LLM engine's decode graphs); ``pdl(x)`` is what
+# launchers ask.
 
 _PDL = contextvars.ContextVar("warpforge_pdl", default=False)
 _PDL_CAPABLE: dict[int, bool] = {}
