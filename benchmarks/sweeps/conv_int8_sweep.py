@@ -1,6 +1,7 @@
 """Where does the INT8 ResNet-50 time go? Per layer: fp16 conv2d against conv2d_int8 at every tiling.
 
     python benchmarks/sweeps/conv_int8_sweep.py --batch 32 --out conv_int8_sweep.json
+    python benchmarks/sweeps/conv_int8_sweep.py --model mobilenet_v2 --batch 32 --out conv_int8_mnv2.json
 
 Why: on the H200 (vision suite, 2026-12-01, git d94da65) the warpforge-int8 ResNet-50 at batch 32 took
 2.68 ms against 1.70 ms for warpforge-fp16 (0.64x; the target is 1.3x), and MobileNetV2 0.63x. The PTX of
@@ -49,6 +50,23 @@ EXTRA = [  # not in the tuner: candidates this sweep tests
 ]
 
 
+def model_layers(name: str) -> list[ConvLayer]:
+    """The distinct dense (groups == 1) conv shapes of a zoo model at 224 px, with their counts: the convs
+    warpforge-int8 runs on conv2d_int8 (depthwise convs stay fp16). Square kernels, padding k // 2."""
+    from warpforge.models import get
+
+    seen: dict[tuple, int] = {}
+    model = get(name, pretrained=False).model.eval()
+    hooks = [m.register_forward_hook(lambda m, a, o: seen.__setitem__(
+        key := (m.in_channels, a[0].shape[-1], m.out_channels, m.kernel_size[0], m.stride[0]), seen.get(key, 0) + 1))
+        for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.groups == 1]
+    with torch.no_grad():
+        model(torch.randn(1, 3, 224, 224))
+    for h in hooks:
+        h.remove()
+    return [ConvLayer(*k, count=n) for k, n in seen.items()]
+
+
 def inputs(layer: ConvLayer, batch: int, dev: torch.device, gen: torch.Generator):
     x = torch.randn(batch, layer.cin, layer.hw, layer.hw, generator=gen, device=dev).relu()
     w = torch.randn(layer.cout, layer.cin, layer.k, layer.k, generator=gen, device=dev) * (2.0 / (layer.cin * layer.k ** 2)) ** 0.5
@@ -67,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--out", type=Path, default=Path("conv_int8_sweep.json"))
-    ap.add_argument("--layers", default="", help="comma-separated indices into RESNET50 (default: all 23)")
+    ap.add_argument("--model", default="resnet50", choices=["resnet50", "mobilenet_v2"],
+                    help="whose conv shapes: resnet50 (the kernels suite's list) or mobilenet_v2 (its dense convs)")
+    ap.add_argument("--layers", default="", help="comma-separated indices into the model's list (default: all)")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping new layers after this")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only as a dry run of the script (references, "
                                                      "host timer: the figures mean nothing)")
@@ -76,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs a GPU: this sweep times kernels (--device cpu for a dry run)")
     dev = torch.device(a.device)
     gen = torch.Generator(device=dev).manual_seed(0)
-    idx = [int(i) for i in a.layers.split(",") if i] or list(range(len(RESNET50)))
+    layers = RESNET50 if a.model == "resnet50" else model_layers(a.model)
+    idx = [int(i) for i in a.layers.split(",") if i] or list(range(len(layers)))
     t0 = time.perf_counter()
     rows = []
     for i in idx:
         if time.perf_counter() - t0 > a.budget_s:
             print(f"budget: stopping before layer {i}")
             break
-        la = RESNET50[i]
+        la = layers[i]
         x16, w16, b16, xq, wq, xs, ws, b32, os_ = inputs(la, a.batch, dev, gen)
         kw = dict(stride=la.stride, padding=la.pad, activation="relu")
         row = {"layer": la.label, "count": la.count, "points": {}}
@@ -128,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     tot = {k: sum(r[k] * r["count"] for r in rows if r.get(k)) for k in ("fp16_us", "int8_tuned_us", "best_us")}
     print(f"network (x counts): fp16 {tot['fp16_us']:.0f} us, int8 tuned {tot['int8_tuned_us']:.0f} us, "
           f"int8 best {tot['best_us']:.0f} us")
-    a.out.write_text(json.dumps({"batch": a.batch, "rows": rows, "totals_us": tot}, indent=1))
+    a.out.write_text(json.dumps({"model": a.model, "batch": a.batch, "rows": rows, "totals_us": tot}, indent=1))
     return 0
 
 
