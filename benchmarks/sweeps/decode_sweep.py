@@ -20,6 +20,7 @@ import torch
 
 from warpforge.bench.timing import time_fn
 from warpforge.kernels.attention import DecodeConfig, PagedKVCache, num_decode_splits, paged_decode
+from warpforge.kernels.attention.decode import default_decode_config
 from warpforge.kernels.reference import paged_decode_ref
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
@@ -44,18 +45,29 @@ def inputs(B: int, ctx: int, fp8: bool, gen: torch.Generator, dev: torch.device)
 
 
 def main() -> None:
+    global D
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument("--shapes", default="", help="B:ctx[:fp8],... instead of the built-in list; e.g. the LLM "
+                                                "suite's batch-1 decode: 1:384,1:1024 with --head-dim 64")
+    ap.add_argument("--head-dim", type=int, default=D, help=f"head dim (default {D}; Llama-3.2-1B has 64)")
+    ap.add_argument("--configs", default="all", choices=["all", "default"],
+                    help="default: only the default tiling, sweeping the split count (short contexts)")
     args = ap.parse_args()
+    D = args.head_dim
+    shapes = [(int(f[0]), int(f[1]), len(f) > 2 and f[2] == "fp8") for f in
+              (x.split(":") for x in args.shapes.split(",") if x)] or SHAPES
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     gen = torch.Generator().manual_seed(0)
     configs = [DecodeConfig(block_n=bn, num_warps=w, num_stages=s)
                for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
+    if args.configs == "default":
+        configs = [default_decode_config(D, False)]
     results = []
     summary = []
-    for B, ctx, fp8 in SHAPES:
+    for B, ctx, fp8 in shapes:
         q, cache, table, lens = inputs(B, ctx, fp8, gen, dev)
         kv = 2 * B * ctx * HKV * D * (1 if fp8 else 2)
         default_splits = num_decode_splits(B, HKV, ctx, num_sms=sms)
@@ -64,7 +76,7 @@ def main() -> None:
             ref = paged_decode_ref(q[:1].float(), cache.k_cache, cache.v_cache, table[:1], lens[:1],
                                    k_scale=cache.k_scale, v_scale=cache.v_scale)
         splits = sorted({s for s in (1, 2, 4, 8, 16, 32, 64, 128, default_splits)
-                         if ctx // s >= 64})
+                         if ctx // s >= 64 or s == default_splits})
         rows = []
         for cfg in configs:
             try:
