@@ -63,6 +63,7 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
         ours = r["ours"]
         assert "error" not in ours, ours
         assert ours["tokens"] > 0 and {"mbu", "mfu", "peak_mem_GB", "ttft_ms"} <= set(ours)
+        assert ours["engine"]["pdl"] is False and ours["engine"]["async_scheduling"] is True  # the settings timed
         assert r["work"]["bytes"] > 0 and r["work"]["flops"] > 0
         for name, peer in r["peers"].items():
             assert "error" not in peer, (r["case"], name, peer)

@@ -213,7 +213,9 @@ def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str
             ttft = [o.metrics.ttft * 1e3 for o in outs if o.metrics and o.metrics.ttft is not None]
             extra = {"wall_ms": wall, "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
                      "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
-                     "cached_tokens": sum(o.metrics.num_cached_tokens for o in outs if o.metrics)}
+                     "cached_tokens": sum(o.metrics.num_cached_tokens for o in outs if o.metrics),
+                     "engine": {k: getattr(llm.engine.config, k) for k in
+                                ("pdl", "async_scheduling", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens")}}
             dec = [o.metrics.decode_tokens_per_s for o in outs if o.metrics]
             if len(outs) == 1 and dec[0] is not None:
                 extra["decode_tok_s"] = dec[0]
