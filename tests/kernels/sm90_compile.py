@@ -110,9 +110,9 @@ def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True, int8=False)
     return compile_sm90(matmul._matmul_ptr_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: bool = False) -> dict:
+def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: bool = False, gate: int = 0) -> dict:
     wdt = {0: dt, 1: "i8", 2: "u8", 3: "u8"}[fmt]
-    ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split"]
+    ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split", "gate_off"]
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
            "out_ptr": f"*{dt}", "part_ptr": "*fp32", **{n: "i32" for n in ints}}
     consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1}
@@ -126,7 +126,8 @@ def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: bool = False) -> di
         sig[n] = "constexpr"
     _flags(sig, consts, FORMAT=fmt, GROUP=group or 1, SCALE_B=2 if fmt in (1, 3) else 0, HAS_BIAS=False,
            ACTIVATION=0, SPLIT_K=cfg.split_k, EVEN_K=True, USE_DOT=cfg.use_dot, DOT_PRECISION="tf32",
-           LOOP_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl)
+           LOOP_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
+           GATE=gate)
     return compile_sm90(gemv._linear_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
@@ -243,6 +244,7 @@ def jobs(every: bool) -> list[tuple[str, object]]:
     # Programmatic dependent launch (the LLM decode graphs): griddepcontrol wait + launch_dependents.
     cfg = next(c for c in gemv.LINEAR_CONFIGS[min(gemv.LINEAR_CONFIGS)] if not c.words)
     out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=True)))
+    out.append((f"linear gated silu {cfg}", lambda cfg=cfg: linear(cfg, 0, None, gate=2)))  # the MLP's down proj
     return out
 
 

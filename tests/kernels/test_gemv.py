@@ -138,3 +138,45 @@ def test_linear_large_m_uses_matmul_gpu(gen):
     bias = _randn((1024,), torch.bfloat16, gen, "cuda")
     _check(linear(x, w, bias, activation="gelu_tanh"),
            reference.linear_ref(x, w, bias, "gelu_tanh", acc_dtype=torch.float64), torch.bfloat16)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("m, n, k, split", [(1, 37, 300, 1), (3, 64, 129, 1), (1, 50, 512, 4), (7, 19, 96, 2)])
+def test_gated_input_fuses_the_gated_activation_into_the_loads(act, m, n, k, split):
+    """linear(x [M, 2K], w [N, K], gated_input=act) == linear(act(x[:, :K]) * x[:, K:] in x's dtype, w)."""
+    from warpforge.kernels import force_triton
+    from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
+    from warpforge.kernels.gemv import LinearConfig, linear
+
+    g = torch.Generator().manual_seed(m * 100 + k)
+    x = torch.randn(m, 2 * k, generator=g).half()
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).half()
+    b = torch.randn(n, generator=g).half()
+    cfg = LinearConfig(min(16, 1 << (m - 1).bit_length()) if m > 1 else 1, 16, 64, split_k=split)
+    out = torch.full((m, n), float("nan"), dtype=torch.float16)
+    with force_triton():
+        linear(x, w, bias=b, out=out, config=cfg, gated_input=act)
+        h = silu_and_mul(x) if act == "silu" else gelu_and_mul(x, approximate="tanh" if act == "gelu_tanh" else "none")
+        want = linear(h, w, bias=b, config=cfg)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)  # the same roundings in the same order
+    # and against float64: the gated input rounded to fp16, then the product
+    href = h.double()
+    torch.testing.assert_close(out.double(), href @ w.double().T + b.double(), rtol=2e-2, atol=2e-2)
+
+
+def test_gated_input_falls_back_outside_the_gemv_and_rejects_bad_input():
+    from warpforge.kernels.gemv import linear
+    from warpforge.kernels.quant_linear import quantize_weight
+
+    x = torch.randn(70, 2 * 32)  # M > GEMV_MAX_M: silu_and_mul, then the GEMM path (CPU: references)
+    w = torch.randn(16, 32)
+    want = torch.nn.functional.silu(x[:, :32]) * x[:, 32:] @ w.T
+    torch.testing.assert_close(linear(x, w, gated_input="silu"), want, rtol=1e-4, atol=1e-4)
+    qw = quantize_weight(w, "int8")  # quantized weights: unfused too
+    assert linear(x[:2], qw, gated_input="silu").shape == (2, 16)
+    with pytest.raises(ValueError, match="gated_input"):
+        linear(x, w, gated_input="relu")
+    with pytest.raises(ValueError, match="even last dimension"):
+        linear(torch.randn(2, 63), w, gated_input="silu")
+    with pytest.raises(ValueError, match="gate | up"):
+        linear(torch.randn(2, 2 * 31), w, gated_input="silu")

@@ -27,6 +27,7 @@ import torch
 from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter before any @jit)
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
+from warpforge.kernels.activation import ACTIVATIONS, apply_activation
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
 from warpforge.kernels.matmul import (
     FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _store, activation_code, check_epilogue_operands,
@@ -145,15 +146,24 @@ def _fits(cfg: LinearConfig, group: int | None, words: bool = False) -> bool:
 
 # ---- device code ------------------------------------------------------------------------------
 @triton.jit
-def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += the [BN, BK] weight tile w times x's [BM, BK] tile at columns k0.."""
+def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off, EVEN_K: tl.constexpr,
+                 USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GATE: tl.constexpr):
+    """acc += the [BN, BK] weight tile w times x's [BM, BK] tile at columns k0.. With GATE (an activation
+    code) x is [M, 2K] and its tile is act(x[:, k]) * x[:, K + k], rounded to x's dtype as silu_and_mul /
+    gelu_and_mul would store it: the gated MLP's activation fused into the down projection's loads."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + xrows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     if EVEN_K:
         xt = tl.load(x_ptrs)  # [BM, BK]
     else:
         xt = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    if GATE != 0:
+        if EVEN_K:
+            up = tl.load(x_ptrs + gate_off)
+        else:
+            up = tl.load(x_ptrs + gate_off, mask=offs_k[None, :] < K, other=0.0)
+        xt = (apply_activation(xt.to(tl.float32), GATE) * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
     if USE_DOT:
         acc = tl.dot(w, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
     elif BLOCK_M == 1:
@@ -167,11 +177,12 @@ def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, EVEN_K: tl.c
 def _linear_kernel(
     x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
     M, N, K, K_w, stride_xm, stride_xk, stride_wn, stride_sn, stride_bias, stride_om, stride_on, k_per_split,
+    gate_off,
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, LOOP_STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    GATE: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits)."""
     pid_n = tl.program_id(0)
@@ -198,14 +209,14 @@ def _linear_kernel(
         w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k_lo, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         pdl_enter(PDL)
-        acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k_lo, K,
-                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K)
+        acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k_lo, K, gate_off,
+                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE)
         start = k_lo + BLOCK_K
     for k0 in tl.range(start, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k0, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
-        acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K,
-                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K)
+        acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off,
+                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE)
     if USE_DOT:
         res = tl.trans(acc)  # [BM, BN]
     elif BLOCK_M == 1:
@@ -359,9 +370,10 @@ def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias
 
 # ---- launcher ---------------------------------------------------------------------------------
 def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: int | None, K_w: int,
-            bias, act: int, out: torch.Tensor, config: LinearConfig | None) -> None:
-    """x [M, K] (any strides), w [N, K_w or K_w/2] unit inner stride, out [M, N]."""
-    M, K = x.shape
+            bias, act: int, out: torch.Tensor, config: LinearConfig | None, gate: int = 0) -> None:
+    """x [M, K] (any strides), w [N, K_w or K_w/2] unit inner stride, out [M, N]. ``gate`` (an activation
+    code, dense weights only): x is [M, 2K], the product's input act(x[:, :K]) * x[:, K:]."""
+    M, K = x.shape[0], x.shape[1] // 2 if gate else x.shape[1]
     N = out.shape[1]
     if M == 0 or N == 0:
         return
@@ -393,11 +405,11 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             _linear_kernel[grid](
                 x, w, scales, zeros, bias, out, part,
                 M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
-                k_per_split,
+                k_per_split, K * x.stride(1),
                 FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 SPLIT_K=splits, EVEN_K=(K > 0 and K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=p, launch_pdl=p,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATE=gate, PDL=p, launch_pdl=p,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         if splits > 1:
@@ -407,13 +419,14 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 SPLIT_K=splits, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 BLOCK_M=rbm, BLOCK_N=rbn, PDL=p, launch_pdl=p, num_warps=4)
 
-    words = words_ok(fmt, w, K_w)
+    words = words_ok(fmt, w, K_w) and not gate
     if config is None:
         if INTERPRET:
             config = _interpret_config(M, group, words)
         else:
             bm = _m_class(M)
             bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18), pow2_bucket(K, 16, 1 << 18))
+            bucket += (("gate", gate),) if gate else ()  # twice the x loads: tuned apart
             config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group, words))
     elif group is not None and config.block_k % group:
         raise ValueError(f"config: block_k {config.block_k} must be a multiple of the quantization group {group}")
@@ -438,13 +451,23 @@ def gemv(
     activation: str | None = None,
     out: torch.Tensor | None = None,  # [M, N] of x.dtype
     config: LinearConfig | None = None,  # fixed launch config (skips autotuning; for sweeps)
+    gated_input: str | None = None,  # "silu" | "gelu" | "gelu_tanh": x is [M, 2K] (gate | up), see below
 ) -> torch.Tensor:  # [M, N]
-    """``activation(x @ weight.T + bias)`` by streaming the weight once (split-K when N is small)."""
+    """``activation(x @ weight.T + bias)`` by streaming the weight once (split-K when N is small).
+
+    ``gated_input``: x is a gated MLP's [M, 2K] gate|up projection and the product's input is
+    ``act(x[:, :K]) * x[:, K:]`` rounded to x's dtype, exactly what ``silu_and_mul`` / ``gelu_and_mul``
+    would store, computed as each x tile is loaded (one kernel and one round trip fewer).
+    """
     check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2)
     check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, device=x.device)
-    if weight.shape[1] != x.shape[1]:
-        raise ValueError(f"weight: expected shape (N, {x.shape[1]}) to match x {tuple(x.shape)}, "
-                         f"got {tuple(weight.shape)}")
+    gate = _gate_code(gated_input)
+    k_x = x.shape[1] // 2 if gate else x.shape[1]
+    if gate and x.shape[1] % 2:
+        raise ValueError(f"x: gated_input={gated_input!r} needs an even last dimension [M, 2K], got {tuple(x.shape)}")
+    if weight.shape[1] != k_x:
+        raise ValueError(f"weight: expected shape (N, {k_x}) to match x {tuple(x.shape)}"
+                         f"{' (gate | up halves)' if gate else ''}, got {tuple(weight.shape)}")
     if weight.stride(1) != 1 and weight.shape[1] > 1:
         raise ValueError(f"weight: expected unit stride along K (rows contiguous), got strides {weight.stride()}; "
                          "pass weight.contiguous()")
@@ -453,12 +476,31 @@ def gemv(
     N = weight.shape[0]
     act = _check_linear_args(x, N, bias, activation, out, (weight,))
     if not use_triton(x, weight, bias, out):
-        ref = reference.linear_ref(x, weight, bias, activation, x.dtype)
+        xin = _gated_reference(x, gated_input) if gate else x
+        ref = reference.linear_ref(xin, weight, bias, activation, x.dtype)
         return out.copy_(ref) if out is not None else ref
     if out is None:
         out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
-    _launch(x, weight, None, None, FMT_DENSE, None, x.shape[1], bias, act, out, config)
+    _launch(x, weight, None, None, FMT_DENSE, None, k_x, bias, act, out, config, gate=gate)
     return out
+
+
+GATED_INPUTS = ("silu", "gelu", "gelu_tanh")
+
+
+def _gate_code(gated_input: str | None) -> int:
+    if gated_input is None:
+        return 0
+    if gated_input not in GATED_INPUTS:
+        raise ValueError(f"gated_input: expected None or one of {GATED_INPUTS}, got {gated_input!r}")
+    return ACTIVATIONS[gated_input]
+
+
+def _gated_reference(x: torch.Tensor, gated_input: str) -> torch.Tensor:
+    """act(x[..., :K]) * x[..., K:] in x's dtype, as the gated kernels store it."""
+    if gated_input == "silu":
+        return reference.silu_and_mul_reference(x).to(x.dtype)
+    return reference.gelu_and_mul_reference(x, approximate="tanh" if gated_input == "gelu_tanh" else "none").to(x.dtype)
 
 
 def _quantized(x: torch.Tensor, qw: QuantizedWeight, bias, activation, out, config) -> torch.Tensor:
@@ -484,20 +526,38 @@ def linear(
     activation: str | None = None,  # None | "relu" | "gelu" | "gelu_tanh" | "silu"
     out: torch.Tensor | None = None,  # [..., N] of x.dtype, contiguous (e.g. a CUDA-graph buffer)
     config: LinearConfig | None = None,  # fixed config for the streaming kernel (not used by the matmul path)
+    gated_input: str | None = None,  # "silu" | "gelu" | "gelu_tanh": x is [..., 2K] gate | up (see gemv)
 ) -> torch.Tensor:  # [..., N] in x.dtype
-    """``activation(x @ weight.T + bias)``, choosing the weight-streaming kernel or the GEMM by shape."""
+    """``activation(x @ weight.T + bias)``, choosing the weight-streaming kernel or the GEMM by shape.
+    With ``gated_input`` the input is ``act(x[..., :K]) * x[..., K:]``: fused into the weight-streaming
+    kernel's loads for dense weights at GEMV sizes, a separate silu_and_mul / gelu_and_mul otherwise."""
     check_tensor("x", x, dtypes=FLOAT_DTYPES)
     if x.dim() < 1:
         raise ValueError("x: expected at least 1 dimension [..., K], got a scalar")
+    gate = _gate_code(gated_input)
+    if gate:
+        if x.shape[-1] % 2:
+            raise ValueError(f"x: gated_input={gated_input!r} needs an even last dimension [..., 2K], "
+                             f"got {tuple(x.shape)}")
+        rows = x.numel() // max(1, x.shape[-1])
+        fused = not isinstance(weight, QuantizedWeight) and (rows <= GEMV_MAX_M or config is not None)
+        if not fused:
+            from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
+
+            x = silu_and_mul(x) if gated_input == "silu" else gelu_and_mul(
+                x, approximate="tanh" if gated_input == "gelu_tanh" else "none")
+            gated_input = None
     if isinstance(weight, QuantizedWeight):
         N, K = weight.shape
     else:
         check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, device=x.device)
         N, K = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"x: expected last dimension {K} to match weight {tuple((N, K))}, got shape {tuple(x.shape)}")
+    k_x = 2 * K if gated_input else K
+    if x.shape[-1] != k_x:
+        raise ValueError(f"x: expected last dimension {k_x} to match weight {tuple((N, K))}"
+                         f"{' (gate | up halves)' if gated_input else ''}, got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)  # [M, K]: a view when it can be
+    x2 = x.reshape(-1, k_x)  # [M, K] (or [M, 2K] gated): a view when it can be
     out2 = None
     if out is not None:
         check_tensor("out", out, dtypes=(x.dtype,), shape=(*lead, N), device=x.device)
@@ -507,7 +567,7 @@ def linear(
     if isinstance(weight, QuantizedWeight):
         y = _quantized(x2, weight, bias, activation, out2, config)
     elif x2.shape[0] <= GEMV_MAX_M or config is not None:
-        y = gemv(x2, weight, bias, activation=activation, out=out2, config=config)
+        y = gemv(x2, weight, bias, activation=activation, out=out2, config=config, gated_input=gated_input)
     else:
         y = matmul(x2, weight.t(), bias=bias, activation=activation, out=out2)
     return out if out is not None else y.reshape(*lead, N)

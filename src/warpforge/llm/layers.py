@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
 from warpforge.kernels.attention import PagedKVCache, chunked_prefill, flash_attention, paged_decode
 from warpforge.kernels.gemv import linear
 from warpforge.kernels.norm import rms_norm
@@ -37,8 +36,8 @@ class Linear(nn.Module):
         self.weight = _param(sum(sizes), in_features, dtype=dtype)  # [N, K]
         self.bias = _param(sum(sizes), dtype=dtype) if bias else None  # [N]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        return linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, gated_input: str | None = None) -> torch.Tensor:  # [..., K] -> [..., N]
+        return linear(x, self.weight, self.bias, gated_input=gated_input)  # gated: x is [..., 2K], see linear
 
 
 class RMSNorm(nn.Module):
@@ -136,14 +135,14 @@ class GatedMLP(nn.Module):
                                    shard_names=("gate_proj", "up_proj"))
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, dtype=c.dtype)
         self.act = c.hidden_act
+        self.gated = "silu" if c.hidden_act == "silu" else ("gelu_tanh" if c.hidden_act == "gelu_pytorch_tanh"
+                                                            else "gelu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         h = self.gate_up_proj(x)  # [T, 2 I]
-        if self.act == "silu":
-            h = silu_and_mul(h)
-        else:
-            h = gelu_and_mul(h, approximate="tanh" if self.act == "gelu_pytorch_tanh" else "none")
-        return self.down_proj(h)
+        # act(gate) * up is fused into down_proj's loads where it streams its weight (decode sizes);
+        # linear() runs silu_and_mul / gelu_and_mul first otherwise. Same roundings either way.
+        return self.down_proj(h, gated_input=self.gated)
 
 
 class Embedding(nn.Module):
