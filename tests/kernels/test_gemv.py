@@ -141,8 +141,9 @@ def test_linear_large_m_uses_matmul_gpu(gen):
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
-@pytest.mark.parametrize("m, n, k, split", [(1, 37, 300, 1), (3, 64, 129, 1), (1, 50, 512, 4), (7, 19, 96, 2)])
-def test_gated_input_fuses_the_gated_activation_into_the_loads(act, m, n, k, split):
+@pytest.mark.parametrize("m, n, k, split, bm", [(1, 37, 300, 1, 1), (3, 64, 129, 1, 4), (1, 50, 512, 4, 1),
+                                                (7, 19, 96, 2, 8), (5, 33, 160, 1, 16)])  # bm 16: tensor cores
+def test_gated_input_fuses_the_gated_activation_into_the_loads(act, m, n, k, split, bm):
     """linear(x [M, 2K], w [N, K], gated_input=act) == linear(act(x[:, :K]) * x[:, K:] in x's dtype, w)."""
     from warpforge.kernels import force_triton
     from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
@@ -152,7 +153,8 @@ def test_gated_input_fuses_the_gated_activation_into_the_loads(act, m, n, k, spl
     x = torch.randn(m, 2 * k, generator=g).half()
     w = (torch.randn(n, k, generator=g) / k ** 0.5).half()
     b = torch.randn(n, generator=g).half()
-    cfg = LinearConfig(min(16, 1 << (m - 1).bit_length()) if m > 1 else 1, 16, 64, split_k=split)
+    cfg = LinearConfig(bm, 16, 64, split_k=split)
+    assert cfg.use_dot == (bm >= 16)
     out = torch.full((m, n), float("nan"), dtype=torch.float16)
     with force_triton():
         linear(x, w, bias=b, out=out, config=cfg, gated_input=act)
