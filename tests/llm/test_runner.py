@@ -200,7 +200,7 @@ def test_pdl_decode_graphs_change_no_token():
             a, b = on.generate(ps[:n], params), off.generate(ps[:n], params)
             assert [o.token_ids for o in a] == [o.token_ids for o in b]
             assert [o.logprobs for o in a] == [o.logprobs for o in b]
-    assert on.engine.runner.graphs.replays > 3 * 3 * 30
+    assert on.engine.runner.graphs.replays > 3 * 3 * 20  # decode steps ran on the PDL graphs
 
 
 @pytest.mark.gpu
