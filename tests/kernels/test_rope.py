@@ -180,3 +180,78 @@ def test_gpu_rope_bf16(layout, T, hq, hk, d, rot):
     q0, k0 = q.clone(), k.clone()
     rope(q, k, pos, cache, layout=layout)
     _check(q, k, q0, k0, pos, cache, layout, torch.bfloat16)
+
+
+@pytest.mark.parametrize("layout", ["neox", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rope_with_the_fused_kv_store_equals_rope_then_store(device, layout, dtype, shape):
+    """rope(..., v=, cache=, slot_mapping=) rotates q and k as rope does and leaves the cache pages exactly
+    as cache.store(k, v, slots) after the rotation would: shuffled slots, a skipped (-1) token, partial
+    rotary dims, head counts that do not fill a head block."""
+    from warpforge.kernels.attention import PagedKVCache
+
+    T, hq, hk, d, rot = shape
+    page = 4
+    cache_rot = rope_cache(100, rot, device=device)
+    q = torch.randn(T, hq, d, device=device, dtype=dtype)
+    k = torch.randn(T, hk, d, device=device, dtype=dtype)
+    v = torch.randn(T, hk, d, device=device, dtype=dtype)
+    pos = torch.randint(0, 100, (T,), device=device, dtype=torch.int64)
+    n_pages = (T + 3) // page + 2
+    slots = torch.randperm(n_pages * page, device=device)[:T]
+    if T > 1:
+        slots[T // 2] = -1
+    fused = PagedKVCache.allocate(n_pages, page, hk, d, dtype=dtype, device=device)
+    plain = PagedKVCache.allocate(n_pages, page, hk, d, dtype=dtype, device=device)
+    for c in (fused, plain):  # poison: rows nobody writes must stay as they were in both
+        c.k_cache.fill_(7.0)
+        c.v_cache.fill_(-7.0)
+    q1, k1, q2, k2 = q.clone(), k.clone(), q.clone(), k.clone()
+    rope(q1, k1, pos, cache_rot, layout=layout, v=v, cache=fused, slot_mapping=slots)
+    rope(q2, k2, pos, cache_rot, layout=layout)
+    plain.store(k2, v, slots)
+    assert torch.equal(q1, q2) and torch.equal(k1, k2)
+    assert torch.equal(fused.k_cache, plain.k_cache) and torch.equal(fused.v_cache, plain.v_cache)
+
+
+def test_rope_fused_store_rejects_incomplete_arguments(device):
+    from warpforge.kernels.attention import PagedKVCache
+
+    cache_rot = rope_cache(16, 8, device=device)
+    q, k = torch.randn(2, 2, 8, device=device), torch.randn(2, 1, 8, device=device)
+    pos = torch.zeros(2, dtype=torch.int64, device=device)
+    kv = PagedKVCache.allocate(2, 4, 1, 8, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match="needs k, v and slot_mapping"):
+        rope(q, k, pos, cache_rot, cache=kv)
+    with pytest.raises(ValueError, match="only used with cache="):
+        rope(q, k, pos, cache_rot, v=k.clone())
+    with pytest.raises(ValueError, match="slot_mapping"):
+        rope(q, k, pos, cache_rot, v=k.clone(), cache=kv, slot_mapping=torch.zeros(3, dtype=torch.int64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_rope_fused_kv_store_on_the_gpu_bf16_and_fp8_pages(fp8):
+    """bf16 and e4m3 pages (the interpreter has neither): the fused store equals rope then cache.store."""
+    from warpforge.kernels.attention import PagedKVCache
+    from warpforge.kernels.attention.kv_cache import fp8_scales
+
+    T, hq, hk, d, page = 37, 32, 8, 128, 16
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    cache_rot = rope_cache(4096, d, device=dev)
+    q = torch.randn(T, hq, d, device=dev, dtype=dt)
+    k = torch.randn(T, hk, d, device=dev, dtype=dt)
+    v = torch.randn(T, hk, d, device=dev, dtype=dt)
+    pos = torch.randint(0, 4096, (T,), device=dev)
+    slots = torch.randperm(8 * page, device=dev)[:T]
+    slots[5] = -1
+    kw = dict(dtype=torch.float8_e4m3fn, k_scale=fp8_scales(k), v_scale=fp8_scales(v)) if fp8 else dict(dtype=dt)
+    fused, plain = (PagedKVCache.allocate(8, page, hk, d, device=dev, **kw) for _ in range(2))
+    q1, k1, q2, k2 = q.clone(), k.clone(), q.clone(), k.clone()
+    rope(q1, k1, pos, cache_rot, v=v, cache=fused, slot_mapping=slots)
+    rope(q2, k2, pos, cache_rot)
+    plain.store(k2, v, slots)
+    assert torch.equal(q1, q2) and torch.equal(k1, k2)
+    assert torch.equal(fused.k_cache.view(torch.uint8), plain.k_cache.view(torch.uint8))
+    assert torch.equal(fused.v_cache.view(torch.uint8), plain.v_cache.view(torch.uint8))

@@ -22,6 +22,7 @@ import triton.language as tl
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
 from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
+from warpforge.kernels.attention.kv_cache import check_store, store_token_rows
 
 LAYOUTS = ("neox", "interleaved")
 
@@ -87,9 +88,15 @@ def _rotate_heads(base, stride_h, nh, h0, cos, sin, i, imask, HALF,
 def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
                  HQ, HK, stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
                  HALF, NUM_QB,
-                 INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = False):
+                 v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, HEAD_DIM, stride_vt, stride_vh,
+                 stride_kcp, stride_kch, stride_kcs, stride_vcp, stride_vch, stride_vcs,
+                 INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                 STORE: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16,
+                 QUANT: tl.constexpr = False, PDL: tl.constexpr = False):
     # grid (T, NUM_QB + NUM_KB): program (t, b) rotates head block b of q (b < NUM_QB) or of k.
     # One launch for q and k (decode is launch-bound); the cos/sin row is read once per program.
+    # STORE: a k program then also writes its heads' rotated K rows and V rows into the paged cache
+    # (store_kv's work, one launch fewer per layer).
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
@@ -102,8 +109,17 @@ def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
         _rotate_heads(q_ptr + t * stride_qt, stride_qh, HQ, b * BLOCK_H, cos, sin, i, imask, HALF,
                       INTERLEAVED, BLOCK_H, BLOCK_HALF)
     else:
-        _rotate_heads(k_ptr + t * stride_kt, stride_kh, HK, (b - NUM_QB) * BLOCK_H, cos, sin, i, imask, HALF,
+        h0 = (b - NUM_QB) * BLOCK_H
+        _rotate_heads(k_ptr + t * stride_kt, stride_kh, HK, h0, cos, sin, i, imask, HALF,
                       INTERLEAVED, BLOCK_H, BLOCK_HALF)
+        if STORE:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            if slot >= 0:
+                tl.debug_barrier()  # the rotated k this program just stored, visible to all its threads
+                store_token_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, t, slot, h0 + tl.arange(0, BLOCK_H),
+                                 HK, HEAD_DIM, stride_kt, stride_kh, stride_vt, stride_vh,
+                                 stride_kcp, stride_kch, stride_kcs, stride_vcp, stride_vch, stride_vcs,
+                                 PAGE_SIZE, BLOCK_H, BLOCK_D, QUANT)
 
 
 def _check_qk(t: torch.Tensor, name: str) -> None:
@@ -146,11 +162,15 @@ def _split_cache(cache, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
 
 def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_sin_cache, *,
          layout: str = "neox", rotary_dim: int | None = None,
-         config: RopeConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+         config: RopeConfig | None = None, v: torch.Tensor | None = None, cache=None,
+         slot_mapping: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place by ``positions`` [T]; returns (q, k).
 
     ``cos_sin_cache``: [max_pos, R] (cos | sin halves, as :func:`rope_cache` builds) or ``(cos, sin)``
     each [max_pos, R/2]. ``rotary_dim`` defaults to R and, if given, must equal it. k may be None.
+    With ``cache`` (an attention ``PagedKVCache``), ``v`` [T, Hk, D] and ``slot_mapping`` [T], the same
+    launch also stores the rotated k and v at their slots, exactly as ``cache.store(k, v, slot_mapping)``
+    would after the rotation (-1 skips a token; fp8 pages quantized with the cache's scales).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -174,6 +194,12 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
         raise ValueError(f"rotary_dim={rotary_dim} does not match the cache's rotary dim {rot}")
     if rot < 2 or rot > d:
         raise ValueError(f"rotary dim {rot} must be in [2, head_dim={d}]")
+    if cache is not None:
+        if k is None or v is None or slot_mapping is None:
+            raise ValueError("cache: storing into the KV cache needs k, v and slot_mapping")
+        check_store(k, v, cache.k_cache, cache.v_cache, slot_mapping, cache.k_scale, cache.v_scale)
+    elif v is not None or slot_mapping is not None:
+        raise ValueError("v and slot_mapping are only used with cache= (the fused KV store)")
 
     if not use_triton(q):
         if positions.numel() and int(positions.max()) >= cos.shape[0]:
@@ -183,6 +209,8 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
         q[..., :rot].copy_(q_rot)
         if k is not None:
             k[..., :rot].copy_(k_rot)
+        if cache is not None:
+            cache.store(k, v, slot_mapping)
         return q, k
     if T == 0:
         return q, k
@@ -190,10 +218,17 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
     nqb = triton.cdiv(hq, cfg.block_h)
     nkb = triton.cdiv(hk, cfg.block_h) if k is not None else 0
     kk = k if k is not None else q
+    if cache is not None:
+        kc, vc = cache.k_cache, cache.v_cache
+        store_args = (v, kc, vc, slot_mapping, cache.k_scale, cache.v_scale, d, v.stride(0), v.stride(1),
+                      kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+        store_kw = dict(STORE=True, PAGE_SIZE=kc.shape[2], BLOCK_D=_pow2(d), QUANT=cache.is_fp8)
+    else:
+        store_args, store_kw = (q, q, q, positions, cos, cos, d) + (0,) * 8, {}
     _rope_kernel[(T, nqb + nkb)](
         q, kk, positions, cos, sin, hq, hk, q.stride(0), q.stride(1), kk.stride(0), kk.stride(1),
-        cos.stride(0), sin.stride(0), half, nqb,
-        INTERLEAVED=layout == "interleaved", BLOCK_H=cfg.block_h, BLOCK_HALF=_pow2(half),
+        cos.stride(0), sin.stride(0), half, nqb, *store_args,
+        INTERLEAVED=layout == "interleaved", BLOCK_H=cfg.block_h, BLOCK_HALF=_pow2(half), **store_kw,
         PDL=pdl(q), launch_pdl=pdl(q), num_warps=cfg.num_warps)
     return q, k
 

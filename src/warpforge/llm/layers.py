@@ -73,8 +73,10 @@ class Rotary(nn.Module):
         cache = torch.cat([angles.double().cos(), angles.double().sin()], dim=-1).float()  # [P, D]
         self.register_buffer("cos_sin", cache, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        rope(q, k, positions, self.cos_sin)  # q [T, Hq, D], k [T, Hkv, D] rotated in place
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, **store) -> None:
+        """q [T, Hq, D], k [T, Hkv, D] rotated in place; ``store`` (v=, cache=, slot_mapping=): the same
+        launch writes the rotated k and v into the paged KV cache (see kernels.rope.rope)."""
+        rope(q, k, positions, self.cos_sin, **store)
 
 
 class Attention(nn.Module):
@@ -106,7 +108,10 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:  # the norm needs whole rows: contiguous copies
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
-        self.rotary(positions, q, k)
+        if self.cache is not None:  # rotate q and k, and store k and v into the cache, in one launch
+            self.rotary(positions, q, k, v=v, cache=self.cache, slot_mapping=get_context().slot_mapping)
+        else:
+            self.rotary(positions, q, k)
         out = self._attend(q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
@@ -118,7 +123,7 @@ class Attention(nn.Module):
             # this step's tokens alone, which is right only when nothing is cached.
             return flash_attention(q, k, v, causal=True, cu_seqlens_q=ctx.cu_seqlens_q,
                                    cu_seqlens_k=ctx.cu_seqlens_q, max_seqlen_q=ctx.max_seqlen_q, **kw)
-        self.cache.store(k, v, ctx.slot_mapping)
+        # This step's k and v are in the cache already: forward stored them with the rotation.
         if ctx.decode_only:
             return paged_decode(q, self.cache, ctx.block_tables, ctx.seq_lens, max_seq_len=ctx.max_seq_len, **kw)
         return chunked_prefill(q, self.cache, ctx.block_tables, ctx.seq_lens, ctx.cu_seqlens_q,

@@ -135,24 +135,17 @@ def fp8_scales(x: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
 
 
 @triton.jit
-def _store_kv_kernel(K, V, KC, VC, slots, k_scale, v_scale,
+def store_token_rows(K, V, KC, VC, k_scale, v_scale, t, slot, offs_h, num_kv_heads, head_dim,
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_kcp, stride_kch, stride_kcs,
                      stride_vcp, stride_vch, stride_vcs,
-                     num_kv_heads,
-                     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr = False):
-    # One program per token, all its KV heads: K and V rows in, one page row per head out.
-    pdl_enter(PDL)
-    t = tl.program_id(0)
-    slot = tl.load(slots + t).to(tl.int64)
-    if slot < 0:
-        return
+                     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr):
+    """Token t's K and V rows of heads ``offs_h`` [BLOCK_H] into page row ``slot`` (>= 0) of the caches,
+    quantized to e4m3 with the per-head scales when QUANT. Shared by store_kv and rope's fused store."""
     page = slot // PAGE_SIZE
     row = slot % PAGE_SIZE
-    offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM)
+    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim)
     src = t.to(tl.int64)
     k = tl.load(K + src * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(V + src * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
@@ -173,6 +166,25 @@ def _store_kv_kernel(K, V, KC, VC, slots, k_scale, v_scale,
     tl.store(vc, v.to(VC.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _store_kv_kernel(K, V, KC, VC, slots, k_scale, v_scale,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_kcp, stride_kch, stride_kcs,
+                     stride_vcp, stride_vch, stride_vcs,
+                     num_kv_heads,
+                     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr = False):
+    # One program per token, all its KV heads: K and V rows in, one page row per head out.
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    slot = tl.load(slots + t).to(tl.int64)
+    if slot < 0:
+        return
+    store_token_rows(K, V, KC, VC, k_scale, v_scale, t, slot, tl.arange(0, BLOCK_H), num_kv_heads, HEAD_DIM,
+                     stride_kt, stride_kh, stride_vt, stride_vh, stride_kcp, stride_kch, stride_kcs,
+                     stride_vcp, stride_vch, stride_vcs, PAGE_SIZE, BLOCK_H, BLOCK_D, QUANT)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
              v_scale: torch.Tensor | None = None) -> None:
@@ -181,6 +193,28 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     ``slot_mapping`` (int32 or int64): page * page_size + row per token; -1 skips the token (padding).
     fp8 caches need ``k_scale``/``v_scale`` [num_kv_heads] fp32 and are quantized here.
     """
+    num_kv_heads, page_size, head_dim, fp8 = check_store(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if k.shape[0] == 0:
+        return
+    if not use_triton(k, v, k_cache, v_cache, slot_mapping):
+        store_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return
+    _store_kv_kernel[(k.shape[0],)](
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        num_kv_heads,
+        PAGE_SIZE=page_size, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        QUANT=fp8, PDL=pdl(k), launch_pdl=pdl(k), num_warps=4,
+    )
+
+
+def check_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                slot_mapping: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+                ) -> tuple[int, int, int, bool]:
+    """store_kv's argument checks; (num_kv_heads, page_size, head_dim, fp8 pages)."""
     _check_pages(k_cache, v_cache, k_scale, v_scale)
     num_pages, num_kv_heads, page_size, head_dim = k_cache.shape
     fp8, device = _is_fp8(k_cache), k_cache.device
@@ -204,21 +238,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         if bad.any():
             raise ValueError(f"slot_mapping: expected -1 or slots in [0, {num_pages * page_size}), "
                              f"got {slot_mapping[bad][:4].tolist()}")
-    if k.shape[0] == 0:
-        return
-    if not use_triton(k, v, k_cache, v_cache, slot_mapping):
-        store_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        return
-    _store_kv_kernel[(k.shape[0],)](
-        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        num_kv_heads,
-        PAGE_SIZE=page_size, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        QUANT=fp8, PDL=pdl(k), launch_pdl=pdl(k), num_warps=4,
-    )
+    return num_kv_heads, page_size, head_dim, fp8
 
 
 def check_paged_inputs(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor,
