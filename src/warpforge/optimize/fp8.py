@@ -35,9 +35,9 @@ from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_fp8 import FP8_DTYPE, matmul_fp8
 from warpforge.kernels.reference import FP8_E4M3_MAX, FP8_MIN_AMAX
 from warpforge.optimize.quant import (
-    KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, make_observer,
+    KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, make_observer, swap,
 )
-from warpforge.optimize.weight_only import linears, swap, why_float
+from warpforge.optimize.weight_only import linears, why_float
 
 __all__ = ["ACTIVATIONS", "FP8Linear", "FP8Report", "LayerFP8Report", "quantize_fp8", "to_e4m3"]
 

@@ -258,6 +258,18 @@ class QuantConv2d(nn.Module):
                 + out)
 
 
+def swap(model: nn.Module, new: dict[nn.Module, nn.Module]) -> nn.Module:
+    """Replace each key module by its value wherever it is held (in place); a bare key comes back replaced.
+    Shared by the int8, fp8 and weight-only passes."""
+    if model in new:
+        return new[model]
+    for parent in model.modules():
+        for child_name, child in list(parent._modules.items()):
+            if child in new:
+                parent._modules[child_name] = new[child]
+    return model
+
+
 # ---- reports ------------------------------------------------------------------------------------
 @dataclass
 class LayerQuantReport:
@@ -508,14 +520,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
-            if model in quant:
-                new_model: nn.Module = quant[model]
-            else:
-                new_model = model
-                for parent in model.modules():
-                    for child_name, child in list(parent._modules.items()):
-                        if child in quant:
-                            parent._modules[child_name] = quant[child]
+            new_model: nn.Module = swap(model, quant)
             int8_out = _fuse_requant(new_model) if requant and isinstance(new_model, fx.GraphModule) else set()
 
             # 3. Per-layer error: each int8 layer against its float layer in fp32 on the same input (that of

@@ -29,7 +29,7 @@ from torch import nn
 from warpforge.kernels.gemv import linear
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.quant_linear import QuantizedWeight, quantize_weight
-from warpforge.optimize.quant import KeptLayer
+from warpforge.optimize.quant import KeptLayer, swap
 
 __all__ = ["SCHEMES", "LayerWeightReport", "WeightOnlyLinear", "WeightOnlyReport", "quantize_weights"]
 
@@ -163,17 +163,6 @@ def linears(model: nn.Module) -> list[tuple[str, nn.Linear, nn.Module | None]]:
             seen.add(m)
             out.append((name, m, parents.get(m)))
     return out
-
-
-def swap(model: nn.Module, new: dict[nn.Module, nn.Module]) -> nn.Module:
-    """Replace each key module by its value wherever it is held (in place); a bare key comes back replaced."""
-    if model in new:
-        return new[model]
-    for parent in model.modules():
-        for child_name, child in list(parent._modules.items()):
-            if child in new:
-                parent._modules[child_name] = new[child]
-    return model
 
 
 def quantize_weights(model: nn.Module, precision: str = "w8", *, dtype: torch.dtype | None = None, skip=(),
