@@ -145,11 +145,10 @@ def test_triton_kernel_is_attributed_with_its_bytes(dev):
     assert kern.bytes == row.bytes and kern.launched == ["(root) / triton::_copy_kernel"]
 
 
-def test_cuda_graph_replay_kernels_are_mapped_to_the_eager_operators(dev):
-    x = torch.randn(1 << 20, device=dev)
-
+def _mul_graph(x: torch.Tensor, n: int):
+    """(step, graph): ``step`` multiplies x in place n times; the graph replays one captured step."""
     def step():
-        for _ in range(10):
+        for _ in range(n):
             x.mul_(1.0001)
 
     step()
@@ -157,6 +156,12 @@ def test_cuda_graph_replay_kernels_are_mapped_to_the_eager_operators(dev):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()
+    return step, g
+
+
+def test_cuda_graph_replay_kernels_are_mapped_to_the_eager_operators(dev):
+    x = torch.randn(1 << 20, device=dev)
+    step, g = _mul_graph(x, 10)
     p = profile(g.replay, count_fn=step, iters=5)
     assert p.analysis.split.kernels == pytest.approx(10)
     assert p.counts.flops == 10 * x.numel()  # counted on the eager twin
@@ -175,16 +180,7 @@ def test_profiler_overhead_on_a_graph_replay_step_is_under_5_percent(dev):
     """A decode-like step: one graph of 20 memory-bound kernels (~60 µs each), then a host sync, per call.
     The host is idle during the replay, so whatever the profiler adds on the host shows in the window."""
     x = torch.randn(32 << 20, device=dev)  # 128 MiB: each in-place multiply moves 256 MiB
-
-    def step():
-        for _ in range(20):
-            x.mul_(1.0001)
-
-    step()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    step, g = _mul_graph(x, 20)
 
     def replay_and_sync():
         g.replay()
