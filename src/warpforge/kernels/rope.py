@@ -223,7 +223,7 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
         store_args = (v, kc, vc, slot_mapping, cache.k_scale, cache.v_scale, d, v.stride(0), v.stride(1),
                       kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
         store_kw = dict(STORE=True, PAGE_SIZE=kc.shape[2], BLOCK_D=_pow2(d), QUANT=cache.is_fp8)
-    else:
+    else:  # STORE off: the store's pointers and strides are never read; any valid tensors/zeros fill them
         store_args, store_kw = (q, q, q, positions, cos, cos, d) + (0,) * 8, {}
     _rope_kernel[(T, nqb + nkb)](
         q, kk, positions, cos, sin, hq, hk, q.stride(0), q.stride(1), kk.stride(0), kk.stride(1),
