@@ -85,6 +85,18 @@ def test_linear_configs_table():
         assert plain[0].block_m == bm or bm > 64, f"class {bm}: the default must be the class's own block_m"
 
 
+@pytest.mark.parametrize("x_bytes", [2, 4])
+@pytest.mark.parametrize("bm", [c for c in LINEAR_CONFIGS if c <= GEMV_MAX_M])
+def test_gated_configs_fit_shared_memory(bm, x_bytes):
+    """A gated input stages three x tiles per step: the H200 refused 4 x 80 KB (fp32 x, block_m 32, the class's
+    default). Every M class that serves the gated fusion keeps at least one config that fits."""
+    from warpforge.kernels.gemv import _fits
+
+    assert not _fits(LinearConfig(32, 64, 128, 1, 4, 4), None, gate=1, x_bytes=4)
+    assert _fits(LinearConfig(32, 64, 128, 1, 4, 4), None, gate=0, x_bytes=4)  # ungated: unchanged
+    assert any(_fits(c, None, gate=1, x_bytes=x_bytes) for c in LINEAR_CONFIGS[bm])
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: gemv(torch.zeros(2, 8), torch.zeros(8, 4).t()), "^weight: expected unit stride along K"),
     (lambda: gemv(torch.zeros(2, 8), torch.zeros(4, 8, dtype=torch.float16)), "^weight: expected dtype float32"),

@@ -285,7 +285,7 @@ def test_capture_times_the_light_window_behind_the_same_pad_as_the_plain_ones(fa
     cap = tm.capture(lambda: None, (), module=None, device=torch.device("cuda"), cfg=tm.CaptureConfig(iters=3))
     pad = tm.host_pad_us(40.0, 3)
     cyc = int(pad * 1000)
-    assert log == [("plain", cyc), ("detail", cyc), ("timed", cyc), ("plain", cyc)]
+    assert log == [("plain", cyc), ("timed", cyc), ("detail", cyc), ("plain", cyc)]
     assert cap.window == "light" and cap.pad_us == pad
     assert (cap.window_ms, cap.detail_ms, cap.plain_ms) == (1.02, 1.5, 1.0) and cap.overhead == pytest.approx(0.02)
     assert any(n.startswith("times from the light window") for n in cap.notes)

@@ -114,6 +114,7 @@ def _configs(bm: int) -> list[LinearConfig]:
             LinearConfig(bm, 64, 128, 2, 4, 4),
             LinearConfig(bm, 64, 128, 4, 4, 4),
             LinearConfig(bm, 128, 128, 1, 8, 4),
+            LinearConfig(bm, 64, 64, 1, 4, 3),  # small enough for a gated fp32 x at bm 64 (see _fits)
         ]
     return [  # M > 64: quantized weights at prefill (dense weights go to matmul)
         LinearConfig(128, 128, 64, 1, 8, 3),
@@ -140,7 +141,17 @@ def words_ok(fmt: int, w: torch.Tensor, K_w: int) -> bool:
             and w.data_ptr() % 4 == 0)
 
 
-def _fits(cfg: LinearConfig, group: int | None, words: bool = False) -> bool:
+SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
+def _fits(cfg: LinearConfig, group: int | None, words: bool = False, gate: int = 0, x_bytes: int = 2) -> bool:
+    """Can ``cfg`` serve this call? With a gated input on the tensor-core path each pipeline stage holds the
+    weight tile and three x-sized tiles (gate, up, and act(gate) * up as the dot's operand): the H200 read
+    327,680 bytes (4 stages x 80 KB) for an fp32 x at block_m 32, over the 227 KB a block may have."""
+    if gate and cfg.use_dot:
+        stage = (cfg.block_n + 3 * cfg.block_m) * cfg.block_k * x_bytes
+        if cfg.num_stages * stage > SMEM_LIMIT:
+            return False
     return (group is None or cfg.block_k % group == 0) and (words or not cfg.words)
 
 
@@ -427,7 +438,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             bm = _m_class(M)
             bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18), pow2_bucket(K, 16, 1 << 18))
             bucket += (("gate", gate),) if gate else ()  # twice the x loads: tuned apart
-            config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group, words))
+            x_bytes = x.element_size()
+            config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group, words, gate, x_bytes))
     elif group is not None and config.block_k % group:
         raise ValueError(f"config: block_k {config.block_k} must be a multiple of the quantization group {group}")
     elif config.words and not (words and M == 1):

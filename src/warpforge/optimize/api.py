@@ -369,14 +369,14 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
     if not ok:
         rejected = {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
         if precision_fallback and cand.family == "warpforge" and cand.precision in ("fp16", "bf16"):
-            return _with_fp32_layers(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
+            return fp32_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
                                      rejected)
         return rejected
     live[cand.name] = (cand, built)
     return {**rec, "status": "passed", "reason": "within budget"}
 
 
-def _with_fp32_layers(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple],
+def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple],
                       ref_outs: list[Any], kind: str, budget: Budget, dev: torch.device,
                       live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any]) -> dict[str, Any]:
     """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps

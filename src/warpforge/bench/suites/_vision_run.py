@@ -215,10 +215,11 @@ def _clone(out: Any) -> Any:
 
 
 class Shared:
-    """What several candidates of one case reuse: the fp16 copy of the model (eager, compiled, graphed)."""
+    """What several candidates of one case reuse: the fp16 copy of the model (eager, compiled, graphed).
+    ``gate`` (kind, budget): ours is gated as ``warpforge optimize`` gates it (see :func:`build_ours`)."""
 
-    def __init__(self, loaded: Loaded, precision: str = "fp16") -> None:
-        self.loaded, self.precision = loaded, precision
+    def __init__(self, loaded: Loaded, precision: str = "fp16", gate: tuple[str, Any] | None = None) -> None:
+        self.loaded, self.precision, self.gate = loaded, precision, gate
         self._half: nn.Module | None = None
 
     def half(self) -> nn.Module:
@@ -229,7 +230,8 @@ class Shared:
         return self._half
 
 
-def _build_candidate(s: Shared, device: torch.device, precision: str) -> tuple[Callable, dict[str, Any]]:
+def _build_candidate(s: Shared, device: torch.device, precision: str, gated: bool = False
+                     ) -> tuple[Callable, dict[str, Any]]:
     from warpforge.optimize.backends import all_candidates
 
     cand = next(c for c in all_candidates(device) if c.name == f"warpforge-{precision}")
@@ -237,6 +239,9 @@ def _build_candidate(s: Shared, device: torch.device, precision: str) -> tuple[C
         built = cand.build(s.loaded.model, s.loaded.inputs, s.loaded.calib)
     else:
         built = cand.build(s.loaded.model, s.loaded.inputs)
+    gate_info = None
+    if gated and s.gate is not None:
+        built, gate_info = _gated(s, device, cand, built)
     cov = built.details.get("coverage") or {}
     fallbacks = [f"{f['what']}: {f['reason']}"[:200] for f in built.details.get("fallbacks", [])]
     info = {"candidate": cand.name, "precision": precision, "cuda_graph": built.cuda_graph,
@@ -246,7 +251,36 @@ def _build_candidate(s: Shared, device: torch.device, precision: str) -> tuple[C
         quant = built.details.get("quant") or {}
         info.update(calibration=s.loaded.calib_note, quantized_layers=len(quant.get("layers", [])),
                     kept_float_layers=len(quant.get("kept", [])))
+    if gate_info is not None:
+        info["gate"] = gate_info
     return built.fn, info
+
+
+def _gated(s: Shared, device: torch.device, cand: Any, built: Any) -> tuple[Any, dict[str, Any]]:
+    """Ours as ``warpforge optimize`` ships it: checked against strict fp32 on the validation inputs under
+    the row's budget and, when over it, given the per-layer fp32 fallback the optimizer's gate runs
+    (``optimize.api.fp32_fallback``). Returns the build to time (the fallback's when it passes, else the
+    plain one, whose miss the case's own check then records) and what the gate found."""
+    from warpforge.optimize.api import fp32_fallback
+    from warpforge.optimize.gate import compare
+
+    kind, budget = s.gate
+    val = s.loaded.val
+    with torch.no_grad():
+        with strict_fp32():
+            ref = [s.loaded.model(*v) for v in val]
+        outs = [built(*v) for v in val]
+    acc = compare(ref, outs, kind, batched=True, budget=budget)
+    ok, reasons = acc.passes(budget)
+    if ok:
+        return built, {"status": "passed", "fp32_layers": []}
+    live: dict[str, Any] = {}
+    rec = fp32_fallback(cand, s.loaded.model, s.loaded.inputs, val, ref, kind, budget, device, live, built,
+                        {"status": "rejected", "reason": "; ".join(reasons), "accuracy": acc.as_dict()})
+    fb = rec.get("precision_fallback") or {}
+    info = {"status": rec["status"], "all_fp16_reasons": reasons[:3], "fp32_layers": fb.get("kept_fp32") or [],
+            "fallback_note": fb.get("note"), "fallback_trials": fb.get("trials")}
+    return (live[cand.name][1] if cand.name in live else built), info
 
 
 def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
@@ -254,7 +288,7 @@ def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any
     optimizer runs fp16 only on CUDA); an INT8 row's: warpforge-int8, calibrated on ``loaded.calib``."""
     if s.precision == "int8":
         return _build_candidate(s, device, "int8")
-    return _build_candidate(s, device, "fp16" if device.type == "cuda" else "fp32")
+    return _build_candidate(s, device, "fp16" if device.type == "cuda" else "fp32", gated=True)
 
 
 def build_wf16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
@@ -337,6 +371,16 @@ def trajectory_error(ref: torch.Tensor, out: torch.Tensor) -> dict[str, float | 
             "traj_final_l2_mean_m": _finite(d[..., -1].mean()), "traj_points": d.numel()}
 
 
+def row_budget(precision: str, *, judge_top1: bool, min_top1: float | None = None) -> Any:
+    """The optimizer's default budget for ``precision`` with the row's top-1 bar (none when not judged)."""
+    from warpforge.optimize.gate import DEFAULT_BUDGETS
+
+    budget = DEFAULT_BUDGETS[precision]
+    if min_top1 is not None:
+        budget = budget.with_overrides(min_top1=min_top1)
+    return budget if judge_top1 else dataclasses.replace(budget, min_top1=None)
+
+
 def accuracy(ref: Any, out: Any, *, kind: str, precision: str, judge_top1: bool,
              min_top1: float | None = None, framework_err: dict[str, float] | None = None) -> dict[str, Any]:
     """Out against the fp32 reference (both on CPU, samples along dim 0), judged by the optimizer's gate
@@ -346,11 +390,9 @@ def accuracy(ref: Any, out: Any, *, kind: str, precision: str, judge_top1: bool,
     same inputs): the bars widen to twice torch's own error where that exceeds the budget. Random-weight
     deep nets have no trained scale (ResNet-50's logits stray 3% in plain torch fp16), so there the
     question the check can answer is whether ours is as accurate as the framework at that precision."""
-    from warpforge.optimize.gate import DEFAULT_BUDGETS, compare
+    from warpforge.optimize.gate import compare
 
-    budget = DEFAULT_BUDGETS[precision]
-    if min_top1 is not None:
-        budget = budget.with_overrides(min_top1=min_top1)
+    budget = row_budget(precision, judge_top1=judge_top1, min_top1=min_top1)
     basis = "the optimizer's default budget"
     if framework_err and framework_err.get("rel_err") is not None and budget.max_rel is not None \
             and 2 * framework_err["rel_err"] > budget.max_rel:
@@ -360,8 +402,6 @@ def accuracy(ref: Any, out: Any, *, kind: str, precision: str, judge_top1: bool,
             min_cosine=min(budget.min_cosine, 1 - 2 * (1 - cos)) if cos is not None and budget.min_cosine is not None
             else None)
         basis = f"2x torch eager {precision}'s own error (over the default budget)"
-    if not judge_top1:
-        budget = dataclasses.replace(budget, min_top1=None)
     acc = compare(ref, out, "classifier" if kind == "classifier" else "generic", budget=budget)
     ok, reasons = acc.passes(budget)
     # rel_err null when the outputs could not be compared (NaN, shape): never a 0 that reads as exact
@@ -461,7 +501,13 @@ class Session:
             flops = count_flops(loaded.model, loaded.inputs)
         except Exception as e:  # noqa: BLE001 - the workload itself failed: every callable reports it
             return {n: f"workload failed: {_short(e)}" for n in self.names}
-        shared = Shared(loaded, self.workload.precision)
+        # Real weights are judged on the default budget: ours gets the optimizer's gate and fallback there
+        # (random weights are judged against torch's own fp16 error, known only once the peers ran).
+        gate = None
+        if loaded.weights != "random" and self.workload.precision == "fp16" and device.type == "cuda":
+            kind = "classifier" if self.workload.kind == "classifier" else "generic"
+            gate = (kind, row_budget("fp16", judge_top1=self.judge_top1, min_top1=self.min_top1))
+        shared = Shared(loaded, self.workload.precision, gate)
         fns: dict[str, Callable] = {}
         info: dict[str, dict[str, Any]] = {}
         outs: dict[str, Any] = {}
