@@ -183,8 +183,9 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
     """Where TARGET's time goes, against the roofline of the measured ceilings.
 
     TARGET is `path/file.py:factory` or `package.module:factory` (the factory returns a model, or
-    `(model, inputs)`), `bench:SUITE/CASE[@PEER]` for a benchmark case, or `llm:CHECKPOINT` /
-    `llm-prefill:CHECKPOINT` for a step of warpforge's LLM engine. Warm-up, FLOPs and bytes
+    `(model, inputs)`), `bench:SUITE/CASE[@PEER]` for a benchmark case, `llm:CHECKPOINT` /
+    `llm-prefill:CHECKPOINT` for a step of warpforge's LLM engine, a zoo model NAME, or
+    `optimized:NAME` for that model as `warpforge optimize` ships it. Warm-up, FLOPs and bytes
     per operator, a measured window under the PyTorch profiler (NVTX ranges per module on CUDA),
     then a self-contained HTML report and JSON. Without a GPU it profiles on CPU with host timers.
     """

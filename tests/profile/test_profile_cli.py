@@ -91,6 +91,7 @@ def test_bench_case_target_declares_its_work(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["resnet5O"], "not a zoo model"),
+    (["optimized:resnet5O"], "not a zoo model"),
     (["{f}:broken"], "failed during warm-up: RuntimeError: boom"),
     (["{f}:bare"], "return (model, inputs) or pass --input-shape"),
     (["{f}:missing"], "no function 'missing'"),

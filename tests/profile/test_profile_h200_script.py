@@ -53,7 +53,8 @@ def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path):
         assert bench["method"] == "host" and line["device"]["name"] == "cpu"
         # on a CPU there are no graphs to replay and no kernels to match: eager, one window, no GPU sleep
         assert (prof["mode"], prof["window"], prof["pad_us"]) == ("eager", "full", 0.0)
-    targets = {"resnet50-eager-fp32-b1": "resnet50 (batch 1", "llm-tiny-decode-b1": "llm decode: batch 1,",
+    targets = {"resnet50-eager-fp32-b1": "resnet50 (batch 1", "resnet50-optimized-b1": "resnet50 optimized: ",
+               "llm-tiny-decode-b1": "llm decode: batch 1,",
                "llm-tiny-decode-b8": "llm decode: batch 8,", "llm-tiny-prefill-b1x16": "llm prefill: batch 1 x 16"}
     for folder, target in targets.items():
         d = json.loads((reports / folder / "profile.json").read_text())

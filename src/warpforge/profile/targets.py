@@ -9,6 +9,10 @@ TARGET forms:
                                   ``--prompt-len`` tokens of context), CUDA-graph replay on a GPU
   ``llm-prefill:CHECKPOINT``      one prefill of ``--batch`` fresh prompts of ``--prompt-len`` tokens
   ``NAME``                        a model of the zoo (``warpforge.models.names()``) at ``--batch``
+  ``optimized:NAME``              the zoo model as ``warpforge optimize`` ships it: the fastest eager or
+                                  warpforge candidate within the default budgets on the zoo's validation
+                                  inputs (torch.compile candidates are left out: minutes to build), its
+                                  CUDA graph replayed on a GPU and counted on its module
 A factory returns a model or callable (inputs from ``--input-shape``), ``(model, inputs)``, or a dict
 ``{"fn", "inputs", "module", "count_fn", "work", "name"}`` for a callable that is not a module (an
 engine step replaying CUDA graphs passes its eager twin as ``count_fn``). It may take
@@ -29,7 +33,8 @@ from torch.utils._pytree import tree_map
 from warpforge._factory import accepts, load_factory
 
 FORMS = ("path/to/file.py:factory", "package.module:factory", "bench:SUITE/CASE[@PEER]", "llm:CHECKPOINT",
-         "llm-prefill:CHECKPOINT", "a zoo model NAME")
+         "llm-prefill:CHECKPOINT", "a zoo model NAME", "optimized:NAME")
+OPTIMIZED_BACKENDS = ("eager", "warpforge")
 LLM_DEFAULTS = {"decode": (8, 128), "prefill": (1, 512)}  # (batch, prompt tokens)
 
 
@@ -69,6 +74,8 @@ def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, dev
     for prefix, phase in (("llm:", "decode"), ("llm-prefill:", "prefill")):
         if spec.startswith(prefix):
             return _llm(spec[len(prefix):], phase, dev, batch, prompt_len)
+    if spec.startswith("optimized:"):
+        return _optimized(spec[len("optimized:"):], dev, batch)
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
         factory = load_factory(where, attr, TargetError, "_warpforge_profile_target_")
@@ -88,6 +95,25 @@ def _zoo(name: str, dev: torch.device, batch: int | None) -> Target:
         raise TargetError(f"{name}: {e}") from e
     return Target(name=f"{name} (batch {batch or 1}, {spec.weights} weights)", fn=spec.model,
                   inputs=tuple(spec.example_inputs), module=spec.model)
+
+
+def _optimized(name: str, dev: torch.device, batch: int | None) -> Target:
+    from warpforge import models
+    from warpforge.optimize import optimize
+
+    zoo = _zoo(name, dev, batch)  # checks the name
+    spec = models.get(name, batch=batch or 1, device=dev)
+    try:
+        opt = optimize(spec.model, tuple(spec.example_inputs), val=list(spec.val_inputs()), backends=OPTIMIZED_BACKENDS,
+                       device=dev, queries=50, warmup=10, offline_calls=10, name=name)
+    except Exception as e:
+        raise TargetError(f"optimized:{name}: the optimizer failed: {type(e).__name__}: {e}") from e
+    built = opt.built
+    notes = [f"the optimizer chose {opt.name} (of its {', '.join(OPTIMIZED_BACKENDS)} candidates within the "
+             f"default budgets; {'CUDA graph replay' if built.cuda_graph else 'no CUDA graph'})"]
+    return Target(name=f"{name} optimized: {opt.name} (batch {batch or 1}, {spec.weights} weights)", fn=opt,
+                  inputs=zoo.inputs, module=built.module, notes=notes,
+                  count_fn=built.module if built.cuda_graph else None)  # a replay hides its operators
 
 
 def _to(x: Any, dev: torch.device) -> Any:
