@@ -9,6 +9,7 @@ another process make a 10 ms MobileNetV2 call take over a second.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -286,7 +287,8 @@ def _assert_gpu_record(r: dict) -> None:
     assert "error" not in ours, (r["case"], ours)
     assert ours["candidate"] == "warpforge-fp16" and ours["cuda_graph"] is True, ours
     assert ours["method"].startswith("cuda_event") and "hostpad" not in ours["method"]
-    assert r["correct"]["ok"], (r["case"], r["correct"])
+    assert r["correct"]["ok"], json.dumps({"case": r["case"], "correct": r["correct"], "gate": ours.get("gate")},
+                                          default=str)  # in full: pytest cuts a tuple's repr short
     for name in (vr.REFERENCE, vr.EAGER16, vr.GRAPH, vr.COMPILE):
         p = r["peers"][name]
         assert "error" not in p, (r["case"], name, p)
@@ -313,7 +315,7 @@ def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypa
         for name in (vr.EAGER16, vr.GRAPH, vr.COMPILE):
             c = r["peers"][name]["correct"]
             assert c["rel_err"] is not None and c["tol"] is not None, (r["case"], name, c)
-            if name != vr.EAGER16 or not r["params"]["weights"].startswith("ImageNet"):
+            if name != vr.EAGER16:  # torch eager fp16's own verdict is data (it sets the others' bar)
                 assert c["ok"], (r["case"], name, c)
     planner = next(r for r in records if r["params"]["row"] == "planner-b1")
     assert planner["correct"]["traj_l2_max_m"] is not None
