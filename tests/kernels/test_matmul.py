@@ -7,6 +7,7 @@ accepted so unwritten elements fail.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -231,6 +232,39 @@ def test_tuner_caches_winner_on_disk(monkeypatch, tmp_path):
     monkeypatch.setenv("WARPFORGE_AUTOTUNE", "0")
     timed.clear()
     assert Tuner("unit", configs, MatmulConfig).choose(("c", 2), dev, run) == configs[0] and timed == []
+
+
+def test_tuner_reads_shipped_winners_when_its_cache_lacks_them(monkeypatch, tmp_path):
+    """Winners shipped in the package serve a fresh cache (no timing); a stale candidate list or a
+    bucket they lack still tunes, and the user's own winner beats the shipped one."""
+    import warpforge.kernels._autotune as autotune
+
+    monkeypatch.setenv("WARPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WARPFORGE_AUTOTUNE", "1")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(autotune, "SHIPPED_DIR", tmp_path / "shipped")
+    configs = [MatmulConfig(block_m=32), MatmulConfig(block_m=64), MatmulConfig(block_m=128)]
+    timed: list = []
+    monkeypatch.setattr(autotune, "_time_ms", lambda fn: (fn(), 1.0 + timed[-1])[1])  # first candidate wins
+    run = lambda cfg: timed.append(configs.index(cfg))  # noqa: E731
+    dev = torch.device("cuda", 0)
+    tuner = Tuner("unit", configs, MatmulConfig)
+    shipped = tmp_path / "shipped" / tuner._path(dev).name
+    shipped.parent.mkdir()
+    entry = lambda cfg, h: {"config": dataclasses.asdict(cfg), "ms": 0.1, "candidates": h}  # noqa: E731
+    shipped.write_text(json.dumps({"('s', 1)": entry(configs[2], tuner.candidates_hash),
+                                   "('stale', 1)": entry(configs[2], "0" * 16)}))
+
+    assert tuner.choose(("s", 1), dev, run) == configs[2] and timed == [], "a shipped winner must serve"
+    assert tuner.choose(("stale", 1), dev, run) == configs[0] and timed, "a stale shipped entry must re-tune"
+    timed.clear()
+    assert Tuner("unit", configs, MatmulConfig).choose(("stale", 1), dev, run) == configs[0] and timed == []
+    own = tuner._path(dev)  # the user's cache now holds ('stale', 1); a winner of their own for ('s', 1) too
+    data = json.loads(own.read_text())
+    data["('s', 1)"] = entry(configs[1], tuner.candidates_hash)
+    own.write_text(json.dumps(data))
+    assert Tuner("unit", configs, MatmulConfig).choose(("s", 1), dev, run) == configs[1]
 
 
 # ---- GPU --------------------------------------------------------------------------------------
