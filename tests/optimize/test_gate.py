@@ -1,5 +1,6 @@
 """The accuracy gate on tensors whose errors are known by hand."""
 
+import copy
 import math
 
 import pytest
@@ -113,3 +114,37 @@ def test_top1_near_ties_are_counted_not_judged():
     assert not ok and reasons == ["top1 0.666667 (budget >= 0.99)"]
     assert acc.as_dict()["top1_ties"] == 1 and tie.as_dict()["top1_tie"] == 0.01
     assert compare(ref[:3], cand[:3], "classifier", budget=tie).top1 == 1.0
+
+
+def test_budget_widens_to_twice_the_frameworks_own_error_only_where_that_exceeds_it():
+    from warpforge.optimize.gate import DEFAULT_BUDGETS
+
+    b = DEFAULT_BUDGETS["fp16"]  # max_rel 2e-2, cosine 0.999
+    assert b.widened_to(0.005, 0.9999) is b and b.widened_to(None, None) is b
+    w = b.widened_to(0.03, 0.998)
+    assert w.max_rel == 0.06 and w.min_cosine == pytest.approx(0.996) and w.min_top1 == b.min_top1
+    assert b.widened_to(0.03, 0.99999).min_cosine == b.min_cosine  # never tighter than the default
+
+
+def test_framework_budgets_measure_torch_eager_at_each_16_bit_precision():
+    """Each 16-bit budget is the default widened to torch eager's own error at that precision on val."""
+    from warpforge.optimize.gate import DEFAULT_BUDGETS, compare
+    from warpforge.profile.targets import framework_budgets
+
+    torch.manual_seed(0)
+    shift, back = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+    with torch.no_grad():  # x + 256 then - 256: 16-bit rounding at 256 swamps the O(1) result
+        shift.bias.add_(256.0)
+        back.weight.copy_(torch.eye(64))
+        back.bias.fill_(-256.0)
+    model = torch.nn.Sequential(shift, back).eval()
+    val = [(torch.randn(4, 64),) for _ in range(2)]
+    got = framework_budgets(model, val)
+    assert got["fp32"] == DEFAULT_BUDGETS["fp32"]
+    with torch.no_grad():
+        ref = [model(*v) for v in val]
+        for p, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            low = copy.deepcopy(model).to(dtype)
+            own = compare(ref, [low(v[0].to(dtype)).float() for v in val], batched=True)
+            assert got[p] == DEFAULT_BUDGETS[p].widened_to(own.max_rel, own.min_cosine), p
+    assert got["bf16"].max_rel > DEFAULT_BUDGETS["bf16"].max_rel  # this net is one the widening is for

@@ -88,6 +88,17 @@ class Budget:
         """A copy with the given (non-None) fields replaced."""
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
+    def widened_to(self, own_rel: float | None, own_cosine: float | None) -> Budget:
+        """The bars at twice the framework's own error where that exceeds them: ``own_rel`` / ``own_cosine``
+        are torch eager's max relative error and worst cosine at the same precision on the same inputs.
+        Random-weight deep nets have no trained scale (ResNet-50's logits stray 3% in plain torch fp16), so
+        there the question a bar can answer is whether a candidate is as accurate as the framework."""
+        if own_rel is None or self.max_rel is None or 2 * own_rel <= self.max_rel:
+            return self
+        cos = (min(self.min_cosine, 1 - 2 * (1 - own_cosine)) if own_cosine is not None and self.min_cosine
+               is not None else None)
+        return self.with_overrides(max_rel=2 * own_rel, min_cosine=cos)
+
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"max_abs": self.max_abs, "max_rel": self.max_rel, "min_cosine": self.min_cosine,
                              "min_top1": self.min_top1}

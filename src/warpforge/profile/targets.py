@@ -103,17 +103,47 @@ def _optimized(name: str, dev: torch.device, batch: int | None) -> Target:
 
     zoo = _zoo(name, dev, batch)  # checks the name
     spec = models.get(name, batch=batch or 1, device=dev)
+    val = list(spec.val_inputs())
+    budget, basis = None, "the default budgets"
+    if spec.weights == "random" and dev.type == "cuda":
+        budget = framework_budgets(spec.model, val)
+        basis = "budgets widened to 2x torch eager's own error at each 16-bit precision (random weights)"
     try:
-        opt = optimize(spec.model, tuple(spec.example_inputs), val=list(spec.val_inputs()), backends=OPTIMIZED_BACKENDS,
+        opt = optimize(spec.model, tuple(spec.example_inputs), val=val, budget=budget, backends=OPTIMIZED_BACKENDS,
                        device=dev, queries=50, warmup=10, offline_calls=10, name=name)
     except Exception as e:
         raise TargetError(f"optimized:{name}: the optimizer failed: {type(e).__name__}: {e}") from e
     built = opt.built
-    notes = [f"the optimizer chose {opt.name} (of its {', '.join(OPTIMIZED_BACKENDS)} candidates within the "
-             f"default budgets; {'CUDA graph replay' if built.cuda_graph else 'no CUDA graph'})"]
+    notes = [f"the optimizer chose {opt.name} (of its {', '.join(OPTIMIZED_BACKENDS)} candidates within {basis}; "
+             f"{'CUDA graph replay' if built.cuda_graph else 'no CUDA graph'})"]
     return Target(name=f"{name} optimized: {opt.name} (batch {batch or 1}, {spec.weights} weights)", fn=opt,
                   inputs=zoo.inputs, module=built.module, notes=notes,
                   count_fn=built.module if built.cuda_graph else None)  # a replay hides its operators
+
+
+def framework_budgets(model: torch.nn.Module, val: list) -> dict[str, Any]:
+    """{precision: Budget}: the defaults, with each 16-bit one widened to twice torch eager's own error at that
+    precision on ``val`` (``Budget.widened_to``): what a random-weight model can be held to."""
+    import copy
+
+    from warpforge.optimize.gate import DEFAULT_BUDGETS, compare
+    from warpforge.optimize.runtime import CastIO
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # a strict fp32 reference
+    try:
+        with torch.no_grad():
+            ref = [model(*v) for v in val]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    out = dict(DEFAULT_BUDGETS)
+    for p, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        low = CastIO(copy.deepcopy(model).to(dtype), dtype).eval()
+        with torch.no_grad():
+            acc = compare(ref, [low(*v) for v in val], batched=True)
+        out[p] = out[p].widened_to(None if acc.errors else acc.max_rel, None if acc.errors else acc.min_cosine)
+        del low
+    return out
 
 
 def _to(x: Any, dev: torch.device) -> Any:

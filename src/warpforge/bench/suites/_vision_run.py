@@ -394,14 +394,10 @@ def accuracy(ref: Any, out: Any, *, kind: str, precision: str, judge_top1: bool,
 
     budget = row_budget(precision, judge_top1=judge_top1, min_top1=min_top1)
     basis = "the optimizer's default budget"
-    if framework_err and framework_err.get("rel_err") is not None and budget.max_rel is not None \
-            and 2 * framework_err["rel_err"] > budget.max_rel:
-        cos = framework_err.get("min_cosine")
-        budget = budget.with_overrides(
-            max_rel=2 * framework_err["rel_err"],
-            min_cosine=min(budget.min_cosine, 1 - 2 * (1 - cos)) if cos is not None and budget.min_cosine is not None
-            else None)
-        basis = f"2x torch eager {precision}'s own error (over the default budget)"
+    if framework_err:
+        wide = budget.widened_to(framework_err.get("rel_err"), framework_err.get("min_cosine"))
+        if wide != budget:
+            budget, basis = wide, f"2x torch eager {precision}'s own error (over the default budget)"
     acc = compare(ref, out, "classifier" if kind == "classifier" else "generic", budget=budget)
     ok, reasons = acc.passes(budget)
     # rel_err null when the outputs could not be compared (NaN, shape): never a 0 that reads as exact
