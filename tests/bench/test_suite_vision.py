@@ -336,7 +336,9 @@ def test_full_size_batch1_classifiers_on_the_gpu():
         assert r["meets"][f"ratio.{vr.COMPILE}"] in (True, False)  # judged: the peer ran
     mb = by_row["mobilenet_v2-b1"]
     if vr.has_mobilenet_weights():
-        assert mb["correct"]["top1"] == 1.0 and mb["correct"]["val_samples"] == 42
+        c = mb["correct"]
+        assert c["top1"] == 1.0 and c["val_samples"] == 42
+        assert c["top1_tie"] == vr.TOP1_TIE and c["top1_ties"] <= 2 and c["top1_all"] >= 40 / 42, c
 
 
 @pytest.mark.gpu
@@ -360,3 +362,14 @@ def test_full_size_optimize_wall_time_on_the_gpu(monkeypatch):
         assert "limit" in r["ours"]["error"] and r["meets"]["max_ms"] is None
     else:
         assert r["ours"]["status"] == "ok" and r["correct"]["ok"]
+
+
+def test_strict_top1_leaves_coin_tosses_out_and_reports_all_samples():
+    """The 100% bar skips a reference whose two best classes are within TOP1_TIE; top1_all counts it."""
+    ref = torch.tensor([[5.0, 1.0, 0.0], [2.0, 1.998, 0.0], [0.0, 4.0, 1.0]])
+    out = torch.tensor([[5.0, 1.0, 0.0], [1.998, 2.0, 0.0], [0.0, 4.0, 1.0]])  # flips the near tie only
+    c = vr.accuracy(ref, out, kind="classifier", precision="fp16", judge_top1=True, min_top1=1.0,
+                    top1_tie=vr.TOP1_TIE)
+    assert c["ok"] and c["top1"] == 1.0 and c["top1_ties"] == 1 and c["top1_all"] == pytest.approx(2 / 3)
+    strict = vr.accuracy(ref, out, kind="classifier", precision="fp16", judge_top1=True, min_top1=1.0)
+    assert not strict["ok"] and "top1_all" not in strict
