@@ -110,7 +110,7 @@ def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True, int8=False)
     return compile_sm90(matmul._matmul_ptr_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: bool = False, gate: int = 0) -> dict:
+def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: int = 0, gate: int = 0) -> dict:
     wdt = {0: dt, 1: "i8", 2: "u8", 3: "u8"}[fmt]
     ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split", "gate_off"]
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
@@ -243,7 +243,8 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                 out.append((f"linear words fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear_words(cfg, fmt, g)))
     # Programmatic dependent launch (the LLM decode graphs): griddepcontrol wait + launch_dependents.
     cfg = next(c for c in gemv.LINEAR_CONFIGS[min(gemv.LINEAR_CONFIGS)] if not c.words)
-    out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=True)))
+    out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1)))
+    out.append((f"linear pdl late {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=2)))  # trigger after the loop
     out.append((f"linear gated silu {cfg}", lambda cfg=cfg: linear(cfg, 0, None, gate=2)))  # the MLP's down proj
     return out
 

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
-from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -138,7 +138,7 @@ def row_config(m: int, n: int, *, target: int = TARGET_ELEMS, max_block_n: int |
 
 @triton.jit
 def _gated_kernel(x_ptr, out_ptr, M, D, stride_xm, stride_om,
-                  ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                  ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = 0):
     # x [M, 2*D] (first half activated, second half the gate multiplier), out [M, D]
     pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -148,6 +148,7 @@ def _gated_kernel(x_ptr, out_ptr, M, D, stride_xm, stride_om,
     xp = x_ptr + rows64[:, None] * stride_xm + cols[None, :]
     a = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(xp + D, mask=mask, other=0.0).to(tl.float32)
+    pdl_release(PDL)
     y = apply_activation(a, ACT) * b
     tl.store(out_ptr + rows64[:, None] * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -173,7 +174,7 @@ def _gated(x: torch.Tensor, act: str, out: torch.Tensor | None, config: RowConfi
     cfg = config or row_config(m, d, max_block_n=1024)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(d, cfg.block_n))
     p = pdl(x2)
-    _gated_kernel[grid](x2, out2, m, d, x2.stride(0), out2.stride(0), ACT=ACTIVATIONS[act], PDL=p, launch_pdl=p,
+    _gated_kernel[grid](x2, out2, m, d, x2.stride(0), out2.stride(0), ACT=ACTIVATIONS[act], PDL=p, launch_pdl=p > 0,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return out
 

@@ -15,14 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.activation import check_float, rows_view
 
 CHUNK = 4096  # row entries per program (16 KiB of fp32)
 
 
 @triton.jit
-def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -30,6 +30,7 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: 
     ok = offs < N
     x = tl.load(x_ptr + row.to(tl.int64) * stride_m + offs, mask=ok, other=float("-inf")).to(tl.float32)
     x = tl.where(x != x, float("inf"), x)  # NaN ranks above every number
+    pdl_release(PDL)
     m = tl.max(x, 0)
     first = tl.min(tl.where((x == m) & ok, offs, 2147483647), 0)  # 2**31 - 1: no column
     tl.store(val_ptr + row * n_chunks + chunk, m)
@@ -37,13 +38,14 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, N, stride_m, n_chunks, BLOCK: 
 
 
 @triton.jit
-def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     ok = c < n_chunks
     v = tl.load(val_ptr + row * n_chunks + c, mask=ok, other=float("-inf"))
     i = tl.load(idx_ptr + row * n_chunks + c, mask=ok, other=2147483647)
+    pdl_release(PDL)
     m = tl.max(v, 0)
     best = tl.min(tl.where((v == m) & ok, i, 2147483647), 0)
     tl.store(out_ptr + row, best.to(tl.int64))
@@ -69,9 +71,9 @@ def argmax_rows(x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
     idxs = torch.empty((m, n_chunks), dtype=torch.int32, device=x.device)
     p = pdl(x2)
     _argmax_chunk_kernel[(m, n_chunks)](x2, vals, idxs, n, x2.stride(0), n_chunks, BLOCK=block, PDL=p,
-                                        launch_pdl=p, num_warps=8 if block >= 2048 else 4)
+                                        launch_pdl=p > 0, num_warps=8 if block >= 2048 else 4)
     _argmax_rows_kernel[(m,)](vals, idxs, out, n_chunks, BLOCK_C=max(16, triton.next_power_of_2(n_chunks)),
-                              PDL=p, launch_pdl=p, num_warps=1)
+                              PDL=p, launch_pdl=p > 0, num_warps=1)
     return out.view(x.shape[:-1])
 
 

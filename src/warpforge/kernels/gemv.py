@@ -28,7 +28,7 @@ from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter 
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
-from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.matmul import (
     FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _store, activation_code, check_epilogue_operands,
     check_tensor, matmul,
@@ -193,7 +193,7 @@ def _linear_kernel(
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, LOOP_STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GATE: tl.constexpr = 0, PDL: tl.constexpr = False,
+    GATE: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
     """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits)."""
     pid_n = tl.program_id(0)
@@ -228,6 +228,7 @@ def _linear_kernel(
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off,
                            EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE)
+    pdl_release(PDL)
     if USE_DOT:
         res = tl.trans(acc)  # [BM, BN]
     elif BLOCK_M == 1:
@@ -270,7 +271,7 @@ def _linear_words_kernel(
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """M = 1 against int8 (per-channel scale) or int4 (group scale and zero) weights read as int32 words.
 
@@ -348,6 +349,7 @@ def _linear_words_kernel(
             acc += tl.sum(sc * (gs - z * xg[None, :]), axis=1)
         else:
             acc2 += part
+    pdl_release(PDL)
     if FORMAT == 2:
         res = acc[None, :]
     else:
@@ -364,7 +366,7 @@ def _linear_words_kernel(
 @triton.jit
 def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias, stride_om, stride_on,
                           SPLIT_K: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = 0):
     """out = epilogue(sum over splits of part[s]); part fp32 [SPLIT_K, M, N]."""
     pdl_enter(PDL)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -374,6 +376,7 @@ def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(ptrs + s * M * N, mask=mask, other=0.0)
+    pdl_release(PDL)
     acc = _epilogue(acc, offs_m, offs_n, M, N, ws_ptr, ws_ptr, bias_ptr, stride_bias, out_ptr, 0, 0,
                     0, SCALE_B, HAS_BIAS, ACTIVATION, False)
     _store(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on)
@@ -409,7 +412,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 SPLIT_K=splits,
                 EVEN_K=(K % cfg.block_k == 0 and K_w == K and K_w % per == 0), LOOP_STAGES=cfg.num_stages,
                 ASM=not INTERPRET,
-                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=p, launch_pdl=p,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=p, launch_pdl=p > 0,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         else:
@@ -420,7 +423,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 SPLIT_K=splits, EVEN_K=(K > 0 and K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATE=gate, PDL=p, launch_pdl=p,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATE=gate, PDL=p, launch_pdl=p > 0,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         if splits > 1:
@@ -428,7 +431,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             _splitk_reduce_kernel[(triton.cdiv(N, rbn), triton.cdiv(M, rbm))](
                 part, scales, bias, out, M, N, bias_stride, out.stride(0), out.stride(1),
                 SPLIT_K=splits, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
-                BLOCK_M=rbm, BLOCK_N=rbn, PDL=p, launch_pdl=p, num_warps=4)
+                BLOCK_M=rbm, BLOCK_N=rbn, PDL=p, launch_pdl=p > 0, num_warps=4)
 
     words = words_ok(fmt, w, K_w) and not gate
     if config is None:

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
-from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.activation import FLOAT_DTYPES, RowConfig, check_float, check_out, row_config, rows_view
 
 MAX_WIDTH = 65536  # the row lives in registers: up to 32768 compiles spill-free for sm_90, 65536 spills a little
@@ -38,7 +38,7 @@ def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, scale_ptr,
                  IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                  QUANT: tl.constexpr,  # 0: none, 1: dynamic per-row fp8 scale (written), 2: static scale (read)
                  FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = 0):
     # x, residual, out, residual_out [M, N]; weight, bias [N]; scale [M] (QUANT 1) or [1] (QUANT 2)
     pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -61,6 +61,7 @@ def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, scale_ptr,
         xc = tl.where(mask, x - mean[:, None], 0.0)  # two-pass variance from registers: no cancellation
         rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
         y = xc * rstd[:, None]
+    pdl_release(PDL)
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + w_offset
         y = y * w[None, :]
@@ -161,7 +162,7 @@ def _norm(is_rms: bool, x, weight, bias, eps, residual, out_dtype, quant_fp8, fp
             ro2.stride(0) if ro2 is not None else 0, float(eps), float(weight_offset),
             IS_RMS=is_rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
             QUANT=quant, FP8_MAX=ref.FP8_E4M3_MAX, MIN_AMAX=ref.FP8_MIN_AMAX,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PDL=pdl(x2), launch_pdl=pdl(x2), num_warps=cfg.num_warps)
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PDL=pdl(x2), launch_pdl=pdl(x2) > 0, num_warps=cfg.num_warps)
     result = (out,) + ((scale,) if quant_fp8 else ()) + ((residual_out,) if residual is not None else ())
     return result[0] if len(result) == 1 else result
 

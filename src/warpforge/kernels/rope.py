@@ -21,7 +21,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
-from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention.kv_cache import check_store, store_token_rows
 
 LAYOUTS = ("neox", "interleaved")
@@ -92,7 +92,7 @@ def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
                  stride_kcp, stride_kch, stride_kcs, stride_vcp, stride_vch, stride_vcs,
                  INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
                  STORE: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16,
-                 QUANT: tl.constexpr = False, PDL: tl.constexpr = False):
+                 QUANT: tl.constexpr = False, PDL: tl.constexpr = 0):
     # grid (T, NUM_QB + NUM_KB): program (t, b) rotates head block b of q (b < NUM_QB) or of k.
     # One launch for q and k (decode is launch-bound); the cos/sin row is read once per program.
     # STORE: a k program then also writes its heads' rotated K rows and V rows into the paged cache
@@ -105,6 +105,7 @@ def _rope_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
     imask = i < HALF
     cos = tl.load(cos_ptr + pos * stride_cos + i, mask=imask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + pos * stride_sin + i, mask=imask, other=0.0).to(tl.float32)
+    pdl_release(PDL)
     if b < NUM_QB:
         _rotate_heads(q_ptr + t * stride_qt, stride_qh, HQ, b * BLOCK_H, cos, sin, i, imask, HALF,
                       INTERLEAVED, BLOCK_H, BLOCK_HALF)
@@ -229,7 +230,7 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
         q, kk, positions, cos, sin, hq, hk, q.stride(0), q.stride(1), kk.stride(0), kk.stride(1),
         cos.stride(0), sin.stride(0), half, nqb, *store_args,
         INTERLEAVED=layout == "interleaved", BLOCK_H=cfg.block_h, BLOCK_HALF=_pow2(half), **store_kw,
-        PDL=pdl(q), launch_pdl=pdl(q), num_warps=cfg.num_warps)
+        PDL=pdl(q), launch_pdl=pdl(q) > 0, num_warps=cfg.num_warps)
     return q, k
 
 

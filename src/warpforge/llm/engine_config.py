@@ -37,9 +37,11 @@ class EngineConfig:
     kv_cache_dtype          "auto" (the model's dtype) or "fp8" (e4m3 pages with per-head scales)
     async_scheduling        queue decode step n + 1 before reading step n's tokens (see LLMEngine.step)
     pdl                     programmatic dependent launch inside the decode CUDA graphs (Hopper and newer:
-                            each kernel launches while the one before it drains; kernels/_dispatch.py).
-                            None: the WARPFORGE_PDL environment variable ("1" on), else off (not yet
-                            measured on the H200, so not the default)
+                            each kernel launches while the one before it drains; kernels/_dispatch.py):
+                            True or "early" (the next kernel may launch once every program has waited),
+                            "late" (once every program is past its main loop), False. None: the
+                            WARPFORGE_PDL environment variable ("1"/"early", "late"), else off: "early"
+                            made the 1B batch-1 decode 9% slower on the H200 (benchmarks/NOTES.md)
     seed                    seed of the unseeded sampling rows' random stream
     """
 
@@ -54,7 +56,7 @@ class EngineConfig:
     cuda_graph_batch_sizes: list[int] | None = field(default=None)
     kv_cache_dtype: str = "auto"
     async_scheduling: bool = True
-    pdl: bool | None = None
+    pdl: bool | str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -64,9 +66,10 @@ class EngineConfig:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("page_size", self.page_size, 1)
         if self.pdl is None:
-            self.pdl = os.environ.get("WARPFORGE_PDL", "0").strip().lower() in ("1", "on", "true", "yes")
-        elif not isinstance(self.pdl, bool):
-            raise ValueError(f"pdl: expected True, False or None, got {self.pdl!r}")
+            env = os.environ.get("WARPFORGE_PDL", "0").strip().lower()
+            self.pdl = "late" if env == "late" else env in ("1", "on", "true", "yes", "early")
+        elif not (isinstance(self.pdl, bool) or self.pdl in ("early", "late")):
+            raise ValueError(f"pdl: expected True, False, 'early', 'late' or None, got {self.pdl!r}")
         if self.num_pages is not None:
             _check_int("num_pages", self.num_pages, 1)
         u = self.gpu_memory_utilization

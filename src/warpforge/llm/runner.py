@@ -59,7 +59,7 @@ class ModelRunner:
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(model, sizes, max_pages_per_seq=self.max_pages_per_seq,
                                            max_seq_len=engine_config.max_model_len, device=self.device,
-                                           pdl=bool(engine_config.pdl))
+                                           pdl=engine_config.pdl)
 
     # ---- KV memory -----------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.attention.prefill import check_attention_options
@@ -111,7 +111,7 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, FP8: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+                   DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -161,6 +161,7 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
                                 s_lo, a, c, s_hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
                                 BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, False, SOFTCAP,
                                 True, PAGE_SIZE, False, DOT_PRECISION)
+    pdl_release(PDL)
     out, lse = finalize(acc, l_i, m_i)
     out = out * vs
     if not SPLIT:
@@ -176,7 +177,7 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
 @triton.jit
 def _decode_reduce_kernel(O_part, LSE_part, O, stride_ob, stride_oh, num_heads, num_splits,
                           BLOCK_S: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
     # out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max); empty splits weigh 0.
     pdl_enter(PDL)
     b = tl.program_id(0)
@@ -190,6 +191,7 @@ def _decode_reduce_kernel(O_part, LSE_part, O, stride_ob, stride_oh, num_heads, 
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse - m)
     o = tl.load(O_part + (row + offs_s)[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    pdl_release(PDL)
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty),
@@ -248,13 +250,13 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=D, BLOCK_D=block_d, PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n,
         SPLIT=num_splits > 1, MASK_LEFT=left >= 0, SOFTCAP=softcap is not None, FP8=cache.is_fp8,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl(q), launch_pdl=pdl(q),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl(q), launch_pdl=pdl(q) > 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl(q),
-            launch_pdl=pdl(q), num_warps=4,
+            launch_pdl=pdl(q) > 0, num_warps=4,
         )
     return out

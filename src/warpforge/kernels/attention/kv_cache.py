@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.kernels._dispatch import pdl, pdl_enter, use_triton
+from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.reference import store_kv_ref
 
 import triton
@@ -173,11 +173,12 @@ def _store_kv_kernel(K, V, KC, VC, slots, k_scale, v_scale,
                      stride_vcp, stride_vch, stride_vcs,
                      num_kv_heads,
                      PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr = False):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr = 0):
     # One program per token, all its KV heads: K and V rows in, one page row per head out.
     pdl_enter(PDL)
     t = tl.program_id(0)
     slot = tl.load(slots + t).to(tl.int64)
+    pdl_release(PDL)  # one row copy per program: nothing to keep the next grid waiting for
     if slot < 0:
         return
     store_token_rows(K, V, KC, VC, k_scale, v_scale, t, slot, tl.arange(0, BLOCK_H), num_kv_heads, HEAD_DIM,
@@ -207,7 +208,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         num_kv_heads,
         PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        QUANT=fp8, PDL=pdl(k), launch_pdl=pdl(k), num_warps=4,
+        QUANT=fp8, PDL=pdl(k), launch_pdl=pdl(k) > 0, num_warps=4,
     )
 
 
