@@ -36,7 +36,6 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,17 +132,6 @@ def agreement(suite: str, case: Any, dev: torch.device, *, quick: bool) -> dict[
     }
 
 
-@contextlib.contextmanager
-def strict_fp32() -> Iterator[None]:
-    """TF32 off for matmul and cuDNN while profiling an fp32 model: fp32 means fp32 there."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
 def llm_checkpoint(quick: bool, scratch: Path) -> tuple[Path, str]:
     """The random-weight checkpoint the LLM reports run on, and its short name."""
     if quick:
@@ -169,6 +157,7 @@ def report_specs(quick: bool, ckpt: Path, short: str) -> dict[str, tuple[str, st
 
 def write_report(folder: Path, spec: str, opts: dict[str, int], dev: torch.device, *, quick: bool) -> dict[str, Any]:
     """Profile TARGET ``spec`` (as ``warpforge profile`` does) and write its report into ``folder``."""
+    from warpforge.optimize.runtime import strict_fp32
     from warpforge.profile import profile
     from warpforge.profile.targets import resolve
 

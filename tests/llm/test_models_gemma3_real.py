@@ -111,12 +111,10 @@ def test_bf16_perplexity_on_the_gpu_within_1_percent_of_hf_fp32(hf):
     ours16 = load(gemma3_270m_gguf(), dtype=torch.bfloat16, device="cuda")
     ids = ours16.tokenizer.encode(TEXT)[:2049]
     ppl = _our_ppl(ours16.model, ids)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a 10-bit-mantissa one
-    try:
+    from warpforge.optimize.runtime import strict_fp32
+
+    with strict_fp32():  # an fp32 reference, not a 10-bit-mantissa one
         ref_ppl = _hf_ppl(copy.deepcopy(hf[1]).to("cuda"), ids, device="cuda")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     print(f"Gemma 3 270M perplexity over 2048 Hamlet tokens: ours bf16 (CUDA) {ppl:.4f}, HF fp32 {ref_ppl:.4f} "
           f"({100 * (ppl / ref_ppl - 1):+.2f}%)")
     assert abs(ppl - ref_ppl) <= 1e-2 * ref_ppl, f"perplexity ours bf16 {ppl:.4f} vs HF fp32 {ref_ppl:.4f}"

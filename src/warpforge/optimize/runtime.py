@@ -7,12 +7,25 @@ like with like. :class:`CastIO` is an ``nn.Module`` so it is part of what gets e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
+
+
+@contextlib.contextmanager
+def strict_fp32() -> Iterator[None]:
+    """fp32 without TF32 for matmuls and cuDNN convolutions (TF32 is cuDNN's default on Ampere and later:
+    a 10-bit mantissa, the same as fp16's, would blur a reference 16-bit candidates are judged against)."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def _cast_floats(x: Any, dtype: torch.dtype) -> Any:

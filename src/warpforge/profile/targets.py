@@ -127,15 +127,10 @@ def framework_budgets(model: torch.nn.Module, val: list) -> dict[str, Any]:
     import copy
 
     from warpforge.optimize.gate import DEFAULT_BUDGETS, compare
-    from warpforge.optimize.runtime import CastIO
+    from warpforge.optimize.runtime import CastIO, strict_fp32
 
-    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # a strict fp32 reference
-    try:
-        with torch.no_grad():
-            ref = [model(*v) for v in val]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    with torch.no_grad(), strict_fp32():
+        ref = [model(*v) for v in val]
     out = dict(DEFAULT_BUDGETS)
     for p, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         low = CastIO(copy.deepcopy(model).to(dtype), dtype).eval()

@@ -22,7 +22,7 @@ import gc
 import importlib.util
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,6 +266,7 @@ def _gated(s: Shared, device: torch.device, cand: Any, built: Any) -> tuple[Any,
     plain one, whose miss the case's own check then records) and what the gate found."""
     from warpforge.optimize.api import fp32_fallback
     from warpforge.optimize.gate import compare
+    from warpforge.optimize.runtime import strict_fp32
 
     kind, budget = s.gate
     val = s.loaded.val
@@ -300,18 +301,6 @@ def build_wf16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any
         raise RuntimeError("warpforge-fp16 runs on CUDA only")
     fn, info = _build_candidate(s, device, "fp16")
     return fn, {**info, "candidate": WF16}
-
-
-@contextlib.contextmanager
-def strict_fp32() -> Iterator[None]:
-    """fp32 without TF32 (cuDNN convolutions default to TF32 on Ampere and later: a 10-bit mantissa, the
-    same as fp16's, would blur the reference the fp16 candidates are judged against)."""
-    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def build_reference(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
@@ -501,6 +490,8 @@ class Session:
                         framework_err=ours.get("framework_err"), top1_tie=self.top1_tie)
 
     def _measure(self, device: torch.device) -> dict[str, list[Run] | str]:
+        from warpforge.optimize.runtime import strict_fp32
+
         try:
             loaded = load(self.workload, device)
             flops = count_flops(loaded.model, loaded.inputs)
