@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import os
 import tempfile
 from collections import Counter
@@ -323,21 +324,39 @@ _ORT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.int64: 
                torch.bool: "bool_"}
 
 
+def _onnx_export_kwargs(module: nn.Module, inputs: tuple, dynamo: bool, dynamic_batch: bool) -> dict[str, Any]:
+    """torch.onnx.export's arguments for a leading (batch) dim left symbolic on every tensor input."""
+    if not dynamic_batch:
+        return {}
+    if dynamo:  # torch.export's spec: AUTO keeps the dim symbolic where the model allows it, else static
+        specs = tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() else None for x in inputs)
+        params = list(inspect.signature(module.forward).parameters.values())
+        if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:  # forward(*args), e.g. CastIO
+            specs = (specs,)
+        return {"dynamic_shapes": specs}
+    names = [f"input_{i}" for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+    return {"input_names": names, "dynamic_axes": {n: {0: "batch"} for n in names}}
+
+
 def export_onnx(module: nn.Module, inputs: tuple) -> bytes:
-    """ONNX bytes of module at the example inputs' shapes: the dynamo exporter when it is installed
-    (onnxscript), else the TorchScript one."""
+    """ONNX bytes of module: the dynamo exporter when it is installed (onnxscript), else the TorchScript one;
+    each first with the batch (leading) dim of the tensor inputs symbolic, so the exported model serves
+    other batch sizes like the other candidates do, then at the example inputs' shapes."""
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
         for dynamo in (True, False):
-            try:
-                with torch.no_grad():
-                    torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False, verbose=False)
-                with open(path, "rb") as f:
-                    return f.read()
-            except Exception as e:  # noqa: BLE001 - either exporter may be missing or refuse the model
-                errors.append(f"{'dynamo' if dynamo else 'torchscript'} exporter: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}")
+            for dynamic_batch in (True, False):
+                try:
+                    with torch.no_grad():
+                        torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False, verbose=False,
+                                          **_onnx_export_kwargs(module, inputs, dynamo, dynamic_batch))
+                    with open(path, "rb") as f:
+                        return f.read()
+                except Exception as e:  # noqa: BLE001 - either exporter may be missing or refuse the model
+                    errors.append(f"{'dynamo' if dynamo else 'torchscript'} exporter"
+                                  f"{' (dynamic batch)' if dynamic_batch else ''}: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}")
     raise RuntimeError("ONNX export failed; " + "; ".join(errors))
 
 
@@ -359,7 +378,20 @@ class OrtRunner:
         self.out_meta = [(t.dtype, t.device) for t in flat]
         self.provider = provider
 
+    def static_shapes(self) -> list[list[int | str]]:
+        """Each graph input's shape as exported: ints are fixed, strings symbolic (e.g. the batch)."""
+        return [list(i.shape) for i in self.session.get_inputs()]
+
+    def _check_shapes(self, args: tuple) -> None:
+        for n, i, want in zip(self.names, self.tensor_pos, self.static_shapes()):
+            got = tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else None
+            if got is None or len(got) != len(want) or any(isinstance(w, int) and w != g for w, g in zip(want, got)):
+                raise ValueError(f"input {i} ({n}): the ONNX model was exported for shape {want} (str: any size), "
+                                 f"got {list(got) if got is not None else type(args[i]).__name__}; optimize "
+                                 "again with example inputs of this shape")
+
     def __call__(self, *args: Any) -> Any:
+        self._check_shapes(args)
         feed = {n: args[i].detach().cpu().numpy() for n, i in zip(self.names, self.tensor_pos)}
         outs = self.session.run(None, feed)
         if len(outs) != len(self.out_meta):
@@ -379,8 +411,12 @@ def _build_ort(provider: str) -> Callable[[nn.Module, tuple], Built]:
         notes = []
         if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
             notes.append("inputs and outputs cross to the host through numpy on every call (no IO binding)")
+        shapes = runner.static_shapes()
+        if not all(s and isinstance(s[0], str) for s in shapes):
+            notes.append(f"exported with static input shapes {shapes}: serves only those (the dynamic-batch "
+                         "export failed)")
         return Built(fn=runner, module=mod, save_format="onnx", onnx_bytes=data, onnx_provider=provider,
-                     details={"provider": provider, "onnx_bytes": len(data), "notes": notes})
+                     details={"provider": provider, "onnx_bytes": len(data), "input_shapes": shapes, "notes": notes})
     return build
 
 
