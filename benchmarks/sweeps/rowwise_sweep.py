@@ -53,11 +53,11 @@ def softmax_grid(m: int, n: int) -> list[RowConfig]:
     if n <= 32768:
         bn = 1 << (n - 1).bit_length()
         for bm, w in itertools.product((1, 2, 4), (4, 8, 16, 32)):
-            e = bm * bn // (32 * w)  # fp32 values per thread: beyond 128 it spills
-            if e <= 128:
+            e = bm * bn // (32 * w)  # fp32 values per thread: beyond 128, or past 32768 per program, it spills
+            if e <= 128 and bm * bn <= 32768:
                 out.append(RowConfig(bm, bn, w))
-            if 8 <= e <= 32 and bm <= 2:  # persistent: 32 or 64 warps per SM
-                out += [RowConfig(bm, bn, w, programs_per_sm=k) for k in {max(1, 32 // w), 64 // w} if k <= 32]
+            if 8 <= e <= 32 and bm <= 2:  # persistent: 32 or 48 warps per SM (~40-66 registers, offline sm_90)
+                out += [RowConfig(bm, bn, w, programs_per_sm=k) for k in sorted({max(1, 32 // w), max(1, 48 // w)})]
     for bn, w in itertools.product((1024, 2048, 4096, 8192), (4, 8, 16)):
         out.append(RowConfig(1, bn, w, looped=True))
     for bn, w in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16, 32)):
@@ -68,8 +68,8 @@ def softmax_grid(m: int, n: int) -> list[RowConfig]:
 
 def silu_grid(m: int, d: int) -> list[RowConfig]:
     return _unique([*gated_candidates(m, d),
-                    *[RowConfig(bm, bn, w) for bm, bn, w in itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048, 4096),
-                                                                              (2, 4, 8, 16))
+                    *[RowConfig(bm, bn, w)
+                      for bm, bn, w in itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048, 4096), (2, 4, 8, 16))
                       if 4 <= bm * bn // (32 * w) <= 64]])
 
 

@@ -1,4 +1,4 @@
-"""Compile the matmul-family, conv and row-wise kernels for sm_90 without a GPU; report shared memory, registers, spills.
+"""Compile the matmul-family, conv and row-wise kernels for sm_90 without a GPU: shared memory, registers, spills.
 
 Triton compiles for any target offline (its wheel bundles ptxas), so a CPU machine can tell whether
 a config fits Hopper's 227 KB of shared memory, spills registers, reaches wgmma (HGMMA), or gets

@@ -337,6 +337,22 @@ def test_gated_tuner_path(device, cpu_tuning):
     assert len(st["timed"]) == len(valid)
 
 
+def test_bench_suite_times_the_tuned_choice(monkeypatch):
+    """The kernels suite's row-wise cases call the launchers without config=, so they time the tuner's pick."""
+    from warpforge.bench.suites._kernels_fused import _elementwise_cases
+
+    asked: list[str] = []
+    real = activation._choose
+    monkeypatch.setattr(activation, "_choose",
+                        lambda kernel, *a, **kw: (asked.append(kernel), real(kernel, *a, **kw))[1])
+    cases = _elementwise_cases(gpu=False)
+    assert {c.params["op"] for c in cases} == {"silu_and_mul", "gelu_and_mul", "softmax"}
+    for case in cases:
+        asked.clear()
+        case.ours(*case.make_inputs(torch.Generator().manual_seed(0), torch.device("cpu")))
+        assert asked == ["softmax" if case.params["op"] == "softmax" else "gated"], case.name
+
+
 def test_empty_inputs(device):
     assert silu_and_mul(torch.randn(0, 8, device=device)).shape == (0, 4)
     assert softmax(torch.randn(3, 0, 5, device=device)).shape == (3, 0, 5)

@@ -137,7 +137,8 @@ class RowConfig:
             raise ValueError(f"RowConfig.programs_per_sm must be in [0, 32] (0: not persistent), "
                              f"got {self.programs_per_sm}")
         if self.looped and self.block_m != 1:
-            raise ValueError(f"RowConfig.block_m must be 1 when looped (one row streamed at a time), got {self.block_m}")
+            raise ValueError(f"RowConfig.block_m must be 1 when looped (one row streamed at a time), "
+                             f"got {self.block_m}")
 
     @property
     def persistent(self) -> bool:
@@ -458,9 +459,9 @@ def softmax_candidates(m: int, n: int) -> tuple[RowConfig, ...]:
         for bm, w in ((1, 4), (1, 8), (2, 8), (2, 16), (4, 16)):
             if 4 <= bm * bn // (32 * w) <= 32 and bm * bn <= SOFTMAX_MAX_SINGLE:
                 out.append(RowConfig(bm, bn, w))
-        if 1024 <= bn <= 16384:  # 16 fp32 per thread + 8 registers of the next row's bf16; 32 warps per SM
-            w = bn // 512
-            out.append(RowConfig(1, bn, w, programs_per_sm=32 // w))
+        if 1024 <= bn <= 16384:  # 16 fp32 per thread + 8 registers of the next rows' 16-bit values:
+            w = bn // 512        # ~40 registers (offline sm_90), so 48 warps per SM fit the register file
+            out.append(RowConfig(1, bn, w, programs_per_sm=48 // w))
     if bn >= 8192:
         out += [c for c in SOFTMAX_STREAMED if c.block_n <= bn]
     seen: list[RowConfig] = []
