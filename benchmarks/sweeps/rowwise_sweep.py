@@ -63,6 +63,8 @@ def softmax_grid(m: int, n: int) -> list[RowConfig]:
     for bn, w in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16, 32)):
         if 8 <= bn // (32 * w) <= 32:  # fp32 of x per thread; the running max and sum cost 1/4 of that
             out += [RowConfig(1, bn, w, looped=True, programs_per_sm=k) for k in (1, 2, 4) if k * w <= 64]
+            if n > 32768 and w >= 8:  # rows past the whole-row limit: the L2 eviction hints too
+                out += [RowConfig(1, bn, w, looped=True, programs_per_sm=k, l2_hints=True) for k in (1, 2)]
     return _unique(out)
 
 
@@ -75,7 +77,7 @@ def silu_grid(m: int, d: int) -> list[RowConfig]:
 
 def _key(cfg: RowConfig) -> str:
     return (f"bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps}{' looped' if cfg.looped else ''}"
-            f"{f' persistent{cfg.programs_per_sm}' if cfg.persistent else ''}")
+            f"{f' persistent{cfg.programs_per_sm}' if cfg.persistent else ''}{' l2hints' if cfg.l2_hints else ''}")
 
 
 def main(argv: list[str] | None = None) -> int:

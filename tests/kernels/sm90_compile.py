@@ -64,6 +64,7 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, o
     return {"shared": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
             "spill": int(spill.group(1)) if spill else 0, "wgmma": "wgmma" in ptx,
             "pdl": "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx,
+            "l2_hints": "L2::cache_hint" in ptx,
             "warp_specialized": "ttg.warp_specialize" in k.asm["ttgir"]}
 
 
@@ -211,7 +212,8 @@ def rowwise(cfg, op: str, dt: str = "bf16") -> dict:
     elif cfg.looped and cfg.persistent:
         fn = activation._softmax_persistent_kernel
         vec = min(cfg.block_n, 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dt])
-        _flags(sig, consts, BLOCK_N=cfg.block_n, VEC=vec)
+        _flags(sig, consts, BLOCK_N=cfg.block_n, VEC=vec, **({"KEEP": "evict_last", "DROP": "evict_first"}
+                                                             if cfg.l2_hints else {}))
     elif cfg.looped:
         fn = activation._softmax_looped_kernel
         _flags(sig, consts, BLOCK_N=cfg.block_n)

@@ -151,7 +151,8 @@ def test_candidate_lists_start_with_the_untuned_default():
         cands = softmax_candidates(m, n)
         assert cands[0] == softmax_config(m, n) and len(set(cands)) == len(cands)
         assert all(c.looped or c.block_n >= n for c in cands), "a whole-row candidate must cover the row"
-    assert any(c.looped and c.persistent for c in softmax_candidates(512, 131072))
+    assert any(c.looped and c.persistent and not c.l2_hints for c in softmax_candidates(512, 131072))
+    assert any(c.l2_hints for c in softmax_candidates(512, 131072))
     for m, d in [(4096, 16384), (16, 256), (1, 8)]:
         assert gated_candidates(m, d)[0] == row_config(m, d, max_block_n=1024)
     assert len(SOFTMAX_CANDIDATES) <= 24 and max(len(softmax_candidates(m, n)) for m, n in SUITE_SOFTMAX) <= 8
@@ -183,6 +184,7 @@ def test_gated_every_candidate(device, cfg, kind, kw):
 
 PERSISTENT = [RowConfig(1, 16, 4, looped=True, programs_per_sm=1),  # 2 programs: many rows and chunks each
               RowConfig(1, 64, 2, looped=True, programs_per_sm=3),
+              RowConfig(1, 32, 4, looped=True, programs_per_sm=1, l2_hints=True),
               RowConfig(1, 512, 4, programs_per_sm=1),  # whole rows, 2 programs
               RowConfig(2, 512, 4, programs_per_sm=2)]
 
@@ -224,6 +226,8 @@ def test_softmax_strided_views_extremes_and_in_place(device, cfg):
 def test_rowconfig_validation(device):
     with pytest.raises(ValueError, match="programs_per_sm"):
         RowConfig(1, 16, 4, looped=True, programs_per_sm=33)
+    with pytest.raises(ValueError, match="l2_hints needs looped=True and programs_per_sm"):
+        RowConfig(1, 16, 4, looped=True, l2_hints=True)
     with pytest.raises(ValueError, match="block_m must be 1 when looped"):
         RowConfig(2, 16, 4, looped=True)
     with pytest.raises(ValueError, match="softmax-only"):

@@ -118,6 +118,8 @@ class RowConfig:
     reads of x); ``programs_per_sm`` > 0 makes the grid persistent: num_SMs x programs_per_sm programs,
     program p serving rows (row blocks) p, p + grid, ..., with the next chunk's loads issued before the
     current chunk's math. Only grid rows are in flight at once, so a looped row's second read stays in L2.
+    ``l2_hints`` (looped and persistent only): pass 1's reads marked evict_last, pass 2's reads and the
+    stores evict_first, so that the output and the rows already done leave L2 before rows awaiting pass 2.
     """
 
     block_m: int
@@ -125,6 +127,7 @@ class RowConfig:
     num_warps: int
     looped: bool = False
     programs_per_sm: int = 0
+    l2_hints: bool = False
 
     def __post_init__(self) -> None:
         for f in ("block_m", "block_n"):
@@ -136,6 +139,9 @@ class RowConfig:
         if not 0 <= self.programs_per_sm <= 32:
             raise ValueError(f"RowConfig.programs_per_sm must be in [0, 32] (0: not persistent), "
                              f"got {self.programs_per_sm}")
+        if self.l2_hints and not (self.looped and self.programs_per_sm):
+            raise ValueError("RowConfig.l2_hints needs looped=True and programs_per_sm > 0 (the persistent "
+                             "streamed softmax)")
         if self.looped and self.block_m != 1:
             raise ValueError(f"RowConfig.block_m must be 1 when looped (one row streamed at a time), "
                              f"got {self.block_m}")
@@ -383,8 +389,17 @@ def _softmax_rows_persistent_kernel(x_ptr, out_ptr, M, N, stride_xm, stride_om,
 
 
 @triton.jit
+def _online_update(x, m_vec, s_vec):
+    """Fold a chunk x [R, VEC] into the running max / rescaled sum [R] (online softmax)."""
+    m_new = tl.maximum(m_vec, tl.max(x, axis=1))
+    s_vec = s_vec * tl.exp(m_vec - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
+    return m_new, s_vec
+
+
+@triton.jit
 def _softmax_persistent_kernel(x_ptr, out_ptr, M, N, stride_xm, stride_om,
-                               BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+                               BLOCK_N: tl.constexpr, VEC: tl.constexpr,
+                               KEEP: tl.constexpr = "", DROP: tl.constexpr = ""):
     # Streamed rows (two reads) on a persistent grid of G programs: program p serves rows p, p + G, ...,
     # so G rows are in flight and pass 2 re-reads each from L2 (G x row bytes under the L2), where
     # one program per row keeps every row of a 512-row problem resident at once and pass 2 goes to HBM.
@@ -392,38 +407,45 @@ def _softmax_persistent_kernel(x_ptr, out_ptr, M, N, stride_xm, stride_om,
     # running max and sum are one fp32 per VEC elements (reduced along axis 1 in registers) and the
     # registers go to loads in flight. The loads of the next chunk (pass 1's last: pass 2's first chunk;
     # pass 2's last: the next row's first) are issued before the current chunk's math: one load stream
-    # per program through both passes and across rows.
+    # per program through both passes and across rows (each pass's last chunk is peeled for that).
+    # KEEP / DROP: L2 eviction policies ("" or "evict_last" / "evict_first") of the reads pass 2 needs
+    # again, and of pass 2's reads and the stores, which nothing here reads again.
     R: tl.constexpr = BLOCK_N // VEC
     offs = tl.arange(0, R)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [R, VEC] column offsets in a chunk
     G = tl.num_programs(0)
     pid = tl.program_id(0)
-    nxt = tl.load(x_ptr + pid.to(tl.int64) * stride_xm + offs, mask=(offs < N) & (pid < M), other=-float("inf"))
+    last = (N - 1) // BLOCK_N * BLOCK_N  # the last chunk's first column
+    nxt = tl.load(x_ptr + pid.to(tl.int64) * stride_xm + offs, mask=(offs < N) & (pid < M), other=-float("inf"),
+                  eviction_policy=KEEP)
     for row in range(pid, M, G):
         row64 = tl.cast(row, tl.int64)  # (tl.cast: the loop index is a plain int in the interpreter)
         xr = x_ptr + row64 * stride_xm
         # Finite initial max: exp(m_old - m_new) stays defined for lanes that only ever saw -inf.
         m_vec = tl.full([R], -FLT_MAX, tl.float32)
         s_vec = tl.zeros([R], tl.float32)
-        for start in range(0, N, BLOCK_N):
+        for start in range(0, last, BLOCK_N):  # pass 1 but the last chunk: prefetch the next chunk
             x = nxt.to(tl.float32)
-            ns = start + BLOCK_N
-            ns = tl.where(ns < N, ns, 0)  # past the row's end: pass 2's first chunk
-            nxt = tl.load(xr + ns + offs, mask=ns + offs < N, other=-float("inf"))
-            m_new = tl.maximum(m_vec, tl.max(x, axis=1))
-            s_vec = s_vec * tl.exp(m_vec - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
-            m_vec = m_new
+            nxt = tl.load(xr + start + BLOCK_N + offs, mask=start + BLOCK_N + offs < N, other=-float("inf"),
+                          eviction_policy=KEEP)
+            m_vec, s_vec = _online_update(x, m_vec, s_vec)
+        x = nxt.to(tl.float32)
+        nxt = tl.load(xr + offs, mask=offs < N, other=-float("inf"), eviction_policy=DROP)  # pass 2's first
+        m_vec, s_vec = _online_update(x, m_vec, s_vec)
         mx = tl.max(m_vec, axis=0)
         inv = 1.0 / tl.sum(s_vec * tl.exp(m_vec - mx), axis=0)
         orow = out_ptr + row64 * stride_om
-        for start in range(0, N, BLOCK_N):
+        for start in range(0, last, BLOCK_N):  # pass 2 but the last chunk
             x = nxt.to(tl.float32)
-            ns = start + BLOCK_N
-            last = ns >= N
-            nrow = tl.where(last, row64 + G, row64)  # past the row's end: the next row's first chunk
-            ns = tl.where(last, 0, ns)
-            nxt = tl.load(x_ptr + nrow * stride_xm + ns + offs, mask=(ns + offs < N) & (nrow < M),
-                          other=-float("inf"))
-            tl.store(orow + start + offs, (tl.exp(x - mx) * inv).to(out_ptr.dtype.element_ty), mask=start + offs < N)
+            nxt = tl.load(xr + start + BLOCK_N + offs, mask=start + BLOCK_N + offs < N, other=-float("inf"),
+                          eviction_policy=DROP)
+            tl.store(orow + start + offs, (tl.exp(x - mx) * inv).to(out_ptr.dtype.element_ty),
+                     eviction_policy=DROP)  # a full chunk: no mask
+        x = nxt.to(tl.float32)
+        nrow = row64 + G
+        nxt = tl.load(x_ptr + nrow * stride_xm + offs, mask=(offs < N) & (nrow < M), other=-float("inf"),
+                      eviction_policy=KEEP)  # the next row's first chunk
+        tl.store(orow + last + offs, (tl.exp(x - mx) * inv).to(out_ptr.dtype.element_ty), mask=last + offs < N,
+                 eviction_policy=DROP)
 
 
 def softmax_config(m: int, n: int) -> RowConfig:
@@ -437,12 +459,18 @@ def softmax_config(m: int, n: int) -> RowConfig:
 # law: ~4.6 TB/s x ~1 us / 132 SMs ~ 35 KB) = programs x 1-2 chunks of 2 bytes x block_n; rows in flight
 # = 132 x programs, x row bytes under the L2 (60 MB; the cliff measured at 72 MiB) for pass 2 to hit it.
 # Registers: block_n / (32 x warps) = 16 fp32 of x per thread in each, plus 8 for the prefetched 16-bit
-# chunk and 2 x 2 for the running max and sum (offline sm_90: 43-53 registers, no spills).
+# chunk and 2 x 2 for the running max and sum (offline sm_90: 40-64 registers, no spills).
 SOFTMAX_STREAMED = (
     RowConfig(1, 16384, 32, looped=True, programs_per_sm=1),  # 32-64 KB/SM; 512x131072 bf16: 33 MB of rows
     RowConfig(1, 8192, 16, looped=True, programs_per_sm=1),   # 16-32 KB/SM, same rows in flight
     RowConfig(1, 8192, 16, looped=True, programs_per_sm=2),   # 32-64 KB/SM; rows of <= 128 KB (4096x32768)
     RowConfig(1, 4096, 8, looped=True, programs_per_sm=4),    # 32-64 KB/SM; rows of <= 64 KB
+)
+# Rows wider than SOFTMAX_MAX_SINGLE also try L2 eviction hints: between a chunk's two reads each program
+# streams one row of loads plus part of a row of stores, ~34-50 MB in all at 512x131072 k=1 (k=2: twice).
+SOFTMAX_STREAMED_HINTS = (
+    RowConfig(1, 16384, 32, looped=True, programs_per_sm=1, l2_hints=True),
+    RowConfig(1, 8192, 16, looped=True, programs_per_sm=2, l2_hints=True),
 )
 
 
@@ -464,6 +492,8 @@ def softmax_candidates(m: int, n: int) -> tuple[RowConfig, ...]:
             out.append(RowConfig(1, bn, w, programs_per_sm=48 // w))
     if bn >= 8192:
         out += [c for c in SOFTMAX_STREAMED if c.block_n <= bn]
+    if bn > SOFTMAX_MAX_SINGLE:
+        out += SOFTMAX_STREAMED_HINTS
     seen: list[RowConfig] = []
     for c in out:
         if c not in seen:
@@ -477,7 +507,8 @@ def _launch_softmax(x2: torch.Tensor, out2: torch.Tensor, cfg: RowConfig) -> Non
     if cfg.looped and cfg.persistent:
         vec = min(cfg.block_n, 16 // x2.element_size())
         grid = (min(m, num_sms(x2.device) * cfg.programs_per_sm),)
-        _softmax_persistent_kernel[grid](*args, BLOCK_N=cfg.block_n, VEC=vec, num_warps=cfg.num_warps)
+        hints = {"KEEP": "evict_last", "DROP": "evict_first"} if cfg.l2_hints else {}
+        _softmax_persistent_kernel[grid](*args, BLOCK_N=cfg.block_n, VEC=vec, num_warps=cfg.num_warps, **hints)
     elif cfg.looped:
         _softmax_looped_kernel[(m,)](*args, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     else:
