@@ -1,4 +1,4 @@
-"""Compile the matmul-family and conv kernels for sm_90 without a GPU; report shared memory, registers, spills.
+"""Compile the matmul-family, conv and row-wise kernels for sm_90 without a GPU: shared memory, registers, spills.
 
 Triton compiles for any target offline (its wheel bundles ptxas), so a CPU machine can tell whether
 a config fits Hopper's 227 KB of shared memory, spills registers, reaches wgmma (HGMMA), or gets
@@ -7,6 +7,7 @@ are multiples of 16 (``tt.divisibility`` on every pointer and integer argument).
 
     python tests/kernels/sm90_compile.py            # the default (first) config of each family
     python tests/kernels/sm90_compile.py --all      # every autotune candidate (~1 minute)
+    python tests/kernels/sm90_compile.py --all --only softmax,gated   # labels starting with these
 
 GEMMs compile with the heaviest epilogue (bias + erf gelu), so a candidate meant for plain GEMMs
 may report a small spill here that it does not have without an epilogue. Convs (fp16 and int8, the
@@ -31,7 +32,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from warpforge.kernels import conv, conv_int8, gemv, matmul, matmul_fp8, matmul_int8  # noqa: E402
+from warpforge.kernels import activation, conv, conv_int8, gemv, matmul, matmul_fp8, matmul_int8  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
@@ -63,6 +64,7 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, o
     return {"shared": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
             "spill": int(spill.group(1)) if spill else 0, "wgmma": "wgmma" in ptx,
             "pdl": "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx,
+            "l2_hints": "L2::cache_hint" in ptx,
             "warp_specialized": "ttg.warp_specialize" in k.asm["ttgir"]}
 
 
@@ -199,6 +201,33 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
     return compile_sm90(conv._conv_depthwise_kernel, sig, consts, cfg.num_warps, 3, odd)  # the launch default
 
 
+def rowwise(cfg, op: str, dt: str = "bf16") -> dict:
+    """softmax (the kernel its launcher picks for ``cfg``) or a gated activation (op "silu" / "gelu")."""
+    sig = {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "M": "i32", "N" if op == "softmax" else "D": "i32",
+           "stride_xm": "i32", "stride_om": "i32"}
+    consts: dict = {}
+    if op != "softmax":
+        fn = activation._gated_kernel
+        _flags(sig, consts, ACT=activation.ACTIVATIONS[op], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    elif cfg.looped and cfg.persistent:
+        fn = activation._softmax_persistent_kernel
+        vec = min(cfg.block_n, 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dt])
+        _flags(sig, consts, BLOCK_N=cfg.block_n, VEC=vec, **({"KEEP": "evict_last", "DROP": "evict_first"}
+                                                             if cfg.l2_hints else {}))
+    elif cfg.looped:
+        fn = activation._softmax_looped_kernel
+        _flags(sig, consts, BLOCK_N=cfg.block_n)
+    else:
+        fn = activation._softmax_rows_persistent_kernel if cfg.persistent else activation._softmax_kernel
+        _flags(sig, consts, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    return compile_sm90(fn, sig, consts, cfg.num_warps, 3)  # num_stages: the launch default
+
+
+# The kernels suite's row-wise shapes (H200 kernels.jsonl), as the launchers bucket them.
+SOFTMAX_SHAPES = ((4096, 32768), (131072, 4096), (512, 131072), (4096, 1024))
+GATED_SHAPE = (4096, 16384)  # [M, d] bucket of silu_and_mul 4096x28672 (and the suite's 4096x14336)
+
+
 def jobs(every: bool) -> list[tuple[str, object]]:
     """(label, thunk) per kernel/config: the first candidate of each family, or all of them."""
     pick = (lambda cfgs: cfgs) if every else (lambda cfgs: cfgs[:1])
@@ -246,12 +275,28 @@ def jobs(every: bool) -> list[tuple[str, object]]:
     out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1)))
     out.append((f"linear pdl late {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=2)))  # trigger after the loop
     out.append((f"linear gated silu {cfg}", lambda cfg=cfg: linear(cfg, 0, None, gate=2)))  # the MLP's down proj
+    # Row-wise: every tuning candidate of the suite's shapes with --all; else each kernel variant once.
+    seen: set = set()
+    for m, n in SOFTMAX_SHAPES:
+        for cfg in activation.softmax_candidates(m, n):
+            kind = (cfg.looped, cfg.persistent)
+            if cfg not in seen and (every or kind not in {(c.looped, c.persistent) for c in seen}):
+                seen.add(cfg)
+                out.append((f"softmax {cfg}", lambda cfg=cfg: rowwise(cfg, "softmax")))
+    out.append(("softmax fp32 persistent streamed", lambda: rowwise(activation.SOFTMAX_STREAMED[0], "softmax", "fp32")))
+    for cfg in pick(list(activation.gated_candidates(*GATED_SHAPE))):
+        out.append((f"gated silu {cfg}", lambda cfg=cfg: rowwise(cfg, "silu")))
+        if every:
+            out.append((f"gated gelu {cfg}", lambda cfg=cfg: rowwise(cfg, "gelu")))
     return out
 
 
 def main(argv: list[str]) -> int:
     bad = 0
+    only = tuple(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else ()
     for label, thunk in jobs("--all" in argv):
+        if only and not label.startswith(only):
+            continue
         try:
             info = thunk()
         except Exception as e:  # noqa: BLE001 - report and go on

@@ -175,6 +175,8 @@ def test_validation(device):
         rms_norm(x, w, eps=-1.0)
     with pytest.raises(ValueError, match="block_n"):
         rms_norm(x, w, config=RowConfig(1, 8, 1))
+    with pytest.raises(ValueError, match="softmax-only"):
+        rms_norm(x, w, config=RowConfig(1, 16, 1, programs_per_sm=2))
 
 
 def test_cpu_dispatch_without_force_keeps_conventions():

@@ -152,6 +152,8 @@ def _norm(is_rms: bool, x, weight, bias, eps, residual, out_dtype, quant_fp8, fp
         cfg = config or norm_config(m, n)
         if cfg.block_n < n:
             raise ValueError(f"config.block_n={cfg.block_n} must cover the row width {n}")
+        if cfg.looped or cfg.persistent:
+            raise ValueError(f"config: looped / programs_per_sm are softmax-only tilings, got {cfg}")
         quant = 0 if not quant_fp8 else (1 if fp8_scale is None else 2)
         dummy = x2
         _norm_kernel[(triton.cdiv(m, cfg.block_m),)](

@@ -303,7 +303,8 @@ def gelu_and_mul_reference(x: torch.Tensor, approximate: str = "none",
 
 
 def softmax_reference(x: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Reference for ``_softmax_kernel`` and ``_softmax_looped_kernel`` in kernels/activation.py."""
+    """Reference for ``_softmax_kernel``, ``_softmax_looped_kernel`` and their persistent-grid forms
+    ``_softmax_rows_persistent_kernel`` / ``_softmax_persistent_kernel`` in kernels/activation.py."""
     return torch.softmax(x.to(compute_dtype), dim=-1)
 
 
