@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import inspect
 import os
 import tempfile
 from collections import Counter
@@ -46,7 +45,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from warpforge.optimize.gate import DEFAULT_PRECISIONS, DTYPES, PRECISIONS
-from warpforge.optimize.runtime import CastIO, CudaGraphed, static_cuda_inputs
+from warpforge.optimize.runtime import CastIO, CudaGraphed, dynamic_batch_shapes, static_cuda_inputs
 
 FAMILIES = ("eager", "warpforge", "torch.compile", "onnxruntime")
 REFERENCE = "eager-fp32"
@@ -328,12 +327,8 @@ def _onnx_export_kwargs(module: nn.Module, inputs: tuple, dynamo: bool, dynamic_
     """torch.onnx.export's arguments for a leading (batch) dim left symbolic on every tensor input."""
     if not dynamic_batch:
         return {}
-    if dynamo:  # torch.export's spec: AUTO keeps the dim symbolic where the model allows it, else static
-        specs = tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() else None for x in inputs)
-        params = list(inspect.signature(module.forward).parameters.values())
-        if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:  # forward(*args), e.g. CastIO
-            specs = (specs,)
-        return {"dynamic_shapes": specs}
+    if dynamo:  # the dynamo exporter runs torch.export first
+        return {"dynamic_shapes": dynamic_batch_shapes(module, inputs)}
     names = [f"input_{i}" for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     return {"input_names": names, "dynamic_axes": {n: {0: "batch"} for n in names}}
 

@@ -8,6 +8,7 @@ like with like. :class:`CastIO` is an ``nn.Module`` so it is part of what gets e
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,6 +48,15 @@ class CastIO(nn.Module):
 
     def extra_repr(self) -> str:
         return f"compute={self.dtype}, outputs={self.out_dtype}"
+
+
+def dynamic_batch_shapes(module: nn.Module, inputs: tuple) -> tuple:
+    """torch.export's ``dynamic_shapes`` leaving the leading (batch) dim of each tensor input to export
+    (``Dim.AUTO``: symbolic unless the model fixes it; a batch of 1 always specializes). A ``forward(*args)``
+    (e.g. CastIO's) is one tuple argument to export, so its specs are nested one level."""
+    specs = tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() >= 1 else None for x in inputs)
+    params = list(inspect.signature(module.forward).parameters.values())
+    return (specs,) if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL else specs
 
 
 def static_cuda_inputs(inputs: tuple) -> bool:
@@ -95,4 +105,4 @@ class CudaGraphed:
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
 
 
-__all__ = ["CastIO", "CudaGraphed", "static_cuda_inputs"]
+__all__ = ["CastIO", "CudaGraphed", "dynamic_batch_shapes", "static_cuda_inputs"]

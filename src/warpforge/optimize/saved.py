@@ -58,12 +58,11 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
     note = None
     if prefer == "export":
         # Batch dim left to export (Dim.AUTO: dynamic unless the model fixes it), then fully static.
-        auto = tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() >= 1 else None
-                     for x in inputs)
-        for dynamic in (auto, None):
+        from warpforge.optimize.runtime import dynamic_batch_shapes
+
+        for dynamic in (dynamic_batch_shapes(module, inputs), None):
             try:
-                # (dynamic,): CastIO.forward takes *args, which export sees as one tuple argument
-                ep = torch.export.export(module, inputs, dynamic_shapes=(dynamic,) if dynamic else None)
+                ep = torch.export.export(module, inputs, dynamic_shapes=dynamic)
                 with torch.no_grad():
                     got = ep.module()(*inputs)
                 if not _same_outputs(want, got):
