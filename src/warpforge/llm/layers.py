@@ -38,7 +38,7 @@ class Linear(nn.Module):
         self.weight = _param(sum(sizes), in_features, dtype=dtype)  # [N, K]
         self.bias = _param(sum(sizes), dtype=dtype) if bias else None  # [N]
 
-    def forward(self, x: torch.Tensor | NormedInput, gated_input: str | None = None) -> torch.Tensor:  # [T, K] -> [T, N]
+    def forward(self, x: torch.Tensor | NormedInput, gated_input: str | None = None) -> torch.Tensor:  # [T, N]
         if isinstance(x, NormedInput):  # the RMSNorm before this projection, computed in its x loads
             n = x.norm
             y = linear(x.x, self.weight, self.bias, norm=InputNorm(n.weight, n.eps, n.offset), residual=x.residual,
