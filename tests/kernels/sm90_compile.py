@@ -8,6 +8,8 @@ are multiples of 16 (``tt.divisibility`` on every pointer and integer argument).
     python tests/kernels/sm90_compile.py            # the default (first) config of each family
     python tests/kernels/sm90_compile.py --all      # every autotune candidate (~1 minute)
     python tests/kernels/sm90_compile.py --all --only softmax,gated   # labels starting with these
+    python tests/kernels/sm90_compile.py --norm     # every config the GEMV's input-RMSNorm fusion may use
+                                                    # (139 compiles, ~3 CPU-minutes; --norm-class=16: one class)
 
 GEMMs compile with the heaviest epilogue (bias + erf gelu), so a candidate meant for plain GEMMs
 may report a small spill here that it does not have without an epilogue. Convs (fp16 and int8, the
@@ -112,12 +114,23 @@ def matmul_ptr(cfg, dt="bf16", out="bf16", fp8=False, epilogue=True, int8=False)
     return compile_sm90(matmul._matmul_ptr_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: int = 0, gate: int = 0) -> dict:
+def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: int = 0, gate: int = 0, norm: int = 0,
+           gamma="fp32", K: int = 4096) -> dict:
+    """``norm``: gemv.NORM_RMS / NORM_RMS_RES (the input RMSNorm fusion; ``gamma`` its weight's dtype, ``K``
+    the row width that sets the statistics pass's tile, gemv._norm_block_k)."""
     wdt = {0: dt, 1: "i8", 2: "u8", 3: "u8"}[fmt]
     ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split", "gate_off"]
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
            "out_ptr": f"*{dt}", "part_ptr": "*fp32", **{n: "i32" for n in ints}}
-    consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1}
+    consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1, "stride_rk": 1}
+    if norm:
+        sig.update(g_ptr=f"*{gamma}", eps="fp32", norm_offset="fp32")
+    else:
+        consts.update(g_ptr=None, eps=0.0, norm_offset=0.0)
+    if norm == 2:
+        sig.update(res_ptr=f"*{dt}", res_out_ptr=f"*{dt}", stride_rm="i32", stride_rom="i32")
+    else:
+        consts.update(res_ptr=None, res_out_ptr=None, stride_rm=0, stride_rom=0)
     if fmt == 0:
         consts["ws_ptr"] = None
     if fmt != 2:
@@ -129,8 +142,26 @@ def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: int = 0, gate: int 
     _flags(sig, consts, FORMAT=fmt, GROUP=group or 1, SCALE_B=2 if fmt in (1, 3) else 0, HAS_BIAS=False,
            ACTIVATION=0, SPLIT_K=cfg.split_k, EVEN_K=True, USE_DOT=cfg.use_dot, DOT_PRECISION="tf32",
            LOOP_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
-           GATE=gate)
+           GATE=gate, NORM=norm, NORM_BK=gemv._norm_block_k(cfg, K))
     return compile_sm90(gemv._linear_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
+
+
+def norm_jobs(every: bool, classes: tuple[int, ...] | None = None) -> list[tuple[str, object]]:
+    """The input-RMSNorm fusion (LLM decode: the qkv and gate_up projections): the first config of each GEMV
+    M class with a residual in bf16; ``every``: each config ``gemv._fits`` admits for it, bf16 and fp32 x,
+    with and without a residual (the configs the autotuner may pick for a fused call). ``classes``: only these
+    M classes (block_m keys of gemv.LINEAR_CONFIGS)."""
+    out = []
+    variants = [("bf16", 2, 2), ("bf16", 2, 1), ("fp32", 4, 2), ("fp32", 4, 1)] if every else [("bf16", 2, 2)]
+    for bm, cfgs in gemv.LINEAR_CONFIGS.items():
+        if bm > gemv.GEMV_MAX_M or (classes is not None and bm not in classes):
+            continue
+        for dt, nbytes, norm in variants:
+            admitted = [c for c in cfgs if gemv._fits(c, None, False, 0, nbytes, norm=norm)]
+            for cfg in admitted if every else admitted[:1]:
+                out.append((f"linear norm={norm} {dt} {cfg}",
+                            lambda cfg=cfg, dt=dt, norm=norm: linear(cfg, 0, None, dt=dt, norm=norm)))
+    return out
 
 
 def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
@@ -275,6 +306,7 @@ def jobs(every: bool) -> list[tuple[str, object]]:
     out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1)))
     out.append((f"linear pdl late {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=2)))  # trigger after the loop
     out.append((f"linear gated silu {cfg}", lambda cfg=cfg: linear(cfg, 0, None, gate=2)))  # the MLP's down proj
+    out.append((f"linear pdl late norm {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=2, norm=2)))
     # Row-wise: every tuning candidate of the suite's shapes with --all; else each kernel variant once.
     seen: set = set()
     for m, n in SOFTMAX_SHAPES:
@@ -288,13 +320,18 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         out.append((f"gated silu {cfg}", lambda cfg=cfg: rowwise(cfg, "silu")))
         if every:
             out.append((f"gated gelu {cfg}", lambda cfg=cfg: rowwise(cfg, "gelu")))
-    return out
+    return out + norm_jobs(every)
 
 
 def main(argv: list[str]) -> int:
     bad = 0
     only = tuple(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else ()
-    for label, thunk in jobs("--all" in argv):
+    picked = tuple(int(a.split("=")[1]) for a in argv if a.startswith("--norm-class="))
+    if "--norm" in argv or picked:  # --norm-class=16: one M class of the norm fusion (tests run them apart)
+        todo = norm_jobs(True, picked or None)
+    else:
+        todo = jobs("--all" in argv)
+    for label, thunk in todo:
         if only and not label.startswith(only):
             continue
         try:

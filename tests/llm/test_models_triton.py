@@ -34,3 +34,28 @@ def test_triton_path_matches_hf(arch, tmp_path, triton_on_cpu, device):
     for g, r in zip(got, refs):
         # fp32 with IEEE dots in the attention kernels; 1e-4 of the largest logit covers tf32 GEMMs on a GPU
         assert (g.cpu() - r).abs().max() <= 1e-4 * r.abs().max()
+
+
+@pytest.mark.slow  # two interpreter passes per model, ~2 min each on a loaded 2-core box
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_triton_path_fused_norm_matches_unfused(arch, tmp_path, triton_on_cpu, device):
+    """CausalLM.fuse_norms(True): the norms before qkv and gate_up run inside those GEMVs (the Triton kernels
+    through the interpreter: prefill chunks and decode rows are GEMV-sized here). Same logits as the unfused
+    model to fp32 summation order, and HF's within the bar above."""
+    path = tiny_checkpoint(arch, tmp_path / arch)
+    model, tok, _ = load(path, dtype=torch.float32, device=device)
+    ids = tok.encode(hamlet_text() or "Who's there? Nay, answer me: stand, and unfold yourself. " * 3)
+    a, b = ids[:20], ids[100:109]
+    runs = []
+    for fused in (False, True):
+        model.fuse_norms(fused)
+        drv = PagedDriver(model)
+        runs.append([*drv.step([("a", a[:12])]), *drv.step([("a", a[12:]), ("b", b)]),
+                     *drv.step([("a", [7]), ("b", [9])])])
+    model.fuse_norms(False)
+    for f, u in zip(runs[1], runs[0]):
+        assert (f - u).abs().max() <= 1e-5 * u.abs().max()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        r = hf(torch.tensor([a + [7]])).logits[0]
+    assert (runs[1][0].cpu() - r[:12]).abs().max() <= 1e-4 * r.abs().max()

@@ -222,3 +222,55 @@ def test_kv_cache_sized_from_free_memory(tmp_path):
     assert kv_bytes > util * total - (2 << 30)  # weights, context and the profiling step take the rest
     out = llm.generate(prompts()[0], SamplingParams(temperature=0.0, max_tokens=4))[0]
     assert len(out.token_ids) == 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: (1 + gamma) norms, sandwich blocks
+def test_fused_norm_gives_the_unfused_tokens_and_logprobs_on_cpu(arch):
+    """EngineConfig.fused_norm: on CPU the fused call runs rms_norm then linear (the references), so tokens
+    and logprobs are bit-identical; the layers really take the fused path (every layer flagged)."""
+    ps = prompts()
+    kw = dict(dtype=torch.float32, device="cpu", max_model_len=128, page_size=4, num_pages=128)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+    on = LLM(str(checkpoint(arch)), fused_norm=True, **kw)
+    assert on.engine.config.fused_norm and all(layer.fused_norm for layer in on.engine.model.model.layers)
+    a = on.generate(ps[:3], params)
+    off = LLM(str(checkpoint(arch)), fused_norm=False, **kw)
+    assert not any(layer.fused_norm for layer in off.engine.model.model.layers)
+    b = off.generate(ps[:3], params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.logprobs for o in a] == [o.logprobs for o in b]
+
+
+def test_fused_norm_from_the_environment(monkeypatch):
+    monkeypatch.setenv("WARPFORGE_FUSED_NORM", "1")
+    assert EngineConfig().fused_norm is True
+    assert EngineConfig(fused_norm=False).fused_norm is False  # an explicit field wins
+    monkeypatch.setenv("WARPFORGE_FUSED_NORM", "0")
+    assert EngineConfig().fused_norm is False
+    monkeypatch.setenv("WARPFORGE_FUSED_NORM", "late")
+    with pytest.raises(ValueError, match="^WARPFORGE_FUSED_NORM: expected"):
+        EngineConfig()
+    monkeypatch.delenv("WARPFORGE_FUSED_NORM")
+    assert EngineConfig().fused_norm is False  # off by default until measured
+    with pytest.raises(ValueError, match="^fused_norm: expected a bool"):
+        EngineConfig(fused_norm="yes")
+
+
+@pytest.mark.gpu
+def test_fused_norm_decode_graphs_gpu():
+    """bf16 on CUDA graphs: the fused norm moves the mean square's fp32 summation order only, so the greedy
+    tokens of the tiny model agree with the unfused engine's and the logprobs within bf16 noise."""
+    ps = prompts()
+    kw = dict(dtype=torch.bfloat16, device="cuda", max_model_len=128, page_size=16, num_pages=64,
+              cuda_graph_batch_sizes=[1, 2, 4, 8])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    on = LLM(str(checkpoint("llama")), fused_norm=True, **kw)
+    a = on.generate(ps[:3], params)
+    assert on.engine.runner.graphs.replays > 20
+    del on
+    off = LLM(str(checkpoint("llama")), fused_norm=False, **kw)
+    b = off.generate(ps[:3], params)
+    same = sum(x == y for oa, ob in zip(a, b) for x, y in zip(oa.token_ids, ob.token_ids))
+    assert same >= 0.9 * sum(len(o.token_ids) for o in a)  # bf16 near-ties on random weights may part late
+    first = [oa.token_ids[:4] == ob.token_ids[:4] for oa, ob in zip(a, b)]
+    assert all(first)

@@ -30,15 +30,55 @@ from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.matmul import (
-    FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _store, activation_code, check_epilogue_operands,
-    check_tensor, matmul,
+    FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _shares_storage, _store, activation_code,
+    check_epilogue_operands, check_tensor, matmul,
 )
+from warpforge.kernels.norm import rms_norm
 from warpforge.kernels.quant_linear import FMT_DENSE, FMT_FP8, FMT_INT4, FMT_INT8, QuantizedWeight, _load_weight_tile
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 GEMV_MAX_M = 64  # linear() streams dense weights through this kernel up to here, then uses matmul
+NORM_NONE, NORM_RMS, NORM_RMS_RES = 0, 1, 2  # _linear_kernel's NORM: none, rms_norm(x), rms_norm(x + residual)
+
+
+@dataclass(frozen=True)
+class InputNorm:
+    """An RMSNorm that ``linear(..., norm=)`` applies to its input: ``s / rms(s) * (weight + offset)``,
+    s = x (+ residual), exactly as ``kernels.norm.rms_norm(x, weight, eps, weight_offset=offset)`` (offset 1:
+    Gemma's ``(1 + weight)``). At GEMV sizes the weight-streaming kernel computes it in its x loads."""
+
+    weight: torch.Tensor  # [K] float32 or x's dtype
+    eps: float = 1e-6
+    offset: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.weight, torch.Tensor):
+            raise ValueError(f"norm: weight must be a torch.Tensor [K], got {type(self.weight).__name__}")
+        for name in ("eps", "offset"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise ValueError(f"norm: {name} must be a number, got {v!r}")
+        if self.eps < 0:
+            raise ValueError(f"norm: eps must be >= 0, got {self.eps!r}")
+
+
+@dataclass(frozen=True)
+class _NormLaunch:
+    """A validated norm fusion for _launch: residual / residual_out are [M, K] (or None), weight [K]."""
+
+    code: int
+    weight: torch.Tensor
+    eps: float
+    offset: float
+    residual: torch.Tensor | None
+    residual_out: torch.Tensor | None
+
+
+def _norm_block_k(cfg: LinearConfig, K: int) -> int:
+    """Width of the statistics pass's tiles: ~4096 elements per tile (a 2048-4096 wide row in one or two)."""
+    return max(16, min(triton.next_power_of_2(max(K, 1)), 4096 // cfg.block_m))
 
 
 @dataclass(frozen=True)
@@ -144,13 +184,23 @@ def words_ok(fmt: int, w: torch.Tensor, K_w: int) -> bool:
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 
 
-def _fits(cfg: LinearConfig, group: int | None, words: bool = False, gate: int = 0, x_bytes: int = 2) -> bool:
+def _fits(cfg: LinearConfig, group: int | None, words: bool = False, gate: int = 0, x_bytes: int = 2,
+          norm: int = NORM_NONE) -> bool:
     """Can ``cfg`` serve this call? With a gated input on the tensor-core path each pipeline stage holds the
     weight tile and three x-sized tiles (gate, up, and act(gate) * up as the dot's operand): the H200 read
-    327,680 bytes (4 stages x 80 KB) for an fp32 x at block_m 32, over the 227 KB a block may have."""
+    327,680 bytes (4 stages x 80 KB) for an fp32 x at block_m 32, over the 227 KB a block may have.
+    The norm fusion adds a residual tile (with a residual) and a gamma slice per stage to the weight and x
+    tiles: offline sm_90 compiles (tests/kernels/sm90_compile.py --norm) read (stages - 1) x (residual +
+    fp32 gamma) on top of stages x (weight + x); counted here per stage, so the model stays above them.
+    Tiles of 64 x 256 (block_m x block_k) spill registers with the norm's extra loads: dropped too."""
     if gate and cfg.use_dot:
         stage = (cfg.block_n + 3 * cfg.block_m) * cfg.block_k * x_bytes
         if cfg.num_stages * stage > SMEM_LIMIT:
+            return False
+    if norm and cfg.use_dot:
+        x_tiles = 2 if norm == NORM_RMS_RES else 1
+        stage = (cfg.block_n + x_tiles * cfg.block_m) * cfg.block_k * x_bytes + 4 * cfg.block_k
+        if cfg.num_stages * stage > SMEM_LIMIT or cfg.block_m * cfg.block_k > 8192:
             return False
     return (group is None or cfg.block_k % group == 0) and (words or not cfg.words)
 
@@ -159,10 +209,12 @@ def _fits(cfg: LinearConfig, group: int | None, words: bool = False, gate: int =
 @triton.jit
 def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off, EVEN_K: tl.constexpr,
                  USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GATE: tl.constexpr):
+                 GATE: tl.constexpr, res_ptr, stride_rm, stride_rk, g_ptr, rstd, norm_offset, NORM: tl.constexpr):
     """acc += the [BN, BK] weight tile w times x's [BM, BK] tile at columns k0.. With GATE (an activation
     code) x is [M, 2K] and its tile is act(x[:, k]) * x[:, K + k], rounded to x's dtype as silu_and_mul /
-    gelu_and_mul would store it: the gated MLP's activation fused into the down projection's loads."""
+    gelu_and_mul would store it: the gated MLP's activation fused into the down projection's loads.
+    With NORM (NORM_RMS, NORM_RMS_RES) the tile is rms_norm's output at these columns: h = x (+ residual,
+    rounded to x's dtype), then h * rstd * (gamma + offset) rounded to x's dtype, rstd [BM] the full rows'."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + xrows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     if EVEN_K:
@@ -175,6 +227,20 @@ def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off, EV
         else:
             up = tl.load(x_ptrs + gate_off, mask=offs_k[None, :] < K, other=0.0)
         xt = (apply_activation(xt.to(tl.float32), GATE) * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    if NORM != 0:
+        h = xt.to(tl.float32)
+        if NORM == 2:
+            r_ptrs = res_ptr + xrows[:, None] * stride_rm + offs_k[None, :] * stride_rk
+            if EVEN_K:
+                r = tl.load(r_ptrs)
+            else:
+                r = tl.load(r_ptrs, mask=offs_k[None, :] < K, other=0.0)
+            h = (h + r.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)  # the stored residual
+        if EVEN_K:
+            g = tl.load(g_ptr + offs_k).to(tl.float32) + norm_offset
+        else:
+            g = tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32) + norm_offset
+        xt = ((h * rstd[:, None]) * g[None, :]).to(x_ptr.dtype.element_ty)  # rms_norm's order and rounding
     if USE_DOT:
         acc = tl.dot(w, tl.trans(xt), acc, input_precision=DOT_PRECISION)  # [BN, BM]
     elif BLOCK_M == 1:
@@ -185,17 +251,43 @@ def _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off, EV
 
 
 @triton.jit
+def _norm_rstd(x_ptr, res_ptr, res_out_ptr, offs_m, M, K, stride_xm, stride_xk, stride_rm, stride_rk, stride_rom,
+               eps, write, NORM: tl.constexpr, BLOCK_M: tl.constexpr, NORM_BK: tl.constexpr):
+    """rsqrt(mean(h^2) + eps) [BM] over the whole row h = x (+ residual, rounded to x's dtype) of each of this
+    program's rows, whatever K slice the program multiplies: every program of a row block (N blocks, K splits)
+    computes the same statistics from the same inputs (L2-resident: the previous kernel just wrote them).
+    ``write`` (true in one program per row block): store h to res_out, as rms_norm stores the new residual."""
+    DT = x_ptr.dtype.element_ty
+    row_ok = offs_m < M  # padding rows load nothing (their outputs are masked off at the store)
+    rows = offs_m.to(tl.int64)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in tl.range(0, K, NORM_BK, num_stages=1):  # a few wide tiles of L2 reads; not worth pipeline buffers
+        offs_k = k0 + tl.arange(0, NORM_BK)
+        mask = row_ok[:, None] & (offs_k[None, :] < K)
+        h = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk, mask=mask, other=0.0)
+        h = h.to(tl.float32)
+        if NORM == 2:
+            r = tl.load(res_ptr + rows[:, None] * stride_rm + offs_k[None, :] * stride_rk, mask=mask, other=0.0)
+            hq = (h + r.to(tl.float32)).to(DT)
+            tl.store(res_out_ptr + rows[:, None] * stride_rom + offs_k[None, :], hq, mask=mask & write)
+            h = hq.to(tl.float32)  # normalize exactly what the next layer will read as its residual
+        ss += tl.sum(h * h, axis=1)
+    return tl.math.rsqrt(ss / K + eps)
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
     M, N, K, K_w, stride_xm, stride_xk, stride_wn, stride_sn, stride_bias, stride_om, stride_on, k_per_split,
-    gate_off,
+    gate_off, res_ptr, g_ptr, res_out_ptr, stride_rm, stride_rk, stride_rom, eps, norm_offset,
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, LOOP_STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GATE: tl.constexpr = 0, PDL: tl.constexpr = 0,
+    GATE: tl.constexpr = 0, PDL: tl.constexpr = 0, NORM: tl.constexpr = 0, NORM_BK: tl.constexpr = 16,
 ):
-    """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits)."""
+    """out[m, n] = act(sum_k x[m, k] * W[n, k] * scale[n] + bias[n]); grid (N blocks, M blocks, K splits).
+    NORM (NORM_RMS, NORM_RMS_RES): x is first replaced by rms_norm(x (+ residual), gamma) (see _norm_rstd)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -213,21 +305,28 @@ def _linear_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     start = k_lo
-    if PDL:
+    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)  # NORM: 1 / rms of each row, set before the first step
+    if PDL != 0 or NORM != 0:
         # The weight does not depend on the kernel before this one (PDL is used only in the LLM decode
         # graphs, over static weights), so its first tile streams in while that kernel drains; x, the
-        # previous kernel's output, is read only after griddepcontrol.wait.
+        # previous kernel's output, is read only after griddepcontrol.wait. With NORM the tile's HBM
+        # latency also hides behind the statistics pass over the rows (L2 reads).
         w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k_lo, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         pdl_enter(PDL)
+        if NORM != 0:
+            rstd = _norm_rstd(x_ptr, res_ptr, res_out_ptr, offs_m, M, K, stride_xm, stride_xk, stride_rm,
+                              stride_rk, stride_rom, eps, (pid_n == 0) & (pid_k == 0), NORM, BLOCK_M, NORM_BK)
         acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k_lo, K, gate_off,
-                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE)
+                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE,
+                           res_ptr, stride_rm, stride_rk, g_ptr, rstd, norm_offset, NORM)
         start = k_lo + BLOCK_K
     for k0 in tl.range(start, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k0, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off,
-                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE)
+                           EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE,
+                           res_ptr, stride_rm, stride_rk, g_ptr, rstd, norm_offset, NORM)
     pdl_release(PDL)
     if USE_DOT:
         res = tl.trans(acc)  # [BM, BN]
@@ -384,9 +483,11 @@ def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias
 
 # ---- launcher ---------------------------------------------------------------------------------
 def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: int | None, K_w: int,
-            bias, act: int, out: torch.Tensor, config: LinearConfig | None, gate: int = 0) -> None:
+            bias, act: int, out: torch.Tensor, config: LinearConfig | None, gate: int = 0,
+            norm: _NormLaunch | None = None) -> None:
     """x [M, K] (any strides), w [N, K_w or K_w/2] unit inner stride, out [M, N]. ``gate`` (an activation
-    code, dense weights only): x is [M, 2K], the product's input act(x[:, :K]) * x[:, K:]."""
+    code, dense weights only): x is [M, 2K], the product's input act(x[:, :K]) * x[:, K:]. ``norm`` (dense
+    weights only): the product's input is rms_norm(x (+ residual)), the new residual written once."""
     M, K = x.shape[0], x.shape[1] // 2 if gate else x.shape[1]
     N = out.shape[1]
     if M == 0 or N == 0:
@@ -397,6 +498,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
     sn = scales.stride(0) if fmt == FMT_INT4 else 0
 
     p = pdl(x)
+    nc = norm.code if norm is not None else NORM_NONE
+    r2 = norm.residual if norm is not None and norm.residual is not None else x  # x: an unread placeholder
+    ro2 = norm.residual_out if norm is not None and norm.residual_out is not None else out
+    gamma = norm.weight if norm is not None else x
 
     def run(cfg: LinearConfig) -> None:
         k_per_split = triton.cdiv(triton.cdiv(max(K, 1), cfg.block_k), cfg.split_k) * cfg.block_k
@@ -419,12 +524,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             _linear_kernel[grid](
                 x, w, scales, zeros, bias, out, part,
                 M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
-                k_per_split, K * x.stride(1),
+                k_per_split, K * x.stride(1), r2, gamma, ro2, r2.stride(0), r2.stride(1), ro2.stride(0),
+                float(norm.eps) if norm is not None else 0.0, float(norm.offset) if norm is not None else 0.0,
                 FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 SPLIT_K=splits, EVEN_K=(K > 0 and K % cfg.block_k == 0 and K_w == K), USE_DOT=cfg.use_dot,
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", LOOP_STAGES=cfg.num_stages,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATE=gate, PDL=p, launch_pdl=p > 0,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                NORM=nc, NORM_BK=_norm_block_k(cfg, K), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
         if splits > 1:
             rbm, rbn = min(16, pow2_bucket(M)), 128
@@ -433,7 +539,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
                 SPLIT_K=splits, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 BLOCK_M=rbm, BLOCK_N=rbn, PDL=p, launch_pdl=p > 0, num_warps=4)
 
-    words = words_ok(fmt, w, K_w) and not gate
+    words = words_ok(fmt, w, K_w) and not gate and not nc
     if config is None:
         if INTERPRET:
             config = _interpret_config(M, group, words)
@@ -441,8 +547,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             bm = _m_class(M)
             bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18), pow2_bucket(K, 16, 1 << 18))
             bucket += (("gate", gate),) if gate else ()  # twice the x loads: tuned apart
+            bucket += (("norm", nc),) if nc else ()  # a statistics pass and two more loads per tile: apart too
             x_bytes = x.element_size()
-            config = TUNERS[bm].choose(bucket, device, run, valid=lambda c: _fits(c, group, words, gate, x_bytes))
+            config = TUNERS[bm].choose(bucket, device, run,
+                                       valid=lambda c: _fits(c, group, words, gate, x_bytes, norm=nc))
     elif group is not None and config.block_k % group:
         raise ValueError(f"config: block_k {config.block_k} must be a multiple of the quantization group {group}")
     elif config.words and not (words and M == 1):
@@ -467,16 +575,27 @@ def gemv(
     out: torch.Tensor | None = None,  # [M, N] of x.dtype
     config: LinearConfig | None = None,  # fixed launch config (skips autotuning; for sweeps)
     gated_input: str | None = None,  # "silu" | "gelu" | "gelu_tanh": x is [M, 2K] (gate | up), see below
-) -> torch.Tensor:  # [M, N]
+    norm: InputNorm | None = None,  # the product's input is rms_norm(x (+ residual)), see below
+    residual: torch.Tensor | None = None,  # [M, K] of x.dtype, any strides (with norm)
+    residual_out: torch.Tensor | None = None,  # [M, K] contiguous: where x + residual goes (with residual)
+):  # -> [M, N]; with residual: ([M, N], new residual [M, K])
     """``activation(x @ weight.T + bias)`` by streaming the weight once (split-K when N is small).
 
     ``gated_input``: x is a gated MLP's [M, 2K] gate|up projection and the product's input is
     ``act(x[:, :K]) * x[:, K:]`` rounded to x's dtype, exactly what ``silu_and_mul`` / ``gelu_and_mul``
     would store, computed as each x tile is loaded (one kernel and one round trip fewer).
+
+    ``norm``: the product's input is ``rms_norm(x, norm.weight, norm.eps, residual=residual,
+    weight_offset=norm.offset)``'s output, computed in the x loads: every program first takes the full
+    rows' mean of squares (fp32, h = x + residual rounded to x's dtype, as rms_norm stores it), then feeds
+    ``h * rsqrt(ms + eps) * (weight + offset)`` rounded to x's dtype into the dot; with ``residual`` one
+    program per row block writes h to ``residual_out`` (allocated when None; it must not share memory
+    with x or residual) and the call returns ``(out, residual_out)``, as rms_norm returns its pair.
     """
     check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2)
     check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, device=x.device)
     gate = _gate_code(gated_input)
+    _check_norm(norm, x, residual, residual_out, out, gated_input)
     k_x = x.shape[1] // 2 if gate else x.shape[1]
     if gate and x.shape[1] % 2:
         raise ValueError(f"x: gated_input={gated_input!r} needs an even last dimension [M, 2K], got {tuple(x.shape)}")
@@ -490,14 +609,67 @@ def gemv(
         raise ValueError(f"config: expected a LinearConfig, got {type(config).__name__}")
     N = weight.shape[0]
     act = _check_linear_args(x, N, bias, activation, out, (weight,))
-    if not use_triton(x, weight, bias, out):
+    if residual is not None and residual_out is None:
+        residual_out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if not use_triton(x, weight, bias, out, residual, residual_out, norm.weight if norm is not None else None):
         xin = _gated_reference(x, gated_input) if gate else x
+        if norm is not None:  # the unfused pair's reference: the same values the fused kernel feeds the dot
+            xin = rms_norm(x, norm.weight, norm.eps, residual=residual, weight_offset=norm.offset,
+                           residual_out=residual_out)
+            xin = xin[0] if residual is not None else xin
         ref = reference.linear_ref(xin, weight, bias, activation, x.dtype)
-        return out.copy_(ref) if out is not None else ref
+        y = out.copy_(ref) if out is not None else ref
+        return (y, residual_out) if residual is not None else y
     if out is None:
         out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
-    _launch(x, weight, None, None, FMT_DENSE, None, k_x, bias, act, out, config, gate=gate)
-    return out
+    nl = None
+    if norm is not None:
+        nl = _NormLaunch(NORM_RMS_RES if residual is not None else NORM_RMS, norm.weight, float(norm.eps),
+                         float(norm.offset), residual, residual_out)
+    _launch(x, weight, None, None, FMT_DENSE, None, k_x, bias, act, out, config, gate=gate, norm=nl)
+    return (out, residual_out) if residual is not None else out
+
+
+def _check_norm(norm, x: torch.Tensor, residual, residual_out, out, gated_input) -> None:
+    """norm an InputNorm with a [K] weight (K = x.shape[-1]); residual like x; residual_out like x, contiguous,
+    sharing memory with neither x nor residual (other programs still read them while one writes it)."""
+    if norm is None:
+        if residual is not None:
+            raise ValueError("residual: only meaningful with norm= (the input RMSNorm's residual add)")
+        if residual_out is not None:
+            raise ValueError("residual_out: only meaningful with norm= and residual=")
+        return
+    if not isinstance(norm, InputNorm):
+        raise ValueError(f"norm: expected an InputNorm(weight, eps, offset), got {type(norm).__name__}")
+    if gated_input is not None:
+        raise ValueError(f"norm: cannot be combined with gated_input={gated_input!r} (the gated input of a down "
+                         "projection is not normalized)")
+    K, g = x.shape[-1], norm.weight
+    if K == 0:
+        raise ValueError(f"norm: x rows must be at least 1 wide to normalize, got shape {tuple(x.shape)}")
+    if g.dim() != 1 or g.shape[0] != K:
+        raise ValueError(f"norm: weight must have shape [{K}] (x's last dimension), got {tuple(g.shape)}")
+    if g.dtype not in (torch.float32, x.dtype):
+        raise ValueError(f"norm: weight must be float32 or x's dtype ({str(x.dtype).replace('torch.', '')}), "
+                         f"got {str(g.dtype).replace('torch.', '')}")
+    if g.device != x.device:
+        raise ValueError(f"norm: weight must be on {x.device} like x, got {g.device}")
+    if g.stride(0) != 1 and K > 1:
+        raise ValueError(f"norm: weight must be contiguous, got stride {g.stride(0)}")
+    if residual is None:
+        if residual_out is not None:
+            raise ValueError("residual_out: only meaningful with residual=")
+        return
+    check_tensor("residual", residual, dtypes=(x.dtype,), shape=tuple(x.shape), device=x.device)
+    if residual_out is not None:
+        check_tensor("residual_out", residual_out, dtypes=(x.dtype,), shape=tuple(x.shape), device=x.device)
+        if not residual_out.is_contiguous():
+            raise ValueError(f"residual_out: expected a contiguous tensor, got strides {residual_out.stride()}")
+        if _shares_storage(residual_out, x) or _shares_storage(residual_out, residual):
+            raise ValueError("residual_out: must not share memory with x or residual (every program of the fused "
+                             "GEMV reads the whole rows while one of them writes the sum)")
+    if out is not None and any(_shares_storage(out, t) for t in (residual, residual_out) if t is not None):
+        raise ValueError("out: must not share memory with residual or residual_out")
 
 
 GATED_INPUTS = ("silu", "gelu", "gelu_tanh")
@@ -542,21 +714,35 @@ def linear(
     out: torch.Tensor | None = None,  # [..., N] of x.dtype, contiguous (e.g. a CUDA-graph buffer)
     config: LinearConfig | None = None,  # fixed config for the streaming kernel (not used by the matmul path)
     gated_input: str | None = None,  # "silu" | "gelu" | "gelu_tanh": x is [..., 2K] gate | up (see gemv)
-) -> torch.Tensor:  # [..., N] in x.dtype
+    norm: InputNorm | None = None,  # RMSNorm of the input (see gemv)
+    residual: torch.Tensor | None = None,  # [..., K] like x (with norm): normalize x + residual
+    residual_out: torch.Tensor | None = None,  # [..., K] contiguous, the new residual x + residual
+):  # -> [..., N] in x.dtype; with residual: ([..., N], new residual [..., K])
     """``activation(x @ weight.T + bias)``, choosing the weight-streaming kernel or the GEMM by shape.
     With ``gated_input`` the input is ``act(x[..., :K]) * x[..., K:]``: fused into the weight-streaming
-    kernel's loads for dense weights at GEMV sizes, a separate silu_and_mul / gelu_and_mul otherwise."""
+    kernel's loads for dense weights at GEMV sizes, a separate silu_and_mul / gelu_and_mul otherwise.
+    With ``norm`` the input is ``rms_norm(x (+ residual))`` and, with ``residual``, the call returns
+    ``(out, new_residual)``: fused likewise for dense weights at GEMV sizes, a separate rms_norm otherwise."""
     check_tensor("x", x, dtypes=FLOAT_DTYPES)
     if x.dim() < 1:
         raise ValueError("x: expected at least 1 dimension [..., K], got a scalar")
+    _check_norm(norm, x, residual, residual_out, out, gated_input)
+    rows = x.numel() // max(1, x.shape[-1])
+    fusable = not isinstance(weight, QuantizedWeight) and (rows <= GEMV_MAX_M or config is not None)
+    if norm is not None and not fusable:
+        from warpforge.kernels.norm import rms_norm
+
+        normed = rms_norm(x, norm.weight, norm.eps, residual=residual, weight_offset=norm.offset,
+                          residual_out=residual_out)
+        if residual is None:
+            return linear(normed, weight, bias, activation=activation, out=out, config=config)
+        return linear(normed[0], weight, bias, activation=activation, out=out, config=config), normed[1]
     gate = _gate_code(gated_input)
     if gate:
         if x.shape[-1] % 2:
             raise ValueError(f"x: gated_input={gated_input!r} needs an even last dimension [..., 2K], "
                              f"got {tuple(x.shape)}")
-        rows = x.numel() // max(1, x.shape[-1])
-        fused = not isinstance(weight, QuantizedWeight) and (rows <= GEMV_MAX_M or config is not None)
-        if not fused:
+        if not fusable:
             from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
 
             x = silu_and_mul(x) if gated_input == "silu" else gelu_and_mul(
@@ -579,6 +765,15 @@ def linear(
         if not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
         out2 = out.view(-1, N)
+    if norm is not None:  # fused: dense weight, GEMV rows
+        if residual is not None and residual_out is None:
+            residual_out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        y = gemv(x2, weight, bias, activation=activation, out=out2, config=config, norm=norm,
+                 residual=residual.reshape(-1, K) if residual is not None else None,
+                 residual_out=residual_out.view(-1, K) if residual is not None else None)
+        if residual is None:
+            return out if out is not None else y.reshape(*lead, N)
+        return (out if out is not None else y[0].reshape(*lead, N)), residual_out
     if isinstance(weight, QuantizedWeight):
         y = _quantized(x2, weight, bias, activation, out2, config)
     elif x2.shape[0] <= GEMV_MAX_M or config is not None:

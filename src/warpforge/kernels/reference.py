@@ -98,7 +98,9 @@ def linear_ref(x, weight, bias=None, activation=None, out_dtype=None, *, acc_dty
     """Reference for ``gemv.linear``/``gemv.gemv`` (kernel ``_linear_kernel`` + ``_splitk_reduce_kernel``).
 
     ``activation(x @ weight.T + bias)``; x [..., K], weight [N, K] (dequantize a packed weight first
-    with ``QuantizedWeight.dequantize()``, which is :func:`dequantize_ref`).
+    with ``QuantizedWeight.dequantize()``, which is :func:`dequantize_ref`). With ``norm=`` (the fused
+    input RMSNorm, ``_norm_rstd`` and the NORM branch of ``_linear_step``) x is
+    :func:`rms_norm_reference`'s output rounded to x's dtype, its ``s`` (rounded) the new residual.
     """
     y = x.to(acc_dtype) @ weight.to(acc_dtype).T
     return _matmul_epilogue(y, bias, activation, None, out_dtype)

@@ -42,6 +42,10 @@ class EngineConfig:
                             "late" (once every program is past its main loop), False. None: the
                             WARPFORGE_PDL environment variable ("1"/"early", "late"), else off: "early"
                             made the 1B batch-1 decode 9% slower on the H200 (benchmarks/NOTES.md)
+    fused_norm              compute the RMSNorms before the qkv and gate_up projections inside those
+                            projections' GEMVs (decode sizes; CausalLM.fuse_norms): two norm kernels per
+                            layer fewer. None: the WARPFORGE_FUSED_NORM environment variable ("1"), else
+                            off until measured on the H200
     seed                    seed of the unseeded sampling rows' random stream
     """
 
@@ -57,6 +61,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     async_scheduling: bool = True
     pdl: bool | str | None = None
+    fused_norm: bool | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -70,12 +75,17 @@ class EngineConfig:
             self.pdl = "late" if env == "late" else env in ("1", "on", "true", "yes", "early")
         elif not (isinstance(self.pdl, bool) or self.pdl in ("early", "late")):
             raise ValueError(f"pdl: expected True, False, 'early', 'late' or None, got {self.pdl!r}")
+        if self.fused_norm is None:
+            env = os.environ.get("WARPFORGE_FUSED_NORM", "0").strip().lower()
+            if env not in ("0", "1", "", "off", "on", "false", "true", "no", "yes"):
+                raise ValueError(f"WARPFORGE_FUSED_NORM: expected 1/on/true/yes or 0/off/false/no, got {env!r}")
+            self.fused_norm = env in ("1", "on", "true", "yes")
         if self.num_pages is not None:
             _check_int("num_pages", self.num_pages, 1)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: expected 0 < x <= 1, got {u!r}")
-        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling", "fused_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -7,11 +7,13 @@ filled by the loader, so building a model allocates its weights once, where they
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from warpforge.kernels.attention import PagedKVCache, chunked_prefill, flash_attention, paged_decode
-from warpforge.kernels.gemv import linear
+from warpforge.kernels.gemv import InputNorm, linear
 from warpforge.kernels.norm import rms_norm
 from warpforge.kernels.rope import rope, rope_inv_freq
 from warpforge.llm.config import ModelConfig
@@ -36,8 +38,23 @@ class Linear(nn.Module):
         self.weight = _param(sum(sizes), in_features, dtype=dtype)  # [N, K]
         self.bias = _param(sum(sizes), dtype=dtype) if bias else None  # [N]
 
-    def forward(self, x: torch.Tensor, gated_input: str | None = None) -> torch.Tensor:  # [..., K] -> [..., N]
+    def forward(self, x: torch.Tensor | NormedInput, gated_input: str | None = None) -> torch.Tensor:  # [T, N]
+        if isinstance(x, NormedInput):  # the RMSNorm before this projection, computed in its x loads
+            n = x.norm
+            y = linear(x.x, self.weight, self.bias, norm=InputNorm(n.weight, n.eps, n.offset), residual=x.residual,
+                       residual_out=x.residual_out)
+            return y[0] if x.residual is not None else y  # y[1] is x.residual_out, which the layer holds
         return linear(x, self.weight, self.bias, gated_input=gated_input)  # gated: x is [..., 2K], see linear
+
+
+class NormedInput(NamedTuple):
+    """``norm(x (+ residual))`` not computed yet: the Linear it feeds computes it in its GEMV's loads
+    (``kernels.linear(norm=...)``, fused at decode sizes) and writes x + residual to ``residual_out``."""
+
+    x: torch.Tensor  # [T, K]
+    norm: RMSNorm
+    residual: torch.Tensor | None  # [T, K]
+    residual_out: torch.Tensor | None  # [T, K], allocated by RMSNorm.prenorm
 
 
 class RMSNorm(nn.Module):
@@ -55,6 +72,19 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rms_norm(x, self.weight, self.eps, weight_offset=self.offset)
         return rms_norm(x, self.weight, self.eps, residual=residual, weight_offset=self.offset)
+
+    def prenorm(self, x: torch.Tensor, residual: torch.Tensor | None, *, fused: bool):
+        """A pre-norm block's (input of the next projection, new residual stream): x's norm and x itself
+        without a residual, else the fused add. ``fused``: the input is a NormedInput, computed by the
+        projection it feeds (one kernel and one round trip of the normalized row fewer)."""
+        if fused:
+            if residual is None:
+                return NormedInput(x, self, None, None), x
+            h = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # written by the projection
+            return NormedInput(x, self, residual, h), h
+        if residual is None:
+            return self(x), x
+        return self(x, residual)
 
 
 class Rotary(nn.Module):
@@ -100,8 +130,8 @@ class Attention(nn.Module):
         self.scale, self.window, self.softcap = c.attn_scale, c.window(layer), c.attn_logit_softcapping
         self.cache: PagedKVCache | None = None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # x [T, hidden]
-        T = x.shape[0]
+    def forward(self, positions: torch.Tensor, x: torch.Tensor | NormedInput) -> torch.Tensor:  # x [T, hidden]
+        T = positions.shape[0]
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # views of one [T, (Hq + 2 Hkv) D] buffer
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
@@ -143,7 +173,7 @@ class GatedMLP(nn.Module):
         self.gated = "silu" if c.hidden_act == "silu" else ("gelu_tanh" if c.hidden_act == "gelu_pytorch_tanh"
                                                             else "gelu")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+    def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         h = self.gate_up_proj(x)  # [T, 2 I]
         # act(gate) * up is fused into down_proj's loads where it streams its weight (decode sizes);
         # linear() runs silu_and_mul / gelu_and_mul first otherwise. Same roundings either way.

@@ -39,6 +39,7 @@ class ModelRunner:
         if engine_config.max_model_len is None:
             raise ValueError("engine_config: max_model_len must be resolved first (EngineConfig.for_model)")
         self.model, self.config, self.engine_config = model, model_config, engine_config
+        model.fuse_norms(engine_config.fused_norm)  # before the profiling step and the graph captures
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
         self.page_size = engine_config.page_size

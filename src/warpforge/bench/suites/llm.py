@@ -215,7 +215,8 @@ def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str
                      "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
                      "cached_tokens": sum(o.metrics.num_cached_tokens for o in outs if o.metrics),
                      "engine": {k: getattr(llm.engine.config, k) for k in
-                                ("pdl", "async_scheduling", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens")}}
+                                ("pdl", "fused_norm", "async_scheduling", "kv_cache_dtype", "max_num_seqs",
+                                 "max_num_batched_tokens")}}
             dec = [o.metrics.decode_tokens_per_s for o in outs if o.metrics]
             if len(outs) == 1 and dec[0] is not None:
                 extra["decode_tok_s"] = dec[0]

@@ -29,15 +29,13 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config)
         self.input_layernorm = norm(config)
         self.post_attention_layernorm = norm(config)
+        self.fused_norm = False  # CausalLM.fuse_norms: the two norms computed inside qkv_proj / gate_up_proj
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None):
         # x [T, H]: the previous layer's output, not yet added to the residual stream
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
+        x, residual = self.input_layernorm.prenorm(x, residual, fused=self.fused_norm)
         x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm.prenorm(x, residual, fused=self.fused_norm)
         return self.mlp(x), residual
 
 
@@ -65,7 +63,8 @@ class DecoderModel(nn.Module):
 
 class CausalLM(nn.Module):
     """The engine's model contract: ``forward(input_ids [T], positions [T]) -> hidden [T, H]`` (reads the
-    step context), ``compute_logits(hidden [N, H]) -> float32 [N, vocab]``, ``bind_kv_caches``."""
+    step context), ``compute_logits(hidden [N, H]) -> float32 [N, vocab]``, ``bind_kv_caches``,
+    ``fuse_norms``."""
 
     def __init__(self, config: ModelConfig, layer_cls: type[nn.Module] = DecoderLayer):
         super().__init__()
@@ -87,6 +86,15 @@ class CausalLM(nn.Module):
             raise ValueError(f"caches: expected one per layer ({len(self.model.layers)}), got {len(caches)}")
         for layer, cache in zip(self.model.layers, caches):
             layer.self_attn.cache = cache
+
+    def fuse_norms(self, enabled: bool) -> None:
+        """Compute the RMSNorms that feed a projection (before qkv and gate_up) inside that projection's
+        GEMV (``kernels.linear(norm=...)``; fused at decode sizes, the separate kernel otherwise). The same
+        values either way: bit for bit on CPU, within fp32 summation order of the mean square on a GPU."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled: expected a bool, got {enabled!r}")
+        for layer in self.model.layers:
+            layer.fused_norm = enabled
 
     def weight_slots(self) -> dict[str, torch.Tensor]:
         """Checkpoint tensor name -> the tensor (a view into our parameters) it must be copied into."""

@@ -28,15 +28,14 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_attention_layernorm = norm(config)
         self.pre_feedforward_layernorm = norm(config)
         self.post_feedforward_layernorm = norm(config)
+        self.fused_norm = False  # CausalLM.fuse_norms: input and pre-ff norms inside qkv_proj / gate_up_proj
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None):
-        # x [T, H]: the previous layer's (post-normed) output, not yet added to the residual stream
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
+        # x [T, H]: the previous layer's (post-normed) output, not yet added to the residual stream. The
+        # post-attention and post-ff norms normalize outputs (no projection follows them): never fused.
+        x, residual = self.input_layernorm.prenorm(x, residual, fused=self.fused_norm)
         x = self.post_attention_layernorm(self.self_attn(positions, x))
-        x, residual = self.pre_feedforward_layernorm(x, residual)
+        x, residual = self.pre_feedforward_layernorm.prenorm(x, residual, fused=self.fused_norm)
         return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
