@@ -28,7 +28,19 @@ def compiled(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90(compiled):
-    assert len(compiled) == 14
+    assert len(compiled) == 16
+
+
+@pytest.mark.slow
+def test_fused_decode_reduce_takes_an_acq_rel_ticket(compiled):
+    # one gpu-scope acq_rel atomic per program (the ticket), none in the two-kernel path; the merge
+    # costs no spills and no more shared memory than the main loop (occupancy is what decode runs on)
+    for kv in ("bf16", "fp8e4nv"):
+        plain, fused = compiled[f"decode {kv}"], compiled[f"decode {kv} fused"]
+        assert plain["atom_acq_rel_gpu"] == 0 and fused["atom_acq_rel_gpu"] == 1, (plain, fused)
+        assert fused.get("spill_bytes", 0) == 0 and fused["shared"] <= plain["shared"], (plain, fused)
+        if "regs" in fused:
+            assert fused["regs"] <= plain["regs"] + 16, (plain, fused)
 
 
 @pytest.mark.slow
