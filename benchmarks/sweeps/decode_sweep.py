@@ -10,8 +10,9 @@ GB/s (K+V bytes over time) next to the best point found. The split count is a ru
 is swept directly rather than through programs_per_sm.
 
 ``--ab FLAG,...`` instead times the default config against itself with each DecodeConfig flag turned on
-(``fused_reduce``: one launch, the last split merges), interleaved in one process, at the default split
-count and its neighbours, on the shapes the issue misses (the 134 MB ones and B1 ctx512), with dense
+(``fused_reduce``: one launch, the last split merges; ``qk_fp8``: fp8 pages, q in e4m3 and QK^T as an
+e4m3 dot, over a few tilings), interleaved in one process, at the default split count and its
+neighbours, on the shapes the issue misses (the 134 MB ones and B1 ctx512) and fp8 twins, with dense
 SDPA beside the bf16 rows as the peer.
 """
 
@@ -36,7 +37,10 @@ SHAPES = [(1, 32768, False), (8, 4096, False), (64, 512, False), (1, 131072, Fal
 # --ab: the 134 MB bf16 shapes (73-79% of HBM on the H200), the fixed-cost one, and fp8 twins
 AB_SHAPES = [(1, 32768, False), (8, 4096, False), (64, 512, False), (1, 512, False), (16, 8192, False),
              (1, 32768, True), (8, 4096, True), (16, 8192, True)]
-AB_FLAGS = ("fused_reduce",)
+AB_FLAGS = ("fused_reduce", "qk_fp8")
+# qk_fp8 tilings (block_n, warps, stages) the offline sm_90 compile fits without spills; the first is
+# default_decode_config(..., qk_fp8=True)'s
+QK8_TILINGS = ((64, 8, 3), (64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 4, 2))
 
 
 def inputs(B: int, ctx: int, fp8: bool, gen: torch.Generator, dev: torch.device):
@@ -68,9 +72,17 @@ def run_ab(shapes, flags: list[str], rep: int, sms: int, gen, dev) -> list[dict]
         q, cache, table, lens = inputs(B, ctx, fp8, gen, dev)
         kv = 2 * B * ctx * HKV * D * (1 if fp8 else 2)
         base = default_decode_config(D, fp8)
-        variants = {"default": base, **{f: dataclasses.replace(base, **{f: True}) for f in flags}}
-        if len(flags) > 1:
-            variants["+".join(flags)] = dataclasses.replace(base, **{f: True for f in flags})
+        variants = {"default": base}
+        for f in flags:
+            if f != "qk_fp8":
+                variants[f] = dataclasses.replace(base, **{f: True})
+            elif fp8:  # fp8 pages only; its own tilings (the fp8 default's spills with it)
+                for bn, w, st in QK8_TILINGS:
+                    variants[f"qk_fp8 {bn}x{w}w{st}s"] = dataclasses.replace(
+                        default_decode_config(D, True, qk_fp8=True), block_n=bn, num_warps=w, num_stages=st)
+        if fp8 and {"fused_reduce", "qk_fp8"} <= set(flags):
+            variants["qk_fp8+fused"] = dataclasses.replace(default_decode_config(D, True, qk_fp8=True),
+                                                           fused_reduce=True)
         n_def = num_decode_splits(B, HKV, ctx, num_sms=sms, config=base)
         splits = sorted({s for s in (n_def // 2, n_def, 2 * n_def, 4 * n_def) if s >= 1 and (ctx // s >= 64 or s == n_def)})
         ref = paged_decode_ref(q[:1].float(), cache.k_cache, cache.v_cache, table[:1], lens[:1],
@@ -113,7 +125,8 @@ def main() -> None:
     ap.add_argument("--configs", default="all", choices=["all", "default"],
                     help="default: only the default tiling, sweeping the split count (short contexts)")
     ap.add_argument("--ab", default="", help=f"comma-separated DecodeConfig flags to A/B against the default "
-                                             f"({', '.join(AB_FLAGS)}; 'fused' for fused_reduce)")
+                                             f"({', '.join(AB_FLAGS)}; 'fused' for fused_reduce; qk_fp8 "
+                                             f"runs on the fp8 shapes only, over its tilings {QK8_TILINGS})")
     args = ap.parse_args()
     D = args.head_dim
     shapes = [(int(f[0]), int(f[1]), len(f) > 2 and f[2] == "fp8") for f in

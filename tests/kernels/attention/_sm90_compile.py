@@ -90,6 +90,13 @@ def main() -> None:
         fused = dict(const, FUSED_REDUCE=True, G_P2=4, MERGE_S=_merge_splits_per_step(4, 128, cfg.num_warps))
         jobs[f"decode {kv} fused"] = (_decode_kernel, dict(types, counters="*i32"), fused, cfg.num_warps,
                                       cfg.num_stages)
+        if kv != "bf16":  # q quantized to e4m3, QK^T as an e4m3 x e4m3 dot (keys-major: a wgmma)
+            qc = default_decode_config(128, True, qk_fp8=True)
+            qk8 = dict(const, BLOCK_N=qc.block_n, QK_FP8=True)
+            jobs[f"decode {kv} qk8"] = (_decode_kernel, types, qk8, qc.num_warps, qc.num_stages)
+            qk8 = dict(qk8, FUSED_REDUCE=True, G_P2=4, MERGE_S=_merge_splits_per_step(4, 128, qc.num_warps))
+            jobs[f"decode {kv} qk8 fused"] = (_decode_kernel, dict(types, counters="*i32"), qk8, qc.num_warps,
+                                              qc.num_stages)
         types = {"Q": "*bf16", "KC": f"*{kv}", "VC": f"*{kv}", "block_tables": "*i32", "seq_lens": "*i32",
                  "cu_q": "*i32", "k_scale": "*fp32", "v_scale": "*fp32", "O": "*bf16"}
         cc = DEFAULT_CHUNKED_CONFIG

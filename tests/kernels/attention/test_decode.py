@@ -5,15 +5,20 @@ two-kernel path it replaces, twice on the same counters (the kernel must leave t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from warpforge.kernels import programmatic_launch
 from warpforge.kernels.attention import DecodeConfig, num_decode_splits, paged_decode
 from warpforge.kernels.attention import decode as decode_mod
+from warpforge.kernels.attention._qk_fp8 import quantize_rows_e4m3
 from warpforge.kernels.attention.decode import default_decode_config
-from warpforge.kernels.reference import paged_decode_ref
-from warpforge.kernels.tolerance import check
+from warpforge.kernels.reference import paged_decode_ref, quantize_q_e4m3_ref
+from warpforge.kernels.tolerance import FP8_QUERY_TOL, check
 
 from .conftest import build_paged
 
@@ -148,6 +153,58 @@ def test_split_counter_buffer_grows_and_keeps_outgrown_buffers(monkeypatch):
         decode_mod.split_counter_buffer(torch.device("cuda", 0), 8)
 
 
+@triton.jit
+def _quantize_rows_kernel(X, Y, S, M: tl.constexpr, K: tl.constexpr):
+    om, ok = tl.arange(0, M), tl.arange(0, K)
+    y, s = quantize_rows_e4m3(tl.load(X + om[:, None] * K + ok[None, :]))
+    tl.store(Y + om[:, None] * K + ok[None, :], y)
+    tl.store(S + om, s)
+
+
+def test_quantize_rows_e4m3_is_bit_exact_with_torch_cpu(triton_on_cpu, gen):
+    x = torch.randn(16, 64, generator=gen) * torch.logspace(-30, 30, 16)[:, None]
+    x[3] = 0.0  # an all-zero row (a padded query head): scale 1, zeros
+    # exact ties at scale 1 (row max 300): nearest-even picks 1.0, 1.25, 288 and -20, the interpreter's
+    # own fp8 cast would not carry 1.9375 -> 2.0
+    x[5, :6] = torch.tensor([1.0625, 1.1875, 300.0, 1.9375, 272.0 + 16.0, -19.0])
+    x[5, 6:] = 1.0
+    x[6, 0] = 448.0 * 1024 * 1.999  # a row max just under a power of two: still <= 448 after scaling
+    y = torch.empty(16, 64, dtype=torch.float8_e4m3fn)
+    s = torch.empty(16)
+    _quantize_rows_kernel[(1,)](x, y, s, 16, 64)
+    y_ref, s_ref = quantize_q_e4m3_ref(x)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8))
+    assert y[5, :4].float().tolist() == [1.0, 1.25, 288.0, 2.0] and s[5] == 1.0
+    assert (y.float().abs().amax(1)[s != 1.0] > 224).all()
+
+
+def _quantized_q(q):
+    q8, scale = quantize_q_e4m3_ref(q)
+    return (q8.float() * scale[..., None]).to(q.dtype)
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,window,softcap,num_splits,fused", [
+    (8, 2, 64, None, None, 3, False),
+    (8, 1, 64, 5, None, 2, True),  # GQA 8, a window, the fused merge on top
+    (3, 3, 80, None, 20.0, 1, False),  # MHA, padded head dim, softcap, one split
+])
+def test_decode_qk_fp8_cpu(triton_on_cpu, gen, Hq, Hkv, D, window, softcap, num_splits, fused):
+    lens = [1, 2, 17, 33, 0, 20]
+    p = build_paged(lens, page_size=4, num_kv_heads=Hkv, head_dim=D, dtype=torch.float8_e4m3fn, device="cpu",
+                    gen=gen, fp8_scale=0.03)
+    q = torch.randn(len(lens), Hq, D, generator=gen).half()  # unit-variance logits, as FP8_QUERY_TOL assumes
+    cfg = DecodeConfig(block_n=16, num_warps=1, num_stages=1, qk_fp8=True, fused_reduce=fused)
+    out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, num_splits=num_splits, config=cfg, window=window,
+                       softcap=softcap, out=torch.full_like(q, float("nan")))
+    # exactly attention of the e4m3-rounded query (the same rounding torch does), to fp16 accuracy ...
+    _assert_close(out, _ref(_quantized_q(q), p, window=window, softcap=softcap), torch.float16)
+    # ... and within the quantization's own error of the query as given
+    res = check(out, _ref(q, p, window=window, softcap=softcap), tol=FP8_QUERY_TOL[0])
+    assert res["ok"], res
+    assert torch.equal(out[4], torch.zeros_like(out[4]))
+
+
 def test_decode_reference_path_on_cpu_tensors(gen):
     p = build_paged([5, 9], page_size=4, num_kv_heads=1, head_dim=64, dtype=torch.float16, device="cpu", gen=gen)
     q = torch.randn(2, 2, 64, generator=gen).half()
@@ -197,6 +254,10 @@ def test_decode_validation(gen):
             paged_decode(q, c, bt, sl, split_counters=bad)
     with pytest.raises(ValueError, match="fused_reduce: expected a bool"):
         DecodeConfig(fused_reduce=1)
+    with pytest.raises(ValueError, match="qk_fp8: needs fp8"):
+        paged_decode(q, c, bt, sl, config=DecodeConfig(qk_fp8=True))
+    with pytest.raises(ValueError, match="qk_fp8 needs fp8 pages"):
+        default_decode_config(64, False, qk_fp8=True)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------
@@ -319,3 +380,37 @@ def test_decode_fused_reduce_graph_chain_with_pdl(gen, mode):
             _assert_close(mid, ref_mid, torch.bfloat16)
             _assert_close(out, ref_out, torch.bfloat16)
     assert not decode_mod.split_counter_buffer(q.device, B * Hkv)[:B * Hkv].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("qdtype", [torch.bfloat16, torch.float16])
+def test_decode_qk_fp8_gpu(gen, D, qdtype):
+    lens = [4097, 1000, 17, 2, 1, 0, 300]
+    p = build_paged(lens, page_size=16, num_kv_heads=8, head_dim=D, dtype=torch.float8_e4m3fn, device="cuda",
+                    gen=gen, shared_prefix_pages=20, fp8_scale=0.03)
+    q = torch.randn(len(lens), 32, D, generator=gen).to(qdtype).cuda()
+    base = default_decode_config(D, True, qk_fp8=True)
+    for window, softcap in ((None, None), (511, None), (None, 30.0)):
+        ref_q8 = _ref(_quantized_q(q), p, window=window, softcap=softcap)
+        ref = _ref(q, p, window=window, softcap=softcap)
+        for splits, fused in ((None, False), (1, False), (16, True), (64, True)):
+            cfg = dataclasses.replace(base, fused_reduce=fused)
+            out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, num_splits=splits, config=cfg,
+                               window=window, softcap=softcap, out=torch.full_like(q, float("nan")))
+            _assert_close(out, ref_q8, qdtype)  # the e4m3 query's attention, to q's own precision
+            res = check(out, ref, tol=FP8_QUERY_TOL[0])  # and the quantization's error of the raw query
+            assert res["ok"], (window, softcap, splits, fused, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiling", [(64, 8, 3), (64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 4, 2)])
+def test_decode_qk_fp8_every_sweep_tiling_gpu(gen, tiling):
+    # the tilings decode_sweep.py --ab qk_fp8 times: each must be right before its speed means anything
+    bn, w, st = tiling
+    p = build_paged([4097, 1000, 17, 1], page_size=16, num_kv_heads=8, head_dim=128, dtype=torch.float8_e4m3fn,
+                    device="cuda", gen=gen, fp8_scale=0.03)
+    q = torch.randn(4, 32, 128, generator=gen).bfloat16().cuda()
+    cfg = DecodeConfig(block_n=bn, num_warps=w, num_stages=st, qk_fp8=True)
+    out = paged_decode(q, p.cache, p.block_tables, p.seq_lens, config=cfg, num_splits=8)
+    _assert_close(out, _ref(_quantized_q(q), p), torch.bfloat16)

@@ -28,7 +28,7 @@ def compiled(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90(compiled):
-    assert len(compiled) == 16
+    assert len(compiled) == 18
 
 
 @pytest.mark.slow
@@ -51,3 +51,16 @@ def test_hot_loops_pipeline_and_use_tensor_cores(compiled):
         if name.startswith(("prefill", "decode", "chunked")):
             assert r["cp_async"] > 0, (name, r)  # K/V loads are asynchronous (cp.async or TMA)
             assert r.get("spill_bytes", 0) == 0, (name, r)
+
+
+@pytest.mark.slow
+def test_qk_fp8_decode_runs_qk_on_e4m3_tensor_cores(compiled):
+    # the point of DecodeConfig.qk_fp8: K goes from shared memory into an e4m3 wgmma unconverted, so
+    # only V pays the e4m3 -> fp16 conversion; the plain fp8 path converts both and uses mma.sync
+    plain = compiled["decode fp8e4nv"]
+    assert plain["mma_e4m3"] == 0, plain
+    for name in ("decode fp8e4nv qk8", "decode fp8e4nv qk8 fused"):
+        r = compiled[name]
+        assert r["mma_e4m3"] > 0 and r["wgmma"] > r["mma_e4m3"], (name, r)  # QK e4m3, PV fp16, both wgmma
+        assert r.get("spill_bytes", 0) == 0, (name, r)
+    assert compiled["decode fp8e4nv qk8 fused"]["atom_acq_rel_gpu"] == 1

@@ -17,6 +17,7 @@ of the partials on one SM. Not yet measured on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import torch
 
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
+from warpforge.kernels.attention._qk_fp8 import attend_span_qk8, quantize_rows_e4m3
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.attention.prefill import check_attention_options
 from warpforge.kernels.reference import attention_window, paged_decode_ref
@@ -45,10 +47,14 @@ class DecodeConfig:
     # merge the splits in the same launch (the last split program of each KV head, through an atomic
     # ticket) instead of a second kernel; off until measured on the GPU
     fused_reduce: bool = False
+    # fp8 pages only: quantize q per head to e4m3 and run QK^T as an e4m3 x e4m3 dot (no K conversion;
+    # attention/_qk_fp8.py); off until measured on the GPU
+    qk_fp8: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fused_reduce, bool):
-            raise ValueError(f"DecodeConfig.fused_reduce: expected a bool, got {self.fused_reduce!r}")
+        for name in ("fused_reduce", "qk_fp8"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DecodeConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ValueError(f"DecodeConfig.block_n: expected a power of two >= 16, got {self.block_n}")
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -71,7 +77,7 @@ DECODE_SWEEP: tuple[DecodeConfig, ...] = tuple(
 )
 
 
-def default_decode_config(head_dim: int, fp8: bool) -> DecodeConfig:
+def default_decode_config(head_dim: int, fp8: bool, *, qk_fp8: bool = False) -> DecodeConfig:
     """Defaults from the H200 sweep (``benchmarks/sweeps/decode_sweep.py``, 32/8 heads, D 128, pages of 16):
 
     * bf16 pages: 64 tokens (16 KiB of K) per step, double-buffered (3 stages cost occupancy: B1 ctx32k
@@ -79,7 +85,16 @@ def default_decode_config(head_dim: int, fp8: bool) -> DecodeConfig:
     * fp8 pages: 128 tokens per step (the same 16 KiB), 3 stages, ~2 programs per SM: the in-register
       e4m3 -> fp16 conversion makes each program heavier, and fewer, longer splits won at every shape.
     * D > 128: 32 tokens per step (keeps 2-3 programs per SM within 228 KiB of shared memory).
+    * ``qk_fp8`` (fp8 pages, e4m3 QK^T; not yet measured): 64 tokens, 8 warps, 3 stages, the tiling the
+      offline sm_90 compile fits in 121 registers without spills (128 tokens x 4 warps x 3 stages, the
+      fp8 default's, needs 255 and spills: the keys-major loop keeps V^T as a register operand).
     """
+    if qk_fp8:
+        if not fp8:
+            raise ValueError("default_decode_config: qk_fp8 needs fp8 pages (fp8=True)")
+        if INTERPRET:
+            return dataclasses.replace(INTERPRET_DECODE_CONFIG, qk_fp8=True)
+        return DecodeConfig(block_n=64, num_warps=8, num_stages=3, programs_per_sm=2, qk_fp8=True)
     if INTERPRET:
         return INTERPRET_DECODE_CONFIG
     if head_dim > 128:
@@ -175,7 +190,8 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
                    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, FP8: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = 0,
-                   FUSED_REDUCE: tl.constexpr = False, G_P2: tl.constexpr = 1, MERGE_S: tl.constexpr = 1):
+                   FUSED_REDUCE: tl.constexpr = False, G_P2: tl.constexpr = 1, MERGE_S: tl.constexpr = 1,
+                   QK_FP8: tl.constexpr = False):
     pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -206,7 +222,8 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
         # e4m3 -> fp16 is one conversion per element pair, -> bf16 costs a second one per element:
         # at fp8 streaming rates that ALU work matters, so the dots run in fp16 (a bf16 query must
         # then stay within fp16's +-65504, true of attention queries in practice).
-        q = q.to(tl.float16)
+        if not QK_FP8:
+            q = q.to(tl.float16)
     else:
         ks = 1.0
         vs = 1.0
@@ -217,14 +234,23 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
     k_base = KC + kvh.to(tl.int64) * stride_kh
     v_base = VC + kvh.to(tl.int64) * stride_vh
     page_row = block_tables + b.to(tl.int64) * stride_bt
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_G], dtype=tl.float32) + NEG_BIG
-    acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                page_row, stride_kp, stride_vp, None, None, 0, 0, 0,
-                                s_lo, a, c, s_hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
-                                BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, False, SOFTCAP,
-                                True, PAGE_SIZE, False, DOT_PRECISION)
+    if QK_FP8:  # e4m3 q rows, each with its power-of-two scale folded into its logit scale
+        q8, q_scale = quantize_rows_e4m3(q.to(tl.float32))
+        acc_t = tl.zeros([BLOCK_D, BLOCK_G], dtype=tl.float32)
+        acc_t, l_i, m_i = attend_span_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                          page_row, stride_kp, stride_vp, s_lo, a, c, s_hi, L, window_left,
+                                          qk_scale * q_scale, cap_scale * q_scale, cap_log2,
+                                          BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, SOFTCAP, PAGE_SIZE)
+        acc = tl.trans(acc_t)
+    else:
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
+                                    page_row, stride_kp, stride_vp, None, None, 0, 0, 0,
+                                    s_lo, a, c, s_hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
+                                    BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, False, SOFTCAP,
+                                    True, PAGE_SIZE, False, DOT_PRECISION)
     pdl_release(PDL)
     out, lse = finalize(acc, l_i, m_i)
     out = out * vs
@@ -324,6 +350,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
     if split_counters is not None:
         _check_counters(split_counters, q.shape[0] * cache.num_kv_heads, q.device)
+    if config is not None and config.qk_fp8 and not cache.is_fp8:
+        raise ValueError(f"DecodeConfig.qk_fp8: needs fp8 (e4m3) pages, the cache holds {cache.dtype}")
     out = torch.empty_like(q) if out is None else out
     if not use_triton(q, cache.k_cache, block_tables, seq_lens):
         out.copy_(paged_decode_ref(q, cache.k_cache, cache.v_cache, block_tables, seq_lens, scale=scale,
@@ -339,7 +367,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         capacity = block_tables.shape[1] * cache.page_size if max_seq_len is None else max_seq_len
         sms = _num_sms(q.device.index or 0) if q.is_cuda else 4
         num_splits = num_decode_splits(B, Hkv, capacity, num_sms=sms, config=cfg)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(32 if cfg.qk_fp8 else 16, triton.next_power_of_2(D))  # an e4m3 dot needs K >= 32
     fused = cfg.fused_reduce and num_splits > 1
     counters = None
     if fused:
@@ -363,6 +391,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         SPLIT=num_splits > 1, MASK_LEFT=left >= 0, SOFTCAP=softcap is not None, FP8=cache.is_fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl(q), launch_pdl=pdl(q) > 0,
         FUSED_REDUCE=fused, G_P2=g_p2, MERGE_S=_merge_splits_per_step(g_p2, block_d, cfg.num_warps),
+        QK_FP8=cfg.qk_fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1 and not fused:
