@@ -84,14 +84,20 @@ def run_ab(shapes, flags: list[str], rep: int, sms: int, gen, dev) -> list[dict]
             variants["qk_fp8+fused"] = dataclasses.replace(default_decode_config(D, True, qk_fp8=True),
                                                            fused_reduce=True)
         n_def = num_decode_splits(B, HKV, ctx, num_sms=sms, config=base)
-        splits = sorted({s for s in (n_def // 2, n_def, 2 * n_def, 4 * n_def) if s >= 1 and (ctx // s >= 64 or s == n_def)})
+        splits = sorted({s for s in (n_def // 2, n_def, 2 * n_def, 4 * n_def)
+                         if s >= 1 and (ctx // s >= 64 or s == n_def)})
         ref = paged_decode_ref(q[:1].float(), cache.k_cache, cache.v_cache, table[:1], lens[:1],
                                k_scale=cache.k_scale, v_scale=cache.v_scale)
-        errs = {}
-        for name, cfg in variants.items():
-            got = paged_decode(q[:1], cache, table[:1], lens[:1], config=cfg, num_splits=max(2, n_def))
-            errs[name] = ((got.float() - ref).norm() / ref.norm()).item()
-        peer = None
+        errs, failed = {}, {}
+        for name, cfg in list(variants.items()):
+            try:
+                got = paged_decode(q[:1], cache, table[:1], lens[:1], config=cfg, num_splits=max(2, n_def))
+                errs[name] = ((got.float() - ref).norm() / ref.norm()).item()
+            except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is data, not the end
+                failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                del variants[name]
+                print(f"B{B} ctx{ctx} {name}: FAILED {failed[name]}", flush=True)
+        peer = kd = vd = None
         if not fp8:
             kd, vd = _dense(cache.k_cache, table, ctx), _dense(cache.v_cache, table, ctx)
             sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -103,13 +109,14 @@ def run_ab(shapes, flags: list[str], rep: int, sms: int, gen, dev) -> list[dict]
                 fns["sdpa dense"] = peer
             t = time_interleaved(fns, warmup=3, rep=rep, cuda_graph=True)
             row = {"B": B, "ctx": ctx, "fp8": fp8, "kv_bytes": kv, "splits": s, "default_splits": n_def,
-                   "rel_err": errs, "us": {n: t[n].median_ms * 1e3 for n in fns},
+                   "rel_err": errs, "failed": failed, "us": {n: t[n].median_ms * 1e3 for n in fns},
                    "GBps": {n: kv / t[n].median_ms / 1e6 for n in fns}}
             results.append(row)
             cells = "  ".join(f"{n} {row['us'][n]:7.2f} us {row['GBps'][n]:6.0f} GB/s" for n in fns)
-            print(f"B{B:<3d} ctx{ctx:<6d} {'fp8 ' if fp8 else 'bf16'} splits {s:<3d}{'*' if s == n_def else ' '} {cells}"
+            mark = "*" if s == n_def else " "
+            print(f"B{B:<3d} ctx{ctx:<6d} {'fp8 ' if fp8 else 'bf16'} splits {s:<3d}{mark} {cells}"
                   f"  err {' '.join(f'{n} {e:.2g}' for n, e in errs.items())}", flush=True)
-        q = cache = table = lens = peer = None
+        q = cache = table = lens = peer = kd = vd = None
         torch.cuda.empty_cache()
     return results
 
