@@ -25,10 +25,24 @@ from warpforge.kernels.attention.kv_cache import _store_kv_kernel
 from warpforge.kernels.attention.prefill import _flash_fwd_kernel, default_config
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+CUOBJDUMP = os.path.join(os.path.dirname(PTXAS), "cuobjdump")
 FLOATS = {"qk_scale", "cap_scale", "cap_log2", "sm_scale", "softcap"}
 
 
-def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int) -> dict:
+def first_loop_instructions(cubin: str) -> int:
+    """SASS instructions (per thread) in the first loop of a cubin, found as the first branch back to
+    a lower address: decode's interior (unmasked) key loop, the hot one."""
+    sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    ins = [(int(a, 16), text) for a, text in re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass, re.M)]
+    for addr, text in ins:
+        back = re.match(r"(?:@!?U?P[0-9T]\s+)?BRA\s+0x([0-9a-f]+)", text)
+        if back and int(back.group(1), 16) < addr:
+            lo = int(back.group(1), 16)
+            return sum(1 for a, _ in ins if lo <= a <= addr)
+    return 0
+
+
+def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int, loop_tokens: int = 0) -> dict:
     sig, attrs = {}, {}
     # constexpr parameters left out take their defaults (e.g. PDL=False)
     const = {**{n: q.default for n, q in inspect.signature(fn.fn).parameters.items()
@@ -59,6 +73,9 @@ def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int) -
                              capture_output=True, text=True, check=True).stderr
         res["regs"] = int(re.search(r"Used (\d+) registers", out).group(1))
         res["spill_bytes"] = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", out))
+        if loop_tokens and os.path.exists(CUOBJDUMP):  # issue cost of the hot loop, per key token
+            res["loop_warp_instr_per_token"] = round(
+                first_loop_instructions(path + ".cubin") * num_warps / loop_tokens, 1)
     return res
 
 
@@ -85,18 +102,18 @@ def main() -> None:
                  "k_scale": "*fp32", "v_scale": "*fp32", "O": "*bf16", "O_part": "*fp32", "LSE_part": "*fp32"}
         const = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16, BLOCK_N=cfg.block_n, SPLIT=True,
                      MASK_LEFT=False, SOFTCAP=False, FP8=kv != "bf16", DOT_PRECISION="tf32")
-        jobs[f"decode {kv}"] = (_decode_kernel, types, const, cfg.num_warps, cfg.num_stages)
+        jobs[f"decode {kv}"] = (_decode_kernel, types, const, cfg.num_warps, cfg.num_stages, cfg.block_n)
         # the single-launch split-KV path: partials, an acq_rel ticket, the last program merges
         fused = dict(const, FUSED_REDUCE=True, G_P2=4, MERGE_S=_merge_splits_per_step(4, 128, cfg.num_warps))
         jobs[f"decode {kv} fused"] = (_decode_kernel, dict(types, counters="*i32"), fused, cfg.num_warps,
-                                      cfg.num_stages)
+                                      cfg.num_stages, cfg.block_n)
         if kv != "bf16":  # q quantized to e4m3, QK^T as an e4m3 x e4m3 dot (keys-major: a wgmma)
             qc = default_decode_config(128, True, qk_fp8=True)
             qk8 = dict(const, BLOCK_N=qc.block_n, QK_FP8=True)
-            jobs[f"decode {kv} qk8"] = (_decode_kernel, types, qk8, qc.num_warps, qc.num_stages)
+            jobs[f"decode {kv} qk8"] = (_decode_kernel, types, qk8, qc.num_warps, qc.num_stages, qc.block_n)
             qk8 = dict(qk8, FUSED_REDUCE=True, G_P2=4, MERGE_S=_merge_splits_per_step(4, 128, qc.num_warps))
             jobs[f"decode {kv} qk8 fused"] = (_decode_kernel, dict(types, counters="*i32"), qk8, qc.num_warps,
-                                              qc.num_stages)
+                                              qc.num_stages, qc.block_n)
         types = {"Q": "*bf16", "KC": f"*{kv}", "VC": f"*{kv}", "block_tables": "*i32", "seq_lens": "*i32",
                  "cu_q": "*i32", "k_scale": "*fp32", "v_scale": "*fp32", "O": "*bf16"}
         cc = DEFAULT_CHUNKED_CONFIG

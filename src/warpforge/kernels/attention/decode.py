@@ -85,16 +85,19 @@ def default_decode_config(head_dim: int, fp8: bool, *, qk_fp8: bool = False) -> 
     * fp8 pages: 128 tokens per step (the same 16 KiB), 3 stages, ~2 programs per SM: the in-register
       e4m3 -> fp16 conversion makes each program heavier, and fewer, longer splits won at every shape.
     * D > 128: 32 tokens per step (keeps 2-3 programs per SM within 228 KiB of shared memory).
-    * ``qk_fp8`` (fp8 pages, e4m3 QK^T; not yet measured): 64 tokens, 8 warps, 3 stages, the tiling the
-      offline sm_90 compile fits in 121 registers without spills (128 tokens x 4 warps x 3 stages, the
-      fp8 default's, needs 255 and spills: the keys-major loop keeps V^T as a register operand).
+    * ``qk_fp8`` (fp8 pages, e4m3 QK^T; not yet measured): 128 tokens, 4 warps, 2 stages. Offline sm_90
+      compile (interior loop, SASS): 27.3 warp instructions per token against the plain fp8 loop's 35.7,
+      242 registers without spills, so 2 programs per SM as today's 208. The fp8 default's 3 stages
+      spill with it (255); 64 tokens x 8 warps fits in 121 registers but issues 57.9 per token: what
+      the keys-major loop saves on K it partly spends transposing V (byte permutes, a shared-memory
+      round trip) into the fp16 dot's register operand.
     """
     if qk_fp8:
         if not fp8:
             raise ValueError("default_decode_config: qk_fp8 needs fp8 pages (fp8=True)")
         if INTERPRET:
             return dataclasses.replace(INTERPRET_DECODE_CONFIG, qk_fp8=True)
-        return DecodeConfig(block_n=64, num_warps=8, num_stages=3, programs_per_sm=2, qk_fp8=True)
+        return DecodeConfig(block_n=128, num_warps=4, num_stages=2, programs_per_sm=2, qk_fp8=True)
     if INTERPRET:
         return INTERPRET_DECODE_CONFIG
     if head_dim > 128:
