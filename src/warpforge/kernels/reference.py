@@ -478,3 +478,17 @@ def paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     cu = torch.arange(B + 1, dtype=torch.int32, device=q.device)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, cu, scale=scale,
                                softcap=softcap, window=window, k_scale=k_scale, v_scale=v_scale)
+
+
+def quantize_q_e4m3_ref(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for the query quantization of ``paged_decode`` with ``DecodeConfig(qk_fp8=True)``
+    (``quantize_rows_e4m3`` in kernels/attention/_qk_fp8.py): q [..., D] -> (e4m3 [..., D], fp32 scale
+    [...]) with q ~= q8 * scale, one power-of-two scale per head putting its max |q| in (224, 448]."""
+    x = q.float()
+    amax = x.abs().amax(-1)
+    e = torch.frexp(amax).exponent.float() - 1  # floor(log2(amax)), exact
+    s = e - 8
+    s = torch.where(amax * torch.exp2(-s) > 448.0, s + 1, s)
+    s = torch.where(amax >= 2.0 ** -126, s.clamp(-120, 120), torch.zeros_like(s))  # zero (or fp32-subnormal) rows: 1
+    scale = torch.exp2(s)
+    return (x / scale[..., None]).to(torch.float8_e4m3fn), scale

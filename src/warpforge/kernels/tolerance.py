@@ -19,6 +19,13 @@ REL_TOL: dict[torch.dtype, tuple[float, str]] = {
     torch.float8_e4m3fn: (7e-2, "e4m3 has a 3-bit mantissa (2^-4 = 6.25e-2 unit roundoff on each input)"),
 }
 
+# paged_decode with DecodeConfig(qk_fp8=True) against the reference with the query as given (the e4m3
+# pages are the reference's too, so only the query's rounding counts).
+FP8_QUERY_TOL = (2.5e-2, "q rounded to e4m3 per head (3 mantissa bits: each element within 2^-4 of itself) "
+                         "moves the logits by ~1% of their spread: 0.9-1.1% output error at unit-variance "
+                         "logits (torch emulation, D 64/128, softcap on/off, contexts 1-4097), twice that at "
+                         "twice the spread; 2.5x margin for the kernel's fp16 P.V rounding")
+
 # Stricter bound where fp32 code does no tf32 matrix math (elementwise, norms, reductions).
 FP32_ELEMENTWISE_TOL = (2e-6, "fp32 elementwise/reduction: rounding only")
 
