@@ -18,7 +18,7 @@ int8 layers' input quantizers move into the epilogue of the conv that produces t
 the consumers' scale, or float and int8 out from one epilogue when a float user (a residual add) reads
 the same tensor; a tensor from any other node that several int8 layers read is quantized once. A
 ResNet-50 forward then launches 58 kernels against the fp16 graph's 56 and moves 1.48 GB against 1.83
-(benchmarks/sweeps/launch_count.py; before: 78 kernels, 2.05 GB). ``warpforge.optimize`` builds its
+(benchmarks/sweeps/launch_count.py; before: 77 kernels, 2.05 GB). ``warpforge.optimize`` builds its
 ``warpforge-int8`` candidate with :func:`quantize_model` (optimize/backends.py).
 """
 
