@@ -15,7 +15,9 @@ optimizer runs them) it times, with the bench harness (CUDA graph of the launch,
   unsigned x (zero point -128: what the optimizer gives every ReLU-fed conv, i.e. all of ResNet-50's) and
   on signed x (``int8_signed_us``: the masked-load path without a padding row),
 * ``int8 dual``: fp16 out and its int8 copy (``out_q``: a ResNet block's last conv feeding the next block),
-* every INT8_CONV_CONFIGS entry (unsigned x, int8 out) and the EXTRA tilings below, fixed,
+* every INT8_CONV_CONFIGS entry (unsigned x, int8 out) and the EXTRA tilings below, fixed; ``f16mma`` in a
+  tiling's name: int8 loads, fp16 tensor cores (the MMA stays in flight, which Triton 3.6 never does for
+  an int32 accumulator),
 * ``quantize``: quantize_int8 of the layer's fp16 input (what a layer pays when its producer is float).
 
 MobileNetV2 adds its depthwise convs (fp16 in; fp16 out against int8 out, as warpforge-int8 runs them).
@@ -57,6 +59,8 @@ EXTRA = [  # not in the tuner: candidates this sweep tests
     ConvConfig(128, 128, 256, 8, 8, 3),
     ConvConfig(128, 128, 32, 8, 8, 4),  # short-K 1x1s (C = 16..32)
     ConvConfig(128, 64, 32, 8, 4, 4),
+    ConvConfig(128, 128, 128, 8, 8, 3, f16_mma=True),  # int8 operands on fp16 tensor cores, deeper K steps
+    ConvConfig(128, 64, 128, 8, 4, 3, f16_mma=True),
 ]
 
 
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         row["int8_dual_us"] = t(lambda: conv2d_int8(xq, wq, xs, ws, b32, out_scale=os_, out_dtype=torch.float16,
                                                     out_q=out_q, **q8))
         for cfg in [*INT8_CONV_CONFIGS, *EXTRA]:
-            key = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} k{cfg.split_k}"
+            key = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} k{cfg.split_k}"
+                   + (" f16mma" if cfg.f16_mma else ""))
             try:
                 got = int8(cfg)
                 diff = int((got.int() - want.int()).abs().max())

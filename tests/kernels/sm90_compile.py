@@ -180,6 +180,8 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
                                  "s_xh", "s_xw", "s_wo", "s_wh", "s_ww", "stride_h", "stride_w", "pad_h", "pad_w",
                                  "dil_h", "dil_w")}}
     consts = {"s_xc": 1, "s_wc": 1}
+    if cfg.f16_mma:  # conv2d_int8 passes the int8 weights' values in fp16
+        sig["w_ptr"] = "*fp16"
     if not int8:
         consts.update(xs_ptr=None, wsc_ptr=None, os_ptr=None)
     if not dual:
@@ -198,7 +200,7 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
     _flags(sig, consts, KH=k, KW=k, MODE=mode, EVEN_C=mode != conv.MODE_FLAT, HAS_BIAS=True, HAS_RES=True, ACT=2,
            DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
            GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, INT_ACC=int8, QUANT_OUT=quant_out, X_ZERO=zero,
-           OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual)
+           OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma)
     odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import ConvConfig
+from warpforge.kernels.conv import ConvConfig, conv2d
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.quantize import quantize_int8
 
@@ -183,6 +183,27 @@ def test_conv_int8_split_k(triton_on_cpu, device, gen, out_kind):
     for case in [(1, 40, 5, 5, 17, 3, 1, 1, 1, 1, "relu", True), (1, 64, 3, 3, 9, 1, 1, 0, 1, 1, None, False)]:
         run_case(gen, device, case, out_kind, config=ConvConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1,
                                                                 split_k=3))
+
+
+F16_MMA = ConvConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1, f16_mma=True)
+
+
+@pytest.mark.parametrize("out_kind", ["float32", "int8"])
+@pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])
+@pytest.mark.parametrize("case", CASES + UNSIGNED_CASES, ids=lambda c: "x".join(map(str, c[:10])))
+def test_conv_int8_f16_mma(triton_on_cpu, device, gen, case, x_zero, out_kind):
+    """f16_mma tilings: the int8 codes minus the zero point in fp16 against the weights' values in fp16 into
+    fp32: every product and partial sum is an integer below 2^24 here, so the result is the int32 path's."""
+    run_case(gen, device, case, out_kind, config=F16_MMA, x_zero=x_zero,
+             out_zero=-128 if out_kind == "int8" and x_zero else 0)
+
+
+def test_conv_int8_f16_mma_validation(device):
+    with pytest.raises(ValueError, match="f16_mma takes split_k=1"):
+        ConvConfig(64, 64, 64, f16_mma=True, split_k=2)
+    x = torch.zeros(1, 16, 4, 4, device=device).to(memory_format=CL)
+    with pytest.raises(ValueError, match="f16_mma .* is a conv2d_int8 tiling"):
+        conv2d(x, torch.zeros(8, 16, 1, 1, device=device), config=F16_MMA)
 
 
 @pytest.mark.parametrize("split_k", [1, 3])

@@ -50,8 +50,11 @@ MODE_PLAIN, MODE_TAPS, MODE_FLAT = 0, 1, 2
 # ---- kernels ---------------------------------------------------------------------------------
 
 @triton.jit
-def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    if INT_ACC:  # int8 x int8 -> int32: exact, whatever the summation order (s8 tensor-core MMA)
+def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA: tl.constexpr = False,
+         X_ZERO: tl.constexpr = 0):
+    if F16_MMA:  # int8 x (codes minus zero point, exact in fp16: |v| <= 255) on fp16 tensor cores, b fp16
+        return tl.dot(a.to(tl.float16) - X_ZERO, b, acc)
+    elif INT_ACC:  # int8 x int8 -> int32: exact, whatever the summation order (s8 tensor-core MMA)
         return tl.dot(a, b, acc, out_dtype=tl.int32)
     else:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -94,7 +97,8 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
-                      X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False):
+                      X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False,
+                      F16_MMA: tl.constexpr = False):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
     # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
     # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
@@ -104,6 +108,9 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
     # out of the accumulator with the weight sums (wsum_ptr, [COUT] int32); OUT_ZERO is the output's.
     # xpad_ptr (MODE_TAPS with X_ZERO != 0): >= CIN_G bytes of X_ZERO, the row a padded pixel reads.
     # DUAL_OUT: float out (o_ptr) and the same y as int8 at os_ptr / OUT_ZERO (q_ptr), from one epilogue.
+    # F16_MMA (with INT_ACC, SPLIT_K 1): int8 x, its codes minus X_ZERO converted to fp16 in registers, times
+    # fp16 w (the int8 weights' values) on fp16 tensor cores into fp32: Triton 3.6 keeps such an MMA in
+    # flight across K steps, never an int32 one. Integer products, sums exact below 2^24.
     pid = tl.program_id(0)
     g = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -129,7 +136,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
     w_col = w_ptr + (g * COUT_G + offs_n).to(tl.int64) * s_wo  # [BN] weight row pointers
     ih0 = oh * stride_h - pad_h
     iw0 = ow * stride_w - pad_w
-    if INT_ACC:
+    if INT_ACC and not F16_MMA:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -153,7 +160,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             # zero weights. A non-zero ``other`` would cost a copy of every A tile (see MODE_TAPS).
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0)
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
         for step in range(lo, hi):
             tap = step // c_steps
@@ -178,7 +185,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=a_mask, other=0)
             b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
                         mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
     else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
         K = KH * KW * CIN_G
         for step in range(lo, hi):
@@ -194,12 +201,14 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=X_ZERO)
             w_off = kh * s_wh + kw * s_ww + c * s_wc
             b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
 
     co = g * COUT_G + offs_n
     if SPLIT_K == 1:
+        # F16_MMA took the zero point out before the MMA: no weight-sum correction left
         _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
-                        q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT)
+                        q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
+                        DUAL_OUT)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -280,6 +289,7 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # > 1: partial sums in an fp32 workspace, then a small epilogue kernel
+    f16_mma: bool = False  # conv2d_int8 only: int8 operands on fp16 tensor cores (an MMA kept in flight)
 
     def __post_init__(self) -> None:
         for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
@@ -292,6 +302,9 @@ class ConvConfig:
             raise ValueError(f"ConvConfig.num_stages must be in [1, 8], got {self.num_stages}")
         if not 1 <= self.split_k <= 32:
             raise ValueError(f"ConvConfig.split_k must be in [1, 32], got {self.split_k}")
+        if self.f16_mma and self.split_k != 1:
+            raise ValueError("ConvConfig.f16_mma takes split_k=1 (its partial sums would be fp32, the int8 split-K "
+                             f"workspace is int32), got split_k={self.split_k}")
 
 
 # Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
@@ -498,6 +511,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
                   int8_out=out_scale is not None)
+    if isinstance(config, ConvConfig) and config.f16_mma:
+        raise ValueError("config: f16_mma (int8 operands on fp16 tensor cores) is a conv2d_int8 tiling")
     os_ = None
     if out_scale is not None:
         os_ = check_scale("out_scale", out_scale, x.device)
@@ -566,6 +581,9 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
                                                            "out_q"))
     q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None and out_q is None, X_ZERO=qd.get("x_zero", 0),
              OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None)
+    if cfg.f16_mma and (xs is None or wp.dtype != torch.float16):
+        raise ValueError("config: f16_mma runs int8 x against the int8 weights' values in fp16 (conv2d_int8 passes "
+                         f"them), got x {x.dtype} and weight {wp.dtype}")
     if mode == MODE_TAPS and q["X_ZERO"] != 0 and xpad is None:
         raise ValueError("quant: x_pad (a row of x_zero values, >= C/groups long) is needed with x_zero != 0 in "
                          "the taps loop")
@@ -579,7 +597,7 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
     _conv_gemm_kernel[grid](
         x, wp, b_arg, r_arg, dst, ws, xs, wsc, wsum, os_, xpad, out_q, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
         *x.stride(), *wp.stride(), *g.stride, *g.padding, *g.dilation, KH=g.kh, KW=g.kw, MODE=mode,
-        EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue,
+        EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue, F16_MMA=cfg.f16_mma,
         # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,

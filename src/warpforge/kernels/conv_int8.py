@@ -21,6 +21,8 @@ run the implicit GEMM per group.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from warpforge.kernels import reference as ref
@@ -78,9 +80,34 @@ INT8_CONV_CONFIGS = [
     # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
     ConvConfig(64, 64, 128, 8, 4, 4, split_k=4),
     ConvConfig(32, 64, 128, 4, 4, 4, split_k=8),
+    # f16_mma twins of the fp16 tilings: int8 loads (half fp16's activation bytes), the codes converted to
+    # fp16 in registers, fp16 tensor cores with the MMA in flight across K steps (sm_90 offline: mma_async,
+    # no spill; (128, 128, 64) 172 registers and 1 block per SM, (128, 64, 64) 144-168 and 3, (64, 128, 64)
+    # 148-167 and 2, (64, 64, 64) 90-96 and 5). At ~23% of the fp16 roof the convs are not MMA-bound.
+    ConvConfig(128, 128, 64, 8, 8, 3, f16_mma=True),
+    ConvConfig(128, 64, 64, 8, 4, 4, f16_mma=True),
+    ConvConfig(64, 128, 64, 8, 4, 4, f16_mma=True),
+    ConvConfig(64, 64, 64, 8, 4, 4, f16_mma=True),
+    ConvConfig(64, 64, 32, 8, 4, 5, f16_mma=True),
 ]
 INT8_INTERPRET_CONFIG = ConvConfig(32, 32, 32, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm", INT8_CONV_CONFIGS, ConvConfig)
+
+
+# id(weight) -> (weakref to it, (data_ptr, version), its values in fp16): the f16_mma tilings' weights
+_F16_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+
+def _f16_weight(wp: torch.Tensor) -> torch.Tensor:
+    """The int8 weight's values in fp16 (exact), same strides, made once per (tensor, version)."""
+    key = (wp.data_ptr(), wp._version)
+    hit = _F16_WEIGHTS.get(id(wp))
+    if hit is not None and hit[0]() is wp and hit[1] == key:
+        return hit[2]
+    w16 = wp.detach().to(torch.float16)  # preserve_format: channels_last stays channels_last
+    wid = id(wp)
+    _F16_WEIGHTS[wid] = (weakref.ref(wp, lambda _r, wid=wid: _F16_WEIGHTS.pop(wid, None)), key, w16)
+    return w16
 
 
 def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups, activation, residual,
@@ -196,7 +223,7 @@ def conv2d_int8(
                  x_pad=_pad_row(x.device, x_zero_point) if x_zero_point != 0 and mode == MODE_TAPS else None)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
-        launch_gemm(x, wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
+        launch_gemm(x, _f16_weight(wp) if cfg.f16_mma else wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
 
     cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch)
     launch(cfg, out)
