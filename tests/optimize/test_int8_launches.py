@@ -97,3 +97,19 @@ def test_fused_quantizers_are_exact_on_cpu():
     x = image(n=3, hw=32, seed=10)
     with torch.no_grad():
         assert torch.equal(q_fused(x), q_plain(x))
+
+
+def test_fused_graph_survives_a_pickle_round_trip():
+    """The saved warpforge-int8 graph is a pickled GraphModule, re-traced on load: the dual-out conv's tuple
+    and the pool's shared quantizer (a module, so the re-trace does not run it on proxies) come back."""
+    import io
+
+    _, q, _ = _graphs(seed=3)
+    buf = io.BytesIO()
+    torch.save(q, buf)
+    buf.seek(0)
+    q2 = torch.load(buf, weights_only=False)
+    x = image(n=2, hw=32, seed=4)
+    with torch.no_grad():
+        assert torch.equal(q(x), q2(x))
+    assert sum(bool(getattr(m, "dual_out", False)) for m in q2.modules()) == 1

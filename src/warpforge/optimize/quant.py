@@ -16,9 +16,10 @@ CUDA the GEMMs are int8 tensor-core kernels; on CPU the kernels run their exact 
 convs stay float (memory-bound: int8 tensor cores gain them little). On an FX graph (``requant``) the
 int8 layers' input quantizers move into the epilogue of the conv that produces their input: int8 out at
 the consumers' scale, or float and int8 out from one epilogue when a float user (a residual add) reads
-the same tensor; a tensor from any other node that several int8 layers read is quantized once. A
-ResNet-50 forward then launches 58 kernels against the fp16 graph's 56 and moves 1.48 GB against 1.83
-(benchmarks/sweeps/launch_count.py; before: 77 kernels, 2.05 GB). ``warpforge.optimize`` builds its
+the same tensor; a tensor from any other node that several int8 layers read is quantized once. At
+batch 32 a ResNet-50 forward then launches 58 kernels against the fp16 graph's 56, with 1484 MiB of
+tensor arguments against 1831 (benchmarks/sweeps/launch_count.py; before: 77 kernels, 2046 MiB).
+``warpforge.optimize`` builds its
 ``warpforge-int8`` candidate with :func:`quantize_model` (optimize/backends.py).
 """
 
@@ -41,7 +42,8 @@ from warpforge.kernels.quantize import QUANT_DTYPES, quantize_int8
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
 
 __all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Observer", "PercentileObserver",
-           "QuantConv2d", "QuantLinearW8A8", "QuantReport", "make_observer", "quantize_linears", "quantize_model"]
+           "QuantConv2d", "QuantLinearW8A8", "QuantReport", "QuantizeInput", "make_observer", "quantize_linears",
+           "quantize_model"]
 
 MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 
@@ -195,6 +197,20 @@ class QuantLinearW8A8(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, act_scale={float(self.act_scale):.4g}")
+
+
+class QuantizeInput(nn.Module):
+    """``x [N, C, H, W] float -> int8`` at the scale of the int8 layers that read it (quantize_int8): a
+    tensor that several int8 layers read, quantized once for all of them."""
+
+    def __init__(self, scale: torch.Tensor, zero_point: int) -> None:
+        super().__init__()
+        self.register_buffer("scale", scale.detach().clone().reshape(1).float())
+        self.zero_point = zero_point
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x.contiguous()
+        return quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.scale, zero_point=self.zero_point)
 
 
 class QuantConv2d(nn.Module):
@@ -471,10 +487,13 @@ def _fuse_requant(gm: fx.GraphModule) -> tuple[set[nn.Module], set[nn.Module]]:
         if not isinstance(a, (QuantConv2d, FusedConv2d)) or calls[id(a)] != 1 or a.out_scale is not None:
             if len(readers) > 1 and n.op != "placeholder":
                 # Any other producer (a max pool): one quantize kernel for all the readers, not one each.
+                # A module, not a call_function node: a pickled GraphModule is re-traced on load, through
+                # functions but not into modules.
+                b = modules[readers[0].target]
+                name = f"{n.name}_quantize"
+                gm.add_submodule(name, QuantizeInput(b.act_scale, b.act_zero_point))
                 with gm.graph.inserting_after(n):
-                    scale = gm.graph.get_attr(f"{readers[0].target}.act_scale")
-                with gm.graph.inserting_after(scale):
-                    q = gm.graph.call_function(quantize_int8, (n, scale), {"zero_point": key[1]})
+                    q = gm.graph.call_module(name, (n,))
                 for user in readers:
                     user.replace_input_with(n, q)
                 changed = True

@@ -9,7 +9,7 @@ event pair around every node, after a GPU sleep long enough for the host to queu
 
 * ``int8 conv``: QuantConv2d (its own input quantizer included when its input is float),
 * ``float conv``: FusedConv2d (the RGB stem, MobileNetV2's depthwise convs, fp16's every conv),
-* ``quantize``: a standalone quantize_int8 node (a tensor several int8 convs read: a max pool's output),
+* ``quantize``: a standalone QuantizeInput (a tensor several int8 convs read: a max pool's output),
 * ``linear``: nn.Linear / QuantLinearW8A8, ``other``: pools, casts, flatten, the graph's glue.
 
 Eager, not the graph replay: launch gaps the graph removes are not in the figures, but each node's
@@ -38,7 +38,7 @@ def _graph_module(module: nn.Module) -> tuple[fx.GraphModule | None, Any]:
 def _stage(gm: fx.GraphModule, n: fx.Node) -> str | None:
     from warpforge.kernels.quantize import quantize_int8
     from warpforge.optimize.passes.fuse_conv import FusedConv2d
-    from warpforge.optimize.quant import QuantConv2d, QuantLinearW8A8
+    from warpforge.optimize.quant import QuantConv2d, QuantizeInput, QuantLinearW8A8
 
     if n.op in ("placeholder", "output", "get_attr") or (n.op == "call_function" and n.target.__name__ == "getitem"):
         return None
@@ -50,6 +50,8 @@ def _stage(gm: fx.GraphModule, n: fx.Node) -> str | None:
             return "float conv"
         if isinstance(m, (nn.Linear, QuantLinearW8A8)):
             return "linear"
+        if isinstance(m, QuantizeInput):
+            return "quantize"
     if n.op == "call_function" and n.target is quantize_int8:
         return "quantize"
     return "other"
