@@ -10,6 +10,7 @@ are multiples of 16 (``tt.divisibility`` on every pointer and integer argument).
     python tests/kernels/sm90_compile.py --all --only softmax,gated   # labels starting with these
     python tests/kernels/sm90_compile.py --norm     # every config the GEMV's input-RMSNorm fusion may use
                                                     # (139 compiles, ~3 CPU-minutes; --norm-class=16: one class)
+    python tests/kernels/sm90_compile.py --all --only=conv    # the conv candidates alone
 
 GEMMs compile with the heaviest epilogue (bias + erf gelu), so a candidate meant for plain GEMMs
 may report a small spill here that it does not have without an epilogue. Convs (fp16 and int8, the
@@ -63,11 +64,29 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, o
         os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", r.stderr)
     spill = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return {"shared": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
+    ttgir = k.asm["ttgir"]
+    n_regs = int(regs.group(1)) if regs else None
+    return {"shared": k.metadata.shared, "regs": n_regs,
             "spill": int(spill.group(1)) if spill else 0, "wgmma": "wgmma" in ptx,
             "pdl": "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx,
             "l2_hints": "L2::cache_hint" in ptx,
-            "warp_specialized": "ttg.warp_specialize" in k.asm["ttgir"]}
+            "warp_specialized": "ttg.warp_specialize" in ttgir,
+            # wgmma left in flight across K steps (pendings >= 1); Triton 3.6 waits for it at once
+            # (pendings = 0) when the accumulator is not fp32, i.e. for every int8 x int8 -> int32 GEMM.
+            "mma_async": bool(re.search(r"warp_group_dot_wait .*pendings = [1-9]", ttgir)),
+            # register round trips of a loaded tile (smem -> registers -> smem): a masked load with a
+            # non-zero ``other`` compiles to this; the conv main loops should have none.
+            "local_loads": ttgir.count("ttg.local_load"),
+            "blocks_per_sm": blocks_per_sm(n_regs, k.metadata.shared, num_warps)}
+
+
+def blocks_per_sm(regs: int | None, shared: int, num_warps: int) -> int | None:
+    """Resident blocks per sm_90 SM: 64K registers (allocated per warp in units of 256), 228 KB of shared
+    memory (1 KB reserved per block), 64 warps."""
+    if regs is None:
+        return None
+    per_warp = -(-regs * 32 // 256) * 256
+    return min(65536 // (per_warp * num_warps), 233472 // (shared + 1024), 64 // num_warps, 32)
 
 
 def _flags(sig: dict, consts: dict, **flags) -> None:
@@ -182,23 +201,29 @@ def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
     return compile_sm90(gemv._linear_words_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0) -> dict:
+def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False) -> dict:
     """The implicit-GEMM conv with the heaviest epilogue (bias + residual + silu) on channels_last tensors
     (unit channel strides, as the launcher passes them); int8=True: conv2d_int8's launch (int8 x and w,
     int32 accumulator, per-channel dequantization), quant_out=True: int8 out (out_scale=); zero=-128:
-    unsigned x and out (zero points, weight sums)."""
+    unsigned x and out (zero points, weight sums); dual=True: float out and its int8 copy (out_q=)."""
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": f"*{out}",
            "ws_ptr": "*i32" if int8 else "*fp32", "xs_ptr": "*fp32", "wsc_ptr": "*fp32", "wsum_ptr": "*i32",
-           "os_ptr": "*fp32",
+           "os_ptr": "*fp32", "xpad_ptr": "*i8", "q_ptr": "*i8",
            **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "CIN_G", "COUT_G", "COUT", "SPLIT_STRIDE", "s_xn",
                                  "s_xh", "s_xw", "s_wo", "s_wh", "s_ww", "stride_h", "stride_w", "pad_h", "pad_w",
                                  "dil_h", "dil_w")}}
     consts = {"s_xc": 1, "s_wc": 1}
+    if cfg.f16_mma:  # conv2d_int8 passes the int8 weights' values in fp16
+        sig["w_ptr"] = "*fp16"
     if not int8:
         consts.update(xs_ptr=None, wsc_ptr=None, os_ptr=None)
+    if not dual:
+        consts["q_ptr"] = None
+    if not zero or mode != conv.MODE_TAPS:
+        consts["xpad_ptr"] = None  # the launcher passes the padding row for unsigned x in the taps loop only
     if not zero:
         consts["wsum_ptr"] = None
-    elif not quant_out:
+    elif not quant_out and not dual:
         consts["os_ptr"] = None
     if cfg.split_k == 1:
         consts["ws_ptr"] = None
@@ -208,7 +233,7 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
     _flags(sig, consts, KH=k, KW=k, MODE=mode, EVEN_C=mode != conv.MODE_FLAT, HAS_BIAS=True, HAS_RES=True, ACT=2,
            DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
            GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, INT_ACC=int8, QUANT_OUT=quant_out, X_ZERO=zero,
-           OUT_ZERO=zero if quant_out else 0)
+           OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma)
     odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
 
@@ -218,10 +243,10 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
     (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate)."""
     cfg = conv.depthwise_config(cout)
     sig = {"x_ptr": "*fp16", "w_ptr": "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
-           else "*fp16", "os_ptr": "*fp32", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
+           else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
                                                                    "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
                                                                    "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
-    consts = {"s_xc": 1, "s_wo": 1, "r_ptr": None}
+    consts = {"s_xc": 1, "s_wo": 1, "r_ptr": None, "q_ptr": None}
     if not quant_out:
         consts["os_ptr"] = None
     for n in consts:
@@ -285,6 +310,9 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                     lambda cfg=cfg: conv_gemm(cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True)))
         out.append((f"conv int8 taps unsigned int8-out {cfg}", lambda cfg=cfg: conv_gemm(
             cfg, conv.MODE_TAPS, "i8", "i8", int8=True, quant_out=True, zero=-128)))
+        # A ResNet block's last conv: unsigned x, residual, fp16 out and its int8 copy for the next block.
+        out.append((f"conv int8 plain unsigned fp16+int8-out {cfg}", lambda cfg=cfg: conv_gemm(
+            cfg, conv.MODE_PLAIN, "i8", "fp16", int8=True, zero=-128, dual=True)))
     # The fp16-out depthwise kernel spilled 310 B at this config before the int8 work too (triton 3.6,
     # 2026-12-01, same figure from the conv.py of f3b656f~1): listed with --all only, where it shows.
     for quant_out in ((False, True) if every else (True,)):
@@ -325,7 +353,9 @@ def jobs(every: bool) -> list[tuple[str, object]]:
 
 def main(argv: list[str]) -> int:
     bad = 0
+    # --only a,b or --only=a,b: labels starting with one of these
     only = tuple(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else ()
+    only += tuple(x for a in argv if a.startswith("--only=") for x in a.split("=", 1)[1].split(","))
     picked = tuple(int(a.split("=")[1]) for a in argv if a.startswith("--norm-class="))
     if "--norm" in argv or picked:  # --norm-class=16: one M class of the norm fusion (tests run them apart)
         todo = norm_jobs(True, picked or None)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import ConvConfig
+from warpforge.kernels.conv import ConvConfig, conv2d
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.quantize import quantize_int8
 
@@ -119,10 +119,28 @@ def test_conv_int8_unsigned_x(triton_on_cpu, device, gen, case, out_kind):
     run_case(gen, device, case, out_kind, x_zero=-128, out_zero=-128 if out_kind == "int8" else 0)
 
 
-def test_conv_int8_unsigned_padding_is_zero(triton_on_cpu, device):
+# Unsigned x in the two loops that load it without a masked ``other`` (kernels/conv.py): the taps loop, whose
+# padded pixels read a row of -128s, and the plain 1x1 loop, whose masked rows and channels zero-fill.
+UNSIGNED_CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, residual
+    (2, 48, 7, 9, 33, 3, 1, 1, 1, 1, "relu", True),  # taps, padded borders, channel tail (48 % 32), residual
+    (1, 32, 6, 5, 17, 3, 2, 1, 1, 1, None, False),  # taps, stride 2, odd sizes
+    (2, 32, 5, 5, 16, 3, 1, 1, 1, 2, "relu6", False),  # taps per group (C/groups = 16): the group offset
+    (1, 16, 5, 6, 9, 3, 1, 2, 2, 1, "relu", False),  # taps, dilation 2 and padding 2 (two padded rings)
+    (3, 40, 5, 7, 19, 1, 1, 0, 1, 1, "relu", True),  # plain 1x1, M tail and channel tail
+]
+
+
+@pytest.mark.parametrize("out_kind", ["float32", "int8"])
+@pytest.mark.parametrize("case", UNSIGNED_CASES, ids=lambda c: "x".join(map(str, c[:10])))
+def test_conv_int8_unsigned_taps_and_plain(triton_on_cpu, device, gen, case, out_kind):
+    run_case(gen, device, case, out_kind, x_zero=-128, out_zero=-128 if out_kind == "int8" else 0)
+
+
+@pytest.mark.parametrize("cin", [5, 32, 48], ids=["flat", "taps", "taps-tail"])
+def test_conv_int8_unsigned_padding_is_zero(triton_on_cpu, device, cin):
     """All x_q = -128 (x = 0 everywhere) with padding: every output is exactly bias, border pixels included."""
-    x = torch.full((1, 5, 4, 4), -128, dtype=torch.int8, device=device).to(memory_format=CL)
-    w = torch.randint(-127, 128, (7, 5, 3, 3), generator=torch.Generator().manual_seed(1), dtype=torch.int8).to(device)
+    x = torch.full((1, cin, 4, 4), -128, dtype=torch.int8, device=device).to(memory_format=CL)
+    w = torch.randint(-127, 128, (7, cin, 3, 3), generator=torch.Generator().manual_seed(1), dtype=torch.int8).to(device)
     bias = torch.arange(7, dtype=torch.float32, device=device)
     out = conv2d_int8(x, w, 0.5, torch.ones(7, device=device), bias, padding=1, out_dtype=torch.float32,
                       x_zero_point=-128)
@@ -165,6 +183,50 @@ def test_conv_int8_split_k(triton_on_cpu, device, gen, out_kind):
     for case in [(1, 40, 5, 5, 17, 3, 1, 1, 1, 1, "relu", True), (1, 64, 3, 3, 9, 1, 1, 0, 1, 1, None, False)]:
         run_case(gen, device, case, out_kind, config=ConvConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1,
                                                                 split_k=3))
+
+
+F16_MMA = ConvConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1, f16_mma=True)
+
+
+@pytest.mark.parametrize("out_kind", ["float32", "int8"])
+@pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])
+@pytest.mark.parametrize("case", CASES + UNSIGNED_CASES, ids=lambda c: "x".join(map(str, c[:10])))
+def test_conv_int8_f16_mma(triton_on_cpu, device, gen, case, x_zero, out_kind):
+    """f16_mma tilings: the int8 codes minus the zero point in fp16 against the weights' values in fp16 into
+    fp32: every product and partial sum is an integer below 2^24 here, so the result is the int32 path's."""
+    run_case(gen, device, case, out_kind, config=F16_MMA, x_zero=x_zero,
+             out_zero=-128 if out_kind == "int8" and x_zero else 0)
+
+
+def test_conv_int8_f16_mma_validation(device):
+    with pytest.raises(ValueError, match="f16_mma takes split_k=1"):
+        ConvConfig(64, 64, 64, f16_mma=True, split_k=2)
+    x = torch.zeros(1, 16, 4, 4, device=device).to(memory_format=CL)
+    with pytest.raises(ValueError, match="f16_mma .* is a conv2d_int8 tiling"):
+        conv2d(x, torch.zeros(8, 16, 1, 1, device=device), config=F16_MMA)
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("case", [
+    (2, 40, 5, 7, 33, 1, 1, 0, 1, 1, "relu", True),  # plain 1x1 + residual: a ResNet block's last conv
+    (1, 48, 6, 5, 17, 3, 1, 1, 1, 1, "relu6", False),  # taps, channel tail, padded borders
+], ids=["plain-res", "taps"])
+def test_conv_int8_dual_out(triton_on_cpu, device, gen, case, split_k):
+    """out_q: the float output and its int8 copy from one epilogue, both of the same fp32 y (unsigned x and
+    out, as between ResNet blocks)."""
+    n, cin, h, w, cout, k, s, p, d, groups, act, residual = case
+    x, wq, xs, ws, bias, r, shape = _problem(gen, device, n, cin, h, w, cout, k, s, p, d, groups, residual,
+                                             x_zero=-128)
+    geo = dict(stride=s, padding=p, dilation=d, groups=groups, x_zero_point=-128, activation=act, residual=r)
+    os_ = torch.tensor([0.03], device=device)
+    out, out_q = _poisoned(shape, torch.float16, device), _poisoned(shape, torch.int8, device).fill_(77)
+    cfg = ConvConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1, split_k=split_k) if split_k > 1 else None
+    got = conv2d_int8(x, wq, xs, ws, bias, out_scale=os_, out_zero_point=-128, out_dtype=torch.float16, out=out,
+                      out_q=out_q, config=cfg, **geo)
+    assert got is out
+    assert_conv_int8_close(out, ref.conv2d_int8_reference(x, wq, xs, ws, bias, out_dtype=torch.float16, **geo), act)
+    assert_conv_int8_close(out_q, ref.conv2d_int8_reference(x, wq, xs, ws, bias, out_scale=os_, out_zero_point=-128,
+                                                            **geo), act)
 
 
 def test_conv_int8_residual_in_place(triton_on_cpu, device, gen):
@@ -227,6 +289,13 @@ def test_conv_int8_validation(device):
         (dict(config=ConvConfig(32, 32, 16)), "block_k >= 32"),
         (dict(x_zero_point=5), "x_zero_point must be 0"),
         (dict(out_zero_point=-128), "out_zero_point applies to int8 out"),
+        (dict(out_q=torch.zeros(1, 8, 4, 4, dtype=torch.int8, device=device).to(memory_format=CL)),
+         "out_q .* needs out_scale"),
+        (dict(out_scale=0.1, out_q=torch.zeros(1, 8, 4, 4, device=device).to(memory_format=CL)),
+         r"out_q must be \[1, 8, 4, 4\] torch.int8"),
+        (dict(out_scale=0.1, out_dtype=torch.int8, out_q=torch.zeros(1, 8, 4, 4, dtype=torch.int8,
+                                                                      device=device).to(memory_format=CL)),
+         "with out_q the int8 copy goes there"),
         (dict(x_zero_point=-128, w_sum=torch.ones(8, device=device)), r"w_sum must be an int32 tensor \[8\]"),
         (dict(weight=torch.zeros(8, 16, 100, 100, dtype=torch.int8, device=device),
               x=torch.zeros(1, 16, 100, 100, dtype=torch.int8, device=device).to(memory_format=CL)),

@@ -384,6 +384,11 @@ def test_default_configs_compile_for_sm90(tmp_path):
     bad = [row for row in rows if not row["ok"]]
     assert not bad and r.returncode == 0, bad or r.stderr[-2000:]
     assert all(row["wgmma"] for row in rows if row["kernel"].startswith(("matmul", "fp8", "int8", "conv")))
+    # No conv main loop copies its A tile smem -> registers -> smem (unsigned int8 x once did: a masked load
+    # with other=-128); fp16 keeps its MMA in flight across K steps (Triton 3.6 never does for int32 acc).
+    convs = [row for row in rows if row["kernel"].startswith("conv")]
+    assert convs and all(row["local_loads"] == 0 for row in convs), [r for r in convs if r["local_loads"]]
+    assert all(row["mma_async"] for row in convs if row["kernel"].startswith("conv fp16"))
     pdl = [row for row in rows if row["kernel"].startswith("linear pdl")]
     assert pdl and all(row["pdl"] for row in pdl)  # PDL=True emits griddepcontrol.wait + launch_dependents
     assert not any(row["pdl"] for row in rows if not row["kernel"].startswith("linear pdl"))

@@ -50,17 +50,21 @@ MODE_PLAIN, MODE_TAPS, MODE_FLAT = 0, 1, 2
 # ---- kernels ---------------------------------------------------------------------------------
 
 @triton.jit
-def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    if INT_ACC:  # int8 x int8 -> int32: exact, whatever the summation order (s8 tensor-core MMA)
+def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA: tl.constexpr = False,
+         X_ZERO: tl.constexpr = 0):
+    if F16_MMA:  # int8 x (codes minus zero point, exact in fp16: |v| <= 255) on fp16 tensor cores, b fp16
+        return tl.dot(a.to(tl.float16) - X_ZERO, b, acc)
+    elif INT_ACC:  # int8 x int8 -> int32: exact, whatever the summation order (s8 tensor-core MMA)
         return tl.dot(a, b, acc, out_dtype=tl.int32)
     else:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, COUT,
-                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
-                    QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr, OUT_ZERO: tl.constexpr):
+def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr,
+                    COUT, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
+                    QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr, OUT_ZERO: tl.constexpr,
+                    DUAL_OUT: tl.constexpr = False):
     # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
     # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix).
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
@@ -79,10 +83,12 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
         tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
     else:
         tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
+        if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
+            tl.store(q_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
 
 
 @triton.jit
-def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
+def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, xpad_ptr, q_ptr,
                       M, OH, OW, H, W, CIN_G, COUT_G, COUT, SPLIT_STRIDE,
                       s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
                       s_wo, s_wc, s_wh, s_ww,  # weight strides for [Cout, C/g, KH, KW] (prepared: s_wc == 1)
@@ -91,7 +97,8 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
-                      X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0):
+                      X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False,
+                      F16_MMA: tl.constexpr = False):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
     # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
     # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
@@ -99,6 +106,11 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
     # value) and w_scale (wsc_ptr, [COUT]) in the epilogue; QUANT_OUT: int8 out at scale os_ptr. Zero
     # points (x = scale * (q - zero), 0 or -128 for unsigned data): X_ZERO fills x's padding and is taken
     # out of the accumulator with the weight sums (wsum_ptr, [COUT] int32); OUT_ZERO is the output's.
+    # xpad_ptr (MODE_TAPS with X_ZERO != 0): >= CIN_G bytes of X_ZERO, the row a padded pixel reads.
+    # DUAL_OUT: float out (o_ptr) and the same y as int8 at os_ptr / OUT_ZERO (q_ptr), from one epilogue.
+    # F16_MMA (with INT_ACC, SPLIT_K 1): int8 x, its codes minus X_ZERO converted to fp16 in registers, times
+    # fp16 w (the int8 weights' values) on fp16 tensor cores into fp32: Triton 3.6 keeps such an MMA in
+    # flight across K steps, never an int32 one. Integer products, sums exact below 2^24.
     pid = tl.program_id(0)
     g = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -124,7 +136,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
     w_col = w_ptr + (g * COUT_G + offs_n).to(tl.int64) * s_wo  # [BN] weight row pointers
     ih0 = oh * stride_h - pad_h
     iw0 = ow * stride_w - pad_w
-    if INT_ACC:
+    if INT_ACC and not F16_MMA:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -144,9 +156,11 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         for step in range(lo, hi):
             c = step * BLOCK_K + offs_k
             c_mask = (c < CIN_G) | EVEN_C  # EVEN_C (BLOCK_K divides C/groups): no channel tail to mask
-            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=X_ZERO)
+            # other=0 even with a zero point: masked rows (m >= M) are never stored and masked channels meet
+            # zero weights. A non-zero ``other`` would cost a copy of every A tile (see MODE_TAPS).
+            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0)
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
         for step in range(lo, hi):
             tap = step // c_steps
@@ -155,14 +169,23 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             kw = tap - kh * KW
             ih = ih0 + kh * dil_h
             iw = iw0 + kw * dil_w
-            valid = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             c = c0 + offs_k
             c_mask = (c < CIN_G) | EVEN_C
-            a_row = x_img + ih * s_xh + iw * s_xw
-            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=valid[:, None] & c_mask[None, :], other=X_ZERO)
+            if X_ZERO != 0:
+                # Padding must read X_ZERO. A masked load with a non-zero ``other`` compiles (sm_90, triton 3.6)
+                # to cp.async + a copy of the whole A tile smem -> registers -> select -> smem every K step;
+                # instead a padded pixel's row pointer moves to a row of X_ZERO bytes, so the mask (rows past
+                # M, the channel tail: never stored / zero weights) zero-fills.
+                a_row = tl.where(inside, x_img + ih * s_xh + iw * s_xw, xpad_ptr)
+                a_mask = m_mask[:, None] & c_mask[None, :]
+            else:
+                a_row = x_img + ih * s_xh + iw * s_xw
+                a_mask = (m_mask & inside)[:, None] & c_mask[None, :]
+            a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=a_mask, other=0)
             b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
                         mask=c_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
     else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
         K = KH * KW * CIN_G
         for step in range(lo, hi):
@@ -178,23 +201,26 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             a = tl.load(x_img[:, None] + ih * s_xh + iw * s_xw + (c * s_xc)[None, :], mask=valid, other=X_ZERO)
             w_off = kh * s_wh + kw * s_ww + c * s_wc
             b = tl.load(w_col[None, :] + w_off[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION)
+            acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
 
     co = g * COUT_G + offs_n
     if SPLIT_K == 1:
+        # F16_MMA took the zero point out before the MMA: no weight-sum correction left
         _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
-                        COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO)
+                        q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
+                        DUAL_OUT)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
-def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, M, COUT, SPLIT_STRIDE,
+def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr, M, COUT, SPLIT_STRIDE,
                             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
-                            X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0):
+                            X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
+                            DUAL_OUT: tl.constexpr = False):
     # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -209,18 +235,19 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
     for z in tl.static_range(SPLIT_K):
         acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0)
     _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
-                    COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO)
+                    q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT)
 
 
 @triton.jit
-def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr,
+def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
                            M, OH, OW, H, W, COUT, MULT,
                            s_xn, s_xc, s_xh, s_xw, s_wo, s_wh, s_ww,
                            stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
                            KH: tl.constexpr, KW: tl.constexpr,
                            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                           QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0):
+                           QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0,
+                           DUAL_OUT: tl.constexpr = False):
     # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT. QUANT_OUT: int8 out
     # at scale os_ptr (the next int8 layer's input quantizer, fused here).
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -245,8 +272,8 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr,
                          mask=valid[:, None] & c_mask[None, :], other=0.0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, os_ptr, COUT,
-                    HAS_BIAS, HAS_RES, ACT, False, QUANT_OUT, 0, OUT_ZERO)
+    _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, os_ptr, q_ptr, COUT,
+                    HAS_BIAS, HAS_RES, ACT, False, QUANT_OUT, 0, OUT_ZERO, DUAL_OUT)
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -262,6 +289,7 @@ class ConvConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # > 1: partial sums in an fp32 workspace, then a small epilogue kernel
+    f16_mma: bool = False  # conv2d_int8 only: int8 operands on fp16 tensor cores (an MMA kept in flight)
 
     def __post_init__(self) -> None:
         for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
@@ -274,6 +302,9 @@ class ConvConfig:
             raise ValueError(f"ConvConfig.num_stages must be in [1, 8], got {self.num_stages}")
         if not 1 <= self.split_k <= 32:
             raise ValueError(f"ConvConfig.split_k must be in [1, 32], got {self.split_k}")
+        if self.f16_mma and self.split_k != 1:
+            raise ValueError("ConvConfig.f16_mma takes split_k=1 (its partial sums would be fp32, the int8 split-K "
+                             f"workspace is int32), got split_k={self.split_k}")
 
 
 # Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
@@ -480,6 +511,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
                   int8_out=out_scale is not None)
+    if isinstance(config, ConvConfig) and config.f16_mma:
+        raise ValueError("config: f16_mma (int8 operands on fp16 tensor cores) is a conv2d_int8 tiling")
     os_ = None
     if out_scale is not None:
         os_ = check_scale("out_scale", out_scale, x.device)
@@ -507,7 +540,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
-            x, wp, b_arg, r_arg, out, os_, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin, *x.stride(),
+            x, wp, b_arg, r_arg, out, os_, None, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin, *x.stride(),
             wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
             BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, QUANT_OUT=os_ is not None, OUT_ZERO=out_zero_point,
             num_warps=cfg.num_warps)
@@ -538,13 +571,22 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
                 g: _Geometry, mode: int, cfg: ConvConfig, epilogue: dict,
                 quant: dict | None = None) -> None:
     """One ``_conv_gemm_kernel`` launch (and the split-K epilogue). ``quant``: x_scale [1], w_scale [Cout],
-    x_zero (0 or -128) with w_sum [Cout] int32 for int8 x and wp (exact int32 accumulator); out_scale [1]
-    and out_zero for an int8 dst (float or int8 x)."""
+    x_zero (0 or -128) with w_sum [Cout] int32 for int8 x and wp (exact int32 accumulator), and with
+    x_zero != 0 in MODE_TAPS x_pad (>= C/groups int8 values of x_zero: what padded pixels read); out_scale
+    [1] and out_zero for an int8 dst (float or int8 x), or with out_q (int8, dst's shape) for a float dst
+    and its int8 copy in out_q."""
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
     qd = quant or {}
-    xs, wsc, wsum, os_ = (qd.get(k) for k in ("x_scale", "w_scale", "w_sum", "out_scale"))
-    q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None, X_ZERO=qd.get("x_zero", 0),
-             OUT_ZERO=qd.get("out_zero", 0))
+    xs, wsc, wsum, os_, xpad, out_q = (qd.get(k) for k in ("x_scale", "w_scale", "w_sum", "out_scale", "x_pad",
+                                                           "out_q"))
+    q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None and out_q is None, X_ZERO=qd.get("x_zero", 0),
+             OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None)
+    if cfg.f16_mma and (xs is None or wp.dtype != torch.float16):
+        raise ValueError("config: f16_mma runs int8 x against the int8 weights' values in fp16 (conv2d_int8 passes "
+                         f"them), got x {x.dtype} and weight {wp.dtype}")
+    if mode == MODE_TAPS and q["X_ZERO"] != 0 and xpad is None:
+        raise ValueError("quant: x_pad (a row of x_zero values, >= C/groups long) is needed with x_zero != 0 in "
+                         "the taps loop")
     split = cfg.split_k
     if split > 1:
         ws = torch.empty((split, m, g.cout), dtype=torch.int32 if xs is not None else torch.float32,
@@ -553,16 +595,16 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
         ws = dst
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), g.groups, split)
     _conv_gemm_kernel[grid](
-        x, wp, b_arg, r_arg, dst, ws, xs, wsc, wsum, os_, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
+        x, wp, b_arg, r_arg, dst, ws, xs, wsc, wsum, os_, xpad, out_q, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
         *x.stride(), *wp.stride(), *g.stride, *g.padding, *g.dilation, KH=g.kh, KW=g.kw, MODE=mode,
-        EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue,
+        EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue, F16_MMA=cfg.f16_mma,
         # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **q)
     if split > 1:
         egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
-        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, wsum, os_, m, g.cout, m * g.cout, **epilogue,
+        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.cout, m * g.cout, **epilogue,
                                        SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4, **q)
 
 

@@ -21,19 +21,38 @@ run the implicit GEMM per group.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
-from warpforge.kernels.conv import (ConvConfig, _check_out, _geometry, _is_depthwise, _prepared, _shares_storage,
-                                    choose_gemm_config, gemm_mode, launch_gemm)
+from warpforge.kernels.conv import (MODE_TAPS, ConvConfig, _check_out, _geometry, _is_depthwise, _prepared,
+                                    _shares_storage, choose_gemm_config, gemm_mode, launch_gemm)
 from warpforge.kernels.quantize import check_scale, check_zero_point
 
 FLOAT_OUT = (torch.float16, torch.bfloat16, torch.float32)
 # |conv(x_q - zero_point, w_q)| <= K * 255 * 128 must stay below 2^31: K = KH * KW * C/groups up to 65793.
 MAX_K = (2 ** 31 - 1) // (255 * 128)
+# What a padded pixel of unsigned x (zero point -128) reads in the taps loop: one row of -128s, at least
+# C/groups long (C/groups <= MAX_K), made once per device (kernels/conv.py, MODE_TAPS).
+PAD_ROW_LEN = -(-MAX_K // 16) * 16
+_PAD_ROWS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _pad_row(device: torch.device, zero_point: int) -> torch.Tensor:
+    key = (str(device), zero_point)
+    row = _PAD_ROWS.get(key)
+    if row is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A fill recorded in a graph has not run yet: eager calls would read garbage.
+            raise RuntimeError("conv2d_int8 with x_zero_point=-128 makes its padding row on the first call; "
+                               "run it once outside CUDA-graph capture first (a warm-up call)")
+        row = torch.full((PAD_ROW_LEN,), zero_point, dtype=torch.int8, device=device)
+        _PAD_ROWS[key] = row
+    return row
 
 # int8 is half fp16's bytes: the fp16 candidates (kernels/conv.py) with block_k doubled to 128, the same
 # shared memory per stage. Every block_k is >= 32, the K of the s8 MMA instruction. Compiled for sm_90
@@ -41,6 +60,10 @@ MAX_K = (2 ** 31 - 1) // (255 * 128)
 # and int8 out): none spills, all fit shared memory (<= 131 KB), all but the BM=32 split-K tile reach
 # wgmma (that one runs mma.sync, still tensor cores). fp16's (128, 256, 64) twin, (128, 256, 128), spilled
 # 184-240 B there and was replaced by (128, 128, 128) with 4 stages. Not yet run on a GPU.
+# What differs from fp16 (sm90_compile.py --all --only=conv, 2026-12-01): Triton 3.6 makes a wgmma
+# asynchronous across K steps only with an fp32 accumulator, so every int8 config waits for its MMA before
+# issuing the next step's loads (fp16: one MMA in flight); configs holding 2-5 blocks per SM (BN or BM 64,
+# 4 warps) let another block's MMA fill that gap, the 8-warp 128x128 tiles hold one, as fp16's default.
 INT8_CONV_CONFIGS = [
     ConvConfig(128, 128, 128, 8, 8, 3),
     ConvConfig(128, 64, 128, 8, 4, 4),
@@ -57,13 +80,38 @@ INT8_CONV_CONFIGS = [
     # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
     ConvConfig(64, 64, 128, 8, 4, 4, split_k=4),
     ConvConfig(32, 64, 128, 4, 4, 4, split_k=8),
+    # f16_mma twins of the fp16 tilings: int8 loads (half fp16's activation bytes), the codes converted to
+    # fp16 in registers, fp16 tensor cores with the MMA in flight across K steps (sm_90 offline: mma_async,
+    # no spill; (128, 128, 64) 172 registers and 1 block per SM, (128, 64, 64) 144-168 and 3, (64, 128, 64)
+    # 148-167 and 2, (64, 64, 64) 90-96 and 5). At ~23% of the fp16 roof the convs are not MMA-bound.
+    ConvConfig(128, 128, 64, 8, 8, 3, f16_mma=True),
+    ConvConfig(128, 64, 64, 8, 4, 4, f16_mma=True),
+    ConvConfig(64, 128, 64, 8, 4, 4, f16_mma=True),
+    ConvConfig(64, 64, 64, 8, 4, 4, f16_mma=True),
+    ConvConfig(64, 64, 32, 8, 4, 5, f16_mma=True),
 ]
 INT8_INTERPRET_CONFIG = ConvConfig(32, 32, 32, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm", INT8_CONV_CONFIGS, ConvConfig)
 
 
+# id(weight) -> (weakref to it, (data_ptr, version), its values in fp16): the f16_mma tilings' weights
+_F16_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+
+def _f16_weight(wp: torch.Tensor) -> torch.Tensor:
+    """The int8 weight's values in fp16 (exact), same strides, made once per (tensor, version)."""
+    key = (wp.data_ptr(), wp._version)
+    hit = _F16_WEIGHTS.get(id(wp))
+    if hit is not None and hit[0]() is wp and hit[1] == key:
+        return hit[2]
+    w16 = wp.detach().to(torch.float16)  # preserve_format: channels_last stays channels_last
+    wid = id(wp)
+    _F16_WEIGHTS[wid] = (weakref.ref(wp, lambda _r, wid=wid: _F16_WEIGHTS.pop(wid, None)), key, w16)
+    return w16
+
+
 def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups, activation, residual,
-              out_scale, out_dtype, out, config, x_zero_point, w_sum, out_zero_point):
+              out_scale, out_dtype, out, config, x_zero_point, w_sum, out_zero_point, out_q):
     if config is not None and (not isinstance(config, ConvConfig) or config.block_k < 32):
         raise ValueError(f"config must be a ConvConfig with block_k >= 32 (the K of the s8 MMA), got {config!r}")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int8:
@@ -90,17 +138,20 @@ def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, grou
     check_zero_point("out_zero_point", out_zero_point)
     if out_zero_point != 0 and out_scale is None:
         raise ValueError("out_zero_point applies to int8 out: give out_scale too")
+    if out_q is not None and out_scale is None:
+        raise ValueError("out_q (an int8 copy of the output) needs out_scale, the scale it is quantized at")
     if w_sum is not None and (not isinstance(w_sum, torch.Tensor) or w_sum.dtype != torch.int32
                               or w_sum.shape != (g.cout,) or w_sum.device != x.device):
         raise ValueError(f"w_sum must be an int32 tensor [{g.cout}] on {x.device} (weight.sum((1, 2, 3))), got "
                          f"{getattr(w_sum, 'dtype', type(w_sum).__name__)} {tuple(getattr(w_sum, 'shape', ()))}")
+    int8_only = out_scale is not None and out_q is None
     if out_dtype is None:
-        out_dtype = torch.int8 if out_scale is not None else torch.float16
-    if out_scale is not None and out_dtype != torch.int8:
-        raise ValueError(f"out_dtype must be torch.int8 (or None) with out_scale, got {out_dtype}")
-    if out_scale is None and out_dtype not in FLOAT_OUT:
-        raise ValueError(f"out_dtype must be one of {[str(d) for d in FLOAT_OUT]} (int8 out needs out_scale), "
-                         f"got {out_dtype}")
+        out_dtype = torch.int8 if int8_only else torch.float16
+    if int8_only and out_dtype != torch.int8:
+        raise ValueError(f"out_dtype must be torch.int8 (or None) with out_scale and no out_q, got {out_dtype}")
+    if not int8_only and out_dtype not in FLOAT_OUT:
+        raise ValueError(f"out_dtype must be one of {[str(d) for d in FLOAT_OUT]} (int8 out needs out_scale; "
+                         f"with out_q the int8 copy goes there), got {out_dtype}")
     if residual is not None:
         if not isinstance(residual, torch.Tensor) or residual.dtype not in FLOAT_OUT:
             raise ValueError(f"residual must be a float16/bfloat16/float32 tensor, got "
@@ -109,6 +160,9 @@ def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, grou
     _check_out(out, "out", g, out_dtype, x.device)
     if out is not None and _shares_storage(out, x):
         raise ValueError("out must not share memory with x (other output pixels still read it)")
+    _check_out(out_q, "out_q", g, torch.int8, x.device)
+    if out_q is not None and any(t is not None and _shares_storage(out_q, t) for t in (x, out, residual)):
+        raise ValueError("out_q must not share memory with x, out or residual")
     if out is not None and residual is not None and _shares_storage(out, residual) and out.dtype != residual.dtype:
         raise ValueError("out may share memory with residual (an in-place add) only in residual's dtype")
     if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 0):
@@ -134,19 +188,27 @@ def conv2d_int8(
     x_zero_point: int = 0,  # 0: symmetric x; -128: unsigned x = x_scale * (x_q + 128)
     w_sum: torch.Tensor | None = None,  # [Cout] int32 = weight.sum((1, 2, 3)), for x_zero_point -128 (else computed)
     out_zero_point: int = 0,  # the int8 output's zero point (with out_scale)
+    out_q: torch.Tensor | None = None,  # [N, Cout, OH, OW] int8 channels_last: with out_scale, y there too
 ) -> torch.Tensor:  # [N, Cout, OH, OW] channels_last
     """W8A8 conv: ``act(float(conv(x_q - x_zero_point, w_q)) * x_scale * w_scale + bias + residual)``, the
-    conv in int32."""
+    conv in int32. With ``out_q`` the output is float and the same y, quantized at ``out_scale`` /
+    ``out_zero_point``, is also stored in out_q (one epilogue: for an output that both int8 layers and
+    float ones, such as a residual add, read)."""
     g, xs, os_, out_dtype = _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups,
                                       activation, residual, out_scale, out_dtype, out, config, x_zero_point,
-                                      w_sum, out_zero_point)
+                                      w_sum, out_zero_point, out_q)
     if out is None:
         out = torch.empty(g.out_shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
-    if not use_triton(x, weight, xs, w_scale, bias, residual, os_, out):
-        out.copy_(ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, stride=g.stride, padding=g.padding,
-                                            dilation=g.dilation, groups=groups, activation=activation,
-                                            residual=residual, out_scale=os_, out_dtype=out_dtype,
-                                            x_zero_point=x_zero_point, out_zero_point=out_zero_point))
+    if not use_triton(x, weight, xs, w_scale, bias, residual, os_, out, out_q):
+        kw = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=groups, activation=activation,
+                  residual=residual, x_zero_point=x_zero_point)
+        if out_q is None:
+            out.copy_(ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, out_scale=os_, out_dtype=out_dtype,
+                                                out_zero_point=out_zero_point, **kw))
+        else:  # both from the one fp32 y, as the kernel's epilogue stores them
+            y = ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, out_dtype=torch.float32, **kw)
+            out.copy_(y)
+            out_q.copy_(ref.quantize_int8_reference(y, os_, out_zero_point))
         return out
     if g.n * g.oh * g.ow == 0 or g.cout == 0:
         return out
@@ -157,10 +219,11 @@ def conv2d_int8(
     if x_zero_point != 0 and w_sum is None:
         w_sum = weight.sum((1, 2, 3), dtype=torch.int32)
     quant = dict(x_scale=xs, w_scale=w_scale.contiguous(), x_zero=x_zero_point, w_sum=w_sum, out_scale=os_,
-                 out_zero=out_zero_point)
+                 out_zero=out_zero_point, out_q=out_q,
+                 x_pad=_pad_row(x.device, x_zero_point) if x_zero_point != 0 and mode == MODE_TAPS else None)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
-        launch_gemm(x, wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
+        launch_gemm(x, _f16_weight(wp) if cfg.f16_mma else wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
 
     cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch)
     launch(cfg, out)

@@ -252,6 +252,10 @@ def _build_candidate(s: Shared, device: torch.device, precision: str, gated: boo
                     kept_float_layers=len(quant.get("kept", [])))
     if gate_info is not None:
         info["gate"] = gate_info
+    if s.precision == "int8" and device.type == "cuda":  # where an INT8 row's time goes, ours and fp16's
+        from warpforge.bench.suites._vision_stages import stage_split
+
+        info["stages"] = stage_split(built.module, s.loaded.inputs)
     return built.fn, info
 
 

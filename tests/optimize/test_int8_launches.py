@@ -1,0 +1,115 @@
+"""How many kernels the warpforge-int8 graph launches on CUDA, against the fp16 graph (counted on CPU).
+
+A ResNet-shaped net (stem, max pool, a downsample bottleneck, an identity bottleneck, pool, fc): every
+int8 conv's input quantizer must live in its producer's epilogue (int8 out, or float + int8 out where a
+residual add reads the float), the max pool's output is quantized once for both convs that read it, and
+the int8 graph then launches only the pool's quantizer and the linear's more than the fp16 graph.
+Before that fusion it launched one quantize kernel per int8 conv whose input was a block's output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from warpforge.optimize.pipeline import optimize_graph
+from warpforge.optimize.quant import quantize_model
+from warpforge.profile.launches import record_launches
+
+from .nets import image, make
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, mid: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv2, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                     if stride != 1 or cin != cout else None)
+
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv1(x)))
+        h = torch.relu(self.bn2(self.conv2(h)))
+        h = self.bn3(self.conv3(h))
+        return torch.relu(h + (x if self.down is None else self.down(x)))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self, c: int = 16, classes: int = 7) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, c, 3, 2, 1, bias=False), nn.BatchNorm2d(c)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.block1 = Bottleneck(c, c, 2 * c, stride=2)
+        self.block2 = Bottleneck(2 * c, c, 2 * c)
+        self.fc = nn.Linear(2 * c, classes)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.bn(self.stem(x))))
+        x = self.block2(self.block1(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _graphs(seed: int = 0):
+    model = make(TinyResNet(), seed=seed)
+    calib = [(image(n=4, hw=32, seed=s),) for s in (5, 6)]
+    fp, _ = optimize_graph(model, (image(n=2, hw=32),))
+    q, _ = optimize_graph(model, (image(n=2, hw=32),))
+    q, report = quantize_model(q, calib)
+    return fp, q, report
+
+
+def _launches(gm) -> dict[str, int]:
+    x = image(n=2, hw=32, seed=9)
+    with record_launches():
+        gm(x)  # once-per-process work: conv2d_int8's padding row (a fill), weight repacks
+    with record_launches() as log:
+        gm(x)
+    return {"total": log.count(), **log.by_name()}
+
+
+def test_int8_graph_fuses_every_conv_input_quantizer():
+    fp, q, report = _graphs()
+    layers = {r.name: r for r in report.layers}
+    # block1's output is read by block2's conv1 (int8) and block2's residual add (float): both from one epilogue
+    dual = {n for n, r in layers.items() if r.dual_out}
+    assert len(dual) == 1 and dual <= {"block1_conv3_fused", "block1_down_0_fused"}, dual
+    assert all(layers[n].int8_out for n in dual)
+    # conv1 -> conv2 -> conv3 inside each block: int8 only
+    assert {"block1_conv1_fused", "block1_conv2_fused", "block2_conv1_fused", "block2_conv2_fused"} <= {
+        n for n, r in layers.items() if r.int8_out and not r.dual_out}
+    fp_n, q_n = _launches(fp), _launches(q)
+    # one quantizer for the pool's output (read by block1's conv1 and shortcut conv), one for the fc's input
+    assert q_n.get("triton:_quantize_int8_kernel") == 2, q_n
+    assert fp_n.get("triton:_quantize_int8_kernel") is None
+    # fp16's linear is one torch addmm; int8's is a quantizer and matmul_int8: +1, and the pool's quantizer: +1
+    assert q_n["total"] == fp_n["total"] + 2, (fp_n, q_n)
+
+
+def test_fused_quantizers_are_exact_on_cpu():
+    """int8 from the producer's epilogue (alone or beside the float output) is the int8 the consumer's own
+    quantizer makes from the same fp32 tensor: bit-identical on CPU, where the float layers run fp32."""
+    _, q_fused, _ = _graphs(seed=2)
+    model = make(TinyResNet(), seed=2)
+    q_plain, _ = optimize_graph(model, (image(n=2, hw=32),))
+    q_plain, rep = quantize_model(q_plain, [(image(n=4, hw=32, seed=s),) for s in (5, 6)], requant=False)
+    assert not any(r.int8_out or r.dual_out for r in rep.layers)
+    x = image(n=3, hw=32, seed=10)
+    with torch.no_grad():
+        assert torch.equal(q_fused(x), q_plain(x))
+
+
+def test_fused_graph_survives_a_pickle_round_trip():
+    """The saved warpforge-int8 graph is a pickled GraphModule, re-traced on load: the dual-out conv's tuple
+    and the pool's shared quantizer (a module, so the re-trace does not run it on proxies) come back."""
+    import io
+
+    _, q, _ = _graphs(seed=3)
+    buf = io.BytesIO()
+    torch.save(q, buf)
+    buf.seek(0)
+    q2 = torch.load(buf, weights_only=False)
+    x = image(n=2, hw=32, seed=4)
+    with torch.no_grad():
+        assert torch.equal(q(x), q2(x))
+    assert sum(bool(getattr(m, "dual_out", False)) for m in q2.modules()) == 1
