@@ -202,7 +202,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         offline_calls: back-to-back calls for throughput.
     precision_fallback: a fp16/bf16 warpforge candidate over budget gets the layers that put it there
         kept in fp32, found by bisection over its layers (``warpforge.optimize.precision``), and is gated
-        again; the search (layers kept, trials) is in its report record.
+        again; warpforge-int8 over budget gets the fewest quantized layers found to need it kept in its
+        float dtype (fp16 on CUDA, fp32 on CPU), searched in order of each layer's own quantization error
+        and rebuilt without them. The search (layers kept, trials) is in the candidate's report record.
     """
     t_start = time.perf_counter()
     notes: list[str] = []
@@ -371,6 +373,9 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
         if precision_fallback and cand.family == "warpforge" and cand.precision in ("fp16", "bf16"):
             return fp32_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
                                      rejected)
+        if precision_fallback and cand.family == "warpforge" and cand.precision == "int8" and calib:
+            return int8_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, live, built, rejected,
+                                 calib)
         return rejected
     live[cand.name] = (cand, built)
     return {**rec, "status": "passed", "reason": "within budget"}
@@ -419,18 +424,140 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
                                  f"({rejected['reason']}); bisection over {len(names)} layers"} for name in found.kept]
     fn, graphed = _maybe_graph(mod, inputs, details)
     fixed = Built(fn=fn, module=mod, save_format=built.save_format, cuda_graph=graphed, details=details)
+    return _regate(cand, fixed, val_inputs, ref_outs, kind, budget, live, rejected, info,
+                   f"within budget with {len(found.kept)} of {len(names)} layers kept fp32 (per-layer fallback)")
+
+
+def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any],
+                  kind: str, budget: Budget, live: dict[str, tuple[Candidate, Built]], built: Built,
+                  rejected: dict[str, Any], calib: list[tuple]) -> dict[str, Any]:
+    """Per-layer float fallback of warpforge-int8 over budget: the fewest quantized layers found to need it
+    are kept in the candidate's float dtype (fp16 on CUDA, fp32 on CPU) and the candidate is rebuilt
+    without them (``backends.int8_builder``); the search is recorded either way.
+
+    The layers are ranked by sensitivity: the model output's relative error on the calibration inputs
+    with only that layer int8 (one rebuild per layer on the calibration set, which quantize_model measures
+    anyway: ``output_rel_err``), worst first; by each layer's own error (``rel_err``) when the output is
+    not a tensor. On MobileNetV2 the two orders differ a lot: an expansion conv with the smallest own
+    error (0.0035) moves the logits by 4%, more than any other layer. ``precision.search_ranked`` then
+    finds the shortest passing prefix; each trial requantizes the pipeline graph with those layers float
+    and runs the validation batches (no CUDA graph), stopping after the first batch from which the budget
+    is missed for certain (:func:`_already_over`). The trial build that passed is the one returned;
+    where it can replay as a CUDA graph it is captured and gated again as it will run."""
+    from warpforge.optimize.backends import _maybe_graph, int8_builder
+    from warpforge.optimize.precision import search_ranked
+
+    quant = built.details.get("quant") or {}
+    layers = [layer for layer in quant.get("layers", []) if layer.get("name")]
+    if not layers:
+        return {**rejected, "precision_fallback": {"note": "no named int8 layer: no per-layer fallback"}}
+    names = [layer["name"] for layer in layers]
+    float_dtype = quant.get("float_dtype", "float")
+    try:
+        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"))
+        sensitivity = {}
+        for name in names:  # only this layer int8: its effect on the output (calibration inputs)
+            alone = rebuild({n: "sensitivity probe" for n in names if n != name}, graph=False)
+            sensitivity[name] = alone.details["quant"]["output_rel_err"]
+    except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
+        return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}
+    if all(v is not None for v in sensitivity.values()):
+        score, ranked_by = sensitivity, "the output's error with only that layer int8 (calibration inputs)"
+    else:
+        score = {layer["name"]: layer["rel_err"] for layer in layers}
+        ranked_by = "their own int8 error (rel_err, calibration inputs)"
+    ranked = sorted(names, key=lambda n: -score[n])
+
+    def why(name: str) -> str:
+        return (f"kept {float_dtype} by the accuracy fallback: with every layer int8 the model was over budget "
+                f"({rejected['reason']}); the search over the layers ranked by {ranked_by} (this one: "
+                f"{score[name]:.3g}) found it needed")
+
+    passed: dict[frozenset[str], tuple[Built, Any]] = {}  # each passing trial's build and accuracy
+
+    decisive = compare(ref_outs, ref_outs, kind, batched=True, budget=budget).n_samples  # what top-1 judges
+
+    def passes(kept: list[str]) -> tuple[bool, str]:
+        trial = rebuild({n: why(n) for n in kept}, graph=False)
+        outs = []
+        with torch.no_grad():
+            for i, v in enumerate(val_inputs):
+                outs.append(trial(*v))
+                if i + 1 < len(val_inputs):  # a miss the remaining batches cannot undo ends the trial early
+                    part = compare(ref_outs[:i + 1], outs, kind, batched=True, budget=budget)
+                    if _already_over(part, budget, decisive):
+                        why_not = "; ".join(part.passes(budget)[1]) or f"top-1 misses exceed what {decisive} allow"
+                        return False, f"{why_not} (stopped after {i + 1} of {len(val_inputs)} val batches)"
+        acc = compare(ref_outs, outs, kind, batched=True, budget=budget)
+        ok, reasons = acc.passes(budget)
+        if ok:
+            passed[frozenset(kept)] = (trial, acc)
+        return ok, "; ".join(reasons)
+
+    try:
+        found = search_ranked(ranked, passes, kept_as="float", ranked_by=ranked_by)
+    except Exception as e:  # noqa: BLE001
+        return {**rejected, "precision_fallback": {"note": f"search failed: {_err(e)}"}}
+    info = {**found.as_dict(), "float_dtype": float_dtype, "ranked_by": ranked_by,
+            "ranked": [{"layer": n, "score": score[n]} for n in ranked]}
+    if not found.kept:
+        return {**rejected, "precision_fallback": info}
+    # The search ends on a set that passed: the build that passed is the one returned (never a rebuild).
+    fixed, acc = passed[frozenset(found.kept)]
+    passed.clear()  # the other passing trials' models go back
+    if not fixed.details["quant"]["layers"]:
+        info["note"] = (f"{found.note}: within budget only with every int8 layer kept {float_dtype}, which leaves "
+                        "no int8 candidate (the float pipeline is its own candidate)")
+        return {**rejected, "precision_fallback": info}
+    fixed.details["precision_fallback"] = info
+    reason = (f"within budget with {len(found.kept)} of {len(ranked)} int8 layers kept {float_dtype} "
+              "(per-layer fallback)")
+    fn, graphed = _maybe_graph(fixed.module, inputs, fixed.details)
+    if graphed:  # replayed as a CUDA graph: gated again as it will run
+        fixed = Built(fn=fn, module=fixed.module, save_format=fixed.save_format, cuda_graph=True,
+                      details=fixed.details)
+        return _regate(cand, fixed, val_inputs, ref_outs, kind, budget, live, rejected, info, reason)
+    rec = {**rejected, "accuracy": acc.as_dict(), "details": fixed.details, "cuda_graph": False,
+           "precision_fallback": info, "accuracy_all_low_precision": rejected["accuracy"]}
+    rec.pop("reasons", None)
+    live[cand.name] = (cand, fixed)
+    return {**rec, "status": "passed", "reason": reason}
+
+
+def _already_over(part: Any, budget: Budget, decisive: int) -> bool:
+    """True when the accuracy of the first val batches already misses a bar that more batches cannot bring
+    back: an output error, max_abs / max_rel over (they only grow), the worst cosine under (it only
+    drops), or more top-1 misses than ``decisive`` samples in all allow. The user metric (a mean) never
+    ends a trial early."""
+    if part.errors:
+        return True
+    if budget.max_abs is not None and part.max_abs > budget.max_abs:
+        return True
+    if budget.max_rel is not None and part.max_rel > budget.max_rel:
+        return True
+    if budget.min_cosine is not None and part.min_cosine < budget.min_cosine:
+        return True
+    if budget.min_top1 is not None and part.top1 is not None:
+        misses = part.n_samples - round(part.top1 * part.n_samples)
+        return misses > (1 - budget.min_top1) * decisive + 1e-9
+    return False
+
+
+def _regate(cand: Candidate, fixed: Built, val_inputs: list[tuple], ref_outs: list[Any], kind: str, budget: Budget,
+            live: dict[str, tuple[Candidate, Built]], rejected: dict[str, Any], info: dict[str, Any],
+            passed_reason: str) -> dict[str, Any]:
+    """Gate a fallback's final build (as it will run: graphed where it can be); live when it passes."""
     with torch.no_grad():
         outs = [fixed(*v) for v in val_inputs]
     acc = compare(ref_outs, outs, kind, batched=True, budget=budget)
     ok, reasons = acc.passes(budget)
-    rec = {**rejected, "accuracy": acc.as_dict(), "details": details, "cuda_graph": graphed,
+    rec = {**rejected, "accuracy": acc.as_dict(), "details": fixed.details, "cuda_graph": fixed.cuda_graph,
            "precision_fallback": info, "accuracy_all_low_precision": rejected["accuracy"]}
-    if not ok:  # the graphed build disagrees with the search's eager trials: keep the rejection, say so
+    if not ok:  # the final build disagrees with the search's trials: keep the rejection, say so
         return {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
     rec.pop("reasons", None)
     live[cand.name] = (cand, fixed)
-    return {**rec, "status": "passed",
-            "reason": f"within budget with {len(found.kept)} of {len(names)} layers kept fp32 (per-layer fallback)"}
+    return {**rec, "status": "passed", "reason": passed_reason}
 
 
 def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]], inputs: tuple,

@@ -1,9 +1,10 @@
-"""Per-layer precision fallback: the layers a 16-bit candidate must keep in fp32 to meet its budget.
+"""Per-layer precision fallback: the layers a low-precision candidate must keep in higher precision to
+meet its budget.
 
 When the fp16 (or bf16) warpforge pipeline misses the accuracy budget, the error usually comes from a
 few layers (an activation beyond fp16's range, a long reduction, a sensitive head). Like Polygraphy's
-precision debugging, this finds them by bisection over the layers in execution order instead of giving
-the whole model up to fp32:
+precision debugging, :func:`search` finds them by bisection over the layers in execution order instead
+of giving the whole model up to fp32:
 
 1. every layer fp32 must pass (else the miss is not a per-layer precision problem: no fallback);
 2. binary search for the shortest prefix of layers that, kept fp32, passes (its last layer is where
@@ -14,6 +15,14 @@ the whole model up to fp32:
 Each trial swaps the chosen layers of the 16-bit graph for their fp32 twins (the same pipeline run at
 fp32: the original fp32 weights, not 16-bit weights cast back) behind casts, and runs the validation
 inputs. Monotonicity (more fp32 layers never hurt) is assumed, as Polygraphy does.
+
+The int8 candidate's error is spread over every quantized layer rather than starting at one place, and
+its build records each layer's own error (``optimize.quant.LayerQuantReport``), so it uses
+:func:`search_ranked` instead: layers in order of that error, worst first; a galloping search (1, 2, 4,
+... of the worst) for the shortest passing prefix, a bisection inside the last step, then each layer of
+a prefix of at most ``SHRINK_LIMIT`` dropped when it is not needed. A fallback of k layers costs about
+2 log2(k) + k trials, fewer than the execution-order bisection's 2 log2(n) when k is small, and it never
+runs the all-float trial unless every smaller prefix fails.
 """
 
 from __future__ import annotations
@@ -69,16 +78,53 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 
 @dataclass
 class Fallback:
-    """The search's outcome: ``kept`` layers in fp32 (None: no set passes), the trials it ran."""
+    """The search's outcome: ``kept`` layers in higher precision (None: no set passes), the trials it ran.
+    ``kept_as`` names that precision in the record ("fp32"; the int8 fallback's "float")."""
 
     layers: int
     kept: list[str] | None
     trials: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    kept_as: str = "fp32"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"layers": self.layers, "kept_fp32": self.kept, "trials": len(self.trials), "note": self.note,
-                "trial_log": self.trials[:MAX_TRIALS]}
+        return {"layers": self.layers, f"kept_{self.kept_as}": self.kept, "trials": len(self.trials),
+                "note": self.note, "trial_log": self.trials[:MAX_TRIALS]}
+
+
+class _Trials:
+    """Memoized ``passes(kept)`` calls, logged in ``res.trials``, at most ``max_trials`` of them."""
+
+    def __init__(self, res: Fallback, passes: Callable[[list[str]], tuple[bool, str]], max_trials: int) -> None:
+        if not isinstance(max_trials, int) or max_trials < 1:
+            raise ValueError(f"max_trials: expected an integer >= 1, got {max_trials!r}")
+        self.res, self.passes, self.max_trials = res, passes, max_trials
+        self.memo: dict[frozenset[str], bool] = {}
+
+    def __call__(self, kept: list[str]) -> bool:
+        key = frozenset(kept)  # the same set in another order is the same trial
+        if key not in self.memo:
+            if len(self.res.trials) >= self.max_trials:
+                raise _OutOfTrials
+            ok, why = self.passes(kept)
+            self.memo[key] = ok
+            self.res.trials.append({f"{self.res.kept_as}_layers": len(kept), "first": kept[0] if kept else None,
+                                    "last": kept[-1] if kept else None, "passed": ok, "why": "" if ok else why})
+        return self.memo[key]
+
+    def prune(self) -> None:
+        """Drop each kept layer that is not needed (windows of at most SHRINK_LIMIT layers)."""
+        res = self.res
+        if len(res.kept) <= SHRINK_LIMIT:
+            for name in list(res.kept):
+                fewer = [n for n in res.kept if n != name]
+                if fewer and self(fewer):
+                    res.kept = fewer
+
+    def stopped(self) -> str:
+        res = self.res
+        return (f"stopped after {self.max_trials} trials" +
+                (f" with {len(res.kept)} layers kept {res.kept_as} (not pruned further)" if res.kept else ""))
 
 
 def search(layers: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]],
@@ -88,19 +134,7 @@ def search(layers: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]
     ``passes(kept)`` -> (within budget, why not); it is called at most ``max_trials`` times."""
     layers = list(layers)
     res = Fallback(layers=len(layers), kept=None)
-    memo: dict[tuple[str, ...], bool] = {}
-
-    def trial(kept: list[str]) -> bool:
-        key = tuple(kept)
-        if key not in memo:
-            if len(res.trials) >= max_trials:
-                raise _OutOfTrials
-            ok, why = passes(kept)
-            memo[key] = ok
-            res.trials.append({"fp32_layers": len(kept), "first": kept[0] if kept else None,
-                               "last": kept[-1] if kept else None, "passed": ok, "why": "" if ok else why})
-        return memo[key]
-
+    trial = _Trials(res, passes, max_trials)
     try:
         if not layers:
             res.note = "no layer with parameters to keep in fp32"
@@ -124,16 +158,52 @@ def search(layers: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]
             else:
                 hi = mid - 1
         res.kept = layers[lo:end]
-        if len(res.kept) <= SHRINK_LIMIT:
-            for name in list(res.kept):
-                fewer = [n for n in res.kept if n != name]
-                if fewer and trial(fewer):
-                    res.kept = fewer
+        trial.prune()
         res.note = (f"{len(res.kept)} of {len(layers)} layers kept fp32 "
                     f"({len(res.trials)} trials, bisection over execution order)")
     except _OutOfTrials:
-        res.note = (f"stopped after {max_trials} trials" +
-                    (f" with {len(res.kept)} layers kept fp32 (not pruned further)" if res.kept else ""))
+        res.note = trial.stopped()
+    return res
+
+
+def search_ranked(ranked: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]], *,
+                  kept_as: str = "float", ranked_by: str = "per-layer error",
+                  max_trials: int = MAX_TRIALS) -> Fallback:
+    """The smallest set of ``ranked`` layers (most suspect first) found to pass when kept ``kept_as``:
+    galloping then bisection for the shortest passing prefix, then pruning (see the module docstring).
+
+    ``passes(kept)`` -> (within budget, why not); it is called at most ``max_trials`` times. The result
+    keeps the layers in ``ranked`` order; ``ranked_by`` says in the note what the order was."""
+    ranked = list(ranked)
+    if len(set(ranked)) != len(ranked):
+        raise ValueError(f"ranked: layer names must be distinct, got {ranked}")
+    res = Fallback(layers=len(ranked), kept=None, kept_as=kept_as)
+    trial = _Trials(res, passes, max_trials)
+    try:
+        if not ranked:
+            res.note = f"no layer to keep {kept_as}"
+            return res
+        lo, k = 0, 1  # the prefixes of length <= lo fail; gallop k = 1, 2, 4, ... up to every layer
+        while not trial(ranked[:k]):
+            if k == len(ranked):
+                res.note = (f"still over budget with all {len(ranked)} layers kept {kept_as}: not a per-layer "
+                            "precision problem")
+                return res
+            lo, k = k, min(2 * k, len(ranked))
+        hi = k  # shortest passing prefix length in (lo, hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if trial(ranked[:mid]):
+                hi = mid
+            else:
+                lo = mid
+        res.kept = ranked[:hi]
+        trial.prune()
+        n = len(res.trials)
+        res.note = (f"{len(res.kept)} of {len(ranked)} layers kept {kept_as} ({n} trial{'s' * (n != 1)}, "
+                    f"galloping search over the layers ranked by {ranked_by})")
+    except _OutOfTrials:
+        res.note = trial.stopped()
     return res
 
 

@@ -261,15 +261,19 @@ def _build_candidate(s: Shared, device: torch.device, precision: str, gated: boo
 
 def _gated(s: Shared, device: torch.device, cand: Any, built: Any) -> tuple[Any, dict[str, Any]]:
     """Ours as ``warpforge optimize`` ships it: checked against strict fp32 on the validation inputs under
-    the row's budget and, when over it, given the per-layer fp32 fallback the optimizer's gate runs
-    (``optimize.api.fp32_fallback``). Returns the build to time (the fallback's when it passes, else the
-    plain one, whose miss the case's own check then records) and what the gate found."""
-    from warpforge.optimize.api import fp32_fallback
+    the row's budget and, when over it, given the per-layer fallback the optimizer's gate runs
+    (``optimize.api.fp32_fallback`` for fp16; ``optimize.api.int8_fallback`` for an INT8 row: the fewest
+    quantized layers kept fp16, rebuilt from the row's calibration batches). Returns the build to time
+    (the fallback's when it passes, else the plain one, whose miss the case's own check then records)
+    and what the gate found."""
+    from warpforge.optimize.api import fp32_fallback, int8_fallback
     from warpforge.optimize.gate import compare
     from warpforge.optimize.runtime import strict_fp32
 
     kind, budget = s.gate
     val = s.loaded.val
+    int8 = cand.precision == "int8"
+    kept_key = "float_layers" if int8 else "fp32_layers"
     with torch.no_grad():
         with strict_fp32():
             ref = [s.loaded.model(*v) for v in val]
@@ -277,21 +281,28 @@ def _gated(s: Shared, device: torch.device, cand: Any, built: Any) -> tuple[Any,
     acc = compare(ref, outs, kind, batched=True, budget=budget)
     ok, reasons = acc.passes(budget)
     if ok:
-        return built, {"status": "passed", "fp32_layers": []}
+        return built, {"status": "passed", kept_key: []}
     live: dict[str, Any] = {}
-    rec = fp32_fallback(cand, s.loaded.model, s.loaded.inputs, val, ref, kind, budget, device, live, built,
-                        {"status": "rejected", "reason": "; ".join(reasons), "accuracy": acc.as_dict()})
+    rejected = {"status": "rejected", "reason": "; ".join(reasons), "accuracy": acc.as_dict()}
+    if int8:
+        rec = int8_fallback(cand, s.loaded.model, s.loaded.inputs, val, ref, kind, budget, live, built, rejected,
+                            s.loaded.calib)
+    else:
+        rec = fp32_fallback(cand, s.loaded.model, s.loaded.inputs, val, ref, kind, budget, device, live, built,
+                            rejected)
     fb = rec.get("precision_fallback") or {}
-    info = {"status": rec["status"], "all_fp16_reasons": reasons[:3], "fp32_layers": fb.get("kept_fp32") or [],
-            "fallback_note": fb.get("note"), "fallback_trials": fb.get("trials")}
+    info = {"status": rec["status"], f"all_{cand.precision}_reasons": reasons[:3],
+            kept_key: fb.get("kept_float" if int8 else "kept_fp32") or [], "fallback_note": fb.get("note"),
+            "fallback_trials": fb.get("trials")}
     return (live[cand.name][1] if cand.name in live else built), info
 
 
 def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
     """warpforge's optimizer candidate: capture + passes at fp16, CUDA-graph replay (fp32 on CPU: the
-    optimizer runs fp16 only on CUDA); an INT8 row's: warpforge-int8, calibrated on ``loaded.calib``."""
+    optimizer runs fp16 only on CUDA); an INT8 row's: warpforge-int8, calibrated on ``loaded.calib``, with
+    the optimizer's per-layer float fallback when it is over the row's budget (:func:`_gated`)."""
     if s.precision == "int8":
-        return _build_candidate(s, device, "int8")
+        return _build_candidate(s, device, "int8", gated=True)
     return _build_candidate(s, device, "fp16" if device.type == "cuda" else "fp32", gated=True)
 
 
@@ -499,10 +510,15 @@ class Session:
             return {n: f"workload failed: {_short(e)}" for n in self.names}
         # Real weights are judged on the default budget: ours gets the optimizer's gate and fallback there
         # (random weights are judged against torch's own fp16 error, known only once the peers ran).
+        # INT8 rows are gated (and given the int8 fallback) on every device and with random weights too: their
+        # check is the default int8 budget either way, the bar the gate applies.
         gate = None
+        kind = "classifier" if self.workload.kind == "classifier" else "generic"
         if loaded.weights != "random" and self.workload.precision == "fp16" and device.type == "cuda":
-            kind = "classifier" if self.workload.kind == "classifier" else "generic"
             gate = (kind, row_budget("fp16", judge_top1=self.judge_top1, min_top1=self.min_top1,
+                                     top1_tie=self.top1_tie))
+        elif self.workload.precision == "int8":
+            gate = (kind, row_budget("int8", judge_top1=self.judge_top1, min_top1=self.min_top1,
                                      top1_tie=self.top1_tie))
         shared = Shared(loaded, self.workload.precision, gate)
         fns: dict[str, Callable] = {}

