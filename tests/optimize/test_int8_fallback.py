@@ -12,15 +12,7 @@ from warpforge.optimize import NoCandidateError, optimize
 from warpforge.optimize.gate import DEFAULT_BUDGETS, Budget, compare
 from warpforge.optimize.precision import search_ranked
 
-
-def oracle(needed: set[str]):
-    calls = []
-
-    def passes(kept):
-        calls.append(list(kept))
-        missing = needed - set(kept)
-        return not missing, f"missing {sorted(missing)}"
-    return passes, calls
+from .test_precision_fallback import oracle  # a pass/fail oracle that needs a given set of layers kept
 
 
 def test_ranked_search_finds_the_needed_layers_even_when_ranked_late():
