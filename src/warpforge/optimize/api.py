@@ -203,8 +203,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     precision_fallback: a fp16/bf16 warpforge candidate over budget gets the layers that put it there
         kept in fp32, found by bisection over its layers (``warpforge.optimize.precision``), and is gated
         again; warpforge-int8 over budget gets the fewest quantized layers found to need it kept in its
-        float dtype (fp16 on CUDA, fp32 on CPU), searched in order of each layer's own quantization error
-        and rebuilt without them. The search (layers kept, trials) is in the candidate's report record.
+        float dtype (fp16 on CUDA, fp32 on CPU), searched over the layers ranked by the output's error with
+        only that layer int8, and rebuilt without them. The search (layers kept, trials) is in the candidate's report record.
     """
     t_start = time.perf_counter()
     notes: list[str] = []
