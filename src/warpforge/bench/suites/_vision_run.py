@@ -67,7 +67,6 @@ class Workload:
     batch: int
     tiny: bool = False
     real_weights: bool = False  # mobilenet_v2 with its ImageNet package: validation on real photos
-    augment: bool = True  # the zoo's real photo views (270), regrouped at this batch; else the zoo's val as is
     precision: str = "fp16"  # ours: warpforge-fp16, or "int8": warpforge-int8 (calibrated W8A8 PTQ)
 
     def __post_init__(self) -> None:
@@ -190,20 +189,16 @@ def _load(w: Workload, device: torch.device) -> Loaded:
                       f"{TINY_VAL_BATCHES} seeded random batches")
     spec = models.get(w.model, batch=w.batch, device=device, pretrained=w.real_weights)
     inputs = tuple(spec.example_inputs)
-    if w.real_weights and w.augment:
-        from warpforge.models import images
-
-        val, n = photo_batches(w.batch, device, size=224)
-        note = (f"{n} views of {len(images.VAL_PHOTOS)} real photos (scikit-image, scikit-learn): "
-                f"{len(images.VIEW_RESIZES)} scales x {len(images.CROPS)} crops x mirrored")
-        return Loaded(spec.model, inputs, val, n, spec.weights, note)
-    val = list(spec.val_inputs())
+    val = list(spec.val_inputs())  # real weights: the zoo's 270 photo views, in batches of w.batch
     n = sum(v[0].shape[0] for v in val)
-    if w.real_weights:  # the zoo's own photo batches cycle to fill the batch: count each view once
+    if w.real_weights:  # the last batch cycles to fill it: count each view once
         from warpforge.models import images
 
         n = min(n, images.num_views())
-    note = "the zoo's real photo views" if w.real_weights else f"{len(val)} seeded random batches (the zoo's)"
+        note = (f"{n} views of {len(images.VAL_PHOTOS)} real photos (scikit-image, scikit-learn): "
+                f"{len(images.VIEW_RESIZES)} scales x {len(images.CROPS)} crops x mirrored")
+    else:
+        note = f"{len(val)} seeded random batches (the zoo's)"
     return Loaded(spec.model, inputs, val, n, spec.weights, note)
 
 

@@ -164,7 +164,7 @@ def _int8_case(model: str, batch: int, *, gpu: bool, tiny: bool, real: bool) -> 
 
 
 def _wall_case(*, gpu: bool, tiny: bool, real: bool) -> EndToEndCase:
-    w = {"model": "mobilenet_v2", "batch": 1, "tiny": tiny, "real_weights": real, "augment": False}
+    w = {"model": "mobilenet_v2", "batch": 1, "tiny": tiny, "real_weights": real}
     # warpforge's own optimization (capture, passes, kernel tuning, gate, timing at each default precision):
     # torch.compile candidates are left out, their compile time is what the peer measures. --quick / CPU:
     # the optimizer's protocol shortened too (its shape, not its precision).
