@@ -163,7 +163,8 @@ def test_progress_callback_counts_up():
 @pytest.mark.gpu
 def test_gpu_half_precision_candidates_and_cuda_graphs():
     model, x = make(SmallNet(c=16)), image(n=4, hw=32)
-    opt = optimize(model, (x,), device="cuda", backends=["eager", "warpforge"], queries=50, warmup=5)
+    opt = optimize(model, (x,), device="cuda", backends=["eager", "warpforge"], queries=50, warmup=5,
+                   exhaustive=True)
     rep = opt.report
     for name in ("eager-fp16", "warpforge-fp32", "warpforge-fp16"):
         r = _rec(rep, name)
@@ -180,6 +181,45 @@ def test_gpu_half_precision_candidates_and_cuda_graphs():
     with torch.no_grad():
         want = model.cuda()(x.cuda())
     assert (y - want).abs().max().item() <= budget.max_rel * want.abs().max().item()
+
+
+@pytest.mark.gpu
+def test_gpu_dominated_candidates_are_not_built():
+    """Default on CUDA: fp16 builds first; once it passes as built, warpforge-fp32 and -bf16 are skipped."""
+    model, x = make(SmallNet(c=16)), image(n=4, hw=32)
+    rep = optimize(model, (x,), device="cuda", backends=["eager", "warpforge"], precisions=["fp32", "fp16", "bf16"],
+                   queries=20, warmup=2).report
+    assert _rec(rep, "warpforge-fp16")["status"] == "passed"
+    for name in ("warpforge-fp32", "warpforge-bf16"):
+        r = _rec(rep, name)
+        assert r["status"] == "skipped" and "not built: warpforge-fp16 passed the gate" in r["reason"], r
+        assert "build_s" not in r
+    assert _rec(rep, "eager-bf16")["status"] in ("passed", "rejected")  # eager is cheap: never pruned
+    assert [r["name"] for r in rep["candidates"]][:3] == ["eager-fp32", "eager-fp16", "eager-bf16"]  # plan order kept
+
+
+def test_dominance_rule_and_build_order():
+    from warpforge.optimize.api import _build_order, _dominated
+
+    def cand(name, fam, prec):
+        return Candidate(name, fam, prec, lambda m, i: None)
+
+    plan = [(cand("eager-fp32", "eager", "fp32"), None), (cand("warpforge-fp32", "warpforge", "fp32"), None),
+            (cand("warpforge-fp16", "warpforge", "fp16"), None), (cand("warpforge-bf16", "warpforge", "bf16"), None),
+            (cand("warpforge-int8", "warpforge", "int8"), None)]
+    assert _build_order(plan, prune=False) == [0, 1, 2, 3, 4]
+    assert _build_order(plan, prune=True) == [2, 4, 3, 0, 1]  # 16-bit (and int8) first, fp32 last, stable
+    passed16 = {"name": "warpforge-fp16", "family": "warpforge", "precision": "fp16", "status": "passed"}
+    assert _dominated(plan[1][0], [passed16]) == "warpforge-fp16"
+    assert _dominated(plan[3][0], [passed16]) == "warpforge-fp16"
+    assert _dominated(plan[4][0], [passed16]) is None  # int8 can be faster: always built
+    assert _dominated(cand("torch.compile-fp32", "torch.compile", "fp32"), [passed16]) is None  # other family
+    assert _dominated(plan[0][0], [passed16 | {"family": "eager"}]) is None  # the reference is always built
+    assert _dominated(plan[1][0], [passed16 | {"status": "rejected"}]) is None
+    # fp16 that passed only with layers kept fp32 does not rule out bf16 or fp32 (a clean bf16 may be faster)
+    assert _dominated(plan[3][0], [passed16 | {"precision_fallback": {"kept_fp32": ["conv1"]}}]) is None
+    bf = {"name": "warpforge-bf16", "family": "warpforge", "precision": "bf16", "status": "passed"}
+    assert _dominated(plan[1][0], [bf]) == "warpforge-bf16" and _dominated(plan[3][0], [bf]) is None
 
 
 @pytest.mark.gpu

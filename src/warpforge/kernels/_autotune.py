@@ -20,6 +20,8 @@ Knobs (environment):
   WARPFORGE_AUTOTUNE=0        never tune; use each kernel's default config (first in its list)
   WARPFORGE_AUTOTUNE=retune   ignore cached winners and tune again (and overwrite them)
   WARPFORGE_AUTOTUNE_VERBOSE=1  print each config's time while tuning
+  WARPFORGE_AUTOTUNE_SHIPPED=0  ignore the shipped winners (a truly cold start: the vision suite's
+                              wall-time case measures optimize() so)
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class Tuner(Generic[C]):
 
     def _shipped(self, path: Path) -> dict[str, Any]:
         """The package's winners for the same device, Triton version and kernel (see the module docstring)."""
+        if os.environ.get("WARPFORGE_AUTOTUNE_SHIPPED", "1").lower() in ("0", "off", "false", "no"):
+            return {}
         return self._load(SHIPPED_DIR / path.name)
 
     def _load(self, path: Path) -> dict[str, Any]:

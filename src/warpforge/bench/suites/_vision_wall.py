@@ -1,7 +1,8 @@
 """Suite ``vision``'s wall-time case: ``warpforge.optimize`` end to end against torch.compile max-autotune.
 
-Each side runs in a fresh Python process with fresh, empty Inductor, Triton and warpforge caches (a cold
-start, what a first ``warpforge optimize mobilenet_v2`` pays), under a time limit: a side that does not
+Each side runs in a fresh Python process with fresh, empty Inductor, Triton and warpforge caches, and
+without the autotune winners warpforge ships for known GPUs (``WARPFORGE_AUTOTUNE_SHIPPED=0``: a cold
+start, what a first ``warpforge optimize`` of a model nobody tuned before pays), under a time limit: a side that does not
 finish is killed with its process group and recorded as an error saying how far it got. The time is
 taken inside the child around the call alone (model already built, imports done), and the child's whole
 process time is recorded beside it.
@@ -54,7 +55,8 @@ def _run_child(task: dict[str, Any], limit: float) -> dict[str, Any]:
     """Run ``child(task)`` in a fresh process with cold caches; its result dict plus ``process_s``."""
     with tempfile.TemporaryDirectory(prefix="wf-wall-") as tmp:
         env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor",
-                   TRITON_CACHE_DIR=f"{tmp}/triton", WARPFORGE_CACHE_DIR=f"{tmp}/warpforge")
+                   TRITON_CACHE_DIR=f"{tmp}/triton", WARPFORGE_CACHE_DIR=f"{tmp}/warpforge",
+                   WARPFORGE_AUTOTUNE_SHIPPED="0")  # cold: no winners shipped in warpforge/kernels/tuned/ either
         env["PYTHONPATH"] = os.pathsep.join([_src_root(), *filter(None, [os.environ.get("PYTHONPATH")])])
         code = "import sys; from warpforge.bench.suites._vision_wall import child; child(sys.argv[1])"
         t0 = time.perf_counter()

