@@ -16,15 +16,15 @@ from warpforge.optimize.backends import Built, Candidate, candidate_names
 from warpforge.optimize.capture import Captured, capture
 from warpforge.optimize.gate import Accuracy, Budget, compare
 from warpforge.optimize.latency import Latency, Throughput, offline, single_stream
-from warpforge.optimize.passes import (Change, ChannelsLast, FoldBatchNorm, FuseConvEpilogue, FusedConv2d, Pass,
-                                       PassContext, PassResult)
-from warpforge.optimize.pipeline import Pipeline, default_passes, optimize_graph
+from warpforge.optimize.passes import (Change, ChannelsLast, FoldBatchNorm, FuseConvEpilogue, FusedConv2d, FusedLinear,
+                                       FuseLinear, Pass, PassContext, PassResult)
+from warpforge.optimize.pipeline import Pipeline, default_passes, float_passes, optimize_graph
 from warpforge.optimize.saved import Loaded, load
 
 __all__ = ["Accuracy", "BadInputError", "Budget", "Built", "Candidate", "Captured", "Change", "ChannelsLast",
-           "FoldBatchNorm", "FuseConvEpilogue", "FusedConv2d", "Latency", "Loaded", "NoCandidateError",
+           "FoldBatchNorm", "FuseConvEpilogue", "FuseLinear", "FusedConv2d", "FusedLinear", "Latency", "Loaded", "NoCandidateError",
            "OptimizeError", "Optimized", "Pass", "PassContext", "PassResult", "Pipeline", "Throughput",
-           "candidate_names", "capture", "compare", "default_passes", "load", "offline", "optimize",
+           "candidate_names", "capture", "compare", "default_passes", "float_passes", "load", "offline", "optimize",
            "optimize_graph", "single_stream"]
 
 

@@ -431,7 +431,7 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps
     the layers the bisection finds in fp32 and is gated again; the search is recorded either way."""
     from warpforge.optimize.backends import _maybe_graph, layer_precisions
-    from warpforge.optimize.pipeline import optimize_graph
+    from warpforge.optimize.pipeline import float_passes, optimize_graph
     from warpforge.optimize.precision import layer_names, search, with_fp32_layers
     from warpforge.optimize.runtime import CastIO
 
@@ -440,7 +440,7 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         return {**rejected, "precision_fallback": {"note": "not a cast pipeline module: no per-layer fallback"}}
     dtype = low.dtype
     try:
-        gm32, _ = optimize_graph(base, inputs, device=dev, dtype=torch.float32)
+        gm32, _ = optimize_graph(base, inputs, float_passes(), device=dev, dtype=torch.float32)  # as the candidate's
         names = layer_names(low.inner)
     except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
         return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}

@@ -130,20 +130,23 @@ def _pipeline_fallbacks(report: dict[str, Any]) -> list[dict[str, str]]:
     return fallbacks
 
 
-def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype) -> tuple[nn.Module, dict[str, Any]]:
-    """The default warpforge pipeline at ``dtype`` on a copy of the fp32 model (the quantizing candidates'
-    first step)."""
+def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, passes: list | None = None
+              ) -> tuple[nn.Module, dict[str, Any]]:
+    """A warpforge pipeline at ``dtype`` on a copy of the fp32 model: ``passes`` (default: the default passes,
+    the quantizing candidates' first step; the float candidates pass ``pipeline.float_passes()``)."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.runtime import _cast_floats
 
     src = model if dtype == torch.float32 else _cast_model(model, dtype)
-    return optimize_graph(src, _cast_floats(inputs, dtype), device=_device_of(inputs, model), dtype=dtype)
+    return optimize_graph(src, _cast_floats(inputs, dtype), passes, device=_device_of(inputs, model), dtype=dtype)
 
 
 def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
     def build(model: nn.Module, inputs: tuple) -> Built:
+        from warpforge.optimize.pipeline import float_passes
+
         dtype = DTYPES[precision]
-        gm, report = _pipeline(model, inputs, dtype)
+        gm, report = _pipeline(model, inputs, dtype, float_passes())
         mod = CastIO(gm, dtype).eval()
         details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
                                    "coverage": op_coverage(gm), "layers": layer_precisions(mod)}
@@ -267,6 +270,7 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
     """Operators of a captured graph: how many calls run through warpforge kernels and which stay torch."""
     from warpforge.optimize.passes.attention import FlashAttention
     from warpforge.optimize.passes.fuse_conv import FusedConv2d
+    from warpforge.optimize.passes.fuse_linear import FusedLinear
     from warpforge.optimize.fp8 import FP8Linear
     from warpforge.optimize.quant import QuantConv2d, QuantLinearW8A8
     from warpforge.optimize.weight_only import WeightOnlyLinear
@@ -279,8 +283,8 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
         if node.op == "call_module":
             mod = gm.get_submodule(node.target)
             name = type(mod).__name__
-            warpforge = isinstance(mod, (FusedConv2d, FlashAttention, QuantConv2d, QuantLinearW8A8, FP8Linear,
-                                         WeightOnlyLinear))
+            warpforge = isinstance(mod, (FusedConv2d, FusedLinear, FlashAttention, QuantConv2d, QuantLinearW8A8,
+                                         FP8Linear, WeightOnlyLinear))
             (ours if warpforge else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
@@ -467,7 +471,8 @@ def all_candidates(device: torch.device) -> list[Candidate]:
                      about="the model as given" + ("" if p == "fp32" else f", cast to {p}"))
            for p in DEFAULT_PRECISIONS]
     out += [Candidate(f"warpforge-{p}", "warpforge", p, _build_warpforge(p), needs_cuda=p != "fp32",
-                      about="capture + fold_bn, channels_last, fuse_conv") for p in DEFAULT_PRECISIONS]
+                      about="capture + fold_bn, channels_last, fuse_conv, attention, fuse_linear")
+            for p in DEFAULT_PRECISIONS]
     out.append(Candidate("warpforge-int8", "warpforge", "int8", _build_warpforge_int8(), needs_calib=True,
                          about="capture + fold_bn, channels_last, fuse_conv; W8A8 PTQ of convs and linears "
                                "(int8 kernels), depthwise convs and the rest fp16"))

@@ -17,12 +17,20 @@ from warpforge.optimize.passes.base import Pass, PassContext, PassResult
 from warpforge.optimize.passes.channels_last import ChannelsLast
 from warpforge.optimize.passes.fold_bn import FoldBatchNorm
 from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue
+from warpforge.optimize.passes.fuse_linear import FuseLinear
 
 
 def default_passes() -> list[Pass]:
     """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion, then
     attention onto flash attention (on CUDA only: see passes/attention.py)."""
     return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue(), ReplaceAttention(cuda_only=True)]
+
+
+def float_passes() -> list[Pass]:
+    """The float candidates' pipeline (warpforge-fp32/fp16/bf16): the defaults, then linears merged and fused
+    into the matmul kernel (passes/fuse_linear.py). Not the quantizing candidates' first step: int8, fp8 and
+    weight-only passes replace Linear modules themselves."""
+    return default_passes() + [FuseLinear()]
 
 
 class Pipeline:
@@ -80,4 +88,4 @@ def optimize_graph(model: nn.Module, example_inputs: tuple[Any, ...], passes: Se
     return optimized, report
 
 
-__all__ = ["Pipeline", "default_passes", "optimize_graph"]
+__all__ = ["Pipeline", "default_passes", "float_passes", "optimize_graph"]

@@ -5,6 +5,7 @@ from warpforge.optimize.passes.base import Change, Pass, PassContext, PassResult
 from warpforge.optimize.passes.channels_last import ChannelsLast
 from warpforge.optimize.passes.fold_bn import FoldBatchNorm
 from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue, FusedConv2d
+from warpforge.optimize.passes.fuse_linear import FusedLinear, FuseLinear
 
-__all__ = ["Change", "ChannelsLast", "FlashAttention", "FoldBatchNorm", "FuseConvEpilogue", "FusedConv2d", "Pass",
-           "PassContext", "PassResult", "ReplaceAttention"]
+__all__ = ["Change", "ChannelsLast", "FlashAttention", "FoldBatchNorm", "FuseConvEpilogue", "FuseLinear", "FusedConv2d",
+           "FusedLinear", "Pass", "PassContext", "PassResult", "ReplaceAttention"]
