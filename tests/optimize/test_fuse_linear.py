@@ -111,7 +111,9 @@ def test_gpu_vit_block_stack_through_the_kernels(dtype):
     low = torch.nn.Module.to(__import__("copy").deepcopy(model), dtype)
     gm, rep = optimize_graph(low, (x.to(dtype),), float_passes(), device=torch.device("cuda"), dtype=dtype)
     counts = next(p for p in rep["passes"] if p["name"] == "fuse_linear")["counts"]
-    assert counts == {"merged": 2, "fused": 6, "replaced": 1}, counts
+    assert counts == {"merged": 2, "fused": 6, "replaced": 1, "timed": 9}, counts
+    timed = [c for c in next(p for p in rep["passes"] if p["name"] == "fuse_linear")["changes"] if c["action"] == "timed"]
+    assert all(" us, cuBLAS + torch epilogue " in c["detail"] for c in timed)
     with torch.no_grad():
         want = model(x)
         got = gm(x.to(dtype)).float()
@@ -119,3 +121,50 @@ def test_gpu_vit_block_stack_through_the_kernels(dtype):
     assert torch.isfinite(got).all()
     err, err_plain = [float((y - want).abs().max() / want.abs().max()) for y in (got, plain)]
     assert err <= max(2 * err_plain, 1e-2), (err, err_plain)
+
+
+def test_impl_choice_runs_the_chosen_path_and_the_pass_records_the_timings(monkeypatch):
+    """impl="torch" never calls the kernel; the pass's CUDA-only selection keeps the faster of the two timings
+    (timer faked here: the real one is exercised by the GPU test above) and says so per layer."""
+    import warpforge.optimize.passes.fuse_linear as fl
+    from warpforge.optimize.passes.base import PassContext
+
+    w = nn.Parameter(torch.randn(6, 5).half(), requires_grad=False)
+    x = torch.randn(2, 5).half()
+    mod = FusedLinear(w, None, "relu")
+
+    def boom(*a, **k):
+        raise AssertionError("kernel called")
+
+    monkeypatch.setattr(fl, "matmul", boom)
+    mod.impl = "torch"
+    with force_triton():
+        torch.testing.assert_close(mod(x.float().half()).float(), F.relu(F.linear(x.float(), w.float())),
+                                   rtol=1e-2, atol=1e-2)
+        mod.impl = "triton"
+        with pytest.raises(AssertionError, match="kernel called"):
+            mod(x)
+    monkeypatch.undo()
+    assert fl.select_impl(mod, (2, 5), None) is None  # CPU weights: nothing to time
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 3)).eval()
+    inputs = (torch.randn(4, 5),)
+    gm, _ = optimize_graph(model, inputs, [FuseLinear(select=False)])
+    fake = {"0_fused": {"triton": 5.0, "torch": 9.0}, "2_fused": {"triton": 7.0, "torch": 2.0}}
+    current: dict = {}
+    monkeypatch.setattr(fl, "_can_time", lambda w: True)
+    monkeypatch.setattr(fl, "_time_us", lambda fn, reps=20: fake[current["name"]][current["mod"].impl])
+    real_select = fl.select_impl
+
+    def tracking(mod, shape, ctx):
+        current.update(mod=mod, name=next(n for n, m in gm.named_modules() if m is mod))
+        return real_select(mod, shape, ctx)
+
+    monkeypatch.setattr(fl, "select_impl", tracking)
+    ctx = PassContext(example_inputs=inputs, device=torch.device("cuda"))
+    FuseLinear()._select(gm, ctx)
+    assert gm.get_submodule("0_fused").impl == "triton" and gm.get_submodule("2_fused").impl == "torch"
+    lines = {c.where: c.detail for c in ctx.changes if c.action == "timed"}
+    assert lines["0_fused"] == "warpforge matmul 5.0 us, cuBLAS + torch epilogue 9.0 us at input (4, 5): warpforge"
+    assert lines["2_fused"].endswith("at input (4, 16): cuBLAS")
