@@ -225,9 +225,12 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
               help="Directory for the saved model, manifest and report (default: out/optimize/<model>).")
 @click.option("--json", "json_out", is_flag=True, help="Print the JSON report to stdout instead of the table.")
 @click.option("--random-weights", is_flag=True, help="Zoo models: seeded random weights (no weights package needed).")
+@click.option("--capture", default="auto", show_default=True, type=click.Choice(["auto", "export", "fx"]),
+              help="How the warpforge candidates capture the model: torch.export, falling back to torch.fx "
+                   "symbolic tracing when export fails (auto; the report says which and why), or only one of them.")
 def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, ...], backends: tuple[str, ...],
              max_rel: float | None, max_abs: float | None, min_cosine: float | None, min_top1: float | None,
-             queries: int, warmup: int, out: str | None, json_out: bool, random_weights: bool) -> None:
+             queries: int, warmup: int, out: str | None, json_out: bool, random_weights: bool, capture: str) -> None:
     """Find the fastest way to run MODEL that keeps its accuracy, and save it.
 
     MODEL is a zoo name (see `warpforge.models.names()`) or `path/to/file.py:factory`
@@ -249,7 +252,7 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
     sys.exit(cli_optimize(model, batch=batch, device=device, precisions=precisions, backends=backends,
                           max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine, min_top1=min_top1,
                           queries=queries, warmup=warmup, out=out, json_out=json_out, random_weights=random_weights,
-                          console=_console()))
+                          capture=capture, console=_console()))
 
 
 def _not_built(name: str, what: str) -> click.Command:

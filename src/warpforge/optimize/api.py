@@ -184,7 +184,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
              budget: Budget | Mapping[str, Budget] | None = None, precisions: Sequence[str] = DEFAULT_PRECISIONS,
              backends: Sequence[str] | None = None, kind: str | None = None, device: Any = None,
              progress: Progress | None = None, queries: int = 200, warmup: int = 20, offline_calls: int = 50,
-             name: str | None = None, seed: int = 0, precision_fallback: bool = True) -> Optimized:
+             name: str | None = None, seed: int = 0, precision_fallback: bool = True,
+             capture: str = "auto") -> Optimized:
     """The fastest candidate whose outputs stay within ``budget`` of the fp32 model (module docstring).
 
     model: an ``nn.Module`` (a private fp32 eval-mode copy is used; the original is not modified).
@@ -205,6 +206,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         again; warpforge-int8 over budget gets the fewest quantized layers found to need it kept in its
         float dtype (fp16 on CUDA, fp32 on CPU), searched over the layers ranked by the output's error with
         only that layer int8, and rebuilt without them. The search (layers kept, trials) is in the candidate's report record.
+    capture: how the warpforge candidates capture the model: "auto" (torch.export, FX when export fails;
+        the report's "capture" says which and why), "export" (a failed export fails those builds) or "fx".
     """
     t_start = time.perf_counter()
     notes: list[str] = []
@@ -218,6 +221,10 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
             raise BadInputError(f"{arg} must be an integer >= 1, got {v!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise BadInputError(f"warmup must be an integer >= 0, got {warmup!r}")
+    from warpforge.optimize.capture import METHODS
+
+    if capture not in METHODS:
+        raise BadInputError(f"capture must be one of {METHODS}, got {capture!r}")
     dev = _resolve_device(device, model, inputs)
     budgets = _budgets(budget)
     try:
@@ -236,7 +243,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
                   "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
                              if isinstance(x, torch.Tensor) else {"value": repr(x)} for x in inputs]}
     settings = {"device": str(dev), "precisions": list(precisions), "backends": list(backends) if backends else None,
-                "queries": queries, "warmup": warmup, "offline_calls": offline_calls,
+                "queries": queries, "warmup": warmup, "offline_calls": offline_calls, "capture": capture,
                 "budgets": {p: b.as_dict() for p, b in budgets.items()}}
 
     def fail(cls: type[OptimizeError], message: str, records: list[dict[str, Any]] | None = None) -> OptimizeError:
@@ -315,7 +322,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         if progress:
             progress(f"building {cand.name}", done, total)
         rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
-                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback))
+                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture))
         done += 1
     # 5. Time the passing ones together, then offline throughput each.
     if progress:
@@ -340,18 +347,20 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
 
 def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any], kind: str,
          budget: Budget, dev: torch.device, live: dict[str, tuple[Candidate, Built]],
-         prebuilt: Built | None, calib: list[tuple] | None = None, precision_fallback: bool = True) -> dict[str, Any]:
+         prebuilt: Built | None, calib: list[tuple] | None = None, precision_fallback: bool = True,
+         capture: str = "auto") -> dict[str, Any]:
     """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
     rec: dict[str, Any] = {"budget": budget.as_dict()}
+    options = {"capture": capture} if cand.family == "warpforge" else {}
     with PeakMemory(dev) as mem:
         t0 = time.perf_counter()
         try:
             if prebuilt is not None:
                 built = prebuilt
             elif cand.needs_calib:
-                built = cand.build(base, inputs, calib=calib)
+                built = cand.build(base, inputs, calib=calib, **options)
             else:
-                built = cand.build(base, inputs)
+                built = cand.build(base, inputs, **options)
         except Exception as e:  # noqa: BLE001 - a candidate's failure is recorded, never fatal
             return {"status": "failed", "reason": f"build failed: {_err(e)}"}
         rec["build_s"] = time.perf_counter() - t0
@@ -372,10 +381,10 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
         rejected = {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
         if precision_fallback and cand.family == "warpforge" and cand.precision in ("fp16", "bf16"):
             return fp32_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
-                                     rejected)
+                                 rejected, capture)
         if precision_fallback and cand.family == "warpforge" and cand.precision == "int8" and calib:
             return int8_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, live, built, rejected,
-                                 calib)
+                                 calib, capture)
         return rejected
     live[cand.name] = (cand, built)
     return {**rec, "status": "passed", "reason": "within budget"}
@@ -383,10 +392,12 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
 
 def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple],
                       ref_outs: list[Any], kind: str, budget: Budget, dev: torch.device,
-                      live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any]) -> dict[str, Any]:
+                      live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any],
+                      capture: str = "auto") -> dict[str, Any]:
     """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps
     the layers the bisection finds in fp32 and is gated again; the search is recorded either way."""
     from warpforge.optimize.backends import _maybe_graph, layer_precisions
+    from warpforge.optimize.capture import EXPORT, FX
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.precision import layer_names, search, with_fp32_layers
     from warpforge.optimize.runtime import CastIO
@@ -396,7 +407,9 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         return {**rejected, "precision_fallback": {"note": "not a cast pipeline module: no per-layer fallback"}}
     dtype = low.dtype
     try:
-        gm32, _ = optimize_graph(base, inputs, device=dev, dtype=torch.float32)
+        # The fp32 twins must sit at the same module paths: capture them the way the 16-bit graph was.
+        method = {EXPORT: "export", FX: "fx"}.get(built.details.get("capture", {}).get("method"), capture)
+        gm32, _ = optimize_graph(base, inputs, device=dev, dtype=torch.float32, capture=method)
         names = layer_names(low.inner)
     except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
         return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}
@@ -430,7 +443,7 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
 
 def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any],
                   kind: str, budget: Budget, live: dict[str, tuple[Candidate, Built]], built: Built,
-                  rejected: dict[str, Any], calib: list[tuple]) -> dict[str, Any]:
+                  rejected: dict[str, Any], calib: list[tuple], capture: str = "auto") -> dict[str, Any]:
     """Per-layer float fallback of warpforge-int8 over budget: the fewest quantized layers found to need it
     are kept in the candidate's float dtype (fp16 on CUDA, fp32 on CPU) and the candidate is rebuilt
     without them (``backends.int8_builder``); the search is recorded either way.
@@ -454,7 +467,7 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     names = [layer["name"] for layer in layers]
     float_dtype = quant.get("float_dtype", "float")
     try:
-        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"))
+        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"), capture)
         sensitivity = {}
         for name in names:  # only this layer int8: its effect on the output (calibration inputs)
             alone = rebuild({n: "sensitivity probe" for n in names if n != name}, graph=False)

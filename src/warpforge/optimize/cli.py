@@ -153,7 +153,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
                  backends: tuple[str, ...] = (), max_abs: float | None = None, max_rel: float | None = None,
                  min_cosine: float | None = None, min_top1: float | None = None, queries: int = 200,
                  warmup: int = 20, out: str | None = None, json_out: bool = False, random_weights: bool = False,
-                 console=None) -> int:
+                 capture: str = "auto", console=None) -> int:
     from rich.console import Console
 
     from warpforge.optimize import report as report_mod
@@ -186,7 +186,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     def run(progress_cb):
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
                         precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
-                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, name=resolved.name)
+                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, name=resolved.name,
+                        capture=capture)
 
     try:
         if json_out:
