@@ -225,7 +225,7 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
               help="Directory for the saved model, manifest and report (default: out/optimize/<model>).")
 @click.option("--json", "json_out", is_flag=True, help="Print the JSON report to stdout instead of the table.")
 @click.option("--random-weights", is_flag=True, help="Zoo models: seeded random weights (no weights package needed).")
-@click.option("--capture", default="auto", show_default=True, type=click.Choice(["auto", "export", "fx"]),
+@click.option("--capture", default="auto", show_default=True, type=click.Choice(("auto", "export", "fx")),
               help="How the warpforge candidates capture the model: torch.export, falling back to torch.fx "
                    "symbolic tracing when export fails (auto; the report says which and why), or only one of them.")
 def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, ...], backends: tuple[str, ...],

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from warpforge.optimize.backends import REFERENCE, Built, Candidate, select
+from warpforge._factory import accepts
+from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
 from warpforge.optimize.report import make_report
@@ -324,6 +325,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
                         ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture))
         done += 1
+    forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
     # 5. Time the passing ones together, then offline throughput each.
     if progress:
         progress(f"timing {len(live)} passing candidate(s)", done, total)
@@ -351,7 +353,7 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
          capture: str = "auto") -> dict[str, Any]:
     """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
     rec: dict[str, Any] = {"budget": budget.as_dict()}
-    options = {"capture": capture} if cand.family == "warpforge" else {}
+    options = {"capture": capture} if cand.family == "warpforge" and accepts(cand.build, "capture") else {}
     with PeakMemory(dev) as mem:
         t0 = time.perf_counter()
         try:
@@ -396,9 +398,8 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
                       capture: str = "auto") -> dict[str, Any]:
     """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps
     the layers the bisection finds in fp32 and is gated again; the search is recorded either way."""
-    from warpforge.optimize.backends import _maybe_graph, layer_precisions
+    from warpforge.optimize.backends import _maybe_graph, _pipeline, layer_precisions
     from warpforge.optimize.capture import EXPORT, FX
-    from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.precision import layer_names, search, with_fp32_layers
     from warpforge.optimize.runtime import CastIO
 
@@ -409,7 +410,7 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     try:
         # The fp32 twins must sit at the same module paths: capture them the way the 16-bit graph was.
         method = {EXPORT: "export", FX: "fx"}.get(built.details.get("capture", {}).get("method"), capture)
-        gm32, _ = optimize_graph(base, inputs, device=dev, dtype=torch.float32, capture=method)
+        gm32, _ = _pipeline(base, inputs, torch.float32, method)
         names = layer_names(low.inner)
     except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
         return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}

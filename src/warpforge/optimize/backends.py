@@ -35,6 +35,7 @@ import copy
 import importlib.util
 import os
 import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -135,16 +136,42 @@ def _pipeline_fallbacks(report: dict[str, Any]) -> list[dict[str, str]]:
     return fallbacks
 
 
+# model -> [(key, state, (graph, report), inputs)]. The warpforge candidates of one optimize() run start from
+# the same pipeline graph (int8, w8, w4 and the fallbacks: all at one dtype on the CPU), and torch.export takes
+# seconds per capture, so the graph is built once per (model, dtype, capture, inputs); each caller gets a copy.
+_PIPELINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def forget_pipelines(model: nn.Module) -> None:
+    """Drop the pipeline graphs memoized for ``model`` (optimize() does at the end of its search)."""
+    _PIPELINES.pop(model, None)
+
+
+def _state(model: nn.Module) -> tuple:
+    """What a cached pipeline graph depends on: every tensor's storage and in-place version, every mode."""
+    tensors = [(n, t.data_ptr(), t._version) for n, t in (*model.named_parameters(), *model.named_buffers())]
+    return tuple(tensors), tuple(m.training for m in model.modules())
+
+
 def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str = "auto"
               ) -> tuple[nn.Module, dict[str, Any]]:
     """The default warpforge pipeline at ``dtype`` on a copy of the fp32 model (the quantizing candidates'
-    first step); ``capture``: the capture method (optimize.capture)."""
+    first step); ``capture``: the capture method (optimize.capture). Memoized per model object while its
+    tensors are unchanged and the inputs are the same objects at the same versions: a fresh deep copy each call."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.runtime import _cast_floats
 
-    src = model if dtype == torch.float32 else _cast_model(model, dtype)
-    return optimize_graph(src, _cast_floats(inputs, dtype), device=_device_of(inputs, model), dtype=dtype,
-                          capture=capture)
+    key = (dtype, capture, tuple((id(x), x._version) if isinstance(x, torch.Tensor) else repr(x) for x in inputs))
+    entries = _PIPELINES.setdefault(model, [])
+    state = _state(model)
+    hit = next((v for k, st, v, held in entries if k == key and st == state and all(
+        a is b for a, b in zip(held, inputs))), None)
+    if hit is None:
+        src = model if dtype == torch.float32 else _cast_model(model, dtype)
+        hit = optimize_graph(src, _cast_floats(inputs, dtype), device=_device_of(inputs, model), dtype=dtype,
+                             capture=capture)
+        entries.append((key, state, hit, inputs))
+    return copy.deepcopy(hit[0]), copy.deepcopy(hit[1])
 
 
 def _build_warpforge(precision: str) -> Callable[..., Built]:
@@ -291,8 +318,8 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
             (ours if warpforge else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-            if name in ("getitem", "getattr", "contiguous", "size"):
-                continue  # bookkeeping, no compute
+            if name in ("getitem", "getattr", "contiguous", "size", "sym_size.int"):
+                continue  # bookkeeping, no compute (sym_size: an exported graph reading the batch size)
             ops[name] += 1
     total = sum(ops.values()) + sum(ours.values())
     return {"warpforge_ops": dict(ours), "torch_ops": dict(ops), "ops_total": total,

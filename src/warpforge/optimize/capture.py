@@ -34,7 +34,6 @@ from torch import fx, nn
 
 from warpforge.optimize.raise_aten import ExportRefused, export_and_raise
 
-
 METHODS = ("auto", "export", "fx")
 EXPORT, FX = "torch.export", "torch.fx.symbolic_trace"
 

@@ -15,7 +15,8 @@ copy of the model:
    used outside, no other tensor than the module's own parameters and buffers, and a module whose
    ``forward`` takes the input alone (then calling it recomputes exactly those nodes).
 2. **Functions.** The ATen ops the passes look for are written back in the torch form they match
-   (``aten.add_.Tensor`` -> ``operator.iadd``, ``aten.softmax.int`` -> ``torch.softmax``, ...: ``_FORMS``).
+   (``aten.add_.Tensor`` -> ``operator.iadd``, ``aten.softmax.int`` -> ``torch.softmax``,
+   ``aten.to.dtype`` -> ``.to(dtype)``, ...: ``_FORMS``); export's trace-time dtype checks are dropped.
 3. **The rest** stays an ATen ``call_function`` (it runs as in the exported program) and is counted in
    ``kept``; the parameters and buffers such ops read become ``get_attr`` of their module paths.
 
@@ -74,7 +75,7 @@ def export_and_raise(root: nn.Module, example_inputs: tuple) -> Raised:
         raise ExportRefused(_reason(e)) from None
     _check_program(ep)
     gm, kept = _raise(ep, root, type(root).__name__ + "Captured")
-    ops = Counter(_op_name(n.target) for n in ep.graph.nodes if n.op == "call_function")
+    ops = Counter(_op_name(n.target) for n in ep.graph.nodes if n.op == "call_function" and n.target not in _DROPPED)
     return Raised(gm, dict(ops), dict(kept), inputs)
 
 
@@ -164,7 +165,7 @@ def _bind(node: fx.Node) -> dict[str, Any]:
     return out
 
 
-Form = tuple[Callable[..., Any], tuple, dict]
+Form = tuple[Callable[..., Any] | str, tuple, dict]  # (target, args, kwargs); a str target: a Tensor method
 
 
 def _act(fn: Callable[..., Any], inplace: bool = False) -> Callable[[dict], Form]:
@@ -215,7 +216,17 @@ _FORMS: dict[Any, Callable[[dict], Form | None]] = {
     aten.scaled_dot_product_attention.default: _sdpa,
     aten.dropout.default: lambda b: (F.dropout, (b["input"], b["p"], b["train"]), {}),
     aten.flatten.using_ints: lambda b: (torch.flatten, (b["self"], b["start_dim"], b["end_dim"]), {}),
+    aten.mT.default: lambda b: (getattr, (b["self"], "mT"), {}),
+    # Tensor methods (a str target is a call_method node): the attention pass looks through no-op casts
+    # and names a masked_fill on the scores as a mask.
+    aten.to.dtype: lambda b: None if b["copy"] or b["non_blocking"] or b["memory_format"] is not None else (
+        "to", (b["self"], b["dtype"]), {}),
+    aten.type_as.default: lambda b: ("type_as", (b["self"], b["other"]), {}),
+    aten.masked_fill.Scalar: lambda b: ("masked_fill", (b["self"], b["mask"], b["value"]), {}),
+    aten.masked_fill.Tensor: lambda b: ("masked_fill", (b["self"], b["mask"], b["value"]), {}),
 }
+# Trace-time checks of a tensor's dtype and device (export adds one before each cast): dropped, as FX has none.
+_DROPPED = (aten._assert_tensor_metadata.default,)
 
 
 def _leaf_type(mod: nn.Module) -> bool:
@@ -325,7 +336,7 @@ def _raise(ep: torch.export.ExportedProgram, root: nn.Module, class_name: str) -
             if n in calls:
                 path, x, _ = calls[n]
                 new = graph.call_module(path, (value(x),))
-            elif n in inner:
+            elif n in inner or n.target in _DROPPED:
                 continue
             else:
                 form = _FORMS[n.target](_bind(n)) if n.target in _FORMS else None
@@ -336,8 +347,9 @@ def _raise(ep: torch.export.ExportedProgram, root: nn.Module, class_name: str) -
                     if isinstance(n.target, torch._ops.OpOverload):
                         kept[_op_name(n.target)] += 1
                 target, args, kwargs = form
-                new = graph.create_node("call_function", target, fx.map_arg(args, value), fx.map_arg(kwargs, value),
-                                        name=n.name if form[0] is n.target else None)
+                new = graph.create_node("call_method" if isinstance(target, str) else "call_function", target,
+                                        fx.map_arg(args, value), fx.map_arg(kwargs, value),
+                                        name=n.name if target is n.target else None)
             new.meta["nn_module_stack"] = _fx_stack(n.meta.get("nn_module_stack"))
             if n.meta.get("stack_trace"):
                 new.meta["stack_trace"] = n.meta["stack_trace"]
