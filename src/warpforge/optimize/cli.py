@@ -142,6 +142,13 @@ def print_table(report: dict[str, Any], console) -> None:
         if r["status"] != "passed":
             console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {r.get('reason', '')}",
                           highlight=False, markup=True)
+    cap = report.get("capture") or {}
+    if cap.get("method"):
+        ops, kept = sum(cap.get("aten_ops", {}).values()), sum(cap.get("aten_kept", {}).values())
+        line = f"  capture ({report.get('graph_of')}): {cap['method']}"
+        line += f", {ops} ATen operator calls, {kept} left as plain ATen calls" if ops else ""
+        line += f"; torch.export was not used: {cap['export_error']}" if cap.get("export_error") else ""
+        console.print(line, highlight=False, markup=False)
 
 
 def _err(console, msg: str) -> int:
