@@ -228,10 +228,13 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
 @click.option("--exhaustive", is_flag=True,
               help="Build every candidate. Default on CUDA: skip fp32 once a 16-bit candidate of the same family "
                    "passed, and bf16 once fp16 passed (they cannot be faster; the report says so).")
+@click.option("--capture", default="auto", show_default=True, type=click.Choice(("auto", "export", "fx")),
+              help="How the warpforge candidates capture the model: torch.export, falling back to torch.fx "
+                   "symbolic tracing when export fails (auto; the report says which and why), or only one of them.")
 def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, ...], backends: tuple[str, ...],
              max_rel: float | None, max_abs: float | None, min_cosine: float | None, min_top1: float | None,
              queries: int, warmup: int, out: str | None, json_out: bool, random_weights: bool,
-             exhaustive: bool) -> None:
+             exhaustive: bool, capture: str) -> None:
     """Find the fastest way to run MODEL that keeps its accuracy, and save it.
 
     MODEL is a zoo name (see `warpforge.models.names()`) or `path/to/file.py:factory`
@@ -253,7 +256,7 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
     sys.exit(cli_optimize(model, batch=batch, device=device, precisions=precisions, backends=backends,
                           max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine, min_top1=min_top1,
                           queries=queries, warmup=warmup, out=out, json_out=json_out, random_weights=random_weights,
-                          exhaustive=exhaustive, console=_console()))
+                          exhaustive=exhaustive, capture=capture, console=_console()))
 
 
 def _not_built(name: str, what: str) -> click.Command:

@@ -128,3 +128,49 @@ def small_planner(dim: int = 48, ffn: int = 80):
         torch.manual_seed(0)
         model = Planner(c).eval()
     return model, scene(torch.Generator().manual_seed(1), 2, c), c
+
+
+def tiny_zoo(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Zoo model ``name`` (warpforge.models) built from its own code at a CPU-test size, eval mode, with seeded
+    inputs of batch 2. torch.export's cost grows with the number of operators, so the classifiers get fewer
+    blocks than the published ones: MobileNetV2 and EfficientNet-Lite0 from shortened block tables (every
+    block kind kept: expansion 1 and 6, stride 1 and 2, the residual add, EfficientNet's odd "SAME" pad),
+    ResNet-50's bottlenecks one per stage. The others are tests/models' small configurations."""
+    from unittest import mock
+
+    from warpforge.models import bev_lss, detr, efficientnet_lite, mobilenet_v2, planner, resnet, vit
+    from warpforge.models._common import calibrate_batchnorm
+
+    g = torch.Generator().manual_seed(7)
+    img = torch.randn(2, 3, 64, 64, generator=g)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if name == "mobilenet_v2":
+            with mock.patch.object(mobilenet_v2, "SETTINGS", ((1, 16, 1, 1), (6, 24, 2, 2))):
+                model, inputs = mobilenet_v2.MobileNetV2(num_classes=10), (img,)
+        elif name == "efficientnet_lite0":
+            with mock.patch.object(efficientnet_lite, "BLOCKS", ((1, 3, 1, 1, 32, 16), (2, 5, 2, 6, 16, 320))):
+                model, inputs = efficientnet_lite.EfficientNetLite(num_classes=10), (img,)
+        elif name == "resnet50":
+            model, inputs = resnet.ResNet(layers=(1, 1, 1, 1), num_classes=10), (img,)
+        elif name == "vit_b16":
+            model, inputs = vit.VisionTransformer(image_size=64, dim=64, depth=2, heads=4, hidden=128,
+                                                  num_classes=10), (img,)
+        elif name == "detr_small":
+            c = detr.DetrConfig(image_size=(64, 96), widths=(8, 16, 32, 64), dim=32, heads=4, ffn=64,
+                                encoder_layers=1, decoder_layers=1, queries=10, classes=5)
+            model, inputs = detr.build(c), (torch.randn(2, 3, 64, 96, generator=g),)
+        elif name == "bev_lss":
+            c = bev_lss.LSSConfig(image_size=(32, 64), focal=50.0, principal=(32.0, 12.0), widths=(8, 16, 32, 32),
+                                  depth=(4.0, 24.0, 4.0), context=8, grid=(-20.0, 20.0, 2.5), bev_width=8, classes=3)
+            model, inputs = bev_lss.build(c), (torch.randn(2, c.cameras, 3, *c.image_size, generator=g),)
+        elif name == "planner":
+            c = planner.PlannerConfig(agents=4, history=3, polylines=8, points=4, dim=32, heads=4, ffn=64,
+                                      encoder_layers=1, decoder_layers=1, modes=3, horizon=5)
+            model, inputs = planner.build(c), planner.scene(g, 2, c)
+        else:
+            raise ValueError(f"no tiny configuration for zoo model {name!r}")
+        if name in ("mobilenet_v2", "efficientnet_lite0", "resnet50"):  # the other builds calibrate their own
+            # Random BatchNorms at (0, 1) shrink activations into float32 denormals, which CPUs run slowly.
+            calibrate_batchnorm(model, inputs)
+    return model.eval(), inputs

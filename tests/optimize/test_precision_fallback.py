@@ -94,7 +94,8 @@ def test_optimize_gate_keeps_the_fragile_layer_fp32_and_passes(monkeypatch):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Fragile(16, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     low = torch.bfloat16
     gm32, gm16 = _trace(model), _trace(copy.deepcopy(model).to(low))
-    monkeypatch.setattr(pipeline, "optimize_graph", lambda base, inputs, passes=None, device=None, dtype=None: (gm32, {}))
+    monkeypatch.setattr(pipeline, "optimize_graph", lambda base, inputs, passes=None, device=None, dtype=None,
+                        capture=None: (gm32, {}))
 
     def build(m, inputs):
         mod = CastIO(gm16, low).eval()

@@ -3,7 +3,8 @@
     opt = warpforge.optimize(model, (x,))      # the module is callable: same as optimize(...)
     opt(x); opt.report; opt.save("out/model")  # later: warpforge.optimize.load("out/model")
 
-Parts: capture (FX, untraceable submodules kept eager), passes fold_bn / channels_last / fuse_conv and
+Parts: capture (torch.export raised back to module calls; FX with untraceable submodules kept eager when
+export fails), passes fold_bn / channels_last / fuse_conv and
 ``optimize_graph``; ``gate`` (accuracy against the fp32 reference), ``latency`` (single-stream and offline
 protocol), ``backends`` (the candidates), ``api`` (the search), ``saved`` (save/load), ``report``.
 """

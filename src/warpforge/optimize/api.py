@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from warpforge.optimize.backends import REFERENCE, Built, Candidate, select
+from warpforge._factory import accepts
+from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
 from warpforge.optimize.report import make_report
@@ -193,7 +194,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
              backends: Sequence[str] | None = None, kind: str | None = None, device: Any = None,
              progress: Progress | None = None, queries: int = 200, warmup: int = 20, offline_calls: int = 50,
              name: str | None = None, seed: int = 0, precision_fallback: bool = True,
-             exhaustive: bool = False) -> Optimized:
+             exhaustive: bool = False, capture: str = "auto") -> Optimized:
     """The fastest candidate whose outputs stay within ``budget`` of the fp32 model (module docstring).
 
     model: an ``nn.Module`` (a private fp32 eval-mode copy is used; the original is not modified).
@@ -218,6 +219,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         record says by which one) when a candidate of its family at a faster precision passed the gate
         with no layer kept at a higher precision: fp32 after fp16 or bf16, bf16 after fp16
         (``DOMINATED_BY``); 16-bit candidates are built first.
+    capture: how the warpforge candidates capture the model: "auto" (torch.export, FX when export fails;
+        the report's "capture" says which and why), "export" (a failed export fails those builds) or "fx".
     """
     t_start = time.perf_counter()
     notes: list[str] = []
@@ -231,6 +234,10 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
             raise BadInputError(f"{arg} must be an integer >= 1, got {v!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise BadInputError(f"warmup must be an integer >= 0, got {warmup!r}")
+    from warpforge.optimize.capture import METHODS
+
+    if capture not in METHODS:
+        raise BadInputError(f"capture must be one of {METHODS}, got {capture!r}")
     dev = _resolve_device(device, model, inputs)
     budgets = _budgets(budget)
     try:
@@ -249,7 +256,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
                   "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
                              if isinstance(x, torch.Tensor) else {"value": repr(x)} for x in inputs]}
     settings = {"device": str(dev), "precisions": list(precisions), "backends": list(backends) if backends else None,
-                "queries": queries, "warmup": warmup, "offline_calls": offline_calls,
+                "queries": queries, "warmup": warmup, "offline_calls": offline_calls, "capture": capture,
                 "budgets": {p: b.as_dict() for p, b in budgets.items()}}
 
     def fail(cls: type[OptimizeError], message: str, records: list[dict[str, Any]] | None = None) -> OptimizeError:
@@ -339,8 +346,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         if progress:
             progress(f"building {cand.name}", done, total)
         rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
-                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback))
+                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture))
         done += 1
+    forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
     # 5. Time the passing ones together, then offline throughput each.
     if progress:
         progress(f"timing {len(live)} passing candidate(s)", done, total)
@@ -384,18 +392,20 @@ def _dominated(cand: Candidate, records: list[dict[str, Any]]) -> str | None:
 
 def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any], kind: str,
          budget: Budget, dev: torch.device, live: dict[str, tuple[Candidate, Built]],
-         prebuilt: Built | None, calib: list[tuple] | None = None, precision_fallback: bool = True) -> dict[str, Any]:
+         prebuilt: Built | None, calib: list[tuple] | None = None, precision_fallback: bool = True,
+         capture: str = "auto") -> dict[str, Any]:
     """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
     rec: dict[str, Any] = {"budget": budget.as_dict()}
+    options = {"capture": capture} if cand.family == "warpforge" and accepts(cand.build, "capture") else {}
     with PeakMemory(dev) as mem:
         t0 = time.perf_counter()
         try:
             if prebuilt is not None:
                 built = prebuilt
             elif cand.needs_calib:
-                built = cand.build(base, inputs, calib=calib)
+                built = cand.build(base, inputs, calib=calib, **options)
             else:
-                built = cand.build(base, inputs)
+                built = cand.build(base, inputs, **options)
         except Exception as e:  # noqa: BLE001 - a candidate's failure is recorded, never fatal
             return {"status": "failed", "reason": f"build failed: {_err(e)}"}
         rec["build_s"] = time.perf_counter() - t0
@@ -416,10 +426,10 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
         rejected = {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
         if precision_fallback and cand.family == "warpforge" and cand.precision in ("fp16", "bf16"):
             return fp32_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
-                                     rejected)
+                                 rejected, capture)
         if precision_fallback and cand.family == "warpforge" and cand.precision == "int8" and calib:
             return int8_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, live, built, rejected,
-                                 calib)
+                                 calib, capture)
         return rejected
     live[cand.name] = (cand, built)
     return {**rec, "status": "passed", "reason": "within budget"}
@@ -427,11 +437,13 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
 
 def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple],
                       ref_outs: list[Any], kind: str, budget: Budget, dev: torch.device,
-                      live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any]) -> dict[str, Any]:
+                      live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any],
+                      capture: str = "auto") -> dict[str, Any]:
     """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps
     the layers the bisection finds in fp32 and is gated again; the search is recorded either way."""
-    from warpforge.optimize.backends import _maybe_graph, layer_precisions
-    from warpforge.optimize.pipeline import float_passes, optimize_graph
+    from warpforge.optimize.backends import _maybe_graph, _pipeline, layer_precisions
+    from warpforge.optimize.capture import EXPORT, FX
+    from warpforge.optimize.pipeline import float_passes
     from warpforge.optimize.precision import layer_names, search, with_fp32_layers
     from warpforge.optimize.runtime import CastIO
 
@@ -440,7 +452,10 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         return {**rejected, "precision_fallback": {"note": "not a cast pipeline module: no per-layer fallback"}}
     dtype = low.dtype
     try:
-        gm32, _ = optimize_graph(base, inputs, float_passes(), device=dev, dtype=torch.float32)  # as the candidate's
+        # The fp32 twins must sit at the same module paths: capture them the way the 16-bit graph was, and run
+        # the candidate's passes.
+        method = {EXPORT: "export", FX: "fx"}.get(built.details.get("capture", {}).get("method"), capture)
+        gm32, _ = _pipeline(base, inputs, torch.float32, method, float_passes())
         names = layer_names(low.inner)
     except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
         return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}
@@ -474,7 +489,7 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
 
 def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any],
                   kind: str, budget: Budget, live: dict[str, tuple[Candidate, Built]], built: Built,
-                  rejected: dict[str, Any], calib: list[tuple]) -> dict[str, Any]:
+                  rejected: dict[str, Any], calib: list[tuple], capture: str = "auto") -> dict[str, Any]:
     """Per-layer float fallback of warpforge-int8 over budget: the fewest quantized layers found to need it
     are kept in the candidate's float dtype (fp16 on CUDA, fp32 on CPU) and the candidate is rebuilt
     without them (``backends.int8_builder``); the search is recorded either way.
@@ -498,7 +513,7 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     names = [layer["name"] for layer in layers]
     float_dtype = quant.get("float_dtype", "float")
     try:
-        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"))
+        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"), capture)
         sensitivity = {}
         for name in names:  # only this layer int8: its effect on the output (calibration inputs)
             alone = rebuild({n: "sensitivity probe" for n in names if n != name}, graph=False)

@@ -24,8 +24,8 @@
                                fits the device (fp32; only when the ``onnxruntime`` package is importable)
 
 A build function takes the fp32 eval-mode model on the target device (it must not modify it) and the
-example inputs (and ``calib=``, a list of input tuples, when the candidate ``needs_calib``), and returns a
-:class:`Built`: a callable taking the user's inputs and returning fp32
+example inputs (and ``calib=``, a list of input tuples, when the candidate ``needs_calib``; the warpforge
+family also ``capture=``, the capture method: optimize.capture), and returns a :class:`Built`: a callable taking the user's inputs and returning fp32
 outputs, the module that ``save`` stores, and details for the report (passes, coverage, fallbacks).
 """
 
@@ -35,6 +35,7 @@ import copy
 import importlib.util
 import os
 import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -123,30 +124,63 @@ def _build_eager(precision: str) -> Callable[[nn.Module, tuple], Built]:
 
 def _pipeline_fallbacks(report: dict[str, Any]) -> list[dict[str, str]]:
     """What the pipeline could not do: modules left eager, changes a pass skipped (with the reasons)."""
-    fallbacks = [{"what": path, "reason": f"left eager (not traceable: {why})"}
-                 for path, why in report["capture"]["eager_modules"].items()]
+    cap = report["capture"]
+    fallbacks = []
+    if cap.get("export_error") and cap.get("asked") == "auto":
+        fallbacks.append({"what": "torch.export", "reason": f"captured by {cap['method']} instead: "
+                                                             f"{cap['export_error']}"})
+    fallbacks += [{"what": path, "reason": f"left eager (not traceable: {why})"}
+                  for path, why in cap["eager_modules"].items()]
     fallbacks += [{"what": c["where"], "reason": f"{c['pass']}: {c['detail']}"}
                   for p in report["passes"] for c in p["changes"] if c["action"] == "skipped"]
     return fallbacks
 
 
-def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, passes: list | None = None
+# model -> [(key, state, (graph, report), inputs)]. The warpforge candidates of one optimize() run start from
+# the same pipeline graph (int8, w8, w4 and the fallbacks: all at one dtype on the CPU), and torch.export takes
+# seconds per capture, so the graph is built once per (model, dtype, capture, inputs); each caller gets a copy.
+_PIPELINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def forget_pipelines(model: nn.Module) -> None:
+    """Drop the pipeline graphs memoized for ``model`` (optimize() does at the end of its search)."""
+    _PIPELINES.pop(model, None)
+
+
+def _state(model: nn.Module) -> tuple:
+    """What a cached pipeline graph depends on: every tensor's storage and in-place version, every mode."""
+    tensors = [(n, t.data_ptr(), t._version) for n, t in (*model.named_parameters(), *model.named_buffers())]
+    return tuple(tensors), tuple(m.training for m in model.modules())
+
+
+def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str = "auto", passes: list | None = None
               ) -> tuple[nn.Module, dict[str, Any]]:
     """A warpforge pipeline at ``dtype`` on a copy of the fp32 model: ``passes`` (default: the default passes,
-    the quantizing candidates' first step; the float candidates pass ``pipeline.float_passes()``)."""
+    the quantizing candidates' first step; the float candidates pass ``pipeline.float_passes()``);
+    ``capture``: the capture method (optimize.capture). Memoized per model object while its
+    tensors are unchanged and the inputs are the same objects at the same versions: a fresh deep copy each call."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.runtime import _cast_floats
 
-    src = model if dtype == torch.float32 else _cast_model(model, dtype)
-    return optimize_graph(src, _cast_floats(inputs, dtype), passes, device=_device_of(inputs, model), dtype=dtype)
+    key = (dtype, capture, None if passes is None else tuple(p.name for p in passes), tuple((id(x), x._version) if isinstance(x, torch.Tensor) else repr(x) for x in inputs))
+    entries = _PIPELINES.setdefault(model, [])
+    state = _state(model)
+    hit = next((v for k, st, v, held in entries if k == key and st == state and all(
+        a is b for a, b in zip(held, inputs))), None)
+    if hit is None:
+        src = model if dtype == torch.float32 else _cast_model(model, dtype)
+        hit = optimize_graph(src, _cast_floats(inputs, dtype), passes, device=_device_of(inputs, model), dtype=dtype,
+                             capture=capture)
+        entries.append((key, state, hit, inputs))
+    return copy.deepcopy(hit[0]), copy.deepcopy(hit[1])
 
 
-def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
-    def build(model: nn.Module, inputs: tuple) -> Built:
+def _build_warpforge(precision: str) -> Callable[..., Built]:
+    def build(model: nn.Module, inputs: tuple, *, capture: str = "auto") -> Built:
         from warpforge.optimize.pipeline import float_passes
 
         dtype = DTYPES[precision]
-        gm, report = _pipeline(model, inputs, dtype, float_passes())
+        gm, report = _pipeline(model, inputs, dtype, capture, float_passes())
         mod = CastIO(gm, dtype).eval()
         details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
                                    "coverage": op_coverage(gm), "layers": layer_precisions(mod)}
@@ -170,8 +204,8 @@ def _build_warpforge(precision: str) -> Callable[[nn.Module, tuple], Built]:
 INT8_OBSERVER = "max"
 
 
-def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: str = INT8_OBSERVER
-                 ) -> Callable[..., Built]:
+def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: str = INT8_OBSERVER,
+                 capture: str = "auto") -> Callable[..., Built]:
     """``rebuild(keep_float={}, graph=True) -> Built``: warpforge-int8 on ``model``, with the layers named in
     ``keep_float`` ({layer: why}) left in the candidate's float dtype. The pipeline runs once, here; each
     rebuild quantizes a fresh copy of its graph (calibration sees the float model's activations, so a
@@ -182,7 +216,7 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
 
     # The layers left float run fp16 on the GPU; on CPU fp32 (fp16 convolutions there are slow).
     dtype = DTYPES["int8"] if _device_of(inputs, model).type == "cuda" else torch.float32
-    gm_float, report = _pipeline(model, inputs, dtype)
+    gm_float, report = _pipeline(model, inputs, dtype, capture)
     calib_t = [_cast_floats(c, dtype) for c in calib]
 
     def rebuild(keep_float: dict[str, str] | None = None, graph: bool = True) -> Built:
@@ -203,8 +237,8 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
 
 
 def _build_warpforge_int8(observer: str = INT8_OBSERVER) -> Callable[..., Built]:
-    def build(model: nn.Module, inputs: tuple, calib: list[tuple]) -> Built:
-        return int8_builder(model, inputs, calib, observer)()
+    def build(model: nn.Module, inputs: tuple, calib: list[tuple], *, capture: str = "auto") -> Built:
+        return int8_builder(model, inputs, calib, observer, capture)()
     return build
 
 
@@ -234,12 +268,12 @@ def _nothing_quantized(what: str, kept: list) -> str:
 
 
 def _build_warpforge_fp8(activations: str, observer: str = "max") -> Callable[..., Built]:
-    def build(model: nn.Module, inputs: tuple, calib: list[tuple] | None = None) -> Built:
+    def build(model: nn.Module, inputs: tuple, calib: list[tuple] | None = None, *, capture: str = "auto") -> Built:
         from warpforge.optimize.fp8 import quantize_fp8
         from warpforge.optimize.runtime import _cast_floats
 
         dtype = DTYPES["fp8"]
-        gm, report = _pipeline(model, inputs, dtype)
+        gm, report = _pipeline(model, inputs, dtype, capture)
         calib_t = None if calib is None else [_cast_floats(c, dtype) for c in calib]
         gm, fp8 = quantize_fp8(gm, calib_t, activations=activations, observer=observer)
         if not fp8.layers:
@@ -251,14 +285,14 @@ def _build_warpforge_fp8(activations: str, observer: str = "max") -> Callable[..
     return build
 
 
-def _build_warpforge_weight_only(precision: str) -> Callable[[nn.Module, tuple], Built]:
-    def build(model: nn.Module, inputs: tuple) -> Built:
+def _build_warpforge_weight_only(precision: str) -> Callable[..., Built]:
+    def build(model: nn.Module, inputs: tuple, *, capture: str = "auto") -> Built:
         from warpforge.optimize.weight_only import quantize_weights
 
         # Activations run fp16 on the GPU; on CPU fp32 (linear() runs its torch reference there, and fp16
         # convolutions on CPU are slow).
         dtype = DTYPES[precision] if _device_of(inputs, model).type == "cuda" else torch.float32
-        gm, report = _pipeline(model, inputs, dtype)
+        gm, report = _pipeline(model, inputs, dtype, capture)
         gm, wo = quantize_weights(gm, precision, dtype=dtype)
         if not wo.layers:
             raise RuntimeError(_nothing_quantized("no linear layer could be quantized", wo.kept))
@@ -288,8 +322,8 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
             (ours if warpforge else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-            if name in ("getitem", "getattr", "contiguous", "size"):
-                continue  # bookkeeping, no compute
+            if name in ("getitem", "getattr", "contiguous", "size", "sym_size.int"):
+                continue  # bookkeeping, no compute (sym_size: an exported graph reading the batch size)
             ops[name] += 1
     total = sum(ops.values()) + sum(ours.values())
     return {"warpforge_ops": dict(ours), "torch_ops": dict(ops), "ops_total": total,

@@ -1,11 +1,26 @@
-"""Capture a model as an FX graph the passes can rewrite, keeping untraceable submodules eager.
+"""Capture a model as a module-level FX graph the passes can rewrite: ``torch.export`` first, FX second.
 
-Why ``torch.fx.symbolic_trace`` and not ``torch.export``: export lowers to ATen with parameters lifted
-to graph inputs and BatchNorm decomposed into ``_native_batch_norm_legit_no_training``, so the
-module-level rewrites here (fold a ``BatchNorm2d`` module into its ``Conv2d``, swap a conv module for a
-fused one) would have to pattern-match ATen ops and re-home parameters. Export also fails on a whole model
-when one submodule has data-dependent control flow, while FX can keep that submodule as a leaf (called
-eagerly) and trace the rest. So: FX only, and the submodules left eager are reported for coverage.
+    cap = capture(model, (x,))            # method="auto": export, else FX with eager leaves
+    cap.method, cap.coverage()            # "torch.export" | "torch.fx.symbolic_trace", what was captured
+
+The passes (passes/) rewrite module calls and torch functions: fold a ``BatchNorm2d`` module into the
+``Conv2d`` module before it, swap a conv module for a fused one, match ``F.scaled_dot_product_attention``
+or ``softmax(q @ k^T) @ v``. Both methods produce that form, with modules at their original paths:
+
+* **torch.export** (non-strict, batch dim symbolic) traces the whole forward through the dispatcher, and
+  ``raise_aten`` turns its ATen program back into module calls and the torch functions the passes match
+  (ops with no such form stay ATen calls, which run as exported). The coverage lists the program's ATen
+  operators and which of them stayed plain ATen calls, like a TensorRT dry run's operator support list.
+* **torch.fx.symbolic_trace** is the fallback when export fails (data-dependent control flow, an op export
+  cannot trace, a program only valid for some batch sizes) or when asked for (``method="fx"``). It keeps
+  the submodules it cannot trace as leaves that run eagerly, listed with the reason in ``eager``; the
+  export failure is kept in ``export_error``. A training-mode model goes to FX directly: export would fix
+  BatchNorm and Dropout to their training behaviour and record the statistics updates as mutations.
+
+Either graph is checked against the model on ``example_inputs`` (eval mode). The exported one also at a
+second batch size (the batch of 2 it was exported at when the example has batch 1, else batch 1): export
+assumes a symbolic batch is never 1, so a model that branches on ``batch == 1`` shows up there, and falls
+back to FX rather than returning a graph that is wrong at some batch.
 """
 
 from __future__ import annotations
@@ -17,21 +32,33 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from warpforge.optimize.raise_aten import ExportRefused, export_and_raise
+
+METHODS = ("auto", "export", "fx")
+EXPORT, FX = "torch.export", "torch.fx.symbolic_trace"
+
 
 @dataclass
 class Captured:
-    """The traced copy of a model and what could not be traced."""
+    """The captured copy of a model, how it was captured, and what could not be."""
 
     module: fx.GraphModule           # owns deep copies of the model's submodules: passes may edit it in place
     eager: dict[str, str] = field(default_factory=dict)  # module path -> why it is left eager (a leaf call)
-    method: str = "torch.fx.symbolic_trace"
+    method: str = FX                 # EXPORT or FX
+    asked: str = "fx"                # the method= capture was called with
+    export_error: str | None = None  # why torch.export was not used (auto fell back to FX)
+    aten_ops: dict[str, int] = field(default_factory=dict)  # export: the program's operators -> calls
+    aten_kept: dict[str, int] = field(default_factory=dict)  # export: of those, calls left as plain ATen nodes
 
     def coverage(self) -> dict[str, Any]:
-        """Parameters inside traced code vs inside eager leaves (what the passes can and cannot see)."""
+        """How it was captured; parameters inside traced code vs inside eager leaves (what the passes can and
+        cannot see); for export, each ATen operator's calls and how many stayed plain ATen calls."""
         total = sum(p.numel() for p in self.module.parameters())
         eager = sum(p.numel() for path in self.eager for p in self.module.get_submodule(path).parameters())
-        return {"method": self.method, "eager_modules": dict(self.eager), "params_total": total,
-                "params_eager": eager, "traced_fraction": 1.0 if total == 0 else (total - eager) / total}
+        return {"method": self.method, "asked": self.asked, "export_error": self.export_error,
+                "eager_modules": dict(self.eager), "params_total": total, "params_eager": eager,
+                "traced_fraction": 1.0 if total == 0 else (total - eager) / total,
+                "aten_ops": dict(self.aten_ops), "aten_kept": dict(self.aten_kept)}
 
 
 class _LeafTracer(fx.Tracer):
@@ -76,21 +103,77 @@ def _find_eager(mod: nn.Module, path: str, leaves: set[int], eager: dict[str, st
         eager[path] = err
 
 
-def capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> Captured:
-    """Trace a deep copy of ``model``; submodules FX cannot trace stay eager and are listed in ``eager``.
+def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "auto") -> Captured:
+    """Capture a deep copy of ``model`` (see the module docstring): ``method`` "auto" (torch.export, else FX),
+    "export" (torch.export or a ValueError saying why not) or "fx" (FX only).
 
-    An eval-mode model is checked against the copy on ``example_inputs`` (same outputs: tracing changes
-    no arithmetic; a tiny tolerance only for GPU kernels that reduce in a run-dependent order), so a capture that silently dropped behaviour fails here, not in a
-    pass. A training-mode model is not run (its forward would move BatchNorm statistics, dropout is random).
+    An eval-mode model is checked against the copy on ``example_inputs`` (same outputs: capture changes no
+    arithmetic; a tiny tolerance only for GPU kernels that reduce in a run-dependent order), so a capture
+    that silently dropped behaviour fails here, not in a pass. A training-mode model is not run (its
+    forward would move BatchNorm statistics, dropout is random).
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(example_inputs, tuple):
         raise ValueError(f"example_inputs must be a tuple of the forward's arguments, got {type(example_inputs).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    export_error = None
+    if method != "fx":
+        try:
+            return _capture_export(model, example_inputs, method)
+        except ExportRefused as e:
+            if method == "export":
+                raise ValueError(f"torch.export cannot capture the model: {e}") from None
+            export_error = str(e)
+    cap = _capture_fx(model, example_inputs, export_error)
+    cap.asked, cap.export_error = method, export_error
+    return cap
+
+
+def _capture_export(model: nn.Module, example_inputs: tuple, method: str) -> Captured:
+    if model.training:
+        raise ExportRefused("not tried: the model is in training mode (export would fix BatchNorm and Dropout "
+                            "to training behaviour and record the statistics updates)")
+    root = copy.deepcopy(model)  # passes rewrite in place; the user's model must stay as it was
+    raised = export_and_raise(root, example_inputs)
+    gm = raised.module
+    for inputs in _check_inputs(example_inputs, raised.export_inputs):
+        with torch.no_grad():
+            want = model(*inputs) if inputs is example_inputs else _run_or_none(model, inputs)
+            if want is None:
+                continue  # the model itself does not run at this batch size: nothing to compare
+            got = _run_or_none(gm, inputs)
+        if got is None or not _same(want, got):
+            batch = next((x.shape[0] for x in inputs if x.dim() >= 1), None)
+            raise ExportRefused(f"the raised graph does not reproduce the model's outputs at batch {batch}")
+    return Captured(gm, method=EXPORT, asked=method, aten_ops=raised.aten_ops, aten_kept=raised.kept)
+
+
+def _check_inputs(example_inputs: tuple, export_inputs: tuple) -> list[tuple]:
+    """The example inputs, then one other batch size: the exported one, or a batch of 1."""
+    if export_inputs is not example_inputs and any(a is not b for a, b in zip(export_inputs, example_inputs)):
+        return [example_inputs, export_inputs]
+    return [example_inputs, tuple(x[:1] if x.dim() >= 1 else x for x in example_inputs)]
+
+
+def _run_or_none(fn: nn.Module, inputs: tuple) -> Any:
+    try:
+        return fn(*inputs)
+    except Exception:  # noqa: BLE001 - a model may reject another batch size; the caller decides
+        return None
+
+
+def _capture_fx(model: nn.Module, example_inputs: tuple, export_error: str | None) -> Captured:
     root = copy.deepcopy(model)  # passes rewrite in place; the user's model must stay as it was
     leaves: set[int] = set()
     eager: dict[str, str] = {}
-    _find_eager(root, "", leaves, eager)
+    try:
+        _find_eager(root, "", leaves, eager)
+    except ValueError as e:
+        if export_error is None:
+            raise
+        raise ValueError(f"{e}; torch.export failed too ({export_error})") from None
     graph = _LeafTracer(leaves).trace(root)
     for node in graph.nodes:
         if isinstance(node.type, str):
@@ -121,4 +204,4 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-__all__ = ["Captured", "capture"]
+__all__ = ["EXPORT", "FX", "METHODS", "Captured", "capture"]

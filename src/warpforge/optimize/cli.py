@@ -142,6 +142,13 @@ def print_table(report: dict[str, Any], console) -> None:
         if r["status"] != "passed":
             console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {r.get('reason', '')}",
                           highlight=False, markup=True)
+    cap = report.get("capture") or {}
+    if cap.get("method"):
+        ops, kept = sum(cap.get("aten_ops", {}).values()), sum(cap.get("aten_kept", {}).values())
+        line = f"  capture ({report.get('graph_of')}): {cap['method']}"
+        line += f", {ops} ATen operator calls, {kept} left as plain ATen calls" if ops else ""
+        line += f"; torch.export was not used: {cap['export_error']}" if cap.get("export_error") else ""
+        console.print(line, highlight=False, markup=False)
 
 
 def _err(console, msg: str) -> int:
@@ -153,7 +160,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
                  backends: tuple[str, ...] = (), max_abs: float | None = None, max_rel: float | None = None,
                  min_cosine: float | None = None, min_top1: float | None = None, queries: int = 200,
                  warmup: int = 20, out: str | None = None, json_out: bool = False, random_weights: bool = False,
-                 exhaustive: bool = False, console=None) -> int:
+                 exhaustive: bool = False, capture: str = "auto", console=None) -> int:
     from rich.console import Console
 
     from warpforge.optimize import report as report_mod
@@ -187,7 +194,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
                         precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
                         device=dev, progress=progress_cb, queries=queries, warmup=warmup, name=resolved.name,
-                        exhaustive=exhaustive)
+                        exhaustive=exhaustive, capture=capture)
 
     try:
         if json_out:

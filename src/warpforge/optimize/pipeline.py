@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from warpforge.optimize.capture import capture
+from warpforge.optimize.capture import capture as capture_model
 from warpforge.optimize.passes.attention import ReplaceAttention
 from warpforge.optimize.passes.base import Pass, PassContext, PassResult
 from warpforge.optimize.passes.channels_last import ChannelsLast
@@ -63,11 +63,12 @@ def _max_abs_diff(a: Any, b: Any) -> float:
 
 def optimize_graph(model: nn.Module, example_inputs: tuple[Any, ...], passes: Sequence[Pass] | None = None, *,
                    device: torch.device | str | None = None,
-                   dtype: torch.dtype = torch.float32) -> tuple[nn.Module, dict[str, Any]]:
-    """Capture an inference copy of ``model`` (eval mode; the original is untouched), run ``passes``
-    (default: :func:`default_passes`), and compare outputs with the eval-mode original on example_inputs.
+                   dtype: torch.dtype = torch.float32, capture: str = "auto") -> tuple[nn.Module, dict[str, Any]]:
+    """Capture an inference copy of ``model`` (eval mode; the original is untouched) by ``capture``
+    ("auto": torch.export, else FX; "export"; "fx": see optimize.capture), run ``passes`` (default:
+    :func:`default_passes`), and compare outputs with the eval-mode original on example_inputs.
 
-    Returns (optimized model, report) with report keys "capture" (coverage, modules left eager),
+    Returns (optimized model, report) with report keys "capture" (method, operator coverage, modules left eager),
     "passes" (per pass: counts per action and each change) and "max_abs_diff".
     """
     if device is None:
@@ -77,7 +78,7 @@ def optimize_graph(model: nn.Module, example_inputs: tuple[Any, ...], passes: Se
     was_training = original.training
     original.eval()  # inference: BN uses running statistics, dropout is off (restored below)
     try:
-        cap = capture(original, example_inputs)
+        cap = capture_model(original, example_inputs, capture)
         ctx = PassContext(example_inputs=example_inputs, device=device, dtype=dtype)
         optimized, results = Pipeline(default_passes() if passes is None else passes).run(cap.module, ctx)
         with torch.no_grad():

@@ -6,7 +6,9 @@ input shapes, kind), ``settings`` (device, protocol, budgets), ``environment`` (
 single-stream latency p50/p90/p99, offline throughput, speedup against eager-fp32 and against the fastest
 torch.compile candidate, peak memory, details), ``fallbacks`` (what each candidate could not do and why),
 and for the winner ``layers`` (per-layer compute precision), ``coverage`` (operators run by warpforge
-kernels vs torch) and ``passes`` (what each pass changed); ``quant`` (when the int8 candidate was built:
+kernels vs torch), ``capture`` (how its graph was captured: torch.export or torch.fx.symbolic_trace, why
+export was not used, the modules left eager, the exported program's ATen operators and which stayed plain
+ATen calls) and ``passes`` (what each pass changed); ``quant`` (when the int8 candidate was built:
 each layer's decision, int8 or kept float and why, its observer, scale and calibration error); ``fp8`` (the
 same for a warpforge-fp8 candidate: e4m3 or kept float and why, static or per-row input scales) and
 ``weight_only`` (a warpforge-w8 / -w4 candidate: each layer's scheme, weight error and bytes, or kept float
@@ -173,6 +175,31 @@ def _latency_svg(report: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _capture_html(cap: dict[str, Any], graph_of: Any) -> str:
+    """How the pipeline graph was captured: the method, why export was not used, the modules left eager,
+    and for an export the program's ATen operators with how many calls stayed plain ATen calls."""
+    e = html.escape
+    eager = cap.get("eager_modules", {})
+    text = (f"<h2>Capture ({e(str(graph_of))})</h2><p><b>{e(str(cap.get('method')))}</b> (asked: "
+            f"{e(str(cap.get('asked', 'auto')))}): {cap.get('traced_fraction', 0):.1%} of parameters in traced code; "
+            f"{len(eager)} module(s) left eager.")
+    if cap.get("export_error"):
+        text += f" torch.export was not used: {e(cap['export_error'])}"
+    text += "</p>"
+    if eager:
+        text += _table(["module", "why eager"], [[e(k), e(v)] for k, v in eager.items()], left=2)
+    ops, kept = cap.get("aten_ops", {}), cap.get("aten_kept", {})
+    if ops:
+        n_kept = sum(kept.values())
+        text += (f'<p class="muted">The exported program\'s {sum(ops.values())} operator calls: {n_kept} stayed plain '
+                 "ATen calls (they run as exported; no pass rewrites them), the others became module calls or the "
+                 "torch functions the passes match.</p>"
+                 + _table(["ATen operator", "calls", "module call / torch form", "plain ATen call"],
+                          [[f"<code>{e(k)}</code>", str(v), str(v - kept.get(k, 0)), str(kept.get(k, 0))]
+                           for k, v in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))]))
+    return text
+
+
 def to_html(report: dict[str, Any]) -> str:
     """The report as one HTML page: inline CSS, no scripts, no external assets."""
     e = html.escape
@@ -229,10 +256,7 @@ def to_html(report: dict[str, Any]) -> str:
                      + _table(["operator", "calls", "runs on"], ops, left=1))
     cap = report.get("capture", {})
     if cap:
-        eager = cap.get("eager_modules", {})
-        parts.append(f"<h2>Capture</h2><p>{e(str(cap.get('method')))}: {cap.get('traced_fraction', 0):.1%} of "
-                     f"parameters in traced code; {len(eager)} module(s) left eager.</p>"
-                     + (_table(["module", "why eager"], [[e(k), e(v)] for k, v in eager.items()], left=2) if eager else ""))
+        parts.append(_capture_html(cap, report.get("graph_of")))
     if report.get("passes"):
         parts.append(f"<h2>Passes ({e(str(report.get('graph_of')))})</h2>" + _table(
             ["pass", "changes"],

@@ -3,7 +3,8 @@
 A saved directory holds:
 
 * ``manifest.json``: winner, family, precision, how the model is stored (``format``), what to redo on
-  load (``recompile`` mode for torch.compile winners, ``cuda_graph`` capture), passes applied, budget,
+  load (``recompile`` mode for torch.compile winners, ``cuda_graph`` capture), how a warpforge winner's graph
+  was captured (``capture``: torch.export or torch.fx.symbolic_trace), passes applied, budget,
   accuracy, versions, device, and the input shapes/dtypes;
 * the model: ``model.pt2`` (a ``torch.export`` ExportedProgram: needs none of the original Python code),
   ``model.pkl`` (a pickled module: warpforge winners, whose fused modules export would trace away, and
@@ -110,6 +111,7 @@ def save(opt: Optimized, directory: str | Path) -> Path:
         "device": opt.report["settings"]["device"],
         "inputs": opt.report["model"]["inputs"],
         "passes": [{"name": p["name"], "counts": p["counts"]} for p in built.details.get("passes", [])],
+        "capture": built.details.get("capture", {}).get("method"),
         "budget": rec.get("budget"), "accuracy": rec.get("accuracy"), "latency": rec.get("latency"),
         "versions": {k: env.get(k) for k in ("warpforge", "torch", "triton", "cuda", "python")},
         "model": {k: opt.report["model"].get(k) for k in ("name", "class", "params")},
