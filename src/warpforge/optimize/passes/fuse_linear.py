@@ -34,7 +34,7 @@ from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.matmul import matmul
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
-from warpforge.optimize.passes.fuse_conv import _residual
+from warpforge.optimize.passes.fuse_conv import _only_user, _residual
 
 _ACT_MODULES = {nn.ReLU: "relu", nn.SiLU: "silu"}
 _ACT_FUNCTIONS = {F.relu: "relu", torch.relu: "relu", F.silu: "silu", F.gelu: "gelu"}
@@ -143,10 +143,6 @@ def _activation(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> str | None:
             name = "gelu" if approx == "none" else "gelu_tanh" if approx == "tanh" else None
         return None if kw else name
     return None
-
-
-def _only_user(node: fx.Node) -> fx.Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
 
 
 class FuseLinear:
