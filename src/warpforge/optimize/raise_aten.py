@@ -24,6 +24,11 @@ The batch (dim 0 of each tensor input) is exported symbolic (``Dim.AUTO``), from
 example has batch 1 (export fixes dims of size 1), so the graph serves other batch sizes as an FX graph
 does. A program that fixed or bounded the batch, mutates buffers or inputs, or holds higher-order ops is
 refused (:class:`ExportRefused`, with the reason), and capture falls back to FX.
+
+What export fixes that FX reads at run time: the other dims of the inputs (a reshape to
+``[batch, 10, 4, 12]`` keeps the 10 tokens: optimize() takes inputs that differ in the batch only) and the
+device of tensors the forward creates (``torch.ones(4)`` becomes ``aten.ones(..., device=cpu)``): a raised
+graph serves the device and the shapes it was captured for, batch aside.
 """
 
 from __future__ import annotations
