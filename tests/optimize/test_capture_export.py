@@ -85,6 +85,34 @@ def test_raised_graph_pickles_deepcopies_and_serves_other_batch_sizes():
                 torch.testing.assert_close(m(x2), model(x2), rtol=1e-4, atol=1e-4)
 
 
+class _InPlace(nn.Module):
+    """In-place ops the graph must keep (on a view: its base changes) or may raise (on a fresh tensor), a
+    plain tensor attribute (a constant of the exported program) and a tensor made in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.act = nn.Linear(4, 4), nn.ReLU(inplace=True)
+        self.scale = torch.tensor([2.0, 1.0, 0.5, 3.0])
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.act(y[:, :2])  # mutates y through the view
+        z = y * self.scale
+        z.add_(1.0)
+        return z + torch.ones(4) * 0.5
+
+
+def test_in_place_ops_and_constants_survive_the_raise_and_the_passes():
+    model, x = _InPlace().eval(), torch.randn(3, 4)
+    cap = capture(model, (x,))
+    assert cap.method == EXPORT, cap.export_error
+    assert cap.aten_kept.get("aten.relu_.default") == 1  # on the view: stays an ATen op dead-code removal keeps
+    gm, _ = _pass_reports(cap.module, (x,))
+    x5 = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x5), model(x5), rtol=0, atol=0)
+
+
 def test_data_dependent_control_flow_falls_back_to_fx_with_the_reason():
     model, x = make(WithEager()), image()
     cap = capture(model, (x,))

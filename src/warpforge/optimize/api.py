@@ -26,6 +26,7 @@ from torch import nn
 
 from warpforge._factory import accepts
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
+from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
 from warpforge.optimize.report import make_report
@@ -234,10 +235,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
             raise BadInputError(f"{arg} must be an integer >= 1, got {v!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise BadInputError(f"warmup must be an integer >= 0, got {warmup!r}")
-    from warpforge.optimize.capture import METHODS
-
-    if capture not in METHODS:
-        raise BadInputError(f"capture must be one of {METHODS}, got {capture!r}")
+    if capture not in CAPTURE_METHODS:
+        raise BadInputError(f"capture must be one of {CAPTURE_METHODS}, got {capture!r}")
     dev = _resolve_device(device, model, inputs)
     budgets = _budgets(budget)
     try:

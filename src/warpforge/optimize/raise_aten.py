@@ -24,6 +24,11 @@ The batch (dim 0 of each tensor input) is exported symbolic (``Dim.AUTO``), from
 example has batch 1 (export fixes dims of size 1), so the graph serves other batch sizes as an FX graph
 does. A program that fixed or bounded the batch, mutates buffers or inputs, or holds higher-order ops is
 refused (:class:`ExportRefused`, with the reason), and capture falls back to FX.
+
+What export fixes that FX reads at run time: the other dims of the inputs (a reshape to
+``[batch, 10, 4, 12]`` keeps the 10 tokens: optimize() takes inputs that differ in the batch only) and the
+device of tensors the forward creates (``torch.ones(4)`` becomes ``aten.ones(..., device=cpu)``): a raised
+graph serves the device and the shapes it was captured for, batch aside.
 """
 
 from __future__ import annotations
@@ -191,42 +196,53 @@ def _sdpa(b: dict) -> Form:
             {k: b[k] for k, d in defaults.items() if k in b and b[k] != d})
 
 
+def _overloads(table: dict[str, Any]) -> dict[Any, Any]:
+    """``table`` keyed by ATen overloads ("add_.Tensor" -> aten.add_.Tensor), without the ones this torch lacks."""
+    out = {}
+    for name, value in table.items():
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is not None:
+            out[op] = value
+    return out
+
+
 # ATen op -> the torch form a pass matches (None from a form: that call keeps its ATen op).
-_FORMS: dict[Any, Callable[[dict], Form | None]] = {
-    aten.relu.default: lambda b: (torch.relu, (b["self"],), {}),
-    aten.relu_.default: lambda b: (torch.relu_, (b["self"],), {}),
-    aten.hardtanh.default: _hardtanh(False), aten.hardtanh_.default: _hardtanh(True),
-    aten.silu.default: _act(F.silu), aten.silu_.default: _act(F.silu, True),
-    aten.hardswish.default: _act(F.hardswish), aten.hardswish_.default: _act(F.hardswish, True),
-    aten.gelu.default: lambda b: (F.gelu, (b["self"],),
-                                  {} if b["approximate"] == "none" else {"approximate": b["approximate"]}),
-    aten.sigmoid.default: lambda b: (torch.sigmoid, (b["self"],), {}),
-    aten.tanh.default: lambda b: (torch.tanh, (b["self"],), {}),
-    aten.add.Tensor: _binary(operator.add), aten.add_.Tensor: _binary(operator.iadd),
-    aten.sub.Tensor: _binary(operator.sub), aten.sub_.Tensor: _binary(operator.isub),
-    aten.mul.Tensor: _binary(operator.mul), aten.mul_.Tensor: _binary(operator.imul),
-    aten.div.Tensor: _binary(operator.truediv), aten.div_.Tensor: _binary(operator.itruediv),
-    aten.matmul.default: lambda b: (operator.matmul, (b["self"], b["other"]), {}),
-    aten.bmm.default: lambda b: (torch.bmm, (b["self"], b["mat2"]), {}),
-    aten.softmax.int: lambda b: (torch.softmax, (b["self"], b["dim"]),
-                                 {} if b.get("dtype") is None else {"dtype": b["dtype"]}),
-    aten._softmax.default: lambda b: None if b["half_to_float"] else (torch.softmax, (b["self"], b["dim"]), {}),
-    aten.transpose.int: lambda b: (torch.transpose, (b["self"], b["dim0"], b["dim1"]), {}),
-    aten.permute.default: lambda b: (torch.permute, (b["self"], list(b["dims"])), {}),
-    aten.scaled_dot_product_attention.default: _sdpa,
-    aten.dropout.default: lambda b: (F.dropout, (b["input"], b["p"], b["train"]), {}),
-    aten.flatten.using_ints: lambda b: (torch.flatten, (b["self"], b["start_dim"], b["end_dim"]), {}),
-    aten.mT.default: lambda b: (getattr, (b["self"], "mT"), {}),
+_FORMS = _overloads({
+    "relu.default": lambda b: (torch.relu, (b["self"],), {}),
+    "relu_.default": lambda b: (torch.relu_, (b["self"],), {}),
+    "hardtanh.default": _hardtanh(False), "hardtanh_.default": _hardtanh(True),
+    "silu.default": _act(F.silu), "silu_.default": _act(F.silu, True),
+    "hardswish.default": _act(F.hardswish), "hardswish_.default": _act(F.hardswish, True),
+    "gelu.default": lambda b: (F.gelu, (b["self"],),
+                               {} if b["approximate"] == "none" else {"approximate": b["approximate"]}),
+    "sigmoid.default": lambda b: (torch.sigmoid, (b["self"],), {}),
+    "tanh.default": lambda b: (torch.tanh, (b["self"],), {}),
+    "add.Tensor": _binary(operator.add), "add_.Tensor": _binary(operator.iadd),
+    "sub.Tensor": _binary(operator.sub), "sub_.Tensor": _binary(operator.isub),
+    "mul.Tensor": _binary(operator.mul), "mul_.Tensor": _binary(operator.imul),
+    "div.Tensor": _binary(operator.truediv), "div_.Tensor": _binary(operator.itruediv),
+    "matmul.default": lambda b: (operator.matmul, (b["self"], b["other"]), {}),
+    "bmm.default": lambda b: (torch.bmm, (b["self"], b["mat2"]), {}),
+    "softmax.int": lambda b: (torch.softmax, (b["self"], b["dim"]),
+                              {} if b.get("dtype") is None else {"dtype": b["dtype"]}),
+    "_softmax.default": lambda b: None if b["half_to_float"] else (torch.softmax, (b["self"], b["dim"]), {}),
+    "transpose.int": lambda b: (torch.transpose, (b["self"], b["dim0"], b["dim1"]), {}),
+    "permute.default": lambda b: (torch.permute, (b["self"], list(b["dims"])), {}),
+    "scaled_dot_product_attention.default": _sdpa,
+    "dropout.default": lambda b: (F.dropout, (b["input"], b["p"], b["train"]), {}),
+    "flatten.using_ints": lambda b: (torch.flatten, (b["self"], b["start_dim"], b["end_dim"]), {}),
+    "mT.default": lambda b: (getattr, (b["self"], "mT"), {}),
     # Tensor methods (a str target is a call_method node): the attention pass looks through no-op casts
     # and names a masked_fill on the scores as a mask.
-    aten.to.dtype: lambda b: None if b["copy"] or b["non_blocking"] or b["memory_format"] is not None else (
+    "to.dtype": lambda b: None if b["copy"] or b["non_blocking"] or b["memory_format"] is not None else (
         "to", (b["self"], b["dtype"]), {}),
-    aten.type_as.default: lambda b: ("type_as", (b["self"], b["other"]), {}),
-    aten.masked_fill.Scalar: lambda b: ("masked_fill", (b["self"], b["mask"], b["value"]), {}),
-    aten.masked_fill.Tensor: lambda b: ("masked_fill", (b["self"], b["mask"], b["value"]), {}),
-}
+    "type_as.default": lambda b: ("type_as", (b["self"], b["other"]), {}),
+    "masked_fill.Scalar": lambda b: ("masked_fill", (b["self"], b["mask"], b["value"]), {}),
+    "masked_fill.Tensor": lambda b: ("masked_fill", (b["self"], b["mask"], b["value"]), {}),
+})
 # Trace-time checks of a tensor's dtype and device (export adds one before each cast): dropped, as FX has none.
-_DROPPED = (aten._assert_tensor_metadata.default,)
+_DROPPED = tuple(_overloads({"_assert_tensor_metadata.default": None}))
 
 
 def _leaf_type(mod: nn.Module) -> bool:
