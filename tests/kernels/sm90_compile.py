@@ -11,6 +11,8 @@ are multiples of 16 (``tt.divisibility`` on every pointer and integer argument).
     python tests/kernels/sm90_compile.py --norm     # every config the GEMV's input-RMSNorm fusion may use
                                                     # (139 compiles, ~3 CPU-minutes; --norm-class=16: one class)
     python tests/kernels/sm90_compile.py --all --only=conv    # the conv candidates alone
+    python tests/kernels/sm90_compile.py --shard=0/2          # every other job from the first (tests run
+                                                              # the shards side by side: sm90_shards.py)
 
 GEMMs compile with the heaviest epilogue (bias + erf gelu), so a candidate meant for plain GEMMs
 may report a small spill here that it does not have without an epilogue. Convs (fp16 and int8, the
@@ -361,9 +363,14 @@ def main(argv: list[str]) -> int:
         todo = norm_jobs(True, picked or None)
     else:
         todo = jobs("--all" in argv)
+    todo = [(label, thunk) for label, thunk in todo if not only or label.startswith(only)]
+    for a in argv:  # --shard=I/N: jobs I, I + N, I + 2N, ... of the list (the same list in every shard)
+        if a.startswith("--shard="):
+            i, n = (int(v) for v in a.split("=", 1)[1].split("/"))
+            if not 0 <= i < n:
+                raise SystemExit(f"--shard={i}/{n}: expected 0 <= I < N")
+            todo = todo[i::n]
     for label, thunk in todo:
-        if only and not label.startswith(only):
-            continue
         try:
             info = thunk()
         except Exception as e:  # noqa: BLE001 - report and go on

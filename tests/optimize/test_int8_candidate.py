@@ -24,7 +24,8 @@ def _rec(report, name):
 def test_int8_candidate_on_cpu():
     model, x = make(SmallNet(c=16)), image(n=4, hw=16)
     calib = [image(n=8, hw=16, seed=s) for s in (11, 12, 13)]
-    opt = optimize(model, (x,), calib=calib, precisions=["fp32", "int8"], **FAST)
+    # not ONNX's point here (test_saved builds and reloads it): the warpforge family (fp32 and int8) and eager
+    opt = optimize(model, (x,), calib=calib, precisions=["fp32", "int8"], backends=["eager", "warpforge"], **FAST)
     rep = opt.report
     rec = _rec(rep, "warpforge-int8")
     assert rec["status"] == "passed", rec

@@ -129,3 +129,20 @@ def test_cli_precision_choices_are_the_gate_s():
     from warpforge.optimize.gate import PRECISIONS
 
     assert tuple(OPTIMIZE_PRECISIONS) == tuple(PRECISIONS)
+
+
+def test_rebatch_keeps_every_sample_in_order():
+    """cli_optimize(val_batch=): the demo checks MobileNetV2's 270 views 30 per call on a CPU."""
+    import torch
+
+    from warpforge.optimize.cli import rebatch
+
+    val = [(torch.arange(i * 2, i * 2 + 2)[:, None].float(), torch.tensor([i, i])) for i in range(5)]  # 10 samples
+    got = rebatch(val, 4)
+    assert [len(x) for x, _ in got] == [4, 4, 2] and all(len(v) == 2 for v in got)
+    assert torch.equal(torch.cat([x for x, _ in got]).flatten(), torch.arange(10).float())
+    assert torch.equal(torch.cat([i for _, i in got]), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4]))
+    odd = [(torch.ones(2, 3), {"mask": None})]  # not all tensors: left as it is
+    assert rebatch(odd, 4) is odd
+    with pytest.raises(ValueError, match="val_batch"):
+        rebatch(val, 0)

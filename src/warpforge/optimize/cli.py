@@ -156,11 +156,26 @@ def _err(console, msg: str) -> int:
     return 2
 
 
+def rebatch(val: list[tuple], batch: int) -> list[tuple]:
+    """The same validation samples in tuples of ``batch`` (the last one may be smaller): fewer, larger calls.
+    ``val`` is returned as it is unless every entry is a tuple of tensors of one arity, batched on dim 0."""
+    if batch < 1:
+        raise ValueError(f"val_batch: expected >= 1, got {batch}")
+    arity = {len(v) if isinstance(v, tuple) else -1 for v in val}
+    if len(arity) != 1 or -1 in arity or not all(isinstance(x, torch.Tensor) and x.dim() >= 1 for v in val for x in v):
+        return val
+    cols = [torch.cat(col) for col in zip(*val)]
+    return list(zip(*(c.split(batch) for c in cols)))
+
+
 def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", precisions: tuple[str, ...] = (),
                  backends: tuple[str, ...] = (), max_abs: float | None = None, max_rel: float | None = None,
                  min_cosine: float | None = None, min_top1: float | None = None, queries: int = 200,
                  warmup: int = 20, out: str | None = None, json_out: bool = False, random_weights: bool = False,
-                 exhaustive: bool = False, capture: str = "auto", console=None) -> int:
+                 exhaustive: bool = False, capture: str = "auto", val_batch: int | None = None,
+                 offline_calls: int = 50, console=None) -> int:
+    """``val_batch``: the validation samples regrouped in calls of this many (see :func:`rebatch`); the latency
+    protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls."""
     from rich.console import Console
 
     from warpforge.optimize import report as report_mod
@@ -181,6 +196,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
             budgets = {p: DEFAULT_BUDGETS[p].with_overrides(max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine,
                                                             min_top1=min_top1) for p in PRECISIONS}
         resolved = resolve(model, batch=batch, device=dev, random_weights=random_weights)
+        if val_batch is not None and resolved.val:
+            resolved.val = rebatch(resolved.val, val_batch)
     except (ModelError, ValueError) as e:
         return _err(err_console, str(e))
     out_dir = Path(out) if out else Path("out") / "optimize" / _slug(model)
@@ -193,8 +210,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     def run(progress_cb):
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
                         precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
-                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, name=resolved.name,
-                        exhaustive=exhaustive, capture=capture)
+                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
+                        name=resolved.name, exhaustive=exhaustive, capture=capture)
 
     try:
         if json_out:
@@ -243,4 +260,4 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     return 0
 
 
-__all__ = ["ModelError", "Resolved", "cli_optimize", "print_table", "resolve"]
+__all__ = ["ModelError", "Resolved", "cli_optimize", "print_table", "rebatch", "resolve"]

@@ -66,8 +66,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, device: torch.device | None = None,
-            batch: int | None = None, prompt_len: int | None = None) -> Target:
-    """The callable, inputs and module for TARGET (see the module docstring)."""
+            batch: int | None = None, prompt_len: int | None = None, quick: bool = False) -> Target:
+    """The callable, inputs and module for TARGET (see the module docstring). ``quick`` (``optimized:NAME``
+    only): the search times each candidate with a short protocol (a dry run's; the gate is the same)."""
     dev = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec.startswith("bench:"):
         return _bench(spec[len("bench:"):], dev)
@@ -75,7 +76,7 @@ def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, dev
         if spec.startswith(prefix):
             return _llm(spec[len(prefix):], phase, dev, batch, prompt_len)
     if spec.startswith("optimized:"):
-        return _optimized(spec[len("optimized:"):], dev, batch)
+        return _optimized(spec[len("optimized:"):], dev, batch, quick)
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
         factory = load_factory(where, attr, TargetError, "_warpforge_profile_target_")
@@ -97,7 +98,11 @@ def _zoo(name: str, dev: torch.device, batch: int | None) -> Target:
                   inputs=tuple(spec.example_inputs), module=spec.model)
 
 
-def _optimized(name: str, dev: torch.device, batch: int | None) -> Target:
+# optimize()'s latency protocol for the optimized: target (queries, warmup, offline calls); quick: a dry run's
+OPTIMIZED_PROTOCOL = {False: (50, 10, 10), True: (4, 1, 2)}
+
+
+def _optimized(name: str, dev: torch.device, batch: int | None, quick: bool = False) -> Target:
     from warpforge import models
     from warpforge.optimize import optimize
 
@@ -108,9 +113,10 @@ def _optimized(name: str, dev: torch.device, batch: int | None) -> Target:
     if spec.weights == "random" and dev.type == "cuda":
         budget = framework_budgets(spec.model, val)
         basis = "budgets widened to 2x torch eager's own error at each 16-bit precision (random weights)"
+    queries, warmup, offline_calls = OPTIMIZED_PROTOCOL[quick]
     try:
         opt = optimize(spec.model, tuple(spec.example_inputs), val=val, budget=budget, backends=OPTIMIZED_BACKENDS,
-                       device=dev, queries=50, warmup=10, offline_calls=10, name=name)
+                       device=dev, queries=queries, warmup=warmup, offline_calls=offline_calls, name=name)
     except Exception as e:
         raise TargetError(f"optimized:{name}: the optimizer failed: {type(e).__name__}: {e}") from e
     built = opt.built
