@@ -50,6 +50,7 @@ from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.conv import ConvConfig, conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8  # noqa: E402
+from warpforge.kernels.matmul_int8 import matmul_int8  # noqa: E402
 from warpforge.kernels.quantize import quantize_int8  # noqa: E402
 
 CL = torch.channels_last
@@ -185,6 +186,21 @@ def main(argv: list[str] | None = None) -> int:
         row["int8_tuned_us"] = t(lambda: int8(None))
         row["int8_signed_us"] = t(lambda: conv2d_int8(d["xq_signed"], wq, d["xs_signed"], ws, b32, out_scale=os_, **kw))
         out_q = torch.empty_like(want)
+        # Peers and a route not taken: cuDNN's fp16 conv alone (no epilogue), and for 1x1 stride-1 layers
+        # (a plain GEMM over [N*H*W, C]) cuBLAS int8 (torch._int_mm, int32 out, no epilogue) and our
+        # persistent TMA int8 matmul (matmul_int8: signed x, fp16 out, bias + relu fused).
+        row["cudnn_fp16_us"] = t(lambda: torch.nn.functional.conv2d(x16, w16, b16, la.stride, la.pad))
+        if la.k == 1 and la.stride == 1:
+            m = a.batch * la.hw * la.hw
+            a2 = d["xq_signed"].permute(0, 2, 3, 1).reshape(m, la.cin)
+            b2 = wq.reshape(la.cout, la.cin).t()
+            for key, fn in (("cublas_int8_us", lambda: torch._int_mm(a2, b2)),
+                            ("tma_int8_us", lambda: matmul_int8(a2, b2, d["xs_signed"], ws, bias=b32,
+                                                                activation="relu", out_dtype=torch.float16))):
+                try:
+                    row[key] = t(fn)
+                except Exception as e:  # noqa: BLE001 - a peer that refuses this shape is data
+                    row[key + "_error"] = f"{type(e).__name__}: {str(e)[:160]}"
         row["int8_dual_us"] = t(lambda: conv2d_int8(xq, wq, xs, ws, b32, out_scale=os_, out_dtype=torch.float16,
                                                     out_q=out_q, **q8))
         for cfg in [*INT8_CONV_CONFIGS, *EXTRA]:
@@ -205,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{la.label:24s} x{la.count}  fp16 {row['fp16_us']:8.1f}  int8 tuned {row['int8_tuned_us']:8.1f}  "
               f"signed {row['int8_signed_us']:8.1f}  dual {row['int8_dual_us']:8.1f}  "
               f"best {row['best_us'] or 0:8.1f} [{best}]  quant {row['quantize_us']:6.1f} us  "
+              f"cudnn16 {row['cudnn_fp16_us']:7.1f}  cublas8 {row.get('cublas_int8_us', 0):7.1f}  "
+              f"tma8 {row.get('tma_int8_us', 0):7.1f}  "
               f"fp16/best {row['fp16_us'] / row['best_us'] if row['best_us'] else 0:5.2f}x"
               + (f"  WRONG: {bad}" if bad else ""), flush=True)
         del d, x16, w16, xq, wq, want, out_q
