@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
         row["int8_tuned_us"] = t(lambda: int8(None))
         row["int8_signed_us"] = t(lambda: conv2d_int8(d["xq_signed"], wq, d["xs_signed"], ws, b32, out_scale=os_, **kw))
-        out_q = torch.empty_like(want)
+        out_q = torch.empty(want.shape, dtype=torch.int8, device=dev, memory_format=CL)
         # Peers and a route not taken: cuDNN's fp16 conv alone (no epilogue), and for 1x1 stride-1 layers
         # (a plain GEMM over [N*H*W, C]) cuBLAS int8 (torch._int_mm, int32 out, no epilogue) and our
         # persistent TMA int8 matmul (matmul_int8: signed x, fp16 out, bias + relu fused).

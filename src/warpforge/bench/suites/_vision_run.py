@@ -241,6 +241,15 @@ def _build_candidate(s: Shared, device: torch.device, precision: str, gated: boo
     info = {"candidate": cand.name, "precision": precision, "cuda_graph": built.cuda_graph,
             "warpforge_fraction": cov.get("warpforge_fraction"), "warpforge_ops": cov.get("warpforge_ops"),
             "fallbacks": fallbacks[:8], "fallback_count": len(fallbacks)}
+    cap = built.details.get("capture") or {}
+    if cap:
+        info["capture"] = {k: cap.get(k) for k in ("method", "asked", "export_error", "batch_checked") if k in cap}
+    impls: dict[str, int] = {}  # fuse_linear's tactic choice per layer: our kernel or cuBLAS + torch's epilogue
+    for m in built.module.modules() if isinstance(built.module, nn.Module) else ():
+        if type(m).__name__ == "FusedLinear":
+            impls[m.impl] = impls.get(m.impl, 0) + 1
+    if impls:
+        info["fused_linear_impl"] = impls
     if cand.needs_calib:
         quant = built.details.get("quant") or {}
         info.update(calibration=s.loaded.calib_note, quantized_layers=len(quant.get("layers", [])),
