@@ -50,6 +50,9 @@ CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, residual
     (1, 7, 9, 9, 7, 3, 1, 2, 2, 7, "relu6", True),  # depthwise, dilated
     (2, 6, 9, 5, 12, 5, 2, 2, 1, 6, None, False),  # depthwise with channel multiplier 2
     (1, 33, 5, 5, 33, 3, 2, 1, 1, 33, "silu", False),  # depthwise 3x3/2, odd C
+    (2, 3, 9, 11, 10, 4, 4, 0, 1, 1, "gelu", False),  # patchify (ViT's 16x16/16 embedding): fp16 on the matmul
+    (1, 5, 8, 8, 7, 2, 2, 0, 1, 1, None, True),  # patchify, whole windows, residual
+    (1, 5, 8, 8, 7, 2, 2, 0, 1, 1, "relu", True),  # patchify shape with act + residual: the implicit GEMM
 ]
 
 
@@ -86,6 +89,18 @@ def test_int8_out(device, case, zero):
         conv2d(x, wt, b, out=torch.empty_like(y), out_scale=scale, **geo)
     with pytest.raises(ValueError, match="out_zero_point applies to int8 out"):
         conv2d(x, wt, b, out_zero_point=-128, **geo)
+
+
+def test_patchify_runs_on_the_matmul(device, monkeypatch):
+    """stride == kernel, no padding, 16-bit: one gather + kernels.matmul (the case above checks its values);
+    an activation with a residual stays on the implicit GEMM (it adds the residual first)."""
+    calls, real = [], conv_mod._patch_gemm
+    monkeypatch.setattr(conv_mod, "_patch_gemm", lambda *a: (calls.append(1), real(*a))[1])
+    _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, "gelu", False)
+    assert calls == [1]
+    _run(device, torch.float16, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, "relu", True)
+    _run(device, torch.float32, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, None, False)
+    assert calls == [1]
 
 
 def test_residual_added_in_place(device):

@@ -350,7 +350,8 @@ def test_quantize_int8_rounds_half_to_even(triton_on_cpu, device):
     want = torch.round(ties).clamp(-127, 127).to(torch.int8)  # half to even: 0.5 -> 0, 1.5 -> 2, -2.5 -> -2
     assert torch.equal(got, want) and got[130].item() == 0 and got[131].item() == 2
     odd = torch.randn(1001, device=device)  # not a multiple of the block
-    assert torch.equal(quantize_int8(odd, 0.01), torch.round(odd / 0.01).clamp(-127, 127).to(torch.int8))
+    inv = torch.reciprocal(torch.tensor(0.01, device=device))  # the kernel multiplies by the fp32 reciprocal
+    assert torch.equal(quantize_int8(odd, 0.01), torch.round(odd * inv).clamp(-127, 127).to(torch.int8))
 
 
 def test_quantize_int8_validation(device):

@@ -207,9 +207,9 @@ def conv2d_int8_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.T
 
 def quantize_int8_reference(x: torch.Tensor, scale: torch.Tensor, zero_point: int = 0) -> torch.Tensor:
     """Reference for ``_quantize_int8_kernel`` (kernels/quantize.py) and the conv epilogue's int8 out:
-    clamp(round(x / scale) + zero_point, -127 (zero_point 0) or -128, 127) in fp32 (IEEE division, round
-    half to even), x's layout kept."""
-    q = torch.round(x.float() / scale.float().reshape(())) + zero_point
+    clamp(round(x * (1 / scale)) + zero_point, -127 (zero_point 0) or -128, 127) in fp32 (the reciprocal an
+    IEEE division, then one multiply; round half to even), x's layout kept."""
+    q = torch.round(x.float() * torch.reciprocal(scale.float().reshape(()))) + zero_point
     return q.clamp_(-127 if zero_point == 0 else -128, 127).to(torch.int8)
 
 

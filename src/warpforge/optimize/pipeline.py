@@ -18,6 +18,7 @@ from warpforge.optimize.passes.channels_last import ChannelsLast
 from warpforge.optimize.passes.fold_bn import FoldBatchNorm
 from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue
 from warpforge.optimize.passes.fuse_linear import FuseLinear
+from warpforge.optimize.passes.fuse_norm import FuseNorm
 
 
 def default_passes() -> list[Pass]:
@@ -27,10 +28,11 @@ def default_passes() -> list[Pass]:
 
 
 def float_passes() -> list[Pass]:
-    """The float candidates' pipeline (warpforge-fp32/fp16/bf16): the defaults, then linears merged and fused
+    """The float candidates' pipeline (warpforge-fp32/fp16/bf16): the defaults, then layer norms with the
+    residual adds before them onto the norm kernel (passes/fuse_norm.py), then linears merged and fused
     into the matmul kernel (passes/fuse_linear.py). Not the quantizing candidates' first step: int8, fp8 and
     weight-only passes replace Linear modules themselves."""
-    return default_passes() + [FuseLinear()]
+    return default_passes() + [FuseNorm(), FuseLinear()]
 
 
 class Pipeline:

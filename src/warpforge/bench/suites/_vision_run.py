@@ -250,6 +250,8 @@ def _build_candidate(s: Shared, device: torch.device, precision: str, gated: boo
             impls[m.impl] = impls.get(m.impl, 0) + 1
     if impls:
         info["fused_linear_impl"] = impls
+        info["fused_linear_timed"] = [f"{c['where']}: {c['detail']}"[:200] for p in built.details.get("passes", [])
+                                      for c in p.get("changes", []) if c.get("action") == "timed"][:64]
     if cand.needs_calib:
         quant = built.details.get("quant") or {}
         info.update(calibration=s.loaded.calib_note, quantized_layers=len(quant.get("layers", [])),

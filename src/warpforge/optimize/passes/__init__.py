@@ -6,6 +6,7 @@ from warpforge.optimize.passes.channels_last import ChannelsLast
 from warpforge.optimize.passes.fold_bn import FoldBatchNorm
 from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue, FusedConv2d
 from warpforge.optimize.passes.fuse_linear import FusedLinear, FuseLinear
+from warpforge.optimize.passes.fuse_norm import FusedLayerNorm, FuseNorm
 
-__all__ = ["Change", "ChannelsLast", "FlashAttention", "FoldBatchNorm", "FuseConvEpilogue", "FuseLinear", "FusedConv2d",
-           "FusedLinear", "Pass", "PassContext", "PassResult", "ReplaceAttention"]
+__all__ = ["Change", "ChannelsLast", "FlashAttention", "FoldBatchNorm", "FuseConvEpilogue", "FuseLinear", "FuseNorm",
+           "FusedConv2d", "FusedLayerNorm", "FusedLinear", "Pass", "PassContext", "PassResult", "ReplaceAttention"]
