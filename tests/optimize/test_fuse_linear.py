@@ -111,7 +111,8 @@ def test_gpu_vit_block_stack_through_the_kernels(dtype):
     low = torch.nn.Module.to(__import__("copy").deepcopy(model), dtype)
     gm, rep = optimize_graph(low, (x.to(dtype),), float_passes(), device=torch.device("cuda"), dtype=dtype)
     counts = next(p for p in rep["passes"] if p["name"] == "fuse_linear")["counts"]
-    assert counts == {"merged": 2, "fused": 6, "replaced": 1, "timed": 9}, counts
+    # the residual adds feed layer norms: fuse_norm (before this pass) takes them, 4 of them
+    assert counts == {"merged": 2, "fused": 2, "replaced": 5, "timed": 9}, counts
     timed = [c for c in next(p for p in rep["passes"] if p["name"] == "fuse_linear")["changes"] if c["action"] == "timed"]
     assert all(" us, cuBLAS + torch epilogue " in c["detail"] for c in timed)
     with torch.no_grad():
@@ -154,7 +155,7 @@ def test_impl_choice_runs_the_chosen_path_and_the_pass_records_the_timings(monke
     fake = {"0_fused": {"triton": 5.0, "torch": 9.0}, "2_fused": {"triton": 7.0, "torch": 2.0}}
     current: dict = {}
     monkeypatch.setattr(fl, "_can_time", lambda w: True)
-    monkeypatch.setattr(fl, "_time_us", lambda fn, reps=20: fake[current["name"]][current["mod"].impl])
+    monkeypatch.setattr(fl, "_time_impls", lambda mod, x, res: dict(fake[current["name"]]))
     real_select = fl.select_impl
 
     def tracking(mod, shape, ctx):
