@@ -15,6 +15,8 @@ measure ``Run.ms`` another way (e.g. the bench harness, interleaved).
 from __future__ import annotations
 
 import math
+import sys
+import traceback
 from typing import Any
 
 import torch
@@ -135,14 +137,25 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
                    git: str | None, ceil: Any = None) -> dict[str, Any]:
     """Run ours and every peer, check, and return the case's validated record."""
     results: dict[str, list[Run] | str] = {}
+    broken: str | None = None  # a sticky CUDA error: every later CUDA call on this context fails too
     for name, fn in [("ours", case.ours), *case.peers.items()]:
+        if broken is not None:
+            results[name] = f"not run: {broken}"
+            continue
         try:
             results[name] = list(fn(device, case.rep))
             _timed(case, results[name], None)  # shape check before anything is recorded
         except Exception as e:  # noqa: BLE001 - a failure of a callable is data for the record
             results[name] = _short(e)
+            # where it failed goes to stderr (the record keeps the message): a kernel fault needs the frames
+            print(f"{case.name}: {name} failed:\n{traceback.format_exc(limit=-12)}", file=sys.stderr)
         if device.type == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 - a kernel faulted: record what ran, skip what cannot
+                broken = f"the CUDA context failed after {name!r} ran ({_short(e)})"
+                if not isinstance(results[name], str):
+                    results[name] = broken
     ours_runs = results["ours"]
     if isinstance(ours_runs, str):
         ours: dict[str, Any] = {"error": ours_runs}
