@@ -92,15 +92,20 @@ def test_int8_out(device, case, zero):
 
 
 def test_patchify_runs_on_the_matmul(device, monkeypatch):
-    """stride == kernel, no padding, 16-bit: one gather + kernels.matmul (the case above checks its values);
+    """Opt-in (WARPFORGE_PATCH_GEMM=1): stride == kernel, no padding, 16-bit: one gather + kernels.matmul;
     an activation with a residual stays on the implicit GEMM (it adds the residual first)."""
     calls, real = [], conv_mod._patch_gemm
     monkeypatch.setattr(conv_mod, "_patch_gemm", lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.delenv("WARPFORGE_PATCH_GEMM", raising=False)
+    _run(device, torch.float16, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, None, False)
+    assert calls == []  # off by default
+    monkeypatch.setenv("WARPFORGE_PATCH_GEMM", "1")
     _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, "gelu", False)
-    assert calls == [1]
+    _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, None, True)
+    assert calls == [1, 1]
     _run(device, torch.float16, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, "relu", True)
     _run(device, torch.float32, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, None, False)
-    assert calls == [1]
+    assert calls == [1, 1]
 
 
 def test_residual_added_in_place(device):
@@ -278,3 +283,19 @@ def test_taps_mode_drops_k_steps_wider_than_the_channels():
     # every int8 tile shape the tuner offers for C >= 128 has a block_k 64 twin for C = 64
     shapes64 = {(c.block_m, c.block_n) for c in INT8_CONV_CONFIGS if c.block_k == 64 and c.split_k == 1}
     assert {(128, 128), (128, 64), (64, 128), (64, 64)} <= shapes64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 32])
+def test_gpu_patchify_vit_embedding(batch, monkeypatch):
+    """ViT-B/16's 16x16/16 patch embedding on the matmul path at the batch sizes the vision suite runs
+    (the batch-32 ViT build faulted on the H200 with this path and fuse_norm on, 2026-12-02: this isolates it)."""
+    monkeypatch.setenv("WARPFORGE_PATCH_GEMM", "1")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, 3, 224, 224, device="cuda", generator=g).half().contiguous(memory_format=CL)
+    w = (torch.randn(768, 3, 16, 16, device="cuda", generator=g) / 28).half()
+    b = torch.randn(768, device="cuda", generator=g).half()
+    out = conv2d(x, w, b, stride=16)
+    torch.cuda.synchronize()
+    want = ref.conv2d_reference(x, w, b, stride=16, compute_dtype=F64)
+    assert rel_err(out, want) <= tol(torch.float16)

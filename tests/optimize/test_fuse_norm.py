@@ -63,11 +63,15 @@ def test_fuses_norms_and_their_adds_and_keeps_outputs_fp32():
     assert sum(isinstance(m, FusedLayerNorm) and m.residual for m in gm.modules()) == 4
 
 
-def test_float_passes_give_the_adds_to_the_norms_first():
-    """In the float pipeline fuse_norm runs before fuse_linear: the adds feeding a norm go to the norm, the
-    rest (blocks.1's last add before ln_f is taken too) stay with the linears; outputs kept."""
+def test_float_passes_give_the_adds_to_the_norms_first(monkeypatch):
+    """Opt-in (WARPFORGE_FUSE_NORM=1 or fuse_norm=True): in the float pipeline fuse_norm then runs before
+    fuse_linear, so the adds feeding a norm go to the norm and every residual add here does; outputs kept."""
+    monkeypatch.delenv("WARPFORGE_FUSE_NORM", raising=False)
+    assert "fuse_norm" not in [p.name for p in float_passes()]
+    monkeypatch.setenv("WARPFORGE_FUSE_NORM", "1")
+    assert "fuse_norm" in [p.name for p in float_passes()]
     model, inputs = _randomize(_Net()), _inputs()
-    gm, rep = optimize_graph(model, inputs, float_passes())
+    gm, rep = optimize_graph(model, inputs, float_passes(fuse_norm=True))
     names = [p["name"] for p in rep["passes"]]
     assert names.index("fuse_norm") < names.index("fuse_linear")
     fused_res = [m for m in gm.modules() if isinstance(m, FusedLinear) and m.has_residual]
@@ -95,3 +99,25 @@ def test_fused_layer_norm_kernel_path_fp16(residual):
     torch.testing.assert_close(y.float(), want, rtol=2e-3, atol=4e-3)
     if residual:
         assert torch.equal(got[1], x + r)  # the sum rounded to fp16, as torch's add
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [197, 32 * 197])
+def test_gpu_fused_layer_norm_at_vit_sizes(tokens):
+    """The norm kernel with the residual at ViT-B/16's widths (batch 1 and 32 tokens), in and out of a CUDA
+    graph (the batch-32 ViT build faulted on the H200 with fuse_norm on, 2026-12-02: this isolates it)."""
+    g = torch.Generator(device="cuda").manual_seed(8)
+    ln = _randomize(nn.Sequential(nn.LayerNorm(768))).half().cuda()[0]
+    mod = FusedLayerNorm(ln, residual=True)
+    x = torch.randn(tokens, 768, device="cuda", generator=g).half()
+    r = torch.randn(tokens, 768, device="cuda", generator=g).half()
+    with torch.no_grad():
+        y, s = mod(x, r)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg, sg = mod(x, r)
+        graph.replay()
+        torch.cuda.synchronize()
+    want = torch.nn.functional.layer_norm((x + r).float(), (768,), ln.weight.float(), ln.bias.float(), ln.eps)
+    assert torch.equal(s, x + r) and torch.equal(sg, s) and torch.equal(yg, y)
+    torch.testing.assert_close(y.float(), want, rtol=2e-3, atol=4e-3)

@@ -28,6 +28,7 @@ caches it per weight tensor (invalidated when the tensor changes in place or is 
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -564,6 +565,14 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # ---- patchify convs (stride == kernel, no padding): one gather, then the matmul kernel ---------------
 
 PATCH_ACTIVATIONS = (None, "relu", "gelu", "silu")  # what kernels.matmul's epilogue has
+# Opt-in (WARPFORGE_PATCH_GEMM=1) until an H200 fault is explained: with it and fuse_norm on, ViT-B/16's
+# optimized forward ran at batch 1 (0.524 ms against 0.675 without) but its batch-32 build hit "unspecified
+# launch failure" (2026-12-02); the kernels matched their references at those shapes in the interpreter.
+PATCH_GEMM_ENV = "WARPFORGE_PATCH_GEMM"
+
+
+def patch_gemm_enabled() -> bool:
+    return os.environ.get(PATCH_GEMM_ENV, "0").lower() in ("1", "on", "true", "yes")
 
 
 def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, residual: bool) -> bool:
@@ -572,7 +581,7 @@ def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, res
     residual (conv2d adds the residual before the activation, the matmul after it). Its channels (3 for RGB) are too
     few for the taps loop, and MODE_FLAT decomposes every K index: on the H200 ViT-B/16's 16x16/16 patch
     embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02)."""
-    return (g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0) and g.dilation == (1, 1)
+    return (patch_gemm_enabled() and g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0) and g.dilation == (1, 1)
             and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16) and activation in PATCH_ACTIVATIONS
             and not (residual and activation is not None))
 

@@ -21,7 +21,9 @@ import dataclasses
 import gc
 import importlib.util
 import math
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -490,6 +492,9 @@ class Session:
                     self._results = self._measure(device)
                 except Exception as e:  # noqa: BLE001 - measured once: every callable reports the failure
                     self._results = {n: f"session failed: {_short(e)}" for n in self.names}
+                    # the record keeps the message; where it failed (a kernel fault needs the frames) goes to stderr
+                    print(f"{self.workload.model} batch {self.workload.batch}: the session failed:\n"
+                          f"{traceback.format_exc(limit=-16)}", file=sys.stderr)
                 self._unread = set(self.names)
             got = self._results[name]
             self._unread.discard(name)
