@@ -546,6 +546,8 @@ class Session:
                 fns[name] = fn
             except Exception as e:  # noqa: BLE001 - a candidate's failure is data for the record
                 errors[name] = f"{name} failed: {_short(e)}"
+                print(f"{self.workload.model} batch {self.workload.batch}: {name} failed:\n"
+                      f"{traceback.format_exc(limit=-16)}", file=sys.stderr)
             if REFERENCE in errors:
                 return {n: f"the fp32 reference failed: {errors[REFERENCE]}" for n in self.names}
         blocks, timing_errors = self._time(fns, loaded.inputs, device)
