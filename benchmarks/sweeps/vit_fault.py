@@ -1,0 +1,129 @@
+"""Which module faults in ViT-B/16's optimized fp16 forward at batch 32 on the H200?
+
+    python benchmarks/sweeps/vit_fault.py --batch 32 --out vit_fault.json        (~1-2 min per combination)
+
+Why: on the H200 (2026-12-02, git a3d2721 and 37e8e05) the vision suite's ViT-B/16 batch-32 build hit
+"unspecified launch failure" with the patch-embedding GEMM (WARPFORGE_PATCH_GEMM=1) and the fuse_norm
+pass (WARPFORGE_FUSE_NORM=1) on, while batch 1 ran (0.524 ms) and batch 32 had run without them. The two
+kernels matched their references at those shapes on the CPU interpreter. A sticky CUDA error ends the
+process's context, so each knob combination runs in its own child process, which:
+
+1. builds the fp16 float pipeline (optimize_graph with float_passes, the fuse_linear tactic choice included),
+2. runs it eagerly with a forward hook on every leaf module that synchronizes after it: the first module
+   whose synchronize raises is where the fault is (or right before it),
+3. captures and replays the CUDA graph, as the optimizer's candidate does, and checks against eager fp16.
+
+Prints one line per combination (ok, or the faulting module and error) and writes them all to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+COMBOS = {"none": {}, "patch": {"WARPFORGE_PATCH_GEMM": "1"}, "norm": {"WARPFORGE_FUSE_NORM": "1"},
+          "both": {"WARPFORGE_PATCH_GEMM": "1", "WARPFORGE_FUSE_NORM": "1"}}
+
+
+def child(batch: int) -> dict:
+    import torch
+
+    from warpforge.models import get
+    from warpforge.optimize.pipeline import float_passes, optimize_graph
+    from warpforge.optimize.runtime import CastIO
+
+    out: dict = {"stage": "build"}
+    dev = torch.device("cuda")
+    spec = get("vit_b16", batch=batch, device=dev, pretrained=False)
+    model = spec.model.eval()
+    x = spec.example_inputs[0]
+    half = torch.nn.Module.to(__import__("copy").deepcopy(model), torch.float16)
+    t0 = time.perf_counter()
+    gm, report = optimize_graph(half, (x.half(),), float_passes(), device=dev, dtype=torch.float16)
+    torch.cuda.synchronize()
+    out["build_s"] = time.perf_counter() - t0
+    out["passes"] = {p["name"]: p["counts"] for p in report["passes"]}
+    out["stage"] = "eager"
+    last = {"name": None}
+
+    def hook(name):
+        def fn(_m, _i, _o):
+            torch.cuda.synchronize()  # raises here if this module (or an earlier launch) faulted
+            last["name"] = name
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in gm.named_modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            got = gm(x.half())
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the point: where it fails
+        out.update(ok=False, after=last["name"], error=f"{type(e).__name__}: {str(e)[:300]}")
+        return out
+    for h in handles:
+        h.remove()
+    out["stage"] = "graph"
+    with torch.no_grad():
+        want = half(x.half()).float()
+        mod = CastIO(gm, torch.float16).eval()
+        static = x.clone()
+        for _ in range(2):
+            mod(static)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = mod(static)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+    err = float((y.float() - want).abs().max() / want.abs().max())
+    out.update(ok=True, eager_rel_err=float((got.float() - want).abs().max() / want.abs().max()), graph_rel_err=err)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--combos", default="none,patch,norm,both", help=f"comma-separated of {list(COMBOS)}")
+    ap.add_argument("--out", type=Path, default=Path("vit_fault.json"))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--timeout-s", type=float, default=240.0, help="per combination")
+    a = ap.parse_args(argv)
+    if a.child:
+        print("RESULT " + json.dumps(child(a.batch)), flush=True)
+        return 0
+    results = {}
+    for name in a.combos.split(","):
+        if name not in COMBOS:
+            ap.error(f"--combos: unknown {name!r}; choose from {list(COMBOS)}")
+        env = {**os.environ, **COMBOS[name]}
+        for k in ("WARPFORGE_PATCH_GEMM", "WARPFORGE_FUSE_NORM"):
+            if k not in COMBOS[name]:
+                env.pop(k, None)
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, __file__, "--child", "--batch", str(a.batch)], env=env,
+                               capture_output=True, text=True, timeout=a.timeout_s)
+            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            res = json.loads(line[7:]) if line else {"ok": False, "error": f"rc={p.returncode}: "
+                                                     f"{(p.stderr or p.stdout)[-600:]}"}
+        except subprocess.TimeoutExpired:
+            res = {"ok": False, "error": f"timed out after {a.timeout_s:.0f} s"}
+        res["wall_s"] = time.perf_counter() - t0
+        results[name] = res
+        where = "" if res.get("ok") else f" after {res.get('after')!r} in {res.get('stage')}"
+        print(f"{name:6s} {'ok' if res.get('ok') else 'FAULT'}{where}  {res.get('error', '')[:200]}  "
+              f"graph rel_err {res.get('graph_rel_err')}  ({res['wall_s']:.0f} s)", flush=True)
+    a.out.write_text(json.dumps({"batch": a.batch, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
