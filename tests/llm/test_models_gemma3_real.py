@@ -8,6 +8,7 @@ the first attends to cached pages and the 512-token sliding window is crossed).
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -28,11 +29,13 @@ PROMPT = TEXT[:TEXT.index("Long live the king!")]  # Hamlet's first lines, endin
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # CI boxes have 2 cores and run several pytest processes: OpenMP threads spinning against each other
-    # made this module 3x slower than one thread each
+def threads():
+    # One pytest process (make test) on CI's 2 cores: torch's default threads. Measured 2026-12-02 on a
+    # 2-core box: the perplexity test 50 s with 2 threads against 78 s with 1. Several pytest processes
+    # (pytest-xdist workers) would spin OpenMP threads against each other (3x slower seen): one each then.
     prev = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
 
