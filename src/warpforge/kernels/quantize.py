@@ -10,7 +10,8 @@ element (``div_rn``) made the quantizer and every int8-out conv epilogue instruc
 int8-out 1x1 conv 95 us against 30 us for the same conv with fp16 out (after: 20.3 us and 33 us).
 
 The unsigned form spends all 256 codes on [0, 255 * scale]: one more bit for data known to be >= 0 (the
-output of a ReLU), where the symmetric form leaves the negative half unused. Symmetric never produces -128, so -q is always representable.
+output of a ReLU), where the symmetric form leaves the negative half unused. Symmetric never produces
+-128, so -q is always representable.
 
 The activation quantizer of the W8A8 layers (``conv2d_int8``'s x_q, ``QuantLinearW8A8``'s input). The
 scale is a device tensor read by the kernel, never by the host, so a quantized model captures in a CUDA
