@@ -28,7 +28,6 @@ caches it per weight tensor (invalidated when the tensor changes in place or is 
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 
@@ -40,7 +39,9 @@ from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter 
 from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
+from warpforge._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
+from warpforge.kernels.matmul import matmul
 from warpforge.kernels.quantize import check_scale, check_zero_point, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -572,17 +573,17 @@ PATCH_GEMM_ENV = "WARPFORGE_PATCH_GEMM"
 
 
 def patch_gemm_enabled() -> bool:
-    return os.environ.get(PATCH_GEMM_ENV, "0").lower() in ("1", "on", "true", "yes")
+    return env_flag(PATCH_GEMM_ENV)
 
 
 def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, residual: bool) -> bool:
     """A ViT-style patch embedding: non-overlapping KHxKW windows (stride == kernel, no padding, no
     dilation, one group), 16-bit, an activation the matmul epilogue has, and not both an activation and a
-    residual (conv2d adds the residual before the activation, the matmul after it). Its channels (3 for RGB) are too
-    few for the taps loop, and MODE_FLAT decomposes every K index: on the H200 ViT-B/16's 16x16/16 patch
-    embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02)."""
-    return (patch_gemm_enabled() and g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0) and g.dilation == (1, 1)
-            and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16) and activation in PATCH_ACTIVATIONS
+    residual (conv2d adds the residual before the activation, the matmul after it). Its channels (3 for
+    RGB) are too few for the taps loop, and MODE_FLAT decomposes every K index: on the H200 ViT-B/16's
+    16x16/16 patch embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02)."""
+    return (patch_gemm_enabled() and g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0)
+            and g.dilation == (1, 1) and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16) and activation in PATCH_ACTIVATIONS
             and not (residual and activation is not None))
 
 
@@ -593,17 +594,13 @@ def _patch_gemm(x: torch.Tensor, wp: torch.Tensor, bias, activation, residual, o
     x channels_last is NHWC in memory: rows (oh, kh) and columns (ow, kw) split without a copy, and one
     gather makes each output pixel's window a contiguous row in (kh, kw, c) order, the order of the
     channels_last weight's [Cout, KH, KW, C] memory. Pixels past the last whole window are never read."""
-    from warpforge.kernels.matmul import matmul
-
     n, c, oh, ow, kh, kw = g.n, g.cin, g.oh, g.ow, g.kh, g.kw
     nhwc = x.permute(0, 2, 3, 1)[:, :oh * kh, :ow * kw, :]  # [N, H', W', C] view
     patches = nhwc.reshape(n, oh, kh, ow, kw, c).permute(0, 1, 3, 2, 4, 5).reshape(n * oh * ow, kh * kw * c)
     w2 = wp.permute(0, 2, 3, 1).reshape(g.cout, kh * kw * c)  # a view of the channels_last weight
     out2 = out.permute(0, 2, 3, 1).reshape(n * oh * ow, g.cout)  # a view: out is channels_last
     res2 = None if residual is None else residual.permute(0, 2, 3, 1).reshape(n * oh * ow, g.cout)
-    got = matmul(patches, w2.t(), bias=bias, activation=activation, residual=res2, out=out2)
-    if got.data_ptr() != out2.data_ptr():  # matmul writes into out= (a view of out); never expected otherwise
-        out2.copy_(got)
+    matmul(patches, w2.t(), bias=bias, activation=activation, residual=res2, out=out2)
 
 
 # ---- the implicit-GEMM launch, shared with conv2d_int8 (kernels/conv_int8.py) -------------------

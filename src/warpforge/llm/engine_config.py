@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass, field, replace
+
+from warpforge._env import env_flag
 
 # Decode batch sizes captured as CUDA graphs by default (nano-vllm's set): small sizes one by one
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
@@ -76,10 +77,7 @@ class EngineConfig:
         elif not (isinstance(self.pdl, bool) or self.pdl in ("early", "late")):
             raise ValueError(f"pdl: expected True, False, 'early', 'late' or None, got {self.pdl!r}")
         if self.fused_norm is None:
-            env = os.environ.get("WARPFORGE_FUSED_NORM", "0").strip().lower()
-            if env not in ("0", "1", "", "off", "on", "false", "true", "no", "yes"):
-                raise ValueError(f"WARPFORGE_FUSED_NORM: expected 1/on/true/yes or 0/off/false/no, got {env!r}")
-            self.fused_norm = env in ("1", "on", "true", "yes")
+            self.fused_norm = env_flag("WARPFORGE_FUSED_NORM")
         if self.num_pages is not None:
             _check_int("num_pages", self.num_pages, 1)
         u = self.gpu_memory_utilization

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from warpforge._env import env_flag
 from warpforge.optimize.capture import capture as capture_model
 from warpforge.optimize.passes.attention import ReplaceAttention
 from warpforge.optimize.passes.base import Pass, PassContext, PassResult
@@ -41,7 +41,7 @@ def float_passes(fuse_norm: bool | None = None) -> list[Pass]:
     in the interpreter. Not the quantizing candidates' first step: int8, fp8 and
     weight-only passes replace Linear modules themselves."""
     if fuse_norm is None:
-        fuse_norm = os.environ.get(FUSE_NORM_ENV, "0").lower() in ("1", "on", "true", "yes")
+        fuse_norm = env_flag(FUSE_NORM_ENV)
     return default_passes() + ([FuseNorm()] if fuse_norm else []) + [FuseLinear()]
 
 
