@@ -39,7 +39,7 @@ from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter 
 from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
-from warpforge._env import env_flag
+from warpforge.kernels._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
 from warpforge.kernels.matmul import matmul
 from warpforge.kernels.quantize import check_scale, check_zero_point, round_to_int8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from warpforge._env import env_flag
+from warpforge.kernels._env import env_flag
 
 # Decode batch sizes captured as CUDA graphs by default (nano-vllm's set): small sizes one by one
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.

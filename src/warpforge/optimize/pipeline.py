@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from warpforge._env import env_flag
+from warpforge.kernels._env import env_flag
 from warpforge.optimize.capture import capture as capture_model
 from warpforge.optimize.passes.attention import ReplaceAttention
 from warpforge.optimize.passes.base import Pass, PassContext, PassResult

@@ -1,4 +1,5 @@
-"""On/off knobs read from the environment, one spelling everywhere."""
+"""On/off knobs read from the environment, one spelling everywhere (here, at the bottom layer: kernels import
+only warpforge.kernels)."""
 
 from __future__ import annotations
 
