@@ -88,6 +88,62 @@ def child(batch: int) -> dict:
     return out
 
 
+def step(name: str) -> None:
+    print(f"STEP {name}", flush=True)
+
+
+def child_session(batch: int, pre_batch: int | None, with_peers: bool) -> dict:
+    """The vision suite's own sequence for ViT-B/16 (vr.load, build_ours, collect over the validation
+    batches, then timed calls with the L2 flush), a synchronize after every step and a STEP line before it:
+    the bench's build ran where the sweep's plain graph replay did not fault."""
+    import torch
+
+    from warpforge.bench.suites import _vision_run as vr
+    from warpforge.bench.timing import _flush_l2, time_interleaved
+
+    dev = torch.device("cuda")
+    out: dict = {}
+    for b in ([pre_batch] if pre_batch else []) + [batch]:
+        step(f"b{b} load")
+        loaded = vr.load(vr.Workload(model="vit_b16", batch=b), dev)
+        shared = vr.Shared(loaded, "fp16", None)
+        step(f"b{b} build ours")
+        fn, info = vr.build_ours(shared, dev)
+        torch.cuda.synchronize()
+        out[f"b{b}_ops"] = info.get("warpforge_ops")
+        with torch.no_grad():
+            for i, v in enumerate(loaded.val):
+                step(f"b{b} val {i} {tuple(v[0].shape)}")
+                fn(*v)
+                torch.cuda.synchronize()
+            for i in range(120):
+                step(f"b{b} timed call {i} (L2 flushed)") if i % 20 == 0 else None
+                _flush_l2(dev)
+                fn(*loaded.inputs)
+                torch.cuda.synchronize()
+            if with_peers:
+                fns = {"ours": fn}
+                for name in (vr.EAGER16, vr.COMPILE, vr.GRAPH):
+                    step(f"b{b} build {name}")
+                    fns[name], _ = vr.BUILDERS[name](shared, dev)
+                    for v in loaded.val:
+                        fns[name](*v)
+                    torch.cuda.synchronize()
+                calls = {n: (lambda f=f: f(*loaded.inputs)) for n, f in fns.items()}
+                for blk in range(5):
+                    step(f"b{b} time_interleaved block {blk}")
+                    got = time_interleaved(calls, warmup=10, rep=50, flush_l2=True, cuda_graph=False, device=dev,
+                                           hide_host=False)
+                    out[f"b{b}_ms_block{blk}"] = {n: t.median_ms for n, t in got.items()}
+        step(f"b{b} teardown")
+        del fn, shared, loaded
+        __import__("gc").collect()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+    out["ok"] = True
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -95,30 +151,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("vit_fault.json"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout-s", type=float, default=240.0, help="per combination")
+    ap.add_argument("--mode", choices=("graph", "session"), default="graph",
+                    help="graph: optimize_graph + a plain CUDA graph; session: the vision suite's build and calls")
+    ap.add_argument("--pre-batch", type=int, default=None, help="session: run this batch first (the suite ran b1)")
+    ap.add_argument("--peers", action="store_true", help="session: also build the peers and time interleaved")
+    ap.add_argument("--blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1 in the children")
     a = ap.parse_args(argv)
     if a.child:
-        print("RESULT " + json.dumps(child(a.batch)), flush=True)
+        if a.mode == "session":
+            try:
+                res = child_session(a.batch, a.pre_batch, a.peers)
+            except Exception as e:  # noqa: BLE001 - the point: where it fails
+                import traceback
+                traceback.print_exc()
+                res = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        else:
+            res = child(a.batch)
+        print("RESULT " + json.dumps(res), flush=True)
         return 0
     results = {}
     for name in a.combos.split(","):
         if name not in COMBOS:
             ap.error(f"--combos: unknown {name!r}; choose from {list(COMBOS)}")
-        env = {**os.environ, **COMBOS[name]}
+        env = {**os.environ, **COMBOS[name], **({"CUDA_LAUNCH_BLOCKING": "1"} if a.blocking else {})}
         for k in ("WARPFORGE_PATCH_GEMM", "WARPFORGE_FUSE_NORM"):
             if k not in COMBOS[name]:
                 env.pop(k, None)
         t0 = time.perf_counter()
         try:
-            p = subprocess.run([sys.executable, __file__, "--child", "--batch", str(a.batch)], env=env,
-                               capture_output=True, text=True, timeout=a.timeout_s)
+            cmd = [sys.executable, __file__, "--child", "--batch", str(a.batch), "--mode", a.mode]
+            cmd += (["--pre-batch", str(a.pre_batch)] if a.pre_batch else []) + (["--peers"] if a.peers else [])
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout_s)
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
             res = json.loads(line[7:]) if line else {"ok": False, "error": f"rc={p.returncode}: "
                                                      f"{(p.stderr or p.stdout)[-600:]}"}
+            steps = [ln[5:] for ln in p.stdout.splitlines() if ln.startswith("STEP ")]
+            if steps:
+                res["last_step"] = steps[-1]
+            if not res.get("ok"):
+                res["stderr_tail"] = p.stderr[-3000:]
+                print(p.stderr[-3000:], file=sys.stderr)
         except subprocess.TimeoutExpired:
             res = {"ok": False, "error": f"timed out after {a.timeout_s:.0f} s"}
         res["wall_s"] = time.perf_counter() - t0
         results[name] = res
-        where = "" if res.get("ok") else f" after {res.get('after')!r} in {res.get('stage')}"
+        where = "" if res.get("ok") else f" after {res.get('after')!r} in {res.get('stage')} (step {res.get('last_step')})"
         print(f"{name:6s} {'ok' if res.get('ok') else 'FAULT'}{where}  {res.get('error', '')[:200]}  "
               f"graph rel_err {res.get('graph_rel_err')}  ({res['wall_s']:.0f} s)", flush=True)
     a.out.write_text(json.dumps({"batch": a.batch, "results": results}, indent=1))
