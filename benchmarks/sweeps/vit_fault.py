@@ -144,6 +144,50 @@ def child_session(batch: int, pre_batch: int | None, with_peers: bool) -> dict:
     return out
 
 
+def child_suite(batch: int, pre_batch: int | None, names: list[str], sync_calls: bool) -> dict:
+    """The vision suite's Session itself (reference, ours, peers as named), each share read as the e2e
+    harness reads it. ``sync_calls``: the harness's timing calls each followed by a synchronize, and the
+    first one that raises named."""
+    import torch
+
+    from warpforge.bench.suites import _vision_run as vr
+    from warpforge.bench.suites.vision import FULL
+
+    dev = torch.device("cuda")
+    out: dict = {}
+    if sync_calls:
+        orig = vr.time_interleaved
+        count = {"n": 0}
+
+        def synced(fns, **kw):
+            def wrap(n, f):
+                def call():
+                    count["n"] += 1
+                    f()
+                    try:
+                        torch.cuda.synchronize()
+                    except Exception:
+                        print(f"STEP fault in timed call {count['n']} of {n!r}", flush=True)
+                        raise
+                return call
+            return orig({n: wrap(n, f) for n, f in fns.items()}, **kw)
+        vr.time_interleaved = synced
+    for b in ([pre_batch] if pre_batch else []) + [batch]:
+        step(f"b{b} session {names}")
+        session = vr.Session(vr.Workload(model="vit_b16", batch=b), names, FULL)
+        for name in names:
+            try:
+                runs = session.fn(name)(dev, 0)
+                out[f"b{b} {name}"] = round(runs[len(runs) // 2].ms, 4)
+            except Exception as e:  # noqa: BLE001
+                out[f"b{b} {name}"] = f"{type(e).__name__}: {str(e)[:200]}"
+        step(f"b{b} empty_cache")
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+    out["ok"] = not any(isinstance(v, str) for v in out.values())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -151,16 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("vit_fault.json"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout-s", type=float, default=240.0, help="per combination")
-    ap.add_argument("--mode", choices=("graph", "session"), default="graph",
+    ap.add_argument("--mode", choices=("graph", "session", "suite"), default="graph",
                     help="graph: optimize_graph + a plain CUDA graph; session: the vision suite's build and calls")
     ap.add_argument("--pre-batch", type=int, default=None, help="session: run this batch first (the suite ran b1)")
     ap.add_argument("--peers", action="store_true", help="session: also build the peers and time interleaved")
     ap.add_argument("--blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1 in the children")
+    ap.add_argument("--names", default="eager-fp32,ours,eager-fp16,torch.compile-reduce-overhead-fp16,"
+                    "cuda-graph-eager-fp16", help="suite: the Session's candidates (the reference first)")
+    ap.add_argument("--sync-calls", action="store_true", help="suite: synchronize after every timed call")
     a = ap.parse_args(argv)
     if a.child:
-        if a.mode == "session":
+        if a.mode in ("session", "suite"):
             try:
-                res = child_session(a.batch, a.pre_batch, a.peers)
+                res = (child_session(a.batch, a.pre_batch, a.peers) if a.mode == "session" else
+                       child_suite(a.batch, a.pre_batch, a.names.split(","), a.sync_calls))
             except Exception as e:  # noqa: BLE001 - the point: where it fails
                 import traceback
                 traceback.print_exc()
@@ -181,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cmd = [sys.executable, __file__, "--child", "--batch", str(a.batch), "--mode", a.mode]
             cmd += (["--pre-batch", str(a.pre_batch)] if a.pre_batch else []) + (["--peers"] if a.peers else [])
+            cmd += ["--names", a.names] + (["--sync-calls"] if a.sync_calls else [])
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout_s)
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
             res = json.loads(line[7:]) if line else {"ok": False, "error": f"rc={p.returncode}: "
