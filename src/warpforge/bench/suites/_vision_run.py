@@ -593,10 +593,17 @@ class Session:
                                         else None, "per_call_p20_ms": t.p20_ms, "per_call_p80_ms": t.p80_ms,
                                         "timed_calls": t.n, "method": t.method})
                              for t in blocks[name]]
-        del fns, shared, loaded, outs
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        del shared, loaded, outs
+        # Released one at a time, each followed by empty_cache: a CUDA fault raised here names the candidate
+        # whose release raised it (ViT-B/16 b32 with the patch GEMM and fuse_norm faulted at this point).
+        for name in list(fns):
+            del fns[name]
+            gc.collect()
+            if device.type == "cuda":
+                try:
+                    torch.cuda.empty_cache()
+                except Exception as e:
+                    raise RuntimeError(f"releasing candidate {name!r} raised {_short(e)}") from e
         return results
 
     def _time(self, fns: dict[str, Callable], inputs: tuple, device: torch.device
