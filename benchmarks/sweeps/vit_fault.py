@@ -180,7 +180,7 @@ def child_suite(batch: int, pre_batch: int | None, names: list[str], sync_calls:
                 runs = session.fn(name)(dev, 0)
                 out[f"b{b} {name}"] = round(runs[len(runs) // 2].ms, 4)
             except Exception as e:  # noqa: BLE001
-                out[f"b{b} {name}"] = f"{type(e).__name__}: {str(e)[:200]}"
+                out[f"b{b} {name}"] = f"{type(e).__name__}: {str(e)[:400]}"
         step(f"b{b} empty_cache")
         torch.cuda.empty_cache()
         torch.cuda.synchronize()
