@@ -24,9 +24,10 @@ On CPU the host clock (``time.perf_counter_ns``) times each call; there is no fl
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -138,6 +139,25 @@ def _check_counts(warmup: int, rep: int) -> None:
         raise ValueError(f"rep must be >= 1, got {rep}")
 
 
+@contextlib.contextmanager
+def own_cublas_workspace() -> Iterator[None]:
+    """Around a CUDA-graph capture: drop cuBLAS's cached workspaces before and after it (as torch.compile's
+    cudagraph trees do). torch.cuda.graph captures every graph on one shared stream, and cuBLAS keeps one
+    workspace per (handle, stream): without this, the workspace allocated in the first capture's private
+    pool is baked into every later graph, outliving the graph that owns it. On the H200 that ended in
+    "unspecified launch failure" (ViT-B/16 b32, 2026-12-02): the fused-linear tactic choice captures and
+    drops a graph per layer, then the model's graph and torch.compile's ran on that memory. Cleared, each
+    capture allocates its own workspace in its own pool."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None and torch.cuda.is_available():
+        clear()
+    try:
+        yield
+    finally:
+        if clear is not None and torch.cuda.is_available():
+            clear()
+
+
 def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int, calls: int = 1) -> torch.cuda.CUDAGraph:
     """Warm fn up on a side stream (as capture requires), then capture ``calls`` back-to-back calls."""
     side = torch.cuda.Stream(device)
@@ -149,7 +169,7 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int, call
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):  # captures on its own side stream
+        with own_cublas_workspace(), torch.cuda.graph(graph):  # captures on torch's shared capture stream
             for _ in range(calls):
                 fn()
     except Exception as e:  # noqa: BLE001 - re-raised with the reason capture usually fails

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from warpforge.bench.timing import own_cublas_workspace
+
 
 @contextlib.contextmanager
 def strict_fp32() -> Iterator[None]:
@@ -88,7 +90,7 @@ class CudaGraphed:
         torch.cuda.synchronize(dev)
         self.graph = torch.cuda.CUDAGraph()
         try:
-            with torch.no_grad(), torch.cuda.graph(self.graph):
+            with torch.no_grad(), own_cublas_workspace(), torch.cuda.graph(self.graph):
                 self.static_out = fn(*self.static_in)
         except Exception as e:
             raise RuntimeError(f"CUDA-graph capture failed ({type(e).__name__}: {e}); the model must not "
