@@ -92,14 +92,14 @@ def test_int8_out(device, case, zero):
 
 
 def test_patchify_runs_on_the_matmul(device, monkeypatch):
-    """Opt-in (WARPFORGE_PATCH_GEMM=1): stride == kernel, no padding, 16-bit: one gather + kernels.matmul;
-    an activation with a residual stays on the implicit GEMM (it adds the residual first)."""
+    """On by default (WARPFORGE_PATCH_GEMM=0 turns it off): stride == kernel, no padding, 16-bit: one gather +
+    kernels.matmul; an activation with a residual stays on the implicit GEMM (it adds the residual first)."""
     calls, real = [], conv_mod._patch_gemm
     monkeypatch.setattr(conv_mod, "_patch_gemm", lambda *a: (calls.append(1), real(*a))[1])
-    monkeypatch.delenv("WARPFORGE_PATCH_GEMM", raising=False)
+    monkeypatch.setenv("WARPFORGE_PATCH_GEMM", "0")
     _run(device, torch.float16, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, None, False)
-    assert calls == []  # off by default
-    monkeypatch.setenv("WARPFORGE_PATCH_GEMM", "1")
+    assert calls == []  # off when asked
+    monkeypatch.delenv("WARPFORGE_PATCH_GEMM", raising=False)
     _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, "gelu", False)
     _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, None, True)
     assert calls == [1, 1]

@@ -64,12 +64,14 @@ def test_fuses_norms_and_their_adds_and_keeps_outputs_fp32():
 
 
 def test_float_passes_give_the_adds_to_the_norms_first(monkeypatch):
-    """Opt-in (WARPFORGE_FUSE_NORM=1 or fuse_norm=True): in the float pipeline fuse_norm then runs before
-    fuse_linear, so the adds feeding a norm go to the norm and every residual add here does; outputs kept."""
+    """On by default (WARPFORGE_FUSE_NORM=0 or fuse_norm=False turns it off): in the float pipeline fuse_norm
+    runs before fuse_linear, so the adds feeding a norm go to the norm and every residual add here does;
+    outputs kept."""
     monkeypatch.delenv("WARPFORGE_FUSE_NORM", raising=False)
-    assert "fuse_norm" not in [p.name for p in float_passes()]
-    monkeypatch.setenv("WARPFORGE_FUSE_NORM", "1")
     assert "fuse_norm" in [p.name for p in float_passes()]
+    monkeypatch.setenv("WARPFORGE_FUSE_NORM", "0")
+    assert "fuse_norm" not in [p.name for p in float_passes()]
+    assert "fuse_norm" in [p.name for p in float_passes(fuse_norm=True)]
     model, inputs = _randomize(_Net()), _inputs()
     gm, rep = optimize_graph(model, inputs, float_passes(fuse_norm=True))
     names = [p["name"] for p in rep["passes"]]

@@ -71,11 +71,24 @@ def _triton_version() -> str | None:
         return None
 
 
+# Where results go and which revision ran: not knobs that change what is measured.
+NOT_KNOBS = ("WARPFORGE_GIT", "WARPFORGE_STORE", "WARPFORGE_CACHE_DIR")
+
+
+def knobs() -> dict[str, str]:
+    """The WARPFORGE_* switches set in the environment (e.g. WARPFORGE_FUSE_NORM=0): a record says which
+    ones it ran under, since they change the code path measured."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("WARPFORGE_") and k not in NOT_KNOBS}
+
+
 def device_info(device: torch.device) -> dict[str, Any]:
-    """What ran the case. On CPU ``name`` is "cpu": the figures are then the torch reference path's."""
+    """What ran the case (with ``knobs`` when any WARPFORGE_* switch is set). On CPU ``name`` is "cpu": the
+    figures are then the torch reference path's."""
     import torch
 
     base = {"torch": torch.__version__, "triton": _triton_version(), "cuda": torch.version.cuda}
+    if knobs():
+        base["knobs"] = knobs()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return {"name": props.name, "driver": _driver_version(), **base, "sms": props.multi_processor_count,

@@ -566,14 +566,14 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # ---- patchify convs (stride == kernel, no padding): one gather, then the matmul kernel ---------------
 
 PATCH_ACTIVATIONS = (None, "relu", "gelu", "silu")  # what kernels.matmul's epilogue has
-# Opt-in (WARPFORGE_PATCH_GEMM=1) until an H200 fault is explained: with it and fuse_norm on, ViT-B/16's
-# optimized forward ran at batch 1 (0.524 ms against 0.675 without) but its batch-32 build hit "unspecified
-# launch failure" (2026-12-02); the kernels matched their references at those shapes in the interpreter.
+# On by default; WARPFORGE_PATCH_GEMM=0 sends patch embeddings through the implicit-GEMM kernel instead. (The
+# "unspecified launch failure" ViT-B/16 b32 hit with it on was a cuBLAS workspace that outlived its CUDA
+# graph, bench.timing.own_cublas_workspace, not this path.)
 PATCH_GEMM_ENV = "WARPFORGE_PATCH_GEMM"
 
 
 def patch_gemm_enabled() -> bool:
-    return env_flag(PATCH_GEMM_ENV)
+    return env_flag(PATCH_GEMM_ENV, default=True)
 
 
 def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, residual: bool) -> bool:

@@ -305,6 +305,7 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
     from warpforge.optimize.passes.attention import FlashAttention
     from warpforge.optimize.passes.fuse_conv import FusedConv2d
     from warpforge.optimize.passes.fuse_linear import FusedLinear
+    from warpforge.optimize.passes.fuse_norm import FusedLayerNorm
     from warpforge.optimize.fp8 import FP8Linear
     from warpforge.optimize.quant import QuantConv2d, QuantLinearW8A8
     from warpforge.optimize.weight_only import WeightOnlyLinear
@@ -318,7 +319,7 @@ def op_coverage(gm: nn.Module) -> dict[str, Any]:
             mod = gm.get_submodule(node.target)
             name = type(mod).__name__
             warpforge = isinstance(mod, (FusedConv2d, FusedLinear, FlashAttention, QuantConv2d, QuantLinearW8A8,
-                                         FP8Linear, WeightOnlyLinear))
+                                         FP8Linear, WeightOnlyLinear, FusedLayerNorm))
             (ours if warpforge else ops)[name] += 1
         elif node.op in ("call_function", "call_method"):
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
