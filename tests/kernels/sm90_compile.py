@@ -203,11 +203,13 @@ def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
     return compile_sm90(gemv._linear_words_kernel, sig, consts, cfg.num_warps, cfg.num_stages)
 
 
-def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False) -> dict:
+def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False,
+              res_int8=False) -> dict:
     """The implicit-GEMM conv with the heaviest epilogue (bias + residual + silu) on channels_last tensors
     (unit channel strides, as the launcher passes them); int8=True: conv2d_int8's launch (int8 x and w,
     int32 accumulator, per-channel dequantization), quant_out=True: int8 out (out_scale=); zero=-128:
-    unsigned x and out (zero points, weight sums); dual=True: float out and its int8 copy (out_q=)."""
+    unsigned x and out (zero points, weight sums); dual=True: float out and its int8 copy (out_q=);
+    res_int8=True: an int8 residual at residual_scale (zero point ``zero``), the int8 residual stream."""
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": f"*{out}",
            "ws_ptr": "*i32" if int8 else "*fp32", "xs_ptr": "*fp32", "wsc_ptr": "*fp32", "wsum_ptr": "*i32",
            "os_ptr": "*fp32", "xpad_ptr": "*i8", "q_ptr": "*i8",
@@ -215,6 +217,10 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
                                  "s_xh", "s_xw", "s_wo", "s_wh", "s_ww", "stride_h", "stride_w", "pad_h", "pad_w",
                                  "dil_h", "dil_w")}}
     consts = {"s_xc": 1, "s_wc": 1}
+    if res_int8:
+        sig.update(r_ptr="*i8", rs_ptr="*fp32")
+    else:
+        consts["rs_ptr"] = None
     if cfg.f16_mma:  # conv2d_int8 passes the int8 weights' values in fp16
         sig["w_ptr"] = "*fp16"
     if not int8:
@@ -235,7 +241,8 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
     _flags(sig, consts, KH=k, KW=k, MODE=mode, EVEN_C=mode != conv.MODE_FLAT, HAS_BIAS=True, HAS_RES=True, ACT=2,
            DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
            GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, INT_ACC=int8, QUANT_OUT=quant_out, X_ZERO=zero,
-           OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma)
+           OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma, RES_INT8=res_int8,
+           RES_ZERO=zero if res_int8 else 0)
     odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
 
@@ -321,6 +328,10 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         out.append((f"depthwise fp16 3x3{' int8-out' if quant_out else ''}",
                     lambda q=quant_out: conv_depthwise(384, quant_out=q)))
     if every:
+        # The int8 residual stream (quantize_model's int8_residual): int8 residual in, int8 out.
+        for cfg in conv_int8.INT8_CONV_CONFIGS:
+            out.append((f"conv int8 plain unsigned int8-res int8-out {cfg}", lambda cfg=cfg: conv_gemm(
+                cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True)))
         out.append(("conv int8 flat (stem)", lambda: conv_gemm(conv_int8.INT8_CONV_CONFIGS[5], conv.MODE_FLAT, "i8",
                                                                int8=True)))
     for cfgs in gemv.LINEAR_CONFIGS.values():

@@ -229,6 +229,55 @@ def test_conv_int8_dual_out(triton_on_cpu, device, gen, case, split_k):
                                                             **geo), act)
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
+@pytest.mark.parametrize("case", [
+    (2, 40, 5, 7, 33, 1, 1, 0, 1, 1, "relu", True),  # plain 1x1 + residual + relu: a ResNet block's last conv
+    (1, 33, 9, 7, 5, 1, 1, 0, 1, 1, None, True),  # MobileNetV2's projection + skip (no activation), odd C
+    (1, 48, 6, 5, 17, 3, 1, 1, 1, 1, "relu6", True),  # taps, channel tail, padded borders
+], ids=["plain-relu", "plain-linear", "taps"])
+def test_conv_int8_int8_residual(triton_on_cpu, device, gen, case, res_zero, split_k):
+    """An int8 residual (r = residual_scale * (r_q - zero)) dequantized in the epilogue equals the float
+    residual path on the dequantized values, with int8 out (the int8 residual stream) and fp16 out."""
+    n, cin, h, w, cout, k, s, p, d, groups, act, _ = case
+    x, wq, xs, ws, bias, _, shape = _problem(gen, device, n, cin, h, w, cout, k, s, p, d, groups, False,
+                                             x_zero=-128)
+    r_q = _int8(shape, gen, device, lo=-128 if res_zero else -127).to(memory_format=CL)
+    rs = torch.tensor([0.017], device=device)
+    r_f = ((r_q.float() - res_zero) * rs).to(memory_format=CL)
+    geo = dict(stride=s, padding=p, dilation=d, groups=groups, x_zero_point=-128, activation=act)
+    cfg = ConvConfig(32, 32, 32, group_m=2, num_warps=1, num_stages=1, split_k=split_k) if split_k > 1 else None
+    os_ = torch.tensor([0.03], device=device)
+    out = _poisoned(shape, torch.int8, device).fill_(77)
+    got = conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,
+                      out_scale=os_, out_zero_point=-128, out=out, config=cfg, **geo)
+    assert got is out
+    assert_conv_int8_close(out, ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f, out_scale=os_,
+                                                          out_zero_point=-128, **geo), act)
+    out16 = _poisoned(shape, torch.float16, device)
+    conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,
+                out_dtype=torch.float16, out=out16, config=cfg, **geo)
+    want16 = ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f, out_dtype=torch.float16, **geo)
+    assert_conv_int8_close(out16, want16, act)
+    # the residual counts: with it read as float zeros the outputs differ
+    assert not torch.equal(out16, ref.conv2d_int8_reference(x, wq, xs, ws, bias, out_dtype=torch.float16, **geo))
+
+
+def test_conv_int8_int8_residual_validation(device, gen):
+    x, wq, xs, ws, bias, r, shape = _problem(gen, device, 1, 16, 5, 5, 16, 1, 1, 0, 1, 1, True)
+    r_q = _int8(shape, gen, device).to(memory_format=CL)
+    with pytest.raises(ValueError, match="int8 residual needs residual_scale"):
+        conv2d_int8(x, wq, xs, ws, bias, residual=r_q)
+    with pytest.raises(ValueError, match="apply to an int8 residual"):
+        conv2d_int8(x, wq, xs, ws, bias, residual=r, residual_scale=0.1)
+    with pytest.raises(ValueError, match="without a residual"):
+        conv2d_int8(x, wq, xs, ws, bias, residual_scale=0.1)
+    with pytest.raises(ValueError, match="residual_scale must be a finite positive"):
+        conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=-1.0)
+    with pytest.raises(ValueError, match="residual_zero_point"):
+        conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=0.1, residual_zero_point=5)
+
+
 def test_conv_int8_residual_in_place(triton_on_cpu, device, gen):
     x, wq, xs, ws, bias, r, _ = _problem(gen, device, 2, 16, 5, 5, 16, 1, 1, 0, 1, 1, True)
     want = ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r, activation="relu")

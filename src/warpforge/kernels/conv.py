@@ -66,9 +66,11 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA:
 def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr,
                     COUT, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
                     QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr, OUT_ZERO: tl.constexpr,
-                    DUAL_OUT: tl.constexpr = False):
+                    DUAL_OUT: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
+                    RES_ZERO: tl.constexpr = 0):
     # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
-    # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix).
+    # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix). RES_INT8: the residual is int8,
+    # r = rs * (r_q - RES_ZERO) (an int8 residual stream: 1 byte read per element instead of 2).
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
     if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
@@ -79,7 +81,11 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
     o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RES:
-        acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
+        if RES_INT8:
+            r_q = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO).to(tl.float32)
+            acc += (r_q - RES_ZERO) * tl.load(rs_ptr)
+        else:
+            acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
     acc = apply_activation(acc, ACT)
     if QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
         tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
@@ -100,7 +106,8 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False,
-                      F16_MMA: tl.constexpr = False):
+                      F16_MMA: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
+                      RES_ZERO: tl.constexpr = 0):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
     # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
     # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
@@ -210,7 +217,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         # F16_MMA took the zero point out before the MMA: no weight-sum correction left
         _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                         q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                        DUAL_OUT)
+                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -222,7 +229,8 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                             X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
-                            DUAL_OUT: tl.constexpr = False):
+                            DUAL_OUT: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
+                            RES_ZERO: tl.constexpr = 0):
     # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -237,7 +245,8 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
     for z in tl.static_range(SPLIT_K):
         acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0)
     _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
-                    q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT)
+                    q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT,
+                    rs_ptr, RES_INT8, RES_ZERO)
 
 
 @triton.jit
@@ -626,6 +635,8 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
                                                            "out_q"))
     q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None and out_q is None, X_ZERO=qd.get("x_zero", 0),
              OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None)
+    if qd.get("res_scale") is not None:  # an int8 residual: r = res_scale * (r_q - res_zero)
+        q.update(rs_ptr=qd["res_scale"], RES_INT8=True, RES_ZERO=qd.get("res_zero", 0))
     if cfg.f16_mma and (xs is None or wp.dtype != torch.float16):
         raise ValueError("config: f16_mma runs int8 x against the int8 weights' values in fp16 (conv2d_int8 passes "
                          f"them), got x {x.dtype} and weight {wp.dtype}")

@@ -111,7 +111,8 @@ def _f16_weight(wp: torch.Tensor) -> torch.Tensor:
 
 
 def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups, activation, residual,
-              out_scale, out_dtype, out, config, x_zero_point, w_sum, out_zero_point, out_q):
+              out_scale, out_dtype, out, config, x_zero_point, w_sum, out_zero_point, out_q, residual_scale,
+              residual_zero_point):
     if config is not None and (not isinstance(config, ConvConfig) or config.block_k < 32):
         raise ValueError(f"config must be a ConvConfig with block_k >= 32 (the K of the s8 MMA), got {config!r}")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int8:
@@ -152,11 +153,23 @@ def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, grou
     if not int8_only and out_dtype not in FLOAT_OUT:
         raise ValueError(f"out_dtype must be one of {[str(d) for d in FLOAT_OUT]} (int8 out needs out_scale; "
                          f"with out_q the int8 copy goes there), got {out_dtype}")
+    rs = None
+    check_zero_point("residual_zero_point", residual_zero_point)
     if residual is not None:
-        if not isinstance(residual, torch.Tensor) or residual.dtype not in FLOAT_OUT:
-            raise ValueError(f"residual must be a float16/bfloat16/float32 tensor, got "
+        int8_res = isinstance(residual, torch.Tensor) and residual.dtype == torch.int8
+        if not isinstance(residual, torch.Tensor) or not (residual.dtype in FLOAT_OUT or int8_res):
+            raise ValueError(f"residual must be a float16/bfloat16/float32 tensor, or int8 with residual_scale, got "
                              f"{getattr(residual, 'dtype', type(residual).__name__)}")
+        if int8_res and residual_scale is None:
+            raise ValueError("residual: an int8 residual needs residual_scale (r = residual_scale * (r_q - "
+                             "residual_zero_point))")
+        if not int8_res and (residual_scale is not None or residual_zero_point != 0):
+            raise ValueError(f"residual_scale / residual_zero_point apply to an int8 residual, got {residual.dtype}")
+        if int8_res:
+            rs = check_scale("residual_scale", residual_scale, x.device)
         _check_out(residual, "residual", g, residual.dtype, x.device)
+    elif residual_scale is not None or residual_zero_point != 0:
+        raise ValueError("residual_scale / residual_zero_point given without a residual")
     _check_out(out, "out", g, out_dtype, x.device)
     if out is not None and _shares_storage(out, x):
         raise ValueError("out must not share memory with x (other output pixels still read it)")
@@ -168,7 +181,7 @@ def _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, grou
     if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 0):
         raise ValueError(f"x: int8 tensor-core convolution needs compute capability >= 8.0, device {x.device} has "
                          f"{torch.cuda.get_device_capability(x.device)}")
-    return g, xs, os_, out_dtype
+    return g, xs, os_, out_dtype, rs
 
 
 def conv2d_int8(
@@ -180,7 +193,7 @@ def conv2d_int8(
     *,
     stride=1, padding=0, dilation=1, groups: int = 1,
     activation: str | None = None,  # None | "relu" | "silu" | "gelu" | "relu6"
-    residual: torch.Tensor | None = None,  # [N, Cout, OH, OW] channels_last, fp16/bf16/fp32
+    residual: torch.Tensor | None = None,  # [N, Cout, OH, OW] channels_last, fp16/bf16/fp32, or int8 (below)
     out_scale: torch.Tensor | float | None = None,  # int8 out at this scale (the next layer's x_scale)
     out_dtype: torch.dtype | None = None,  # default fp16, or int8 with out_scale
     out: torch.Tensor | None = None,  # [N, Cout, OH, OW] channels_last of out_dtype
@@ -189,19 +202,24 @@ def conv2d_int8(
     w_sum: torch.Tensor | None = None,  # [Cout] int32 = weight.sum((1, 2, 3)), for x_zero_point -128 (else computed)
     out_zero_point: int = 0,  # the int8 output's zero point (with out_scale)
     out_q: torch.Tensor | None = None,  # [N, Cout, OH, OW] int8 channels_last: with out_scale, y there too
+    residual_scale: torch.Tensor | float | None = None,  # an int8 residual: r = residual_scale * (r_q - zero)
+    residual_zero_point: int = 0,  # the int8 residual's zero point (-128: unsigned, a ReLU's output)
 ) -> torch.Tensor:  # [N, Cout, OH, OW] channels_last
     """W8A8 conv: ``act(float(conv(x_q - x_zero_point, w_q)) * x_scale * w_scale + bias + residual)``, the
     conv in int32. With ``out_q`` the output is float and the same y, quantized at ``out_scale`` /
     ``out_zero_point``, is also stored in out_q (one epilogue: for an output that both int8 layers and
-    float ones, such as a residual add, read)."""
-    g, xs, os_, out_dtype = _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups,
-                                      activation, residual, out_scale, out_dtype, out, config, x_zero_point,
-                                      w_sum, out_zero_point, out_q)
+    float ones, such as a residual add, read). An int8 ``residual`` (with ``residual_scale``) is dequantized
+    in the epilogue: with int8 out too, a residual block's output stays int8 end to end (1 byte per element
+    written and read instead of fp16's 2, or 3 for the float + int8 pair)."""
+    g, xs, os_, out_dtype, rs = _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups,
+                                          activation, residual, out_scale, out_dtype, out, config, x_zero_point,
+                                          w_sum, out_zero_point, out_q, residual_scale, residual_zero_point)
     if out is None:
         out = torch.empty(g.out_shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
-    if not use_triton(x, weight, xs, w_scale, bias, residual, os_, out, out_q):
+    if not use_triton(x, weight, xs, w_scale, bias, residual, os_, out, out_q, rs):
+        res = residual if rs is None else (residual.float() - residual_zero_point) * rs  # dequantized: fp32
         kw = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=groups, activation=activation,
-                  residual=residual, x_zero_point=x_zero_point)
+                  residual=res, x_zero_point=x_zero_point)
         if out_q is None:
             out.copy_(ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, out_scale=os_, out_dtype=out_dtype,
                                                 out_zero_point=out_zero_point, **kw))
@@ -219,7 +237,7 @@ def conv2d_int8(
     if x_zero_point != 0 and w_sum is None:
         w_sum = weight.sum((1, 2, 3), dtype=torch.int32)
     quant = dict(x_scale=xs, w_scale=w_scale.contiguous(), x_zero=x_zero_point, w_sum=w_sum, out_scale=os_,
-                 out_zero=out_zero_point, out_q=out_q,
+                 out_zero=out_zero_point, out_q=out_q, res_scale=rs, res_zero=residual_zero_point,
                  x_pad=_pad_row(x.device, x_zero_point) if x_zero_point != 0 and mode == MODE_TAPS else None)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
