@@ -35,6 +35,7 @@ import torch
 from torch import fx, nn
 
 from warpforge.kernels import reference
+from warpforge.kernels._env import env_flag
 from warpforge.kernels.conv_int8 import MAX_K, conv2d_int8
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8
@@ -46,6 +47,8 @@ __all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Obser
            "quantize_model"]
 
 MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
+# Off until measured on the H200 (speed and the real MobileNetV2's top-1): quantize_model's int8_residual.
+INT8_RESIDUAL_ENV = "WARPFORGE_INT8_RESIDUAL"
 
 
 # ---- observers ----------------------------------------------------------------------------------
@@ -252,6 +255,11 @@ class QuantConv2d(nn.Module):
         self.register_buffer("out_scale", None)  # [1] fp32 once the next layer's quantizer is fused here
         self.out_zero_point = 0
         self.dual_out = False  # with out_scale: return (float y, int8 y) for float and int8 users both
+        # An int8 residual (its producer stores int8 only, quantize_model(int8_residual=True)): its scale
+        # and zero point; the residual's own calibrated scale, for a producer nothing else quantizes for.
+        self.register_buffer("residual_scale", None)
+        self.residual_zero_point = 0
+        self.residual_calib: tuple[float, bool] | None = None  # (scale, unsigned) observed on the float model
 
     def _out_shape(self, x: torch.Tensor) -> tuple[int, int, int, int]:
         kh, kw = self.weight_q.shape[2:]
@@ -269,8 +277,13 @@ class QuantConv2d(nn.Module):
             out_dtype = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
             x_q = quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.act_scale,
                                 zero_point=self.act_zero_point)
+        res_scale, res_zero = None, 0
         if residual is not None:
             residual = residual.contiguous(memory_format=cl)
+            if residual.dtype == torch.int8:
+                res_scale, res_zero = getattr(self, "residual_scale", None), getattr(self, "residual_zero_point", 0)
+                if res_scale is None:
+                    raise ValueError("residual: an int8 residual reached a QuantConv2d with no residual_scale")
         dual = self.out_scale is not None and getattr(self, "dual_out", False)
         out_q = torch.empty(self._out_shape(x_q), dtype=torch.int8, device=x.device, memory_format=cl) if dual else None
         y = conv2d_int8(x_q, self.weight_q, self.act_scale, self.weight_scale, self.bias, stride=self.stride,
@@ -278,7 +291,8 @@ class QuantConv2d(nn.Module):
                         activation=self.activation, residual=residual, out_scale=self.out_scale,
                         out_dtype=None if self.out_scale is not None and not dual else out_dtype,
                         x_zero_point=self.act_zero_point, w_sum=self.weight_sum,
-                        out_zero_point=self.out_zero_point, out_q=out_q)
+                        out_zero_point=self.out_zero_point, out_q=out_q, residual_scale=res_scale,
+                        residual_zero_point=res_zero)
         return (y, out_q) if dual else y
 
     def extra_repr(self) -> str:
@@ -286,6 +300,8 @@ class QuantConv2d(nn.Module):
                                                  + ("(float and int8 out)" if getattr(self, "dual_out", False)
                                                     else "(int8 out)"))
         out += ", unsigned x" if self.act_zero_point else ""
+        if getattr(self, "residual_scale", None) is not None:
+            out += f", int8 residual at {float(self.residual_scale):.4g}"
         return (f"{tuple(self.weight_q.shape)}, stride={self.stride}, padding={self.padding}, groups={self.groups}, "
                 f"activation={self.activation}, residual={self.has_residual}, act_scale={float(self.act_scale):.4g}"
                 + out)
@@ -441,9 +457,12 @@ def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> torch.Tensor:
     if isinstance(m, nn.Linear):
         return nn.functional.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float())
     xf = (x.float() - q.act_zero_point) * q.act_scale if x.dtype == torch.int8 else x.float()
+    r = args[1] if len(args) > 1 else None
+    if r is not None and r.dtype == torch.int8:  # an int8 residual stream: dequantized, as the kernel reads it
+        r = (r.float() - q.residual_zero_point) * q.residual_scale
     return reference.conv2d_reference(xf, m.weight.float(), None if m.bias is None else m.bias.float(),
                                       stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups,
-                                      activation=q.activation, residual=args[1] if len(args) > 1 else None)
+                                      activation=q.activation, residual=r)
 
 
 def _int8_input_user(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | None:
@@ -455,7 +474,16 @@ def _int8_input_user(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | 
     return None
 
 
-def _fuse_requant(gm: fx.GraphModule) -> tuple[set[nn.Module], set[nn.Module]]:
+def _residual_reader(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | None:
+    """The QuantConv2d that ``user`` calls with n as its residual (and nowhere else), else None."""
+    b = modules.get(user.target) if user.op == "call_module" else None
+    if (isinstance(b, QuantConv2d) and b.has_residual and len(user.args) == 2 and user.args[1] is n
+            and user.args[0] is not n and not user.kwargs):
+        return b
+    return None
+
+
+def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[nn.Module], set[nn.Module]]:
     """Fuse the int8 layers' input quantizers into the epilogue of the conv that produces their input.
 
     For each conv (QuantConv2d, or a float FusedConv2d such as a depthwise conv) called from one place,
@@ -466,7 +494,11 @@ def _fuse_requant(gm: fx.GraphModule) -> tuple[set[nn.Module], set[nn.Module]]:
     QuantConv2d producer stores both (``dual_out``: float for them, int8 for the group: one epilogue
     instead of a float store, a re-read and a quantize kernel); a float producer then keeps its float
     output. Any other node read by several int8 layers at one scale (a max pool before a downsample block)
-    is quantized once for all of them. Returns (producers storing int8 only, producers storing both)."""
+    is quantized once for all of them. ``int8_residual``: where the other users are all int8 layers reading
+    the output as their residual, the producer stores int8 only and they read it (dequantized in their
+    epilogue): a residual block's output written and read as 1 byte per element, not as fp16 plus an int8
+    copy; a QuantConv2d output read only as residuals (a downsample shortcut) goes int8 at its calibrated
+    scale. Returns (producers storing int8 only, producers storing both)."""
     modules = dict(gm.named_modules())
     calls: dict[int, int] = {}
     for n in gm.graph.nodes:
@@ -480,10 +512,21 @@ def _fuse_requant(gm: fx.GraphModule) -> tuple[set[nn.Module], set[nn.Module]]:
             b = _int8_input_user(user, n, modules)
             if b is not None:
                 groups.setdefault((float(b.act_scale), b.act_zero_point), []).append(user)
+        a = modules.get(n.target) if n.op == "call_module" else None
+        sole = (isinstance(a, QuantConv2d) and calls[id(a)] == 1 and a.out_scale is None)
+        res_readers = [(u, _residual_reader(u, n, modules)) for u in n.users]
         if not groups:
+            # int8_residual: a QuantConv2d read only as int8 layers' residual (a downsample shortcut)
+            if (int8_residual and sole and res_readers and all(b is not None for _, b in res_readers)
+                    and res_readers[0][1].residual_calib is not None):
+                scale, unsigned = res_readers[0][1].residual_calib
+                a.out_scale = torch.tensor([scale], dtype=torch.float32, device=a.act_scale.device)
+                a.out_zero_point = -128 if unsigned else 0
+                for _, b in res_readers:
+                    b.residual_scale, b.residual_zero_point = a.out_scale.clone(), a.out_zero_point
+                fused.add(a)
             continue
         key, readers = max(groups.items(), key=lambda kv: len(kv[1]))  # first largest: graph order
-        a = modules.get(n.target) if n.op == "call_module" else None
         if not isinstance(a, (QuantConv2d, FusedConv2d)) or calls[id(a)] != 1 or a.out_scale is not None:
             if len(readers) > 1 and n.op != "placeholder":
                 # Any other producer (a max pool): one quantize kernel for all the readers, not one each.
@@ -503,7 +546,12 @@ def _fuse_requant(gm: fx.GraphModule) -> tuple[set[nn.Module], set[nn.Module]]:
             continue
         b = modules[readers[0].target]
         a.out_scale, a.out_zero_point = b.act_scale.clone(), b.act_zero_point
-        if not others:
+        res_only = int8_residual and others and all(_residual_reader(u, n, modules) is not None for u in others)
+        if res_only:  # the int8 residual stream: the residual readers take the same int8 tensor
+            for u in others:
+                r = modules[u.target]
+                r.residual_scale, r.residual_zero_point = a.out_scale.clone(), a.out_zero_point
+        if not others or res_only:
             fused.add(a)
             continue
         a.dual_out = True
@@ -546,7 +594,7 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
 
 def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
                    linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
-                   min_channels: int = 16) -> tuple[nn.Module, QuantReport]:
+                   min_channels: int = 16, int8_residual: bool | None = None) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
@@ -554,10 +602,14 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     per group such as an RGB stem, layers named in ``skip``, layers no calibration input reaches, ...) are
     listed in ``report.kept`` with the reason. ``unsigned``: a conv whose input was never negative during
     calibration quantizes it on the unsigned grid (one more bit). ``requant`` (FX graphs): a quantized conv
-    feeding only another quantized conv's input stores int8 at that layer's scale. Returns (model,
-    report); a bare layer ``model`` comes back as its new quantized module. Calibration runs in eval mode
-    under no_grad; each module's mode is restored.
+    feeding only another quantized conv's input stores int8 at that layer's scale. ``int8_residual``
+    (default: WARPFORGE_INT8_RESIDUAL, off): residual adds read int8 too, so a residual block's output is
+    stored once, as int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error.
+    Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
+    runs in eval mode under no_grad; each module's mode is restored.
     """
+    if int8_residual is None:
+        int8_residual = env_flag(INT8_RESIDUAL_ENV)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
@@ -589,6 +641,9 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             observers = {m: make_observer(observer) for m in plan}
             called: set[nn.Module] = set()
             nonneg: dict[nn.Module, bool] = {}
+            # the residual inputs too (int8_residual): a shortcut conv's output gets its scale from these
+            res_obs = {m: make_observer(observer) for m in plan if int8_residual and getattr(m, "has_residual", False)}
+            res_nonneg: dict[nn.Module, bool] = {}
 
             def observe_hook(m, args):
                 x = _layer_input(plan[m], m, args, at[0])
@@ -596,6 +651,9 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 called.add(m)
                 if unsigned and not isinstance(m, nn.Linear):
                     nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
+                if m in res_obs and len(args) > 1 and isinstance(args[1], torch.Tensor):
+                    res_obs[m].observe(args[1])
+                    res_nonneg[m] = res_nonneg.get(m, True) and bool((args[1] >= 0).all())
 
             handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
             ref_outputs = _run(model, calib_inputs, at)
@@ -609,9 +667,14 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
+            for m, o in res_obs.items():
+                if m in res_nonneg:
+                    if unsigned and res_nonneg[m]:
+                        o.levels = 2 * INT8_MAX + 1
+                    quant[m].residual_calib = (o.scale(), bool(unsigned and res_nonneg[m]))
             new_model: nn.Module = swap(model, quant)
-            int8_out, dual_out = (_fuse_requant(new_model) if requant and isinstance(new_model, fx.GraphModule)
-                                  else (set(), set()))
+            int8_out, dual_out = (_fuse_requant(new_model, int8_residual)
+                                  if requant and isinstance(new_model, fx.GraphModule) else (set(), set()))
 
             # 3. Per-layer error: each int8 layer against its float layer in fp32 on the same input (that of
             #    the quantized model, so earlier layers' errors are not counted again). An int8 output is
