@@ -324,3 +324,39 @@ class _WithUnused(nn.Module):
 
     def forward(self, x):
         return torch.relu(self.conv(x))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weight_bias_correction_cancels_the_mean_shift(groups):
+    """For a 1x1 conv (no padding) and a linear, the correction is exactly minus the mean output shift the
+    int8 weight's rounding causes on the calibration inputs."""
+    from warpforge.optimize.quant import weight_bias_correction
+
+    gen = _gen(21)
+    conv = nn.Conv2d(8, 6, 1, groups=groups)
+    x = torch.randn(3, 8, 5, 7, generator=gen) + torch.linspace(-2, 3, 8)[None, :, None, None]  # channel means
+    q = QuantConv2d(conv, float(x.abs().max()) / 127)
+    w_deq = q.weight_q.float() * q.weight_scale[:, None, None, None]
+    shift = (nn.functional.conv2d(x, w_deq, groups=groups) - nn.functional.conv2d(x, conv.weight.detach(),
+                                                                                   groups=groups)).mean((0, 2, 3))
+    corr = weight_bias_correction(q, conv.weight, groups, x.mean((0, 2, 3)))
+    torch.testing.assert_close(corr, -shift, rtol=1e-4, atol=1e-6)
+    assert shift.abs().max() > 1e-4  # there is a shift to cancel
+    lin = nn.Linear(8, 5)
+    xl = torch.randn(40, 8, generator=gen) + 1.5
+    ql = QuantLinearW8A8(lin, float(xl.abs().max()) / 127)
+    shift_l = (xl @ (ql.weight_q.float() * ql.weight_scale[:, None]).t() - xl @ lin.weight.detach().t()).mean(0)
+    torch.testing.assert_close(weight_bias_correction(ql, lin.weight, 1, xl.mean(0)), -shift_l, rtol=1e-4, atol=1e-6)
+
+
+def test_quantize_model_bias_correction_moves_the_biases():
+    _, gm_a, calib, held_out = _fused_graph(seed=5)
+    _, gm_b, _, _ = _fused_graph(seed=5)
+    quantize_model(gm_a, calib, bias_correction=False)
+    quantize_model(gm_b, calib, bias_correction=True)
+    qa = {n: m for n, m in gm_a.named_modules() if isinstance(m, (QuantConv2d, QuantLinearW8A8))}
+    qb = {n: m for n, m in gm_b.named_modules() if isinstance(m, (QuantConv2d, QuantLinearW8A8))}
+    assert qa.keys() == qb.keys() and qa
+    moved = [n for n in qa if not torch.equal(qa[n].bias, qb[n].bias)]
+    assert moved == list(qa), moved  # every int8 layer's bias absorbed a correction
+    assert all(torch.equal(qa[n].weight_q, qb[n].weight_q) for n in qa)  # the weights are not touched

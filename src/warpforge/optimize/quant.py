@@ -49,6 +49,22 @@ __all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Obser
 MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 # Off until measured on the H200 (speed and the real MobileNetV2's top-1): quantize_model's int8_residual.
 INT8_RESIDUAL_ENV = "WARPFORGE_INT8_RESIDUAL"
+BIAS_CORRECTION_ENV = "WARPFORGE_INT8_BIAS_CORRECTION"
+
+
+def weight_bias_correction(q: nn.Module, w: torch.Tensor, groups: int, x_mean: torch.Tensor) -> torch.Tensor:
+    """Empirical bias correction (Nagel et al. 2019, "Data-Free Quantization"): the mean shift the int8
+    weight's rounding puts on the output, ``-sum((w_q * w_scale - w) * E[x])`` per output channel, with E[x]
+    the calibration inputs' mean per input channel (for a conv: over pixels, padding read as data). Adding
+    it to the bias removes that shift. w: the float weight [Cout, C/groups, KH, KW] or [N, K]."""
+    w = w.detach().float()
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    err = q.weight_q.float() * q.weight_scale.reshape(shape) - w  # [Cout, C/groups(, KH, KW)]
+    if w.dim() == 2:
+        return -(err @ x_mean)
+    cout, cin_g = w.shape[:2]
+    per_group = x_mean.reshape(groups, cin_g)[torch.arange(cout, device=w.device) // (cout // groups)]
+    return -(err.sum((2, 3)) * per_group).sum(1)
 
 
 # ---- observers ----------------------------------------------------------------------------------
@@ -594,7 +610,8 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
 
 def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
                    linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
-                   min_channels: int = 16, int8_residual: bool | None = None) -> tuple[nn.Module, QuantReport]:
+                   min_channels: int = 16, int8_residual: bool | None = None,
+                   bias_correction: bool | None = None) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
@@ -605,11 +622,15 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     feeding only another quantized conv's input stores int8 at that layer's scale. ``int8_residual``
     (default: WARPFORGE_INT8_RESIDUAL, off): residual adds read int8 too, so a residual block's output is
     stored once, as int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error.
+    ``bias_correction`` (default: WARPFORGE_INT8_BIAS_CORRECTION, off): each int8 layer's bias absorbs the
+    mean output shift of its weight rounding on the calibration inputs (:func:`weight_bias_correction`).
     Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
     runs in eval mode under no_grad; each module's mode is restored.
     """
     if int8_residual is None:
         int8_residual = env_flag(INT8_RESIDUAL_ENV)
+    if bias_correction is None:
+        bias_correction = env_flag(BIAS_CORRECTION_ENV)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
@@ -645,10 +666,18 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             res_obs = {m: make_observer(observer) for m in plan if int8_residual and getattr(m, "has_residual", False)}
             res_nonneg: dict[nn.Module, bool] = {}
 
+            x_sums: dict[nn.Module, list] = {}  # bias_correction: per input channel [sum, count]
+
             def observe_hook(m, args):
                 x = _layer_input(plan[m], m, args, at[0])
                 observers[m].observe(x)
                 called.add(m)
+                if bias_correction:
+                    xf = x.detach().float()
+                    part = (xf.reshape(-1, xf.shape[-1]).sum(0), xf.numel() // xf.shape[-1]) if isinstance(
+                        m, nn.Linear) else (xf.sum((0, 2, 3)), xf.numel() // xf.shape[1])
+                    acc = x_sums.setdefault(m, [0.0, 0])
+                    acc[0], acc[1] = acc[0] + part[0], acc[1] + part[1]
                 if unsigned and not isinstance(m, nn.Linear):
                     nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
                 if m in res_obs and len(args) > 1 and isinstance(args[1], torch.Tensor):
@@ -667,6 +696,10 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
+            for m, (total, count) in x_sums.items():
+                q = quant[m]
+                corr = weight_bias_correction(q, m.weight, getattr(m, "groups", 1), total / max(count, 1))
+                q.bias = corr if q.bias is None else q.bias + corr
             for m, o in res_obs.items():
                 if m in res_nonneg:
                     if unsigned and res_nonneg[m]:
