@@ -50,6 +50,7 @@ MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 # Off until measured on the H200 (speed and the real MobileNetV2's top-1): quantize_model's int8_residual.
 INT8_RESIDUAL_ENV = "WARPFORGE_INT8_RESIDUAL"
 BIAS_CORRECTION_ENV = "WARPFORGE_INT8_BIAS_CORRECTION"
+EQUALIZE_ENV = "WARPFORGE_INT8_EQUALIZE"
 
 
 def weight_bias_correction(q: nn.Module, w: torch.Tensor, groups: int, x_mean: torch.Tensor) -> torch.Tensor:
@@ -367,6 +368,7 @@ class QuantReport:
     kept: list[KeptLayer] = field(default_factory=list)
     output_rel_err: float | None = None  # whole-model output vs the float model (tensor outputs only)
     output_cosine: float | None = None
+    equalized: list[dict] = field(default_factory=list)  # equalize=True: the streams rescaled (optimize/equalize.py)
 
     def __str__(self) -> str:
         rows = [f"{'layer':<30} {'type':<12} {'observer':<10} {'scale':>10} {'rel_err':>9} {'cosine':>9}"]
@@ -383,7 +385,8 @@ class QuantReport:
     def as_dict(self) -> dict[str, Any]:
         return {"layers": [{"decision": "int8", **asdict(r)} for r in self.layers],
                 "kept": [{"decision": "float", **asdict(k)} for k in self.kept],
-                "output_rel_err": self.output_rel_err, "output_cosine": self.output_cosine}
+                "output_rel_err": self.output_rel_err, "output_cosine": self.output_cosine,
+                **({"equalized": self.equalized} if self.equalized else {})}
 
 
 class _ErrorStats:
@@ -611,7 +614,8 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
 def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
                    linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
                    min_channels: int = 16, int8_residual: bool | None = None,
-                   bias_correction: bool | None = None) -> tuple[nn.Module, QuantReport]:
+                   bias_correction: bool | None = None, equalize: bool | None = None
+                   ) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
@@ -624,6 +628,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     stored once, as int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error.
     ``bias_correction`` (default: WARPFORGE_INT8_BIAS_CORRECTION, off): each int8 layer's bias absorbs the
     mean output shift of its weight rounding on the calibration inputs (:func:`weight_bias_correction`).
+    ``equalize`` (default: WARPFORGE_INT8_EQUALIZE, off): first even out the channel ranges of linear
+    residual streams (optimize/equalize.py; exact in float), for the per-tensor scales of their readers.
     Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
     runs in eval mode under no_grad; each module's mode is restored.
     """
@@ -631,6 +637,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
         int8_residual = env_flag(INT8_RESIDUAL_ENV)
     if bias_correction is None:
         bias_correction = env_flag(BIAS_CORRECTION_ENV)
+    if equalize is None:
+        equalize = env_flag(EQUALIZE_ENV)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
@@ -651,6 +659,10 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             report.kept.append(KeptLayer(name, type(m).__name__, reason))
     if not plan:
         return model, report
+    if equalize and isinstance(model, fx.GraphModule):
+        from warpforge.optimize.equalize import equalize_streams
+
+        report.equalized = equalize_streams(model, calib_inputs)
 
     at = [0]  # the calibration input being run
     modes = {m: m.training for m in model.modules()}  # restored module by module afterwards
