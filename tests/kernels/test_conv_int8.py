@@ -331,7 +331,7 @@ def test_conv_int8_validation(device):
         (dict(out_scale=0.1, out_dtype=torch.float16), "out_dtype must be torch.int8"),
         (dict(out_dtype=torch.int8), "int8 out needs out_scale"),
         (dict(residual=torch.zeros(1, 8, 4, 4, dtype=torch.int8, device=device).to(memory_format=CL)),
-         "residual must be a float16"),
+         "int8 residual needs residual_scale"),
         (dict(residual=torch.zeros(1, 8, 5, 4, device=device).to(memory_format=CL)), "residual must be"),
         (dict(out=torch.zeros(1, 8, 4, 4, device=device).to(memory_format=CL)),
          r"out must be \[1, 8, 4, 4\] torch.float16"),
