@@ -47,6 +47,7 @@ def find_streams(gm: fx.GraphModule) -> list[Stream]:
     for n in gm.graph.nodes:
         if n.op == "call_module":
             calls[id(_module(gm, n))] = calls.get(id(_module(gm, n)), 0) + 1
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     seen: set[fx.Node] = set()
     streams = []
     for n in gm.graph.nodes:
@@ -82,7 +83,7 @@ def find_streams(gm: fx.GraphModule) -> list[Stream]:
         # every residual a writer adds must be the stream itself (scaled alike), never an outside tensor
         ok = ok and all(not _module(gm, x).has_residual or (len(x.args) == 2 and x.args[1] in nodes) for x in nodes)
         if ok and readers and all(w.weight.shape[0] == writers[0].weight.shape[0] for w in writers):
-            nodes.sort(key=lambda x: list(gm.graph.nodes).index(x))
+            nodes.sort(key=order.__getitem__)
             streams.append(Stream(nodes, writers, readers))
     return streams
 

@@ -532,16 +532,15 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
             if b is not None:
                 groups.setdefault((float(b.act_scale), b.act_zero_point), []).append(user)
         a = modules.get(n.target) if n.op == "call_module" else None
-        sole = (isinstance(a, QuantConv2d) and calls[id(a)] == 1 and a.out_scale is None)
-        res_readers = [(u, _residual_reader(u, n, modules)) for u in n.users]
         if not groups:
             # int8_residual: a QuantConv2d read only as int8 layers' residual (a downsample shortcut)
-            if (int8_residual and sole and res_readers and all(b is not None for _, b in res_readers)
-                    and res_readers[0][1].residual_calib is not None):
-                scale, unsigned = res_readers[0][1].residual_calib
+            res = [_residual_reader(u, n, modules) for u in n.users] if int8_residual else []
+            if (res and all(b is not None for b in res) and res[0].residual_calib is not None
+                    and isinstance(a, QuantConv2d) and calls[id(a)] == 1 and a.out_scale is None):
+                scale, unsigned = res[0].residual_calib
                 a.out_scale = torch.tensor([scale], dtype=torch.float32, device=a.act_scale.device)
                 a.out_zero_point = -128 if unsigned else 0
-                for _, b in res_readers:
+                for b in res:
                     b.residual_scale, b.residual_zero_point = a.out_scale.clone(), a.out_zero_point
                 fused.add(a)
             continue
@@ -565,10 +564,10 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
             continue
         b = modules[readers[0].target]
         a.out_scale, a.out_zero_point = b.act_scale.clone(), b.act_zero_point
-        res_only = int8_residual and others and all(_residual_reader(u, n, modules) is not None for u in others)
+        res = [_residual_reader(u, n, modules) for u in others] if int8_residual else []
+        res_only = bool(res) and all(b is not None for b in res)
         if res_only:  # the int8 residual stream: the residual readers take the same int8 tensor
-            for u in others:
-                r = modules[u.target]
+            for r in res:
                 r.residual_scale, r.residual_zero_point = a.out_scale.clone(), a.out_zero_point
         if not others or res_only:
             fused.add(a)
