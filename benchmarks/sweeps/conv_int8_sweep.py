@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     out_q=out_q, **q8))
         for cfg in [] if a.tuned_only else [*INT8_CONV_CONFIGS, *EXTRA]:
             key = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} k{cfg.split_k}"
-                   + (" f16mma" if cfg.f16_mma else ""))
+                   + (" f16mma" if cfg.f16_mma else "") + (f" p{cfg.persistent}" if cfg.persistent else ""))
             try:
                 got = int8(cfg)
                 diff = int((got.int() - want.int()).abs().max())

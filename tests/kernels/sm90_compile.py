@@ -210,6 +210,8 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
     int32 accumulator, per-channel dequantization), quant_out=True: int8 out (out_scale=); zero=-128:
     unsigned x and out (zero points, weight sums); dual=True: float out and its int8 copy (out_q=);
     res_int8=True: an int8 residual at residual_scale (zero point ``zero``), the int8 residual stream."""
+    if cfg.persistent:  # the persistent pointwise kernel (1x1 convs, the whole K in one block_k tile)
+        return conv_pointwise(cfg, dt, out, int8, quant_out, zero, dual, res_int8)
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": f"*{out}",
            "ws_ptr": "*i32" if int8 else "*fp32", "xs_ptr": "*fp32", "wsc_ptr": "*fp32", "wsum_ptr": "*i32",
            "os_ptr": "*fp32", "xpad_ptr": "*i8", "q_ptr": "*i8",
@@ -245,6 +247,37 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
            RES_ZERO=zero if res_int8 else 0)
     odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
+
+
+def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False,
+                   res_int8=False) -> dict:
+    """The persistent pointwise conv (``cfg.persistent``) at K = block_k, with conv_gemm's epilogue options."""
+    sig = {"x_ptr": f"*{dt}", "w_ptr": "*fp16" if cfg.f16_mma else f"*{dt}", "b_ptr": "*fp32",
+           "r_ptr": "*i8" if res_int8 else "*fp16", "o_ptr": f"*{out}", "xs_ptr": "*fp32", "wsc_ptr": "*fp32",
+           "wsum_ptr": "*i32", "os_ptr": "*fp32", "q_ptr": "*i8",
+           **{n: "i32" for n in ("M", "OH", "OW", "CIN", "COUT", "PROGS_M", "s_xn", "s_xh", "s_xw", "s_wo",
+                                 "stride_h", "stride_w")}}
+    consts = {"s_xc": 1, "s_wc": 1}
+    if res_int8:
+        sig["rs_ptr"] = "*fp32"
+    else:
+        consts["rs_ptr"] = None
+    if not int8:
+        consts.update(xs_ptr=None, wsc_ptr=None, os_ptr=None)
+    if not dual:
+        consts["q_ptr"] = None
+    if not zero:
+        consts["wsum_ptr"] = None
+    elif not quant_out and not dual:
+        consts["os_ptr"] = None
+    for n in consts:
+        sig[n] = "constexpr"
+    _flags(sig, consts, EVEN_C=True, HAS_BIAS=True, HAS_RES=True, ACT=2, DOT_PRECISION="tf32",
+           BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INT_ACC=int8, QUANT_OUT=quant_out,
+           X_ZERO=zero, OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma,
+           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0)
+    return compile_sm90(conv._conv_pointwise_persistent_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
+                        ("M", "OH", "OW", "stride_h", "stride_w"))
 
 
 def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:

@@ -450,8 +450,8 @@ def test_gpu_int32_accumulator_exact(gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", INT8_CONV_CONFIGS, ids=str)
-def test_gpu_conv_int8_every_candidate(gen, config):
+@pytest.mark.parametrize("config", [c for c in INT8_CONV_CONFIGS if not c.persistent], ids=str)
+def test_gpu_conv_int8_every_candidate(gen, config):  # persistent (pointwise) ones: test_conv_pointwise.py
     for case, out_kind in [((4, 64, 28, 28, 128, 3, 1, 1, 1, 1, "relu", True), "float16"),  # taps
                            ((2, 256, 14, 14, 512, 1, 1, 0, 1, 1, "silu", False), "int8"),  # plain, int8 out
                            ((2, 3, 57, 57, 32, 3, 2, 1, 1, 1, "relu6", False), "float16"),  # flat (stem)

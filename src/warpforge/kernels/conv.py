@@ -250,6 +250,56 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
 
 
 @triton.jit
+def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr,
+                                      M, OH, OW, CIN, COUT, PROGS_M,
+                                      s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] (channels_last: s_xc == 1)
+                                      s_wo, s_wc,  # weight strides for [Cout, C] (prepared: s_wc == 1)
+                                      stride_h, stride_w,
+                                      EVEN_C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                                      ACT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                      INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
+                                      X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
+                                      DUAL_OUT: tl.constexpr = False, F16_MMA: tl.constexpr = False, rs_ptr=None,
+                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0):
+    # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
+    # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
+    # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
+    # pipeliner prefetches the next tiles' x (num_stages deep) while this one's MMA and epilogue run. A
+    # short-K layer (ResNet's 64->256, 256->64, ...) is one load, one MMA and a long epilogue per tile,
+    # which one program per tile cannot overlap at 1-3 resident blocks per SM. Operands and epilogue as
+    # _conv_gemm_kernel's MODE_PLAIN.
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(COUT, BLOCK_N)
+    pid_n = pid % num_n
+    num_m = tl.cdiv(M, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < COUT
+    c = tl.arange(0, BLOCK_K)
+    c_mask = (c < CIN) | EVEN_C  # EVEN_C: BLOCK_K == C, no channel tail
+    b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * s_wo + c[:, None] * s_wc,
+                mask=c_mask[:, None] & n_mask[None, :], other=0.0)  # [BK, BN], for every tile of this program
+    for tile_m in tl.range(pid // num_n, num_m, PROGS_M):
+        offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        ow = offs_m % OW
+        t = offs_m // OW
+        oh = t % OH
+        nb = t // OH
+        a_row = x_ptr + nb.to(tl.int64) * s_xn + (oh * stride_h) * s_xh + (ow * stride_w) * s_xw
+        # other=0 with a zero point too: masked rows are never stored, masked channels meet zero weights
+        a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0)
+        if INT_ACC and not F16_MMA:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
+        _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
+                        q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
+                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO)
+
+
+@triton.jit
 def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
                            M, OH, OW, H, W, COUT, MULT,
                            s_xn, s_xc, s_xh, s_xw, s_wo, s_wh, s_ww,
@@ -301,6 +351,10 @@ class ConvConfig:
     num_stages: int = 3
     split_k: int = 1  # > 1: partial sums in an fp32 workspace, then a small epilogue kernel
     f16_mma: bool = False  # conv2d_int8 only: int8 operands on fp16 tensor cores (an MMA kept in flight)
+    # > 0: the persistent pointwise kernel (1x1 convs without padding, C <= block_k: the whole K in one
+    # tile), ``persistent`` programs per SM each walking many M tiles, the next tiles' loads in flight
+    # during this one's epilogue. 0: one program per output tile.
+    persistent: int = 0
 
     def __post_init__(self) -> None:
         for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
@@ -316,6 +370,11 @@ class ConvConfig:
         if self.f16_mma and self.split_k != 1:
             raise ValueError("ConvConfig.f16_mma takes split_k=1 (its partial sums would be fp32, the int8 split-K "
                              f"workspace is int32), got split_k={self.split_k}")
+        if not 0 <= self.persistent <= 8:
+            raise ValueError(f"ConvConfig.persistent must be in [0, 8] (programs per SM), got {self.persistent}")
+        if self.persistent and self.split_k != 1:
+            raise ValueError(f"ConvConfig.persistent takes split_k=1 (one program owns each tile's whole K), got "
+                             f"split_k={self.split_k}")
 
 
 # Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
@@ -332,8 +391,18 @@ CONV_CONFIGS = [
     # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
     ConvConfig(64, 64, 64, 8, 4, 4, split_k=4),
     ConvConfig(32, 64, 64, 4, 4, 4, split_k=8),
+    # Persistent pointwise tilings (1x1, C <= block_k), ``persistent`` = the blocks one SM holds. Offline
+    # sm_90 (sm90_compile.py --all, triton 3.6, 2026-12-02; bias + residual + silu): the weights stay in
+    # shared memory, x is prefetched num_stages - 1 tiles ahead, no spills; (128, 128, 64) 178 registers,
+    # 98 KB, 1 block per SM (100 registers and 2 blocks with bias + relu alone); (64, 128, 64) 182, 49 KB,
+    # 2; (128, 128, 128, 2 stages) 131 KB, 1; (64, 128, 256, 2 stages) 139 KB, 1.
+    ConvConfig(128, 128, 64, 8, 8, 3, persistent=1),
+    ConvConfig(64, 128, 64, 8, 4, 3, persistent=2),
+    ConvConfig(128, 128, 128, 8, 8, 2, persistent=1),
+    ConvConfig(64, 128, 256, 8, 4, 2, persistent=1),
 ]
 SPLIT_K_MAX_TILES = 66  # split K only when the output tiles fill at most half of the H200's 132 SMs
+PERSISTENT_MIN_TILES = 264  # persistent tilings only where the output tiles fill the H200's 132 SMs twice over
 INTERPRET_CONFIG = ConvConfig(32, 32, 16, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm", CONV_CONFIGS, ConvConfig)
 # Winners seen by this process: the Tuner answers its default during CUDA-graph capture, but a graph
@@ -643,6 +712,9 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
     if mode == MODE_TAPS and q["X_ZERO"] != 0 and xpad is None:
         raise ValueError("quant: x_pad (a row of x_zero values, >= C/groups long) is needed with x_zero != 0 in "
                          "the taps loop")
+    if cfg.persistent:
+        _launch_pointwise(x, wp, b_arg, r_arg, dst, g, cfg, epilogue, q, xs, wsc, wsum, os_, out_q)
+        return
     split = cfg.split_k
     if split > 1:
         ws = torch.empty((split, m, g.cout), dtype=torch.int32 if xs is not None else torch.float32,
@@ -664,6 +736,45 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
                                        SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4, **q)
 
 
+def pointwise_ok(g: _Geometry) -> bool:
+    """A 1x1 conv without padding, one group: what the persistent pointwise kernel serves (any stride)."""
+    return g.kh == 1 and g.kw == 1 and g.padding == (0, 0) and g.groups == 1
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if INTERPRET or device.type != "cuda":
+        return 2  # the interpreter: a few programs, so each walks several tiles
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, epilogue: dict, q: dict,
+                      xs, wsc, wsum, os_, out_q) -> None:
+    """The persistent pointwise kernel: ``cfg.persistent`` programs per SM (rounded to whole columns of
+    output-channel tiles), each loading its channels' weights once and walking M tiles."""
+    if not pointwise_ok(g):
+        raise ValueError(f"config: persistent tilings serve 1x1 convs without padding in one group, got "
+                         f"{g.kh}x{g.kw}, padding {g.padding}, groups {g.groups}")
+    if g.cin_g > cfg.block_k:
+        raise ValueError(f"config: a persistent tiling holds the whole K in one tile: C={g.cin_g} exceeds its "
+                         f"block_k={cfg.block_k}")
+    m = g.n * g.oh * g.ow
+    num_m, num_n = triton.cdiv(m, cfg.block_m), triton.cdiv(g.cout, cfg.block_n)
+    progs_m = max(1, min(num_m, (_sm_count(x.device) * cfg.persistent) // num_n))
+    # the narrowest power-of-two K tile holding C (>= 32: the K of the s8 MMA, >= 16 for 16-bit)
+    bk = min(cfg.block_k, max(32 if x.dtype == torch.int8 else 16, triton.next_power_of_2(g.cin_g)))
+    _conv_pointwise_persistent_kernel[(progs_m * num_n,)](
+        x, wp, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.oh, g.ow, g.cin_g, g.cout, progs_m,
+        *x.stride(), wp.stride(0), wp.stride(1), *g.stride, EVEN_C=g.cin_g == bk, **epilogue,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=bk, F16_MMA=cfg.f16_mma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **q)
+
+
 def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner[ConvConfig],
                        interpret_config: ConvConfig, x: torch.Tensor, g: _Geometry, mode: int, out: torch.Tensor,
                        residual: torch.Tensor | None, launch) -> ConvConfig:
@@ -681,7 +792,8 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
         scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
         cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch),
                            valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, g.groups, tuner.configs[0],
-                                                 k_tile=g.cin_g if mode == MODE_TAPS else None))
+                                                 k_tile=g.cin_g if mode == MODE_TAPS else None,
+                                                 pointwise=pointwise_ok(g)))
         if not torch.cuda.is_current_stream_capturing():
             _CHOSEN[(tuner.kernel, str(x.device), bucket)] = cfg
     return cfg
@@ -692,13 +804,22 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int, default: ConvConfig | None = None,
-          k_tile: int | None = None) -> bool:
+          k_tile: int | None = None, pointwise: bool = False) -> bool:
     """Drop tiles far larger than the problem (all-masked work) and split-K where the output tiles
     already fill the GPU or K is too short to share; always keeps the default (CONV_CONFIGS[0]).
     ``k_tile``: the most channels one K step can hold (MODE_TAPS: C/groups, a step never straddles two
-    taps), so a wider block_k only multiplies zeros in the same number of steps."""
+    taps), so a wider block_k only multiplies zeros in the same number of steps. ``pointwise``: a 1x1 conv
+    without padding in one group (:func:`pointwise_ok`), the only kind a persistent tiling serves, and only
+    while its whole K fits one tile (block_k >= C) but not a tile half as deep (the next narrower
+    persistent candidate serves that), and with enough output tiles (PERSISTENT_MIN_TILES) for a program to
+    walk several: at batch 1 a one-shot grid is as good, and each candidate costs a compile."""
     if cfg == (CONV_CONFIGS[0] if default is None else default):
         return True
+    if cfg.persistent:
+        if not pointwise or k > cfg.block_k or (k <= cfg.block_k // 2 and cfg.block_k > 64):
+            return False
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n)
+        return tiles >= PERSISTENT_MIN_TILES and cfg.block_n <= max(32, triton.next_power_of_2(cout_g))
     if cfg.split_k > 1:
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n) * groups
         if tiles > SPLIT_K_MAX_TILES or triton.cdiv(k, cfg.block_k) < 4 * cfg.split_k:

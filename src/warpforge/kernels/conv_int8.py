@@ -89,6 +89,14 @@ INT8_CONV_CONFIGS = [
     ConvConfig(64, 128, 64, 8, 4, 4, f16_mma=True),
     ConvConfig(64, 64, 64, 8, 4, 4, f16_mma=True),
     ConvConfig(64, 64, 32, 8, 4, 5, f16_mma=True),
+    # Persistent pointwise tilings (1x1 convs, C <= block_k), ``persistent`` = the blocks one SM holds
+    # (sm90_compile.py --all, 2026-12-02, every epilogue above and the int8 residual: no spills, 177-255
+    # registers, 28-131 KB; the 64-row tiles hold 2 blocks per SM, the 128-row ones 1).
+    ConvConfig(128, 128, 64, 8, 8, 3, persistent=1),
+    ConvConfig(64, 128, 64, 8, 4, 3, persistent=2),
+    ConvConfig(128, 128, 128, 8, 8, 3, persistent=1),
+    ConvConfig(64, 128, 256, 8, 4, 3, persistent=2),
+    ConvConfig(128, 128, 256, 8, 8, 2, persistent=1),
 ]
 INT8_INTERPRET_CONFIG = ConvConfig(32, 32, 32, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm", INT8_CONV_CONFIGS, ConvConfig)
