@@ -51,12 +51,15 @@ class TinyResNet(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def _graphs(seed: int = 0):
+def _graphs(seed: int = 0, int8_residual: bool = False):
+    """The float and int8 graphs of TinyResNet. int8_residual off (the default is on): these tests are about
+    the float residual path, where a block output read by int8 layers and a residual add is stored twice
+    (dual out); the int8 residual stream has its own tests below."""
     model = make(TinyResNet(), seed=seed)
     calib = [(image(n=4, hw=32, seed=s),) for s in (5, 6)]
     fp, _ = optimize_graph(model, (image(n=2, hw=32),))
     q, _ = optimize_graph(model, (image(n=2, hw=32),))
-    q, report = quantize_model(q, calib)
+    q, report = quantize_model(q, calib, int8_residual=int8_residual)
     return fp, q, report
 
 
@@ -102,7 +105,8 @@ def test_fused_quantizers_are_exact_on_cpu():
     _, q_fused, _ = _graphs(seed=2)
     model = make(TinyResNet(), seed=2)
     q_plain, _ = optimize_graph(model, (image(n=2, hw=32),))
-    q_plain, rep = quantize_model(q_plain, [(image(n=4, hw=32, seed=s),) for s in (5, 6)], requant=False)
+    q_plain, rep = quantize_model(q_plain, [(image(n=4, hw=32, seed=s),) for s in (5, 6)], requant=False,
+                                  int8_residual=False)
     assert not any(r.int8_out or r.dual_out for r in rep.layers)
     x = image(n=3, hw=32, seed=10)
     with torch.no_grad():
@@ -175,3 +179,19 @@ def test_int8_residual_graph_on_the_triton_kernels():
     # the float stem rounds differently on the Triton kernel, which can move an int8 code one step downstream
     assert float(torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0)) > 0.9999
     assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_int8_residual_is_the_default(monkeypatch):
+    """On by default since the H200 measurement (2026-12-02); WARPFORGE_INT8_RESIDUAL=0 turns it off."""
+    monkeypatch.delenv("WARPFORGE_INT8_RESIDUAL", raising=False)
+    model = make(TinyResNet(), seed=1)
+    calib = [(image(n=4, hw=32, seed=s),) for s in (5, 6)]
+
+    def report(**kw):
+        q, _ = optimize_graph(model, (image(n=2, hw=32),))
+        return [(r.name, r.int8_out, r.dual_out) for r in quantize_model(q, calib, **kw)[1].layers]
+
+    default, on, off = report(), report(int8_residual=True), report(int8_residual=False)
+    assert default == on and on != off
+    monkeypatch.setenv("WARPFORGE_INT8_RESIDUAL", "0")
+    assert report() == off
