@@ -65,14 +65,17 @@ def test_pointwise_int8_out_of_float_x(triton_on_cpu, device, gen):
     assert torch.equal(q, quantize_int8(y, scale, zero_point=-128))
 
 
-@pytest.mark.parametrize("config", [PW16, PW32], ids=["bk64", "bk32"])
+# every case with the 64-wide K tile; with the 32-wide one the cases whose C fits it (the tuner never offers a
+# tiling whose K tile is narrower than C: test_pointwise_fits)
+INT8_PAIRS = [(c, cfg) for cfg in (PW16, PW32) for c in CASES if c[1] <= cfg.block_k]
+INT8_IDS = [f"{i}-bk{cfg.block_k}" for (c, cfg) in INT8_PAIRS for i in [IDS[CASES.index(c)]]]
+
+
 @pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])
 @pytest.mark.parametrize("out_kind", ["float16", "float32", "int8"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize(("case", "config"), INT8_PAIRS, ids=INT8_IDS)
 def test_pointwise_conv2d_int8_matches_reference(triton_on_cpu, device, gen, case, out_kind, x_zero, config):
     n, cin, h, w, cout, s, act, res = case
-    if cin > config.block_k:
-        pytest.skip("C exceeds this tiling's K tile (the tuner never offers it: test_pointwise_fits)")
     x, wq, xs, ws, bias, r, shape = _problem(gen, device, n, cin, h, w, cout, 1, s, 0, 1, 1, res, x_zero=x_zero)
     geo = dict(stride=s, activation=act, residual=r, x_zero_point=x_zero, config=config)
     if out_kind == "int8":
@@ -177,13 +180,16 @@ GPU_CASES = [  # n, cin, h, w, cout, stride, act, residual
 ]
 
 
+def _gpu_cases(config: ConvConfig):
+    """The GPU cases whose C fits the tiling's K tile."""
+    return [c for c in GPU_CASES if c[1] <= config.block_k]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [c for c in CONV_CONFIGS if c.persistent], ids=str)
 def test_gpu_pointwise_every_fp16_candidate(config):
     gen = torch.Generator().manual_seed(5)
-    for n, cin, h, w, cout, s, act, res in GPU_CASES:
-        if cin > config.block_k:
-            continue
+    for n, cin, h, w, cout, s, act, res in _gpu_cases(config):
         x = torch.randn(n, cin, h, w, generator=gen).cuda().half().to(memory_format=CL)
         wt = (torch.randn(cout, cin, 1, 1, generator=gen) / cin ** 0.5).cuda().half()
         b = torch.randn(cout, generator=gen).cuda().half()
@@ -199,9 +205,7 @@ def test_gpu_pointwise_every_fp16_candidate(config):
 @pytest.mark.parametrize("config", [c for c in INT8_CONV_CONFIGS if c.persistent], ids=str)
 def test_gpu_pointwise_every_int8_candidate(config):
     gen = torch.Generator().manual_seed(6)
-    for n, cin, h, w, cout, s, act, res in GPU_CASES:
-        if cin > config.block_k:
-            continue
+    for n, cin, h, w, cout, s, act, res in _gpu_cases(config):
         for x_zero, out_kind in [(-128, "int8"), (0, "float16")]:
             x, wq, xs, ws, bias, r, shape = _problem(gen, "cuda", n, cin, h, w, cout, 1, s, 0, 1, 1, res,
                                                      x_zero=x_zero)

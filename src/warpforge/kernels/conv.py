@@ -41,7 +41,7 @@ from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
-from warpforge.kernels.matmul import matmul
+from warpforge.kernels.matmul import matmul, num_sms
 from warpforge.kernels.quantize import check_scale, check_zero_point, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -741,16 +741,10 @@ def pointwise_ok(g: _Geometry) -> bool:
     return g.kh == 1 and g.kw == 1 and g.padding == (0, 0) and g.groups == 1
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
 def _sm_count(device: torch.device) -> int:
     if INTERPRET or device.type != "cuda":
         return 2  # the interpreter: a few programs, so each walks several tiles
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    return num_sms(device)
 
 
 def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, epilogue: dict, q: dict,
