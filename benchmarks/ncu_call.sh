@@ -8,6 +8,7 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 t0=$(date +%s)
 make install > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 echo "install $(( $(date +%s) - t0 ))s"; ncu --version | tail -1
+[ -n "${GPU_TESTS:-}" ] && { .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -5; }
 timeout "${NCU_LIMIT:-300}" ncu --clock-control none --profile-from-start off --set full -f -o "$OUT/conv" \
   .venv/bin/python benchmarks/sweeps/ncu_conv.py --out "$OUT/ncu_conv.json" --cubins "$OUT/cubins" > "$OUT/ncu.log" 2>&1
 echo "ncu rc=$? $(( $(date +%s) - t0 ))s"; grep -v "^==PROF==" "$OUT/ncu.log" | tail -30
@@ -20,4 +21,5 @@ else
   grep "==PROF==\|ERR" "$OUT/ncu.log" | head; .venv/bin/python benchmarks/sweeps/ncu_conv.py --out "$OUT/ncu_conv.json" --cubins "$OUT/cubins"
 fi
 for f in "$OUT"/cubins/*.cubin; do cuobjdump --dump-sass "$f" > "${f%.cubin}.sass" 2>&1; done
+[ -n "${AFTER:-}" ] && { echo "== $AFTER"; eval "$AFTER"; }
 ls -la "$OUT" | head; du -sh "$OUT"

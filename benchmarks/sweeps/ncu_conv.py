@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         d = inputs(la, a.batch, dev, gen)
         kw = dict(stride=la.stride, padding=la.pad, activation="relu")
         cases.append((f"fp16 {la.label}", la, lambda d=d, kw=kw: conv2d(d["x16"], d["w16"], d["b16"], **kw), None))
-        if la.cin < 16:
+        if la.cin < 16:  # the stem: space-to-depth (the default) and the flat K loop it replaced
+            def flat(d=d, kw=kw):
+                os.environ["WARPFORGE_STEM_S2D"] = "0"
+                try:
+                    return conv2d(d["x16"], d["w16"], d["b16"], **kw)
+                finally:
+                    del os.environ["WARPFORGE_STEM_S2D"]
+            cases.append((f"fp16 flat {la.label}", la, flat, None))
             continue
         q8 = dict(x_zero_point=-128, w_sum=d["w_sum"], out_zero_point=-128, **kw)
         want = ref.conv2d_int8_reference(d["xq"], d["wq"], d["xs"], d["ws"], d["b32"], out_scale=d["os_"],

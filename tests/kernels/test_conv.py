@@ -300,3 +300,64 @@ def test_gpu_patchify_vit_embedding(batch, monkeypatch):
     torch.cuda.synchronize()
     want = ref.conv2d_reference(x, w, b, stride=16, compute_dtype=F64)
     assert rel_err(out, want) <= tol(torch.float16)
+
+
+S2D_CASES = [  # n, cin, h, w, cout, k, pad, act, residual: stride-2 stems on few channels, odd sizes
+    (1, 3, 9, 11, 7, 7, 3, "relu", False),  # ResNet-50's 7x7/2, tiny
+    (2, 3, 10, 9, 17, 3, 1, None, True),  # MobileNetV2 / EfficientNet's 3x3/2, residual
+    (1, 4, 13, 12, 33, 5, 2, "silu", False),  # 4 channels fill the 16 s2d channels exactly
+    (1, 1, 8, 8, 5, 7, 3, "relu6", True),  # grey image
+    (1, 2, 7, 9, 64, 3, 0, "gelu", False),  # no padding
+]
+
+
+@pytest.mark.parametrize("case", S2D_CASES, ids=lambda c: "x".join(map(str, c[:7])))
+def test_stem_runs_space_to_depth(device, case, monkeypatch):
+    """A strided stem on <= 4 channels runs as a stride-1 conv over the space-to-depth input (on by default,
+    WARPFORGE_STEM_S2D=0 turns it off); the result matches the float64 reference either way."""
+    calls, real = [], conv_mod._space_to_depth
+    monkeypatch.setattr(conv_mod, "_space_to_depth", lambda *a: (calls.append(1), real(*a))[1])
+    n, cin, h, w, cout, k, p, act, res = case
+    _run(device, torch.float16, n, cin, h, w, cout, k, 2, p, 1, 1, act, res)
+    assert calls == [1]
+    monkeypatch.setenv("WARPFORGE_STEM_S2D", "0")
+    _run(device, torch.float16, n, cin, h, w, cout, k, 2, p, 1, 1, act, res)
+    assert calls == [1]  # off when asked
+
+
+def test_space_to_depth_only_for_strided_stems(device, monkeypatch):
+    """fp32 (no 16-bit tensor cores to gain), stride 1, 5+ channels, dilation, groups, a 1-wide kernel:
+    all stay on the paths they had."""
+    calls, real = [], conv_mod._space_to_depth
+    monkeypatch.setattr(conv_mod, "_space_to_depth", lambda *a: (calls.append(1), real(*a))[1])
+    _run(device, torch.float32, 1, 3, 9, 11, 7, 7, 2, 3, 1, 1, "relu", False)
+    _run(device, torch.float16, 1, 3, 9, 9, 7, 3, 1, 1, 1, 1, "relu", False)
+    _run(device, torch.float16, 1, 5, 9, 9, 7, 3, 2, 1, 1, 1, "relu", False)
+    _run(device, torch.float16, 1, 3, 11, 11, 7, 3, 2, 2, 2, 1, None, False)
+    _run(device, torch.float16, 1, 4, 9, 9, 6, 3, 2, 1, 1, 2, None, False)
+    assert calls == []
+
+
+def test_s2d_weight_is_the_same_conv():
+    """The repacked weight on the packed input is the original conv, in float64 through torch alone."""
+    x = torch.randn(2, 3, 11, 10, dtype=F64)
+    w = torch.randn(5, 3, 7, 7, dtype=F64)
+    want = F.conv2d(x, w, stride=2, padding=3)
+    xp = F.pad(x, (3, 3 + (10 + 6) % 2, 3, 3 + (11 + 6) % 2))  # even size: whole 2x2 blocks
+    n, c, hp, wp = xp.shape
+    s2d = xp.reshape(n, c, hp // 2, 2, wp // 2, 2).permute(0, 3, 5, 1, 2, 4).reshape(n, 4 * c, hp // 2, wp // 2)
+    s2d = F.pad(s2d, (0, 0, 0, 0, 0, 16 - 4 * c))  # channel (2a + b) * C + c, zero-padded to 16
+    w2 = conv_mod.s2d_weight(w)  # [Cout, 16 * 4, 4, 1]: kernel row kh2 reads 4 adjacent s2d pixels
+    assert w2.shape == (5, 64, 4, 1) and w2.is_contiguous(memory_format=CL)
+    w4 = w2.reshape(5, 4, 16, 4).permute(0, 2, 3, 1)  # [Cout, 16, kh2, kw2]
+    got = F.conv2d(s2d, w4)[:, :, :want.shape[2], :want.shape[3]]
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(32, 3, 224, 224, 64, 7, 3), (3, 3, 225, 223, 32, 3, 1), (1, 3, 224, 224, 32, 3, 1)],
+                         ids=["resnet50-stem-b32", "odd-3x3", "mnv2-stem-b1"])
+def test_gpu_stem_space_to_depth(dtype, shape):
+    n, cin, h, w, cout, k, p = shape
+    _run("cuda", dtype, n, cin, h, w, cout, k, 2, p, 1, 1, "relu", False)

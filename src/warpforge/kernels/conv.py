@@ -339,6 +339,30 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
 
 # ---- configs ---------------------------------------------------------------------------------
 
+@triton.jit
+def _s2d_pack_kernel(x_ptr, o_ptr, P, HS, WS, H, W, C, s_xn, s_xc, s_xh, s_xw, pad_h, pad_w,
+                     BLOCK_P: tl.constexpr, CS: tl.constexpr):
+    # Space-to-depth by 2 of the zero-padded input: o [N, HS, WS, CS] (contiguous), s2d pixel (i, j)
+    # channel (2a + b) * C + c = x[n, c, 2i + a - pad_h, 2j + b - pad_w] (0 outside x), channels >= 4C zero.
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ch = tl.arange(0, CS)
+    pm = p < P
+    j = p % WS
+    t = p // WS
+    i = t % HS
+    n = t // HS
+    phase = ch // C
+    c = ch - phase * C
+    a = phase // 2
+    b = phase - a * 2
+    ih = 2 * i[:, None] - pad_h + a[None, :]
+    iw = 2 * j[:, None] - pad_w + b[None, :]
+    valid = pm[:, None] & (phase < 4)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    src = x_ptr + n.to(tl.int64)[:, None] * s_xn + (c * s_xc)[None, :] + ih * s_xh + iw * s_xw
+    v = tl.load(src, mask=valid, other=0.0)
+    tl.store(o_ptr + p.to(tl.int64)[:, None] * CS + ch[None, :], v, mask=pm[:, None])
+
+
 @dataclass(frozen=True)
 class ConvConfig:
     """Implicit-GEMM tiling: BM output pixels x BN output channels, K in BK steps, K split ``split_k`` ways."""
@@ -630,8 +654,10 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if config is None and os_ is None and _patch_gemm_ok(g, x.dtype, activation, residual is not None):
         _patch_gemm(x, wp, bias, activation, residual, out, g)
         return out
-    mode = gemm_mode(g)
     quant = None if os_ is None else dict(out_scale=os_, out_zero=out_zero_point)
+    if _s2d_ok(g, x.dtype):
+        x, wp, g = _space_to_depth(x, weight, g)
+    mode = gemm_mode(g)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
         launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue, quant)
@@ -679,6 +705,72 @@ def _patch_gemm(x: torch.Tensor, wp: torch.Tensor, bias, activation, residual, o
     out2 = out.permute(0, 2, 3, 1).reshape(n * oh * ow, g.cout)  # a view: out is channels_last
     res2 = None if residual is None else residual.permute(0, 2, 3, 1).reshape(n * oh * ow, g.cout)
     matmul(patches, w2.t(), bias=bias, activation=activation, residual=res2, out=out2)
+
+
+# ---- strided stems on few channels (an RGB image's 7x7/2 or 3x3/2): space-to-depth, then the taps loop ----
+
+# On by default; WARPFORGE_STEM_S2D=0 sends them through MODE_FLAT (one K index decomposed per element:
+# ResNet-50's 7x7/2 stem at batch 32 ran 224 us there on the H200, 33 TFLOP/s, 2026-12-02).
+STEM_S2D_ENV = "WARPFORGE_STEM_S2D"
+S2D_CHANNELS = 16  # one s2d pixel: 2x2 input pixels x C <= 4 channels, zero-padded to a 16-channel K quantum
+
+
+def stem_s2d_enabled() -> bool:
+    return env_flag(STEM_S2D_ENV, default=True)
+
+
+def _s2d_ok(g: _Geometry, dtype: torch.dtype) -> bool:
+    """A stride-2 conv on at most 4 channels with a kernel of 3x3 or more (an image stem), one group, no
+    dilation, 16-bit: too few channels for the taps loop, and MODE_FLAT decomposes every K index."""
+    return (stem_s2d_enabled() and g.groups == 1 and g.stride == (2, 2) and g.dilation == (1, 1)
+            and 4 * g.cin <= S2D_CHANNELS and min(g.kh, g.kw) >= 3 and dtype in (torch.float16, torch.bfloat16))
+
+
+# id(weight) -> (weakref to it, (data_ptr, version), the s2d weight)
+_S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+
+def s2d_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[Cout, C, KH, KW] -> the equivalent weight of the conv on the space-to-depth input: [Cout,
+    16 * ceil(KW/2), ceil(KH/2), 1] channels_last, input channel kw2 * 16 + (2a + b) * C + c holding
+    w[co, c, 2 kh2 + a, 2 kw2 + b] (zero past the kernel and in the padding channels)."""
+    cout, cin, kh, kw = weight.shape
+    kh2, kw2 = -(-kh // 2), -(-kw // 2)
+    wpad = weight.new_zeros(cout, cin, 2 * kh2, 2 * kw2)
+    wpad[:, :, :kh, :kw] = weight
+    t = wpad.reshape(cout, cin, kh2, 2, kw2, 2).permute(0, 2, 4, 3, 5, 1).reshape(cout, kh2, kw2, 4 * cin)
+    t = torch.nn.functional.pad(t, (0, S2D_CHANNELS - 4 * cin))
+    return t.reshape(cout, kh2, 1, kw2 * S2D_CHANNELS).contiguous().permute(0, 3, 1, 2)
+
+
+def _s2d_weight_cached(weight: torch.Tensor) -> torch.Tensor:
+    key = (weight.data_ptr(), weight._version)
+    hit = _S2D_WEIGHTS.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == key:
+        return hit[2]
+    packed = s2d_weight(weight.detach())
+    wid = id(weight)
+    _S2D_WEIGHTS[wid] = (weakref.ref(weight, lambda _r, wid=wid: _S2D_WEIGHTS.pop(wid, None)), key, packed)
+    return packed
+
+
+def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry):
+    """The stride-2 KHxKW conv on C channels as a stride-1 ceil(KH/2) x 1 conv over 16 * ceil(KW/2)
+    channels: one kernel packs x (zero padding included) into [N, HS, WS, 16] space-to-depth pixels; for a
+    kernel row, the ceil(KW/2) s2d pixels an output pixel reads are adjacent in memory, so the taps loop
+    reads them as one contiguous 16 * ceil(KW/2)-channel row of an overlapping view (pixel stride 16).
+    ResNet-50's 7x7/2 stem: K = 4 steps of 64 (147 of 256 non-zero) instead of 147 decomposed indices."""
+    kh2, kw2 = -(-g.kh // 2), -(-g.kw // 2)
+    hs, ws = g.oh + kh2 - 1, g.ow + kw2 - 1
+    buf = torch.empty((g.n, hs, ws, S2D_CHANNELS), dtype=x.dtype, device=x.device)
+    p = g.n * hs * ws
+    block_p = 128
+    _s2d_pack_kernel[(triton.cdiv(p, block_p),)](x, buf, p, hs, ws, g.h, g.w, g.cin, *x.stride(), *g.padding,
+                                                 BLOCK_P=block_p, CS=S2D_CHANNELS, num_warps=4)
+    cs = S2D_CHANNELS * kw2
+    xv = torch.as_strided(buf, (g.n, cs, hs, g.ow), (hs * ws * S2D_CHANNELS, 1, ws * S2D_CHANNELS, S2D_CHANNELS))
+    g2 = _Geometry(g.n, cs, hs, g.ow, g.cout, cs, kh2, 1, (1, 1), (0, 0), (1, 1), 1, g.oh, g.ow)
+    return xv, _s2d_weight_cached(weight), g2
 
 
 # ---- the implicit-GEMM launch, shared with conv2d_int8 (kernels/conv_int8.py) -------------------
