@@ -44,7 +44,8 @@ CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, residual
     (1, 3, 5, 9, 7, 7, 2, 3, 1, 1, "relu", False),  # 7x7/2 stem shape, tiny
     (2, 32, 5, 9, 33, 3, 1, 1, 1, 1, "silu", True),  # taps mode (C % 16 == 0), odd Cout
     (2, 33, 5, 5, 16, 1, 1, 0, 1, 1, None, True),  # plain GEMM 1x1, odd C
-    (1, 16, 9, 5, 20, 1, 2, 0, 1, 1, "gelu", False),  # strided 1x1 (downsample), taps
+    (1, 16, 9, 5, 20, 1, 2, 0, 1, 1, "gelu", False),  # strided 1x1 (downsample): plain on a strided view
+    (2, 24, 7, 10, 9, 1, 3, 0, 1, 1, "relu", True),  # strided 1x1 (3, odd H), residual
     (1, 7, 9, 9, 33, 3, 1, 2, 2, 1, "relu6", False),  # dilation, flat K
     (1, 8, 5, 5, 12, 3, 1, 1, 1, 2, "relu", True),  # grouped (2 groups), flat K
     (1, 7, 9, 9, 7, 3, 1, 2, 2, 7, "relu6", True),  # depthwise, dilated
@@ -361,3 +362,15 @@ def test_s2d_weight_is_the_same_conv():
 def test_gpu_stem_space_to_depth(dtype, shape):
     n, cin, h, w, cout, k, p = shape
     _run("cuda", dtype, n, cin, h, w, cout, k, 2, p, 1, 1, "relu", False)
+
+
+def test_strided_1x1_runs_plain(device, monkeypatch):
+    """Strided 1x1 convs without padding run MODE_PLAIN over x[:, :, ::s, ::s] (a view, no copy)."""
+    modes, real = [], conv_mod.launch_gemm
+    monkeypatch.setattr(conv_mod, "launch_gemm", lambda *a, **k: (modes.append((a[6], a[5].stride, a[0].shape)),
+                                                                  real(*a, **k))[1])
+    _run(device, torch.float16, 2, 24, 7, 10, 9, 1, 3, 0, 1, 1, "relu", True)
+    assert modes and all(m == (conv_mod.MODE_PLAIN, (1, 1), (2, 24, 3, 4)) for m in modes)
+    modes.clear()
+    _run(device, torch.float16, 1, 16, 9, 9, 8, 1, 2, 1, 1, 1, None, False)  # padded: the taps loop
+    assert modes and all(m[0] == conv_mod.MODE_TAPS for m in modes)

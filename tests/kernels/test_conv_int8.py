@@ -98,7 +98,7 @@ CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, residual
     (2, 17, 7, 9, 31, 3, 1, 1, 1, 1, "relu6", True),  # flat K (17 % 16 != 0), residual
     (2, 32, 7, 7, 31, 3, 2, 1, 1, 1, "silu", False),  # taps (C % 16 == 0), stride 2
     (1, 33, 9, 7, 5, 1, 1, 0, 1, 1, None, True),  # plain GEMM 1x1, odd C: MobileNet's projection + skip
-    (2, 16, 9, 9, 17, 1, 2, 0, 1, 1, "gelu", False),  # strided 1x1 (ResNet downsample): taps
+    (2, 16, 9, 9, 17, 1, 2, 0, 1, 1, "gelu", False),  # strided 1x1 (ResNet downsample): plain on a strided view
     (1, 17, 9, 9, 31, 3, 1, 2, 2, 1, "relu", False),  # dilation 2
     (1, 8, 7, 7, 12, 3, 1, 1, 1, 2, None, True),  # grouped (2 groups)
 ]
@@ -127,7 +127,19 @@ UNSIGNED_CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, resi
     (2, 32, 5, 5, 16, 3, 1, 1, 1, 2, "relu6", False),  # taps per group (C/groups = 16): the group offset
     (1, 16, 5, 6, 9, 3, 1, 2, 2, 1, "relu", False),  # taps, dilation 2 and padding 2 (two padded rings)
     (3, 40, 5, 7, 19, 1, 1, 0, 1, 1, "relu", True),  # plain 1x1, M tail and channel tail
+    (2, 40, 7, 8, 19, 1, 3, 0, 1, 1, "relu", True),  # strided 1x1 (3, odd H): plain over the subsampled view
 ]
+
+
+def test_conv_int8_strided_1x1_runs_plain(triton_on_cpu, device, gen, monkeypatch):
+    """A strided 1x1 conv runs MODE_PLAIN (no tap arithmetic) over the subsampled view of x, exact still."""
+    from warpforge.kernels import conv as conv_mod
+    from warpforge.kernels import conv_int8 as ci
+
+    modes, real = [], conv_mod.launch_gemm
+    monkeypatch.setattr(ci, "launch_gemm", lambda *a, **k: (modes.append((a[6], a[5].stride)), real(*a, **k))[1])
+    run_case(gen, device, (2, 40, 7, 8, 19, 1, 3, 0, 1, 1, "relu", True), "int8", x_zero=-128, out_zero=-128)
+    assert modes and all(m == (conv_mod.MODE_PLAIN, (1, 1)) for m in modes)
 
 
 @pytest.mark.parametrize("out_kind", ["float32", "int8"])

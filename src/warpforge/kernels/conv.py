@@ -379,6 +379,11 @@ class ConvConfig:
     # tile), ``persistent`` programs per SM each walking many M tiles, the next tiles' loads in flight
     # during this one's epilogue. 0: one program per output tile.
     persistent: int = 0
+    # > 0: cap registers per thread (ptxas .maxnreg) so more blocks share an SM: 128 lets two 8-warp blocks
+    # sit on one SM, one block's MMA running while the other waits (an int32-accumulator MMA is never kept
+    # in flight across K steps by Triton 3.6, so each block alone idles the tensor cores between steps).
+    # 0: no cap.
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
@@ -396,6 +401,8 @@ class ConvConfig:
                              f"workspace is int32), got split_k={self.split_k}")
         if not 0 <= self.persistent <= 8:
             raise ValueError(f"ConvConfig.persistent must be in [0, 8] (programs per SM), got {self.persistent}")
+        if self.maxnreg and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"ConvConfig.maxnreg must be 0 (no cap) or in [32, 255], got {self.maxnreg}")
         if self.persistent and self.split_k != 1:
             raise ValueError(f"ConvConfig.persistent takes split_k=1 (one program owns each tile's whole K), got "
                              f"split_k={self.split_k}")
@@ -657,6 +664,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     quant = None if os_ is None else dict(out_scale=os_, out_zero=out_zero_point)
     if _s2d_ok(g, x.dtype):
         x, wp, g = _space_to_depth(x, weight, g)
+    x, g = strided_pointwise(x, g)
     mode = gemm_mode(g)
 
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
@@ -775,6 +783,16 @@ def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry):
 
 # ---- the implicit-GEMM launch, shared with conv2d_int8 (kernels/conv_int8.py) -------------------
 
+def strided_pointwise(x: torch.Tensor, g: _Geometry) -> tuple[torch.Tensor, _Geometry]:
+    """A strided 1x1 conv without padding (ResNet's downsample shortcuts) is the stride-1 1x1 conv of the
+    subsampled view x[:, :, ::sh, ::sw] (no copy: channels_last rows stay contiguous), which MODE_PLAIN runs
+    without the taps loop's per-step tap arithmetic. Other convs: (x, g) unchanged."""
+    if not (g.kh == 1 and g.kw == 1 and g.padding == (0, 0) and g.stride != (1, 1)):
+        return x, g
+    xv = x[:, :, ::g.stride[0], ::g.stride[1]][:, :, :g.oh, :g.ow]
+    return xv, _Geometry(g.n, g.cin, g.oh, g.ow, g.cout, g.cin_g, 1, 1, (1, 1), (0, 0), (1, 1), g.groups, g.oh, g.ow)
+
+
 def gemm_mode(g: _Geometry) -> int:
     """MODE_PLAIN for 1x1/stride-1/unpadded, MODE_TAPS when C/groups is a multiple of 16, else MODE_FLAT."""
     if g.kh == 1 and g.kw == 1 and g.stride == (1, 1) and g.padding == (0, 0):
@@ -821,7 +839,7 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
         # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **q)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None, **q)
     if split > 1:
         egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
         _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.cout, m * g.cout, **epilogue,
@@ -858,7 +876,8 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
         x, wp, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.oh, g.ow, g.cin_g, g.cout, progs_m,
         *x.stride(), wp.stride(0), wp.stride(1), *g.stride, EVEN_C=g.cin_g == bk, **epilogue,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=bk, F16_MMA=cfg.f16_mma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **q)
+        BLOCK_K=bk, F16_MMA=cfg.f16_mma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        maxnreg=cfg.maxnreg or None, **q)
 
 
 def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner[ConvConfig],

@@ -30,7 +30,8 @@ from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
 from warpforge.kernels.conv import (MODE_TAPS, ConvConfig, _check_out, _geometry, _is_depthwise, _prepared,
-                                    _shares_storage, choose_gemm_config, gemm_mode, launch_gemm)
+                                    _shares_storage, choose_gemm_config, gemm_mode, launch_gemm,
+                                    strided_pointwise)
 from warpforge.kernels.quantize import check_scale, check_zero_point
 
 FLOAT_OUT = (torch.float16, torch.bfloat16, torch.float32)
@@ -241,6 +242,7 @@ def conv2d_int8(
     epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[activation])
     b_arg = bias.contiguous() if bias is not None else None
     wp = _prepared(weight, groups, False)
+    x, g = strided_pointwise(x, g)
     mode = gemm_mode(g)
     if x_zero_point != 0 and w_sum is None:
         w_sum = weight.sum((1, 2, 3), dtype=torch.int32)
