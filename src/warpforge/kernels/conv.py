@@ -29,7 +29,7 @@ caches it per weight tensor (invalidated when the tensor changes in place or is 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import triton
@@ -62,6 +62,50 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
+_HW_RINT: tl.constexpr = tl.constexpr(not INTERPRET)  # cvt.rni on the GPU; the interpreter has no libdevice
+
+
+@triton.jit
+def _requant_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, OUT_ZERO: tl.constexpr,
+                   rs_ptr, RES_INT8: tl.constexpr, RES_ZERO: tl.constexpr):
+    # int32 acc (zero point already taken out) -> int8 codes, with every per-channel factor folded into one
+    # FMA: q = acc * (x_scale * w_scale[co] / out_scale) + (bias[co] / out_scale + OUT_ZERO) [+ r / out_scale],
+    # then one clamp and a round to nearest even. ReLU is the clamp's lower bound in the code domain (y >= 0
+    # <=> q >= OUT_ZERO), ReLU6 its upper one too. What the unfolded epilogue spends on dequantize, bias,
+    # activation, requantize and the zero-point shift separately (Nsight Compute, H200, 2026-12-02: ~18
+    # instructions per output element in the int8 1x1 convs, twice fp16's) is ~6 here. Same codes as
+    # ``dequantize -> act -> round_to_int8`` up to a rounding tie broken the other way (the FMA rounds once).
+    inv = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.load(os_ptr))
+    s2 = (tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)) * inv
+    b2 = tl.zeros_like(s2) + OUT_ZERO
+    if HAS_BIAS:
+        b2 += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32) * inv
+    o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES and RES_INT8:
+        rsc = tl.load(rs_ptr) * inv
+        b2 -= RES_ZERO * rsc
+    q = acc.to(tl.float32) * s2[None, :] + b2[None, :]
+    if HAS_RES:
+        if RES_INT8:
+            q += tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO).to(tl.float32) * rsc
+        else:
+            q += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32) * inv
+    # the lowest code: -128 unsigned (OUT_ZERO -128, where it is also ReLU's 0), else -127, or ReLU's 0
+    lo: tl.constexpr = -128.0 if OUT_ZERO != 0 else (0.0 if ACT != 0 else -127.0)
+    q = tl.maximum(q, lo)
+    if ACT == 5:
+        q = tl.minimum(q, tl.minimum(6.0 * inv + OUT_ZERO, 127.0))
+    else:
+        q = tl.minimum(q, 127.0)
+    if _HW_RINT:
+        qi = tl.extra.cuda.libdevice.float2int_rn(q)
+    else:
+        qi = ((q + 12582912.0) - 12582912.0).to(tl.int32)  # round half to even (see round_to_int8)
+    tl.store(o_ptr + o_off, qi.to(tl.int8), mask=mask)
+
+
 @triton.jit
 def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr,
                     COUT, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
@@ -73,26 +117,30 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
     # r = rs * (r_q - RES_ZERO) (an int8 residual stream: 1 byte read per element instead of 2).
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
-    if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
-        scale = tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)
-        acc = acc.to(tl.float32) * scale[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES:
-        if RES_INT8:
-            r_q = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO).to(tl.float32)
-            acc += (r_q - RES_ZERO) * tl.load(rs_ptr)
-        else:
-            acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
-    acc = apply_activation(acc, ACT)
-    if QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
-        tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
+    if INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5):
+        _requant_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
+                       HAS_BIAS, HAS_RES, ACT, OUT_ZERO, rs_ptr, RES_INT8, RES_ZERO)
     else:
-        tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
-        if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
-            tl.store(q_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
+        if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
+            scale = tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)
+            acc = acc.to(tl.float32) * scale[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        if HAS_RES:
+            if RES_INT8:
+                r_q = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO).to(tl.float32)
+                acc += (r_q - RES_ZERO) * tl.load(rs_ptr)
+            else:
+                acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
+        acc = apply_activation(acc, ACT)
+        if QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
+            tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
+        else:
+            tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
+            if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
+                tl.store(q_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
 
 
 @triton.jit
@@ -363,7 +411,7 @@ def _s2d_pack_kernel(x_ptr, o_ptr, P, HS, WS, H, W, C, s_xn, s_xc, s_xh, s_xw, p
     tl.store(o_ptr + p.to(tl.int64)[:, None] * CS + ch[None, :], v, mask=pm[:, None])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ConvConfig:
     """Implicit-GEMM tiling: BM output pixels x BN output channels, K in BK steps, K split ``split_k`` ways."""
 
@@ -382,8 +430,13 @@ class ConvConfig:
     # > 0: cap registers per thread (ptxas .maxnreg) so more blocks share an SM: 128 lets two 8-warp blocks
     # sit on one SM, one block's MMA running while the other waits (an int32-accumulator MMA is never kept
     # in flight across K steps by Triton 3.6, so each block alone idles the tensor cores between steps).
-    # 0: no cap.
+    # 0: no cap. The repr names it only when set, so the tuner's hash of a candidate list without caps stays
+    # what it was before the field existed (the shipped winners stay valid).
     maxnreg: int = 0
+
+    def __repr__(self) -> str:
+        names = [f.name for f in fields(self) if f.name != "maxnreg" or self.maxnreg]
+        return f"ConvConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
     def __post_init__(self) -> None:
         for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
