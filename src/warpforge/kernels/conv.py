@@ -20,6 +20,11 @@ Kernels:
   epilogue (``conv2d_int8``, kernels/conv_int8.py); QUANT_OUT stores int8 for the next int8 layer.
 - ``_conv_depthwise_kernel``: groups == C (channel multiplier Cout/C), direct, vectorized over channels.
 
+Rewrites before the launch (same result, a cheaper loop): a strided stem on <= 4 channels (ResNet's 7x7/2,
+MobileNet's 3x3/2) runs as a stride-1 ceil(KH/2) x 1 conv over a space-to-depth packing of x
+(``_s2d_pack_kernel``, ``WARPFORGE_STEM_S2D=0`` turns it off); a strided 1x1 conv without padding (a
+ResNet downsample) runs MODE_PLAIN over the subsampled view x[:, :, ::s, ::s].
+
 Weight layout the kernels want: channels_last ([Cout, KH, KW, C/groups] physically) for the GEMM, and
 [KH, KW, Cout] physically for depthwise. :func:`prepare_conv_weight` returns that (same torch shape,
 kernel-friendly strides, usable by ``F.conv2d`` too); ``conv2d`` repacks any other weight once and
