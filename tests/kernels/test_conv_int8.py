@@ -483,3 +483,23 @@ def test_gpu_grouped_odd_and_quantize():
     s = torch.tensor([0.03], device="cuda")
     q = quantize_int8(x, s)
     assert q.is_contiguous(memory_format=CL) and torch.equal(q, ref.quantize_int8_reference(x, s))
+
+
+FOLD_CASES = [  # the folded int8-out epilogue: each activation it folds, both zero points, both residual kinds
+    ((2, 32, 7, 7, 31, 3, 2, 1, 1, 1, "relu", False), 0),
+    ((2, 17, 7, 9, 31, 3, 1, 1, 1, 1, "relu6", True), 0),
+    ((1, 33, 9, 7, 5, 1, 1, 0, 1, 1, None, True), 0),
+    ((2, 48, 7, 9, 33, 3, 1, 1, 1, 1, "relu", True), -128),
+    ((3, 40, 5, 7, 19, 1, 1, 0, 1, 1, "relu", True), -128),
+    ((2, 40, 7, 8, 19, 1, 3, 0, 1, 1, None, False), -128),
+]
+
+
+@pytest.mark.parametrize("case,zero", FOLD_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_conv_int8_folded_requant(triton_on_cpu, device, gen, monkeypatch, case, zero, split_k):
+    """WARPFORGE_INT8_FOLD=1: int8 out through one folded FMA per element, ReLU / ReLU6 as the clamp's
+    bounds; the same codes as the reference up to a rounding tie (the FMA rounds once)."""
+    monkeypatch.setenv("WARPFORGE_INT8_FOLD", "1")
+    run_case(gen, device, case, "int8", config=ConvConfig(32, 32, 32, 4, 4, 1, split_k=split_k), x_zero=zero,
+             out_zero=zero)

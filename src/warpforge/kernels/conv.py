@@ -67,6 +67,15 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
+# Off until measured on the GPU (interpreter-tested; the H200 was not reachable when it landed):
+# WARPFORGE_INT8_FOLD=1 turns the folded int8-out epilogue (_requant_store) on.
+INT8_FOLD_ENV = "WARPFORGE_INT8_FOLD"
+
+
+def fold_requant_enabled() -> bool:
+    return env_flag(INT8_FOLD_ENV, default=False)
+
+
 _HW_RINT: tl.constexpr = tl.constexpr(not INTERPRET)  # cvt.rni on the GPU; the interpreter has no libdevice
 
 
@@ -116,13 +125,13 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
                     COUT, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
                     QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr, OUT_ZERO: tl.constexpr,
                     DUAL_OUT: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
-                    RES_ZERO: tl.constexpr = 0):
+                    RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
     # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
     # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix). RES_INT8: the residual is int8,
     # r = rs * (r_q - RES_ZERO) (an int8 residual stream: 1 byte read per element instead of 2).
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
-    if INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5):
+    if FOLD and INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5):
         _requant_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
                        HAS_BIAS, HAS_RES, ACT, OUT_ZERO, rs_ptr, RES_INT8, RES_ZERO)
     else:
@@ -160,7 +169,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False,
                       F16_MMA: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
-                      RES_ZERO: tl.constexpr = 0):
+                      RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
     # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
     # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
@@ -270,7 +279,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         # F16_MMA took the zero point out before the MMA: no weight-sum correction left
         _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                         q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO)
+                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO, FOLD)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -283,7 +292,7 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
                             INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                             X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
                             DUAL_OUT: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
-                            RES_ZERO: tl.constexpr = 0):
+                            RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
     # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -299,7 +308,7 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
         acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0)
     _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                     q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT,
-                    rs_ptr, RES_INT8, RES_ZERO)
+                    rs_ptr, RES_INT8, RES_ZERO, FOLD)
 
 
 @triton.jit
@@ -314,7 +323,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                       INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
                                       DUAL_OUT: tl.constexpr = False, F16_MMA: tl.constexpr = False, rs_ptr=None,
-                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0):
+                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
     # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
     # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
     # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
@@ -349,7 +358,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
         acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
         _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                         q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO)
+                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO, FOLD)
 
 
 @triton.jit
@@ -871,7 +880,8 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
     xs, wsc, wsum, os_, xpad, out_q = (qd.get(k) for k in ("x_scale", "w_scale", "w_sum", "out_scale", "x_pad",
                                                            "out_q"))
     q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None and out_q is None, X_ZERO=qd.get("x_zero", 0),
-             OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None)
+             OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None,
+             FOLD=xs is not None and os_ is not None and fold_requant_enabled())
     if qd.get("res_scale") is not None:  # an int8 residual: r = res_scale * (r_q - res_zero)
         q.update(rs_ptr=qd["res_scale"], RES_INT8=True, RES_ZERO=qd.get("res_zero", 0))
     if cfg.f16_mma and (xs is None or wp.dtype != torch.float16):
