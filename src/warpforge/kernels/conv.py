@@ -88,7 +88,7 @@ def _requant_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr,
     # then one clamp and a round to nearest even. ReLU is the clamp's lower bound in the code domain (y >= 0
     # <=> q >= OUT_ZERO), ReLU6 its upper one too. What the unfolded epilogue spends on dequantize, bias,
     # activation, requantize and the zero-point shift separately (Nsight Compute, H200, 2026-12-02: ~18
-    # instructions per output element in the int8 1x1 convs, twice fp16's) is ~6 here. Same codes as
+    # instructions per output element in the int8 1x1 convs, twice fp16's) should be ~6 here (not yet measured). Same codes as
     # ``dequantize -> act -> round_to_int8`` up to a rounding tie broken the other way (the FMA rounds once).
     inv = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.load(os_ptr))
     s2 = (tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)) * inv

@@ -13,7 +13,7 @@ It launches the implicit-GEMM kernel of kernels/conv.py with ``INT_ACC=True``: i
 ``tl.dot`` with an int32 accumulator (exact: the s8 tensor-core MMA on the GPU), converted to fp32 once,
 in the epilogue. ``out_scale`` fuses the next int8 layer's input quantization into this
 epilogue: an int8 activation is half the bytes of an fp16 one, for this store and the next layer's loads.
-With int8 out and no activation, ReLU or ReLU6, the epilogue folds every per-channel factor into one FMA
+With ``WARPFORGE_INT8_FOLD=1`` (off until measured on the GPU), int8 out and no activation, ReLU or ReLU6, the epilogue folds every per-channel factor into one FMA
 per element and takes the activation as the clamp's bounds (``kernels.conv._requant_store``): the same
 codes as dequantize -> activation -> requantize up to a rounding tie.
 
