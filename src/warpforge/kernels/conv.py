@@ -557,22 +557,29 @@ def _is_prepared(weight: torch.Tensor, depthwise: bool) -> bool:
     return weight.is_contiguous(memory_format=torch.channels_last)
 
 
-# id(weight) -> (weakref to it, (data_ptr, version, depthwise), prepared tensor)
+# id(weight) -> (weakref to it, (data_ptr, version, tag), derived tensor): one cache per kind of repack
+# (_PREPARED: the kernel layout, tag = depthwise; _S2D_WEIGHTS: the space-to-depth weight), each entry made
+# once per (tensor, version) and dropped when the tensor is freed.
 _PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+_S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+
+def _cached_per_weight(cache: dict, weight: torch.Tensor, tag, make) -> torch.Tensor:
+    key = (weight.data_ptr(), weight._version, tag)
+    hit = cache.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == key:
+        return hit[2]
+    derived = make(weight.detach())
+    wid = id(weight)
+    cache[wid] = (weakref.ref(weight, lambda _r, wid=wid: cache.pop(wid, None)), key, derived)
+    return derived
 
 
 def _prepared(weight: torch.Tensor, groups: int, depthwise: bool) -> torch.Tensor:
     """The weight in the kernel layout, repacked at most once per (tensor, version)."""
     if _is_prepared(weight, depthwise):
         return weight
-    key = (weight.data_ptr(), weight._version, depthwise)
-    hit = _PREPARED.get(id(weight))
-    if hit is not None and hit[0]() is weight and hit[1] == key:
-        return hit[2]
-    packed = prepare_conv_weight(weight.detach(), groups)
-    wid = id(weight)
-    _PREPARED[wid] = (weakref.ref(weight, lambda _r, wid=wid: _PREPARED.pop(wid, None)), key, packed)
-    return packed
+    return _cached_per_weight(_PREPARED, weight, depthwise, lambda w: prepare_conv_weight(w, groups))
 
 
 # ---- launcher --------------------------------------------------------------------------------
@@ -801,10 +808,6 @@ def _s2d_ok(g: _Geometry, dtype: torch.dtype) -> bool:
             and 4 * g.cin <= S2D_CHANNELS and min(g.kh, g.kw) >= 3 and dtype in (torch.float16, torch.bfloat16))
 
 
-# id(weight) -> (weakref to it, (data_ptr, version), the s2d weight)
-_S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
-
-
 def s2d_weight(weight: torch.Tensor) -> torch.Tensor:
     """[Cout, C, KH, KW] -> the equivalent weight of the conv on the space-to-depth input: [Cout,
     16 * ceil(KW/2), ceil(KH/2), 1] channels_last, input channel kw2 * 16 + (2a + b) * C + c holding
@@ -816,17 +819,6 @@ def s2d_weight(weight: torch.Tensor) -> torch.Tensor:
     t = wpad.reshape(cout, cin, kh2, 2, kw2, 2).permute(0, 2, 4, 3, 5, 1).reshape(cout, kh2, kw2, 4 * cin)
     t = torch.nn.functional.pad(t, (0, S2D_CHANNELS - 4 * cin))
     return t.reshape(cout, kh2, 1, kw2 * S2D_CHANNELS).contiguous().permute(0, 3, 1, 2)
-
-
-def _s2d_weight_cached(weight: torch.Tensor) -> torch.Tensor:
-    key = (weight.data_ptr(), weight._version)
-    hit = _S2D_WEIGHTS.get(id(weight))
-    if hit is not None and hit[0]() is weight and hit[1] == key:
-        return hit[2]
-    packed = s2d_weight(weight.detach())
-    wid = id(weight)
-    _S2D_WEIGHTS[wid] = (weakref.ref(weight, lambda _r, wid=wid: _S2D_WEIGHTS.pop(wid, None)), key, packed)
-    return packed
 
 
 def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry):
@@ -845,7 +837,7 @@ def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry):
     cs = S2D_CHANNELS * kw2
     xv = torch.as_strided(buf, (g.n, cs, hs, g.ow), (hs * ws * S2D_CHANNELS, 1, ws * S2D_CHANNELS, S2D_CHANNELS))
     g2 = _Geometry(g.n, cs, hs, g.ow, g.cout, cs, kh2, 1, (1, 1), (0, 0), (1, 1), 1, g.oh, g.ow)
-    return xv, _s2d_weight_cached(weight), g2
+    return xv, _cached_per_weight(_S2D_WEIGHTS, weight, None, s2d_weight), g2
 
 
 # ---- the implicit-GEMM launch, shared with conv2d_int8 (kernels/conv_int8.py) -------------------
