@@ -144,6 +144,19 @@ def test_explicit_configs(device, mode_case, split_k):
          config=DepthwiseConfig(block_p=4, block_c=2, num_warps=1))
 
 
+@pytest.mark.parametrize("geo", [
+    (48, 3, 1, 1, 4),  # C/BK = 3 chunks per tap, split 4 of 27 steps: shares start mid-tap (tap 2, chunk 1)
+    (16, 7, 1, 3, 1),  # 7x7 = 49 taps: more than the 32-bit padding mask holds (per-step bounds test)
+    (32, 5, 2, 4, 2),  # 5x5, dilation 2, every tap of a border pixel padded
+])
+def test_taps_loop_counters(device, geo):
+    # The taps loop carries (tap, channel chunk) across K steps instead of dividing the step index, and
+    # tests padding with a per-row mask of taps: a split share must start at the right (tap, chunk).
+    cin, k, d, p, split = geo
+    _run(device, torch.float32, 1, cin, 7, 6, 9, k, 1, p, d, 1, "relu", True,
+         config=ConvConfig(16, 16, 16, group_m=2, num_warps=1, num_stages=1, split_k=split))
+
+
 def test_split_k_grouped(device):
     _run(device, torch.float16, 2, 32, 5, 5, 34, 3, 1, 1, 1, 2, "silu", True, config=ConvConfig(16, 16, 16, split_k=4))
 

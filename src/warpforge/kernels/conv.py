@@ -233,14 +233,30 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
             b = tl.load(w_col[None, :] + c[:, None] * s_wc, mask=c_mask[:, None] & n_mask[None, :], other=0.0)
             acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
     elif MODE == 1:  # one flat loop over (tap, channel chunk) so the pipeliner sees every step
+        # The step's (tap, channel chunk) are carried as counters (a runtime division per K step costs ~25
+        # instructions on sm_90), and each row's padding test is one bit of a mask made once per block:
+        # bit t of ``inside_bits`` says tap t of that output pixel reads inside the image.
+        x_row0 = x_img + ih0 * s_xh + iw0 * s_xw  # [BM] where tap (0, 0) reads; out of the image when padded
+        BITS: tl.constexpr = KH * KW <= 32
+        if BITS:
+            inside_bits = tl.zeros((BLOCK_M,), dtype=tl.int32)
+            for t in tl.static_range(KH * KW):
+                ih_t = ih0 + (t // KW) * dil_h
+                iw_t = iw0 + (t % KW) * dil_w
+                ok = (ih_t >= 0) & (ih_t < H) & (iw_t >= 0) & (iw_t < W)
+                inside_bits = inside_bits | (ok.to(tl.int32) << t)
+        tap = lo // c_steps
+        c0 = (lo - tap * c_steps) * BLOCK_K
+        kh = tap // KW
+        kw = tap - kh * KW
         for step in range(lo, hi):
-            tap = step // c_steps
-            c0 = (step - tap * c_steps) * BLOCK_K
-            kh = tap // KW
-            kw = tap - kh * KW
-            ih = ih0 + kh * dil_h
-            iw = iw0 + kw * dil_w
-            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            if BITS:
+                inside = ((inside_bits >> tap) & 1) != 0
+            else:
+                ih = ih0 + kh * dil_h
+                iw = iw0 + kw * dil_w
+                inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            tap_row = x_row0 + (kh * dil_h * s_xh + kw * dil_w * s_xw)
             c = c0 + offs_k
             c_mask = (c < CIN_G) | EVEN_C
             if X_ZERO != 0:
@@ -248,15 +264,24 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                 # to cp.async + a copy of the whole A tile smem -> registers -> select -> smem every K step;
                 # instead a padded pixel's row pointer moves to a row of X_ZERO bytes, so the mask (rows past
                 # M, the channel tail: never stored / zero weights) zero-fills.
-                a_row = tl.where(inside, x_img + ih * s_xh + iw * s_xw, xpad_ptr)
+                a_row = tl.where(inside, tap_row, xpad_ptr)
                 a_mask = m_mask[:, None] & c_mask[None, :]
             else:
-                a_row = x_img + ih * s_xh + iw * s_xw
+                a_row = tap_row
                 a_mask = (m_mask & inside)[:, None] & c_mask[None, :]
             a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=a_mask, other=0)
             b = tl.load(w_col[None, :] + (kh * s_wh + kw * s_ww) + c[:, None] * s_wc,
                         mask=c_mask[:, None] & n_mask[None, :], other=0.0)
             acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
+            # next step: the next channel chunk, or channel 0 of the next tap
+            c0 += BLOCK_K
+            wrap = c0 >= CIN_G
+            c0 = tl.where(wrap, 0, c0)
+            tap += wrap.to(tl.int32)
+            kw += wrap.to(tl.int32)
+            row_wrap = kw == KW
+            kw = tl.where(row_wrap, 0, kw)
+            kh += row_wrap.to(tl.int32)
     else:  # flat K = (kh, kw, c) with c fastest, decomposed per element of the K block
         K = KH * KW * CIN_G
         for step in range(lo, hi):
