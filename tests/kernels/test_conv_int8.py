@@ -497,9 +497,11 @@ FOLD_CASES = [  # the folded int8-out epilogue: each activation it folds, both z
 
 @pytest.mark.parametrize("case,zero", FOLD_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
 @pytest.mark.parametrize("split_k", [1, 2])
-def test_conv_int8_folded_requant(triton_on_cpu, device, gen, monkeypatch, case, zero, split_k):
-    """WARPFORGE_INT8_FOLD=1: int8 out through one folded FMA per element, ReLU / ReLU6 as the clamp's
-    bounds; the same codes as the reference up to a rounding tie (the FMA rounds once)."""
-    monkeypatch.setenv("WARPFORGE_INT8_FOLD", "1")
+@pytest.mark.parametrize("fold", ["1", "0"])
+def test_conv_int8_folded_requant(triton_on_cpu, device, gen, monkeypatch, case, zero, split_k, fold):
+    """WARPFORGE_INT8_FOLD=1 (the default): int8 out through one folded FMA per element, ReLU / ReLU6 as the
+    clamp's bounds; the same codes as the reference up to a rounding tie (the FMA rounds once). =0: the
+    unfolded epilogue, kept for comparisons, on the same cases."""
+    monkeypatch.setenv("WARPFORGE_INT8_FOLD", fold)
     run_case(gen, device, case, "int8", config=ConvConfig(32, 32, 32, 4, 4, 1, split_k=split_k), x_zero=zero,
              out_zero=zero)
