@@ -466,7 +466,8 @@ def test_gpu_int32_accumulator_exact(gen):
 def test_gpu_conv_int8_every_candidate(gen, config):  # persistent (pointwise) ones: test_conv_pointwise.py
     for case, out_kind in [((4, 64, 28, 28, 128, 3, 1, 1, 1, 1, "relu", True), "float16"),  # taps
                            ((2, 256, 14, 14, 512, 1, 1, 0, 1, 1, "silu", False), "int8"),  # plain, int8 out
-                           ((2, 3, 57, 57, 32, 3, 2, 1, 1, 1, "relu6", False), "float16"),  # flat (stem)
+                           ((2, 3, 57, 57, 32, 3, 2, 1, 1, 1, "relu6", False), "float16"),  # stem: s2d + taps
+                           ((2, 17, 15, 15, 32, 3, 1, 1, 1, 1, "relu", False), "int8"),  # flat (C % 16 != 0)
                            ((1, 512, 7, 7, 512, 3, 1, 1, 1, 1, None, True), "float16")]:  # batch 1, long K
         run_case(gen, "cuda", case, out_kind, config=config)
     # unsigned x (padding read as -128) and unsigned int8 out: MobileNet's projection after a ReLU6
@@ -483,6 +484,41 @@ def test_gpu_grouped_odd_and_quantize():
     s = torch.tensor([0.03], device="cuda")
     q = quantize_int8(x, s)
     assert q.is_contiguous(memory_format=CL) and torch.equal(q, ref.quantize_int8_reference(x, s))
+
+
+S2D_CASES = [  # image stems: stride 2 on <= 4 channels, 3x3+ (space-to-depth then the taps loop), odd sizes
+    ((1, 3, 9, 9, 5, 3, 2, 1, 1, 1, "relu", False), 0),
+    ((2, 3, 13, 11, 17, 7, 2, 3, 1, 1, "relu", False), 0),  # ResNet's 7x7/2, tiny
+    ((1, 4, 10, 9, 9, 5, 2, 2, 1, 1, None, True), -128),  # 4 channels fill the 16 s2d channels; unsigned x
+    ((1, 2, 7, 8, 6, 4, 2, 1, 1, 1, "relu6", False), -128),  # even kernel, 2 channels
+]
+
+
+@pytest.mark.parametrize("case,zero", S2D_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
+@pytest.mark.parametrize("out_kind", ["float16", "int8"])
+@pytest.mark.parametrize("s2d", ["1", "0"])
+def test_conv_int8_stem_space_to_depth(triton_on_cpu, device, gen, monkeypatch, case, zero, out_kind, s2d):
+    """An int8 image stem runs as conv2d does it (space-to-depth pack padded with x's zero point, then the
+    taps loop) and matches the int8 reference; WARPFORGE_STEM_S2D=0: MODE_FLAT, the same result."""
+    from warpforge.kernels import conv as conv_mod
+
+    calls = []
+    real = conv_mod._s2d_pack_kernel
+    monkeypatch.setattr(conv_mod, "_s2d_pack_kernel", _Spy(real, calls))
+    monkeypatch.setenv("WARPFORGE_STEM_S2D", s2d)
+    run_case(gen, device, case, out_kind, x_zero=zero, out_zero=zero if out_kind == "int8" else 0)
+    assert len(calls) == (1 if s2d == "1" else 0)
+
+
+class _Spy:
+    """A kernel stand-in that records launches and forwards them (kernel[grid](...))."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
 
 
 FOLD_CASES = [  # the folded int8-out epilogue: each activation it folds, both zero points, both residual kinds

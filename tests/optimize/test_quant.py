@@ -317,6 +317,33 @@ def test_quantize_model_options():
         quantize_model(nn.Sequential(nn.Conv2d(16, 8, 1)), [(torch.randn(2, 15, 5, 5),)])
 
 
+@pytest.mark.parametrize("how", ["arg", "env"])
+def test_quantize_model_int8_stem(monkeypatch, how):
+    """int8_stem (or WARPFORGE_INT8_STEM=1): the 3x3/2 RGB stem runs int8 too (space-to-depth in the kernel),
+    its signed image input quantized; the graph still matches the float model, and on the Triton kernels
+    (interpreter) the references."""
+    model, gm, calib, held_out = _fused_graph(seed=6)
+    with torch.no_grad():
+        expect = model(held_out)
+    kw = {"int8_stem": True} if how == "arg" else {}
+    if how == "env":
+        monkeypatch.setenv("WARPFORGE_INT8_STEM", "1")
+    _, report = quantize_model(gm, calib, **kw)
+    assert isinstance(gm.stem_0_fused, QuantConv2d) and gm.stem_0_fused.act_zero_point == 0  # the image is signed
+    assert "stem_0_fused" in {r.name for r in report.layers}
+    assert {k.name for k in report.kept} == {"dw_0_fused"}
+    with torch.no_grad():
+        got = gm(held_out)
+        assert _cosine(got, expect) > 0.999
+        with force_triton():
+            tri = gm(held_out[:2])
+    assert _cosine(tri, got[:2]) > 0.9999
+    monkeypatch.delenv("WARPFORGE_INT8_STEM", raising=False)
+    _, gm2, _, _ = _fused_graph(seed=6)
+    _, report = quantize_model(gm2, calib)  # off by default
+    assert "image stem" in {k.name: k.reason for k in report.kept}["stem_0_fused"]
+
+
 class _WithUnused(nn.Module):
     def __init__(self):
         super().__init__()

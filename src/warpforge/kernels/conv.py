@@ -429,9 +429,10 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
 
 @triton.jit
 def _s2d_pack_kernel(x_ptr, o_ptr, P, HS, WS, H, W, C, s_xn, s_xc, s_xh, s_xw, pad_h, pad_w,
-                     BLOCK_P: tl.constexpr, CS: tl.constexpr):
-    # Space-to-depth by 2 of the zero-padded input: o [N, HS, WS, CS] (contiguous), s2d pixel (i, j)
-    # channel (2a + b) * C + c = x[n, c, 2i + a - pad_h, 2j + b - pad_w] (0 outside x), channels >= 4C zero.
+                     BLOCK_P: tl.constexpr, CS: tl.constexpr, FILL: tl.constexpr = 0):
+    # Space-to-depth by 2 of the padded input: o [N, HS, WS, CS] (contiguous), s2d pixel (i, j) channel
+    # (2a + b) * C + c = x[n, c, 2i + a - pad_h, 2j + b - pad_w] (FILL outside x: 0, or int8 x's zero point),
+    # channels >= 4C FILL too (they meet zero weights).
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     ch = tl.arange(0, CS)
     pm = p < P
@@ -447,7 +448,7 @@ def _s2d_pack_kernel(x_ptr, o_ptr, P, HS, WS, H, W, C, s_xn, s_xc, s_xh, s_xw, p
     iw = 2 * j[:, None] - pad_w + b[None, :]
     valid = pm[:, None] & (phase < 4)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
     src = x_ptr + n.to(tl.int64)[:, None] * s_xn + (c * s_xc)[None, :] + ih * s_xh + iw * s_xw
-    v = tl.load(src, mask=valid, other=0.0)
+    v = tl.load(src, mask=valid, other=FILL)
     tl.store(o_ptr + p.to(tl.int64)[:, None] * CS + ch[None, :], v, mask=pm[:, None])
 
 
@@ -829,9 +830,10 @@ def stem_s2d_enabled() -> bool:
 
 def _s2d_ok(g: _Geometry, dtype: torch.dtype) -> bool:
     """A stride-2 conv on at most 4 channels with a kernel of 3x3 or more (an image stem), one group, no
-    dilation, 16-bit: too few channels for the taps loop, and MODE_FLAT decomposes every K index."""
+    dilation, 16-bit or int8: too few channels for the taps loop, and MODE_FLAT decomposes every K index."""
     return (stem_s2d_enabled() and g.groups == 1 and g.stride == (2, 2) and g.dilation == (1, 1)
-            and 4 * g.cin <= S2D_CHANNELS and min(g.kh, g.kw) >= 3 and dtype in (torch.float16, torch.bfloat16))
+            and 4 * g.cin <= S2D_CHANNELS and min(g.kh, g.kw) >= 3
+            and dtype in (torch.float16, torch.bfloat16, torch.int8))
 
 
 def s2d_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -847,9 +849,10 @@ def s2d_weight(weight: torch.Tensor) -> torch.Tensor:
     return t.reshape(cout, kh2, 1, kw2 * S2D_CHANNELS).contiguous().permute(0, 3, 1, 2)
 
 
-def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry):
+def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry, fill: int = 0):
     """The stride-2 KHxKW conv on C channels as a stride-1 ceil(KH/2) x 1 conv over 16 * ceil(KW/2)
-    channels: one kernel packs x (zero padding included) into [N, HS, WS, 16] space-to-depth pixels; for a
+    channels: one kernel packs x (its padding as ``fill``: 0, or int8 x's zero point) into [N, HS, WS, 16]
+    space-to-depth pixels; for a
     kernel row, the ceil(KW/2) s2d pixels an output pixel reads are adjacent in memory, so the taps loop
     reads them as one contiguous 16 * ceil(KW/2)-channel row of an overlapping view (pixel stride 16).
     ResNet-50's 7x7/2 stem: K = 4 steps of 64 (147 of 256 non-zero) instead of 147 decomposed indices."""
@@ -859,7 +862,7 @@ def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry):
     p = g.n * hs * ws
     block_p = 128
     _s2d_pack_kernel[(triton.cdiv(p, block_p),)](x, buf, p, hs, ws, g.h, g.w, g.cin, *x.stride(), *g.padding,
-                                                 BLOCK_P=block_p, CS=S2D_CHANNELS, num_warps=4)
+                                                 BLOCK_P=block_p, CS=S2D_CHANNELS, FILL=fill, num_warps=4)
     cs = S2D_CHANNELS * kw2
     xv = torch.as_strided(buf, (g.n, cs, hs, g.ow), (hs * ws * S2D_CHANNELS, 1, ws * S2D_CHANNELS, S2D_CHANNELS))
     g2 = _Geometry(g.n, cs, hs, g.ow, g.cout, cs, kh2, 1, (1, 1), (0, 0), (1, 1), 1, g.oh, g.ow)

@@ -34,8 +34,8 @@ from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
 from warpforge.kernels.conv import (MODE_TAPS, ConvConfig, _check_out, _geometry, _is_depthwise, _prepared,
-                                    _shares_storage, choose_gemm_config, gemm_mode, launch_gemm,
-                                    strided_pointwise)
+                                    _s2d_ok, _shares_storage, _space_to_depth, choose_gemm_config, gemm_mode,
+                                    launch_gemm, strided_pointwise)
 from warpforge.kernels.quantize import check_scale, check_zero_point
 
 FLOAT_OUT = (torch.float16, torch.bfloat16, torch.float32)
@@ -245,11 +245,15 @@ def conv2d_int8(
         return out
     epilogue = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=ACTIVATIONS[activation])
     b_arg = bias.contiguous() if bias is not None else None
-    wp = _prepared(weight, groups, False)
-    x, g = strided_pointwise(x, g)
-    mode = gemm_mode(g)
     if x_zero_point != 0 and w_sum is None:
         w_sum = weight.sum((1, 2, 3), dtype=torch.int32)
+    wp = _prepared(weight, groups, False)
+    if _s2d_ok(g, x.dtype):
+        # An image stem (stride 2, <= 4 channels): the taps loop on a space-to-depth view, padded with the
+        # zero point. w_sum holds for the s2d weight too (its extra entries are zeros).
+        x, wp, g = _space_to_depth(x, weight, g, fill=x_zero_point)
+    x, g = strided_pointwise(x, g)
+    mode = gemm_mode(g)
     quant = dict(x_scale=xs, w_scale=w_scale.contiguous(), x_zero=x_zero_point, w_sum=w_sum, out_scale=os_,
                  out_zero=out_zero_point, out_q=out_q, res_scale=rs, res_zero=residual_zero_point,
                  x_pad=_pad_row(x.device, x_zero_point) if x_zero_point != 0 and mode == MODE_TAPS else None)

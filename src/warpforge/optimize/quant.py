@@ -52,6 +52,9 @@ MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 INT8_RESIDUAL_ENV = "WARPFORGE_INT8_RESIDUAL"
 BIAS_CORRECTION_ENV = "WARPFORGE_INT8_BIAS_CORRECTION"
 EQUALIZE_ENV = "WARPFORGE_INT8_EQUALIZE"
+# An image stem (stride 2 on <= 4 channels, 3x3 or more: conv2d_int8 runs it through space-to-depth and the
+# taps loop) quantized too, its input the network's image. Off until measured (accuracy and speed).
+INT8_STEM_ENV = "WARPFORGE_INT8_STEM"
 
 
 def weight_bias_correction(q: nn.Module, w: torch.Tensor, groups: int, x_mean: torch.Tensor) -> torch.Tensor:
@@ -427,8 +430,17 @@ def _kind(m: nn.Module) -> str | None:
     return None
 
 
-def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int) -> str | None:
-    """Why layer ``m`` must stay float, or None when it can run int8."""
+def _s2d_stem(m: nn.Module) -> bool:
+    """An image stem that conv2d_int8 runs on int8 tensor cores through space-to-depth (kernels.conv._s2d_ok):
+    one group, stride 2, no dilation, <= 4 input channels, a kernel of 3x3 or more."""
+    cout, cin_g, kh, kw = m.weight.shape
+    return (m.groups == 1 and tuple(m.stride) == (2, 2) and tuple(m.dilation) == (1, 1) and cin_g <= 4
+            and min(kh, kw) >= 3)
+
+
+def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int, int8_stem: bool = False) -> str | None:
+    """Why layer ``m`` must stay float, or None when it can run int8. ``int8_stem``: an image stem
+    (:func:`_s2d_stem`) may run int8 despite its few channels."""
     if not m.weight.is_floating_point():
         return f"weight dtype {m.weight.dtype} is not floating point"
     if isinstance(parent, nn.MultiheadAttention):
@@ -441,6 +453,8 @@ def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int) -> str
     if m.groups > 1 and cin_g == 1:
         return (f"depthwise ({m.groups} groups): memory-bound at {kh * kw} MACs per loaded value, int8 tensor "
                 "cores gain it little; stays on the float conv kernel")
+    if int8_stem and _s2d_stem(m):
+        return None
     if cin_g < min_channels:
         # MobileNetV2 (ImageNet weights): int8 on the stem's input alone moved the logits by 5% (relative),
         # as much as any other single layer, for a conv with K = 27 that tensor cores barely serve.
@@ -614,8 +628,8 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
 def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
                    linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
                    min_channels: int = 16, int8_residual: bool | None = None,
-                   bias_correction: bool | None = None, equalize: bool | None = None
-                   ) -> tuple[nn.Module, QuantReport]:
+                   bias_correction: bool | None = None, equalize: bool | None = None,
+                   int8_stem: bool | None = None) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
@@ -630,6 +644,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     mean output shift of its weight rounding on the calibration inputs (:func:`weight_bias_correction`).
     ``equalize`` (default: WARPFORGE_INT8_EQUALIZE, off): first even out the channel ranges of linear
     residual streams (optimize/equalize.py; exact in float), for the per-tensor scales of their readers.
+    ``int8_stem`` (default: WARPFORGE_INT8_STEM, off): an image stem (stride 2 on <= 4 channels, 3x3+) runs
+    int8 too, its input (the image) quantized (kernels: space-to-depth, then the taps loop).
     Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
     runs in eval mode under no_grad; each module's mode is restored.
     """
@@ -639,6 +655,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
         bias_correction = env_flag(BIAS_CORRECTION_ENV)
     if equalize is None:
         equalize = env_flag(EQUALIZE_ENV)
+    if int8_stem is None:
+        int8_stem = env_flag(INT8_STEM_ENV)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
@@ -652,7 +670,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
         if kind is None or m in seen or (kind == "conv" and not convs) or (kind == "linear" and not linears):
             continue
         seen.add(m)
-        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m), min_channels)
+        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m), min_channels, int8_stem)
         if reason is None:
             plan[m] = name
         else:
