@@ -344,6 +344,50 @@ def test_quantize_model_int8_stem(monkeypatch, how):
     assert "image stem" in {k.name: k.reason for k in report.kept}["stem_0_fused"]
 
 
+class _PoolStem(nn.Module):
+    """ResNet's entrance in small: 7x7/2 stem + ReLU, 3x3/2 max pool, read by two convs (conv1, shortcut)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3), nn.BatchNorm2d(16), nn.ReLU())
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.conv1, self.short = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 32, 1)
+        self.conv2 = nn.Conv2d(16, 32, 1)
+
+    def forward(self, x):
+        x = self.pool(self.stem(x))
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + self.short(x))
+
+
+def test_int8_stem_feeds_an_int8_max_pool():
+    """With the stem int8, its output is stored int8 at the pool readers' scale and the max pool runs on the
+    codes (MaxPool2dInt8): no float pool, no quantize kernel; the same result as the float pool quantized."""
+    from warpforge.optimize.pipeline import optimize_graph
+    from warpforge.optimize.quant import MaxPool2dInt8
+
+    from .nets import image, make
+
+    model = make(_PoolStem(), seed=2).eval()
+    gm, _ = optimize_graph(model, (image(n=2, hw=32),))
+    calib = [(image(n=4, hw=32, seed=s),) for s in (21, 22)]
+    held_out = image(n=4, hw=32, seed=23)
+    with torch.no_grad():
+        expect = model(held_out)
+    qm, report = quantize_model(gm, calib, int8_stem=True)
+    pools = [m for m in qm.modules() if isinstance(m, MaxPool2dInt8)]
+    assert len(pools) == 1 and not any(isinstance(m, nn.MaxPool2d) for m in qm.modules())
+    stem = [m for m in qm.modules() if isinstance(m, QuantConv2d) and m.weight_q.shape[1] == 3][0]
+    assert stem.out_scale is not None and stem.out_zero_point == -128  # unsigned: the readers take a ReLU's output
+    assert "quantize" not in " ".join(str(n.target) for n in qm.graph.nodes)
+    assert {r.name for r in report.layers if r.int8_out} >= {r.name for r in report.layers if "stem" in r.name}
+    with torch.no_grad():
+        got = qm(held_out)
+        with force_triton():
+            tri = qm(held_out[:2])
+    assert _cosine(got, expect) > 0.999
+    assert _cosine(tri, got[:2]) > 0.9999
+
+
 class _WithUnused(nn.Module):
     def __init__(self):
         super().__init__()

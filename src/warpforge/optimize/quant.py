@@ -39,6 +39,7 @@ from warpforge.kernels._env import env_flag
 from warpforge.kernels.conv_int8 import MAX_K, conv2d_int8
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8
+from warpforge.kernels.pool import max_pool2d_int8
 from warpforge.kernels.quantize import QUANT_DTYPES, quantize_int8
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
 
@@ -235,6 +236,32 @@ class QuantizeInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x.contiguous()
         return quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.scale, zero_point=self.zero_point)
+
+
+class MaxPool2dInt8(nn.Module):
+    """An nn.MaxPool2d on int8 codes (kernels.pool.max_pool2d_int8): between an int8-out conv and the int8
+    layers that read the pool, exactly the quantized float pool (quantization is monotone)."""
+
+    def __init__(self, pool: nn.MaxPool2d) -> None:
+        super().__init__()
+        if not int8_poolable(pool):
+            raise ValueError(f"pool: expected an nn.MaxPool2d without dilation, ceil_mode or indices, got {pool}")
+        self.kernel_size, self.stride, self.padding = pool.kernel_size, pool.stride, pool.padding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return max_pool2d_int8(x, self.kernel_size, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding} (int8 codes)"
+
+
+def int8_poolable(m: nn.Module) -> bool:
+    """An nn.MaxPool2d that max_pool2d_int8 runs: no dilation, floor mode, no indices, padding <= k / 2."""
+    if not isinstance(m, nn.MaxPool2d) or m.ceil_mode or m.return_indices:
+        return False
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    k, p, d = pair(m.kernel_size), pair(m.padding), pair(m.dilation)
+    return d == (1, 1) and p[0] <= k[0] // 2 and p[1] <= k[1] // 2
 
 
 class QuantConv2d(nn.Module):
@@ -517,6 +544,32 @@ def _residual_reader(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | 
     return None
 
 
+def _pool_int8(gm: fx.GraphModule, n: fx.Node, pool: nn.Module | None, readers: list[fx.Node], modules: dict,
+               calls: dict[int, int]) -> bool:
+    """n = a max pool (called once) of a QuantConv2d's output (called once, read by the pool alone) and
+    read only by int8 layers at one scale (``readers``): the conv stores int8 at their scale, the pool runs
+    on the codes (MaxPool2dInt8), the readers take them; no quantize kernel, a quarter of the float pool's
+    bytes. Returns whether it rewrote the graph."""
+    if not (n.op == "call_module" and int8_poolable(pool) and calls[id(pool)] == 1 and len(n.args) == 1
+            and not n.kwargs and set(n.users) == set(readers)):
+        return False
+    p = n.args[0]
+    conv = modules.get(p.target) if isinstance(p, fx.Node) and p.op == "call_module" else None
+    if (not isinstance(conv, QuantConv2d) or calls[id(conv)] != 1 or conv.out_scale is not None
+            or set(p.users) != {n}):
+        return False
+    b = modules[readers[0].target]
+    conv.out_scale, conv.out_zero_point = b.act_scale.clone(), b.act_zero_point
+    _set_submodule(gm, n.target, MaxPool2dInt8(pool))
+    modules[n.target] = gm.get_submodule(n.target)
+    return True
+
+
+def _set_submodule(gm: nn.Module, target: str, new: nn.Module) -> None:
+    parent, _, name = target.rpartition(".")
+    setattr(gm.get_submodule(parent) if parent else gm, name, new)
+
+
 def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[nn.Module], set[nn.Module]]:
     """Fuse the int8 layers' input quantizers into the epilogue of the conv that produces their input.
 
@@ -527,8 +580,9 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
     conv1 and shortcut conv). When other users read the output too (a residual add, a pool), a
     QuantConv2d producer stores both (``dual_out``: float for them, int8 for the group: one epilogue
     instead of a float store, a re-read and a quantize kernel); a float producer then keeps its float
-    output. Any other node read by several int8 layers at one scale (a max pool before a downsample block)
-    is quantized once for all of them. ``int8_residual``: where the other users are all int8 layers reading
+    output. A max pool between an int8 conv and int8 readers (ResNet's int8 stem, then its first block)
+    runs on the conv's int8 codes (:func:`_pool_int8`). Any other node read by several int8 layers at one
+    scale (a max pool after a float stem, before a downsample block) is quantized once for all of them. ``int8_residual``: where the other users are all int8 layers reading
     the output as their residual, the producer stores int8 only and they read it (dequantized in their
     epilogue): a residual block's output written and read as 1 byte per element, not as fp16 plus an int8
     copy; a QuantConv2d output read only as residuals (a downsample shortcut) goes int8 at its calibrated
@@ -560,6 +614,10 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
                 fused.add(a)
             continue
         key, readers = max(groups.items(), key=lambda kv: len(kv[1]))  # first largest: graph order
+        if _pool_int8(gm, n, a, readers, modules, calls):  # int8-out conv -> max pool -> int8 readers
+            fused.add(modules[n.args[0].target])
+            changed = True
+            continue
         if not isinstance(a, (QuantConv2d, FusedConv2d)) or calls[id(a)] != 1 or a.out_scale is not None:
             if len(readers) > 1 and n.op != "placeholder":
                 # Any other producer (a max pool): one quantize kernel for all the readers, not one each.

@@ -1,0 +1,94 @@
+"""``max_pool2d_int8``: max pooling of an int8 tensor (quantized codes), channels_last, in one pass.
+
+Quantization (``q = clamp(round(x / s) + zero)``) never decreases with x, so the max of the codes is the code
+of the max: a max pool after an int8-out conv gives exactly what quantizing the float max pool gives, at
+half the bytes of fp16 read and a quarter written, and without a quantize kernel after it. (The int8 pass
+uses it between ResNet's int8 stem and its first block: optimize/quant.py.) Padding never wins: a padded
+tap reads -128, the smallest code, and every window holds at least one real pixel (padding <= kernel / 2,
+as torch requires).
+
+The kernel: one program per BLOCK_P output pixels x BLOCK_C channels (channels the contiguous axis, 16
+bytes per load), the KH x KW taps unrolled.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels._dispatch import use_triton
+
+
+@triton.jit
+def _max_pool2d_int8_kernel(x_ptr, o_ptr, M, OH, OW, H, W, C, s_xn, s_xh, s_xw, s_on, s_oh, s_ow,
+                            stride_h, stride_w, pad_h, pad_w, KH: tl.constexpr, KW: tl.constexpr,
+                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_mask = offs_p < M
+    c_mask = c < C
+    ow = offs_p % OW
+    t = offs_p // OW
+    oh = t % OH
+    nb = t // OH
+    x_img = x_ptr + nb.to(tl.int64) * s_xn
+    best = tl.full((BLOCK_P, BLOCK_C), -128, tl.int8)
+    for kh in tl.static_range(KH):
+        ih = oh * stride_h - pad_h + kh
+        h_ok = p_mask & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = ow * stride_w - pad_w + kw
+            ok = h_ok & (iw >= 0) & (iw < W)
+            v = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + c[None, :], mask=ok[:, None] & c_mask[None, :],
+                        other=-128)
+            best = tl.maximum(best, v)
+    dst = o_ptr + nb.to(tl.int64)[:, None] * s_on + (oh * s_oh + ow * s_ow)[:, None] + c[None, :]
+    tl.store(dst, best, mask=p_mask[:, None] & c_mask[None, :])
+
+
+def _pair(v, name: str, lo: int) -> tuple[int, int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = (v, v)
+    if (not isinstance(v, (tuple, list)) or len(v) != 2
+            or not all(isinstance(e, int) and not isinstance(e, bool) and e >= lo for e in v)):
+        raise ValueError(f"{name} must be an int >= {lo} or a pair of them, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
+def max_pool2d_int8(x: torch.Tensor, kernel_size, stride=None, padding=0) -> torch.Tensor:
+    """``F.max_pool2d`` of int8 x [N, C, H, W] (channels_last) -> int8 [N, C, OH, OW] channels_last; no
+    dilation, floor mode (torch's defaults). stride defaults to kernel_size."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int8 or x.dim() != 4:
+        raise ValueError(f"x must be a 4-D int8 tensor [N, C, H, W], got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+    kh, kw = _pair(kernel_size, "kernel_size", 1)
+    sh, sw = _pair(kernel_size if stride is None else stride, "stride", 1)
+    ph, pw = _pair(padding, "padding", 0)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"padding must be at most half the kernel size ({kh}x{kw}), got {(ph, pw)}")
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"x spatial size {h}x{w} is too small for kernel {kh}x{kw} with padding {(ph, pw)}")
+    x = x.contiguous(memory_format=torch.channels_last)
+    if not use_triton(x):
+        # through fp32 (exact for codes): torch's CPU int8 max pool fails on some channels_last inputs
+        y = F.max_pool2d(x.float(), (kh, kw), (sh, sw), (ph, pw)).to(torch.int8)
+        return y.contiguous(memory_format=torch.channels_last)
+    out = torch.empty((n, c, oh, ow), dtype=torch.int8, device=x.device, memory_format=torch.channels_last)
+    m = n * oh * ow
+    if m == 0 or c == 0:
+        return out
+    block_c = min(64, triton.next_power_of_2(c))
+    block_p = max(1, 2048 // block_c)
+    grid = (triton.cdiv(m, block_p), triton.cdiv(c, block_c))
+    _max_pool2d_int8_kernel[grid](x, out, m, oh, ow, h, w, c, x.stride(0), x.stride(2), x.stride(3), out.stride(0),
+                                  out.stride(2), out.stride(3), sh, sw, ph, pw, KH=kh, KW=kw, BLOCK_P=block_p,
+                                  BLOCK_C=block_c, num_warps=4)
+    return out
+
+
+__all__ = ["max_pool2d_int8"]
