@@ -361,9 +361,9 @@ class _PoolStem(nn.Module):
 
 def test_int8_stem_feeds_an_int8_max_pool():
     """With the stem int8, its output is stored int8 at the pool readers' scale and the max pool runs on the
-    codes (MaxPool2dInt8): no float pool, no quantize kernel; the same result as the float pool quantized."""
+    codes (passes.pool.MaxPool2d): no float pool, no quantize kernel; the same result as the float pool quantized."""
     from warpforge.optimize.pipeline import optimize_graph
-    from warpforge.optimize.quant import MaxPool2dInt8
+    from warpforge.optimize.passes.pool import MaxPool2d
 
     from .nets import image, make
 
@@ -374,7 +374,7 @@ def test_int8_stem_feeds_an_int8_max_pool():
     with torch.no_grad():
         expect = model(held_out)
     qm, report = quantize_model(gm, calib, int8_stem=True)
-    pools = [m for m in qm.modules() if isinstance(m, MaxPool2dInt8)]
+    pools = [m for m in qm.modules() if isinstance(m, MaxPool2d)]
     assert len(pools) == 1 and not any(isinstance(m, nn.MaxPool2d) for m in qm.modules())
     stem = [m for m in qm.modules() if isinstance(m, QuantConv2d) and m.weight_q.shape[1] == 3][0]
     assert stem.out_scale is not None and stem.out_zero_point == -128  # unsigned: the readers take a ReLU's output

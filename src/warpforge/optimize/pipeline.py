@@ -20,12 +20,13 @@ from warpforge.optimize.passes.fold_bn import FoldBatchNorm
 from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue
 from warpforge.optimize.passes.fuse_linear import FuseLinear
 from warpforge.optimize.passes.fuse_norm import FuseNorm
+from warpforge.optimize.passes.pool import FastMaxPool
 
 
 def default_passes() -> list[Pass]:
-    """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion, then
-    attention onto flash attention (on CUDA only: see passes/attention.py)."""
-    return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue(), ReplaceAttention(cuda_only=True)]
+    """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion, max
+    pools onto the pool kernel, then attention onto flash attention (on CUDA only: see passes/attention.py)."""
+    return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue(), FastMaxPool(), ReplaceAttention(cuda_only=True)]
 
 
 FUSE_NORM_ENV = "WARPFORGE_FUSE_NORM"

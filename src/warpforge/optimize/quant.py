@@ -39,9 +39,9 @@ from warpforge.kernels._env import env_flag
 from warpforge.kernels.conv_int8 import MAX_K, conv2d_int8
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8
-from warpforge.kernels.pool import max_pool2d_int8
 from warpforge.kernels.quantize import QUANT_DTYPES, quantize_int8
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
+from warpforge.optimize.passes.pool import MaxPool2d, poolable
 
 __all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Observer", "PercentileObserver",
            "QuantConv2d", "QuantLinearW8A8", "QuantReport", "QuantizeInput", "make_observer", "quantize_linears",
@@ -236,32 +236,6 @@ class QuantizeInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x.contiguous()
         return quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.scale, zero_point=self.zero_point)
-
-
-class MaxPool2dInt8(nn.Module):
-    """An nn.MaxPool2d on int8 codes (kernels.pool.max_pool2d_int8): between an int8-out conv and the int8
-    layers that read the pool, exactly the quantized float pool (quantization is monotone)."""
-
-    def __init__(self, pool: nn.MaxPool2d) -> None:
-        super().__init__()
-        if not int8_poolable(pool):
-            raise ValueError(f"pool: expected an nn.MaxPool2d without dilation, ceil_mode or indices, got {pool}")
-        self.kernel_size, self.stride, self.padding = pool.kernel_size, pool.stride, pool.padding
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return max_pool2d_int8(x, self.kernel_size, self.stride, self.padding)
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding} (int8 codes)"
-
-
-def int8_poolable(m: nn.Module) -> bool:
-    """An nn.MaxPool2d that max_pool2d_int8 runs: no dilation, floor mode, no indices, padding <= k / 2."""
-    if not isinstance(m, nn.MaxPool2d) or m.ceil_mode or m.return_indices:
-        return False
-    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
-    k, p, d = pair(m.kernel_size), pair(m.padding), pair(m.dilation)
-    return d == (1, 1) and p[0] <= k[0] // 2 and p[1] <= k[1] // 2
 
 
 class QuantConv2d(nn.Module):
@@ -548,10 +522,11 @@ def _pool_int8(gm: fx.GraphModule, n: fx.Node, pool: nn.Module | None, readers: 
                calls: dict[int, int]) -> bool:
     """n = a max pool (called once) of a QuantConv2d's output (called once, read by the pool alone) and
     read only by int8 layers at one scale (``readers``): the conv stores int8 at their scale, the pool runs
-    on the codes (MaxPool2dInt8), the readers take them; no quantize kernel, a quarter of the float pool's
-    bytes. Returns whether it rewrote the graph."""
-    if not (n.op == "call_module" and int8_poolable(pool) and calls[id(pool)] == 1 and len(n.args) == 1
-            and not n.kwargs and set(n.users) == set(readers)):
+    on the codes (passes.pool.MaxPool2d: exactly the quantized float pool, quantization being monotone), the
+    readers take them; no quantize kernel, a quarter of the float pool's bytes. Returns whether it rewrote
+    the graph."""
+    if not (n.op == "call_module" and (isinstance(pool, MaxPool2d) or poolable(pool)) and calls[id(pool)] == 1
+            and len(n.args) == 1 and not n.kwargs and set(n.users) == set(readers)):
         return False
     p = n.args[0]
     conv = modules.get(p.target) if isinstance(p, fx.Node) and p.op == "call_module" else None
@@ -560,14 +535,11 @@ def _pool_int8(gm: fx.GraphModule, n: fx.Node, pool: nn.Module | None, readers: 
         return False
     b = modules[readers[0].target]
     conv.out_scale, conv.out_zero_point = b.act_scale.clone(), b.act_zero_point
-    _set_submodule(gm, n.target, MaxPool2dInt8(pool))
-    modules[n.target] = gm.get_submodule(n.target)
+    if not isinstance(pool, MaxPool2d):  # torch's pool has no int8 kernel on CUDA
+        parent, _, name = n.target.rpartition(".")
+        setattr(gm.get_submodule(parent) if parent else gm, name, MaxPool2d(pool))
+        modules[n.target] = gm.get_submodule(n.target)
     return True
-
-
-def _set_submodule(gm: nn.Module, target: str, new: nn.Module) -> None:
-    parent, _, name = target.rpartition(".")
-    setattr(gm.get_submodule(parent) if parent else gm, name, new)
 
 
 def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[nn.Module], set[nn.Module]]:
