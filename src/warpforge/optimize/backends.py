@@ -2,7 +2,7 @@
 
     eager-fp32                 the model as given, fp32: the reference and the baseline of every speedup
     eager-fp16 / eager-bf16    the model cast to half precision (CUDA only)
-    warpforge-<p>              capture + the default passes (fold_bn, channels_last, fuse_conv) at
+    warpforge-<p>              capture + the default passes (fold_bn, channels_last, fuse_conv, max_pool) at
                                precision p; replayed as a CUDA graph on the GPU when the inputs are tensors
     warpforge-int8             the same pipeline, then W8A8 post-training quantization calibrated on the
                                ``calib`` inputs (optimize/quant.py): convs and linears on int8 kernels,
@@ -506,19 +506,19 @@ def all_candidates(device: torch.device) -> list[Candidate]:
                      about="the model as given" + ("" if p == "fp32" else f", cast to {p}"))
            for p in DEFAULT_PRECISIONS]
     out += [Candidate(f"warpforge-{p}", "warpforge", p, _build_warpforge(p), needs_cuda=p != "fp32",
-                      about="capture + fold_bn, channels_last, fuse_conv, attention, fuse_linear")
+                      about="capture + fold_bn, channels_last, fuse_conv, max_pool, attention, fuse_linear")
             for p in DEFAULT_PRECISIONS]
     out.append(Candidate("warpforge-int8", "warpforge", "int8", _build_warpforge_int8(), needs_calib=True,
-                         about="capture + fold_bn, channels_last, fuse_conv; W8A8 PTQ of convs and linears "
+                         about="capture + fold_bn, channels_last, fuse_conv, max_pool; W8A8 PTQ of convs and linears "
                                "(int8 kernels), depthwise convs and the rest fp16"))
     out.append(Candidate("warpforge-fp8", "warpforge", "fp8", _build_warpforge_fp8("static"), needs_calib=True,
-                         about="capture + fold_bn, channels_last, fuse_conv; e4m3 linears (matmul_fp8), static "
-                               "per-tensor input scales calibrated, weights per channel; the rest fp16"))
+                         about="capture + fold_bn, channels_last, fuse_conv, max_pool; e4m3 linears (matmul_fp8), "
+                               "static per-tensor input scales calibrated, weights per channel; the rest fp16"))
     out.append(Candidate("warpforge-fp8-dynamic", "warpforge", "fp8", _build_warpforge_fp8("dynamic"),
-                         about="capture + fold_bn, channels_last, fuse_conv; e4m3 linears (matmul_fp8), an input "
-                               "scale per row at run time, weights per channel; the rest fp16"))
+                         about="capture + fold_bn, channels_last, fuse_conv, max_pool; e4m3 linears (matmul_fp8), "
+                               "an input scale per row at run time, weights per channel; the rest fp16"))
     out += [Candidate(f"warpforge-{p}", "warpforge", p, _build_warpforge_weight_only(p),
-                      about=f"capture + fold_bn, channels_last, fuse_conv; weight-only {scheme} linears "
+                      about=f"capture + fold_bn, channels_last, fuse_conv, max_pool; weight-only {scheme} linears "
                             "(kernels.gemv.linear), activations fp16")
             for p, scheme in (("w8", "int8"), ("w4", "int4 g128"))]
     for mode in ("default", "max-autotune"):
