@@ -387,3 +387,21 @@ def test_strided_1x1_runs_plain(device, monkeypatch):
     modes.clear()
     _run(device, torch.float16, 1, 16, 9, 9, 8, 1, 2, 1, 1, 1, None, False)  # padded: the taps loop
     assert modes and all(m[0] == conv_mod.MODE_TAPS for m in modes)
+
+
+def test_tune_bucket_names_the_residual(monkeypatch):
+    """WARPFORGE_TUNE_RESIDUAL=1: a conv with a residual add tunes apart from the same conv without one (its
+    best tiling may differ); the key without a residual is unchanged, so shipped winners keep serving it."""
+    from warpforge.kernels.conv import MODE_PLAIN, _geometry, tune_bucket
+
+    x = torch.randn(2, 64, 7, 7).to(memory_format=CL)
+    w = torch.randn(256, 64, 1, 1)
+    g = _geometry(x, w, None, 1, 0, 1, 1, None)
+    plain = tune_bucket(x, g, MODE_PLAIN, None)
+    assert plain == ("torch.float32", MODE_PLAIN, 128, 256, 64, 1, 1, 1, 1)
+    r16 = torch.empty(2, 256, 7, 7, dtype=torch.float16)
+    r8 = torch.empty(2, 256, 7, 7, dtype=torch.int8)
+    assert tune_bucket(x, g, MODE_PLAIN, r16) == plain  # off by default
+    monkeypatch.setenv("WARPFORGE_TUNE_RESIDUAL", "1")
+    assert tune_bucket(x, g, MODE_PLAIN, r16) == plain + ("res:float16",)
+    assert tune_bucket(x, g, MODE_PLAIN, r8) == plain + ("res:int8",)
