@@ -116,8 +116,9 @@ def depthwise_layers(name: str) -> list[tuple[int, int, int, int, int]]:
     return [(*k, n) for k, n in seen.items()]
 
 
-def forward_times(name: str, batch: int, dev: torch.device, t) -> dict[str, float]:
-    """ms per call of warpforge-fp16 and warpforge-int8 as optimize builds them (each its own CUDA graph)."""
+def build_candidates(name: str, batch: int, dev: torch.device):
+    """(fp32 model, input, {warpforge-fp16, warpforge-int8}) as optimize builds them: random weights, int8
+    calibrated on one random batch, each replaying its own CUDA graph on the GPU."""
     from warpforge.models import get
     from warpforge.optimize.backends import _build_warpforge, _build_warpforge_int8
 
@@ -127,6 +128,12 @@ def forward_times(name: str, batch: int, dev: torch.device, t) -> dict[str, floa
     calib = [(torch.randn(batch, 3, 224, 224, device=dev),)]
     built = {"warpforge-fp16": _build_warpforge("fp16")(model, (x,)),
              "warpforge-int8": _build_warpforge_int8()(model, (x,), calib)}
+    return model, x, built
+
+
+def forward_times(name: str, batch: int, dev: torch.device, t) -> dict[str, float]:
+    """ms per call of warpforge-fp16 and warpforge-int8 as optimize builds them (each its own CUDA graph)."""
+    _, x, built = build_candidates(name, batch, dev)
     out = {}
     for key, b in built.items():
         out[key] = t(lambda b=b: b(x), graph=False) / 1e3

@@ -25,19 +25,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def build(name: str, batch: int, dev: torch.device):
-    from warpforge.models import get
-    from warpforge.optimize.backends import _build_warpforge, _build_warpforge_int8
-
-    torch.manual_seed(0)
-    model = get(name, pretrained=False).model.eval().to(dev)
-    x = torch.randn(batch, 3, 224, 224, device=dev)
-    calib = [(torch.randn(batch, 3, 224, 224, device=dev),)]
-    built = {"warpforge-fp16": _build_warpforge("fp16")(model, (x,)),
-             "warpforge-int8": _build_warpforge_int8()(model, (x,), calib)}
-    return model, x, built
+from conv_int8_sweep import build_candidates  # noqa: E402  (the candidates as that sweep builds them)
 
 
 def timeline(fn, x, iters: int) -> list[list[dict]]:
@@ -85,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a GPU: this sweep reads CUPTI kernel timestamps")
     dev = torch.device("cuda")
-    model, x, built = build(a.model, a.batch, dev)
+    model, x, built = build_candidates(a.model, a.batch, dev)
     with torch.no_grad():
         want = model(x).float()
     res = {"model": a.model, "batch": a.batch, "candidates": {}}

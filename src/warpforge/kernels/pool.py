@@ -25,6 +25,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels.conv import _pair
 
 
 @triton.jit
@@ -59,15 +60,6 @@ def _max_pool2d_kernel(x_ptr, o_ptr, M, OH, OW, H, W, C, s_xn, s_xh, s_xw, s_on,
                 best = tl.maximum(best, v, propagate_nan=tl.PropagateNan.ALL)
     dst = o_ptr + nb.to(tl.int64)[:, None] * s_on + (oh * s_oh + ow * s_ow)[:, None] + c[None, :]
     tl.store(dst, best.to(o_ptr.dtype.element_ty), mask=p_mask[:, None] & c_mask[None, :])
-
-
-def _pair(v, name: str, lo: int) -> tuple[int, int]:
-    if isinstance(v, int) and not isinstance(v, bool):
-        v = (v, v)
-    if (not isinstance(v, (tuple, list)) or len(v) != 2
-            or not all(isinstance(e, int) and not isinstance(e, bool) and e >= lo for e in v)):
-        raise ValueError(f"{name} must be an int >= {lo} or a pair of them, got {v!r}")
-    return int(v[0]), int(v[1])
 
 
 POOL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8)
