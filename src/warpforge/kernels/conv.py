@@ -828,12 +828,18 @@ def stem_s2d_enabled() -> bool:
     return env_flag(STEM_S2D_ENV, default=True)
 
 
+def is_s2d_stem(groups: int, stride, dilation, cin: int, kh: int, kw: int) -> bool:
+    """The convs the space-to-depth path serves: stride 2 on at most 4 channels with a kernel of 3x3 or
+    more (an image stem), one group, no dilation (too few channels for the taps loop, and MODE_FLAT
+    decomposes every K index). The int8 pass asks the same of a layer (optimize/quant.py, int8_stem)."""
+    return (groups == 1 and tuple(stride) == (2, 2) and tuple(dilation) == (1, 1) and 4 * cin <= S2D_CHANNELS
+            and min(kh, kw) >= 3)
+
+
 def _s2d_ok(g: _Geometry, dtype: torch.dtype) -> bool:
-    """A stride-2 conv on at most 4 channels with a kernel of 3x3 or more (an image stem), one group, no
-    dilation, 16-bit or int8: too few channels for the taps loop, and MODE_FLAT decomposes every K index."""
-    return (stem_s2d_enabled() and g.groups == 1 and g.stride == (2, 2) and g.dilation == (1, 1)
-            and 4 * g.cin <= S2D_CHANNELS and min(g.kh, g.kw) >= 3
-            and dtype in (torch.float16, torch.bfloat16, torch.int8))
+    """An image stem (:func:`is_s2d_stem`) in 16-bit or int8, with the path on."""
+    return (stem_s2d_enabled() and dtype in (torch.float16, torch.bfloat16, torch.int8)
+            and is_s2d_stem(g.groups, g.stride, g.dilation, g.cin, g.kh, g.kw))
 
 
 def s2d_weight(weight: torch.Tensor) -> torch.Tensor:

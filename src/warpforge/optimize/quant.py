@@ -36,10 +36,12 @@ from torch import fx, nn
 
 from warpforge.kernels import reference
 from warpforge.kernels._env import env_flag
+from warpforge.kernels.conv import is_s2d_stem
 from warpforge.kernels.conv_int8 import MAX_K, conv2d_int8
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8
 from warpforge.kernels.quantize import QUANT_DTYPES, quantize_int8
+from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
 from warpforge.optimize.passes.pool import MaxPool2d, poolable
 
@@ -432,11 +434,9 @@ def _kind(m: nn.Module) -> str | None:
 
 
 def _s2d_stem(m: nn.Module) -> bool:
-    """An image stem that conv2d_int8 runs on int8 tensor cores through space-to-depth (kernels.conv._s2d_ok):
-    one group, stride 2, no dilation, <= 4 input channels, a kernel of 3x3 or more."""
+    """An image stem that conv2d_int8 runs on int8 tensor cores through space-to-depth."""
     cout, cin_g, kh, kw = m.weight.shape
-    return (m.groups == 1 and tuple(m.stride) == (2, 2) and tuple(m.dilation) == (1, 1) and cin_g <= 4
-            and min(kh, kw) >= 3)
+    return is_s2d_stem(m.groups, m.stride, m.dilation, cin_g * m.groups, kh, kw)
 
 
 def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int, int8_stem: bool = False) -> str | None:
@@ -536,9 +536,7 @@ def _pool_int8(gm: fx.GraphModule, n: fx.Node, pool: nn.Module | None, readers: 
     b = modules[readers[0].target]
     conv.out_scale, conv.out_zero_point = b.act_scale.clone(), b.act_zero_point
     if not isinstance(pool, MaxPool2d):  # torch's pool has no int8 kernel on CUDA
-        parent, _, name = n.target.rpartition(".")
-        setattr(gm.get_submodule(parent) if parent else gm, name, MaxPool2d(pool))
-        modules[n.target] = gm.get_submodule(n.target)
+        modules[n.target] = _fx.replace_module(gm, n.target, MaxPool2d(pool))
     return True
 
 

@@ -33,6 +33,13 @@ def called_module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
     return gm.get_submodule(node.target) if node.op == "call_module" else None
 
 
+def replace_module(gm: nn.Module, target: str, new: nn.Module) -> nn.Module:
+    """Put ``new`` at module path ``target`` (what a call_module node names) and return it."""
+    parent, _, attr = target.rpartition(".")
+    setattr(gm.get_submodule(parent) if parent else gm, attr, new)
+    return new
+
+
 def call_sites(gm: fx.GraphModule) -> dict[str, int]:
     """How many graph nodes call each module path (a module called twice cannot be rewritten for one call)."""
     sites: dict[str, int] = {}

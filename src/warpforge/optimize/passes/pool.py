@@ -59,8 +59,7 @@ class FastMaxPool:
             if not poolable(m):
                 ctx.record(self.name, "skipped", node.target, "dilation, ceil_mode, indices or padding > kernel / 2")
                 continue
-            parent, _, attr = node.target.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, attr, MaxPool2d(m))
+            _fx.replace_module(model, node.target, MaxPool2d(m))
             ctx.record(self.name, "replaced", node.target, "max pool kernel (kernels/pool.py)")
         _fx.finish(model)
         return model
