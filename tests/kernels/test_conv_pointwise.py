@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import CONV_CONFIGS, ConvConfig, _fits, conv2d
+from warpforge.kernels.conv import CONV_CONFIGS, TMA_EPI_ENV, ConvConfig, _fits, _tma_epilogue, conv2d
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.tolerance import rel_err, tolerance
 
@@ -32,8 +32,9 @@ CASES = [  # n, cin, h, w, cout, stride, act, residual
     (1, 33, 9, 7, 5, 1, None, True),  # MobileNetV2's projection + skip: odd C, Cout below one tile
     (2, 16, 9, 9, 17, 2, "relu6", False),  # strided 1x1 (ResNet's downsample), C == 16
     (1, 64, 5, 11, 48, 1, "silu", False),  # C fills the K tile exactly (EVEN_C)
+    (2, 40, 7, 9, 48, 1, "relu", True),  # Cout 48: 16-byte rows, so the residual and out go through TMA
 ]
-IDS = ["c40-res", "c33-proj", "stride2", "even-c"]
+IDS = ["c40-res", "c33-proj", "stride2", "even-c", "c40-res-tma"]
 
 
 @pytest.mark.parametrize("config", [PW16, PW16_2], ids=["p1", "p2"])
@@ -119,6 +120,53 @@ def test_pointwise_int8_residual_and_dual_out(triton_on_cpu, device, gen, res_ze
                                                             out_dtype=torch.float16, **geo), "relu")
     assert_conv_int8_close(out_q, ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r16, out_scale=os_,
                                                             out_zero_point=-128, **geo), "relu")
+
+
+def test_tma_epilogue_where_rows_allow(triton_on_cpu, device, monkeypatch):
+    """The TMA epilogue serves an output (and residual) whose [M, Cout] rows are 16-byte multiples, one
+    output; else the per-element epilogue (an empty dict: no descriptors, TMA_EPI off)."""
+    def cl(c, dtype):
+        return torch.empty(2, c, 7, 9, device=device, dtype=dtype).to(memory_format=CL)
+    m = 2 * 7 * 9
+    d = _tma_epilogue(cl(48, torch.int8), cl(48, torch.int8), None, m, 48, PW16)
+    assert d["TMA_EPI"] and {"o_desc", "r_desc"} <= set(d)
+    assert list(d["o_desc"].shape) == [m, 48] and list(d["o_desc"].block_shape) == [16, 16]
+    assert "r_desc" not in _tma_epilogue(cl(48, torch.float16), None, None, m, 48, PW16)
+    assert _tma_epilogue(cl(24, torch.int8), None, None, m, 24, PW16) == {}  # 24-byte rows
+    assert _tma_epilogue(cl(48, torch.float16), None, cl(48, torch.int8), m, 48, PW16) == {}  # dual out
+    nchw = torch.empty(2, 48, 7, 9, device=device, dtype=torch.float16)  # not channels_last: no [M, Cout] view
+    assert _tma_epilogue(nchw, None, None, m, 48, PW16) == {}
+    monkeypatch.setenv(TMA_EPI_ENV, "0")
+    assert _tma_epilogue(cl(48, torch.int8), None, None, m, 48, PW16) == {}
+
+
+@pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
+@pytest.mark.parametrize("config", [PW16, PW16_2], ids=["p1", "p2"])
+def test_pointwise_tma_epilogue_equals_pointer_epilogue(triton_on_cpu, device, gen, monkeypatch, config, res_zero):
+    """Int8 in, int8 residual, int8 out (the folded epilogue) and fp16 out, Cout 48 (TMA rows), M = 126 (the
+    last tile clipped): the same codes through TMA as through per-element stores, and the reference's."""
+    n, cin, h, w, cout = 2, 40, 7, 9, 48
+    x, wq, xs, ws, bias, _, shape = _problem(gen, device, n, cin, h, w, cout, 1, 1, 0, 1, 1, False, x_zero=-128)
+    r_q = _int8(shape, gen, device, lo=-128 if res_zero else -127).to(memory_format=CL)
+    rs = torch.tensor([0.017], device=device)
+    r_f = ((r_q.float() - res_zero) * rs).to(memory_format=CL)
+    os_ = torch.tensor([0.03], device=device)
+    geo = dict(x_zero_point=-128, activation="relu")
+    outs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(TMA_EPI_ENV, flag)
+        out = _poisoned(shape, torch.int8, device).fill_(77)
+        conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,
+                    out_scale=os_, out_zero_point=-128, out=out, config=config, **geo)
+        out16 = _poisoned(shape, torch.float16, device)
+        conv2d_int8(x, wq, xs, ws, bias, residual=r_f.half(), out_dtype=torch.float16, out=out16, config=config,
+                    **geo)
+        outs[flag] = (out, out16)
+    assert torch.equal(outs["1"][0], outs["0"][0]) and torch.equal(outs["1"][1], outs["0"][1])
+    assert_conv_int8_close(outs["1"][0], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f, out_scale=os_,
+                                                                   out_zero_point=-128, **geo), "relu")
+    assert_conv_int8_close(outs["1"][1], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f.half(),
+                                                                   out_dtype=torch.float16, **geo), "relu")
 
 
 @pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])

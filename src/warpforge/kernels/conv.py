@@ -46,7 +46,7 @@ from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
-from warpforge.kernels.matmul import matmul, num_sms
+from warpforge.kernels.matmul import _descriptor, _tma_arch_ok, matmul, num_sms, tma_layout
 from warpforge.kernels.quantize import check_scale, check_zero_point, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -67,7 +67,7 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
-# The folded int8-out epilogue (_requant_store), on by default: H200, ResNet-50 b32 (session 12, e05cc2f),
+# The folded int8-out epilogue (_requant_codes), on by default: H200, ResNet-50 b32 (session 12, e05cc2f),
 # dense int8 convs 907 -> 864 us, warpforge-int8's forward 1.195 -> 1.131 ms. WARPFORGE_INT8_FOLD=0: the
 # unfolded epilogue (dequantize, activation, requantize), for comparisons.
 INT8_FOLD_ENV = "WARPFORGE_INT8_FOLD"
@@ -81,44 +81,70 @@ _HW_RINT: tl.constexpr = tl.constexpr(not INTERPRET)  # cvt.rni on the GPU; the 
 
 
 @triton.jit
-def _requant_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
-                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, OUT_ZERO: tl.constexpr,
-                   rs_ptr, RES_INT8: tl.constexpr, RES_ZERO: tl.constexpr):
-    # int32 acc (zero point already taken out) -> int8 codes, with every per-channel factor folded into one
-    # FMA: q = acc * (x_scale * w_scale[co] / out_scale) + (bias[co] / out_scale + OUT_ZERO) [+ r / out_scale],
-    # then one clamp and a round to nearest even. ReLU is the clamp's lower bound in the code domain (y >= 0
-    # <=> q >= OUT_ZERO), ReLU6 its upper one too. What the unfolded epilogue spends on dequantize, bias,
-    # activation, requantize and the zero-point shift separately (Nsight Compute, H200, 2026-12-02: ~18
-    # instructions per output element in the int8 1x1 convs, twice fp16's) should be ~6 here (not yet measured). Same codes as
-    # ``dequantize -> act -> round_to_int8`` up to a rounding tie broken the other way (the FMA rounds once).
-    inv = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.load(os_ptr))
-    s2 = (tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)) * inv
-    b2 = tl.zeros_like(s2) + OUT_ZERO
-    if HAS_BIAS:
-        b2 += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32) * inv
-    o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES and RES_INT8:
-        rsc = tl.load(rs_ptr) * inv
-        b2 -= RES_ZERO * rsc
-    q = acc.to(tl.float32) * s2[None, :] + b2[None, :]
+def _epilogue_factors(co, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS: tl.constexpr,
+                      HAS_RES: tl.constexpr, INT_ACC: tl.constexpr, OUT_ZERO: tl.constexpr, RES_INT8: tl.constexpr,
+                      RES_ZERO: tl.constexpr, FOLDS: tl.constexpr):
+    # The epilogue of output channels co is y = acc * f1[co] + f2[co] (+ r * f3), then the activation: f1, f2
+    # [BN] fp32, f3 a scalar, f4 the folded ReLU6's upper code. Loaded once per program (the persistent
+    # kernel hoists them out of its tile loop). r: the residual as stored (int8 codes with RES_INT8).
+    # FOLDS, the folded int8-out epilogue: every per-channel factor in one FMA, y in the output's code domain,
+    # q = acc * (x_scale * w_scale[co] / out_scale) + (bias[co] / out_scale + OUT_ZERO) [+ r * f3], then one
+    # clamp and a round to nearest even (_epilogue_apply). ReLU is the clamp's lower bound in the code domain
+    # (y >= 0 <=> q >= OUT_ZERO), ReLU6 its upper one too. Unfolded, dequantize, bias, activation and
+    # requantize cost ~18 instructions per output element in the int8 1x1 convs (Nsight Compute, H200,
+    # 2026-12-02), twice fp16's. Same codes as ``dequantize -> act -> round_to_int8`` up to a rounding tie
+    # broken the other way (the FMA rounds once).
+    f3 = 1.0
+    f4 = 127.0
+    if FOLDS:
+        inv = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.load(os_ptr))
+        f1 = (tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)) * inv
+        f2 = tl.zeros_like(f1) + OUT_ZERO
+        if HAS_BIAS:
+            f2 += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32) * inv
+        f3 = inv
+        f4 = tl.minimum(6.0 * inv + OUT_ZERO, 127.0)
+    else:
+        if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
+            f1 = tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)
+        else:
+            f1 = tl.zeros((co.shape[0],), dtype=tl.float32) + 1.0
+        f2 = tl.zeros_like(f1)
+        if HAS_BIAS:
+            f2 += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_RES and RES_INT8:  # r = rs * (r_q - RES_ZERO): the zero point's share joins f2
+        f3 = f3 * tl.load(rs_ptr)
+        f2 -= RES_ZERO * f3
+    return f1, f2, f3, f4
+
+
+@triton.jit
+def _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES: tl.constexpr, ACT: tl.constexpr, RES_INT8: tl.constexpr,
+                    OUT_ZERO: tl.constexpr, FOLDS: tl.constexpr):
+    # _epilogue_factors' y, activated: fp32, or with FOLDS the int8 codes
+    y = acc.to(tl.float32) * f1[None, :] + f2[None, :]
     if HAS_RES:
         if RES_INT8:
-            q += tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO).to(tl.float32) * rsc
+            # through int16 first: Triton then moves the tile into the accumulator's layout as int8 (16 KB of
+            # shared memory a 128x128 tile), not as the fp32 it becomes (64 KB: sm_90 TTGIR, triton 3.6)
+            y += r.to(tl.int16).to(tl.float32) * f3
         else:
-            q += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32) * inv
-    # the lowest code: -128 unsigned (OUT_ZERO -128, where it is also ReLU's 0), else -127, or ReLU's 0
-    lo: tl.constexpr = -128.0 if OUT_ZERO != 0 else (0.0 if ACT != 0 else -127.0)
-    q = tl.maximum(q, lo)
-    if ACT == 5:
-        q = tl.minimum(q, tl.minimum(6.0 * inv + OUT_ZERO, 127.0))
+            y += r.to(tl.float32) * f3
+    if FOLDS:
+        # the lowest code: -128 unsigned (OUT_ZERO -128, where it is also ReLU's 0), else -127, or ReLU's 0
+        lo: tl.constexpr = -128.0 if OUT_ZERO != 0 else (0.0 if ACT != 0 else -127.0)
+        y = tl.maximum(y, lo)
+        if ACT == 5:
+            y = tl.minimum(y, f4)
+        else:
+            y = tl.minimum(y, 127.0)
+        if _HW_RINT:
+            qi = tl.extra.cuda.libdevice.float2int_rn(y)
+        else:
+            qi = ((y + 12582912.0) - 12582912.0).to(tl.int32)  # round half to even (see round_to_int8)
+        return qi.to(tl.int8)
     else:
-        q = tl.minimum(q, 127.0)
-    if _HW_RINT:
-        qi = tl.extra.cuda.libdevice.float2int_rn(q)
-    else:
-        qi = ((q + 12582912.0) - 12582912.0).to(tl.int32)  # round half to even (see round_to_int8)
-    tl.store(o_ptr + o_off, qi.to(tl.int8), mask=mask)
+        return apply_activation(y, ACT)
 
 
 @triton.jit
@@ -130,32 +156,50 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
     # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
     # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix). RES_INT8: the residual is int8,
     # r = rs * (r_q - RES_ZERO) (an int8 residual stream: 1 byte read per element instead of 2).
+    # FOLDS: the folded int8-out epilogue, for int8 in and out with ReLU, ReLU6 or no activation
+    FOLDS: tl.constexpr = FOLD and INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5)
+    f1, f2, f3, f4 = _epilogue_factors(co, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS, HAS_RES, INT_ACC,
+                                       OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
+    _epilogue_tile(acc, offs_m, co, 0, 0, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr, os_ptr, q_ptr, COUT, f1, f2, f3, f4,
+                   HAS_RES, ACT, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT, RES_INT8, RES_ZERO, FOLDS)
+
+
+@triton.jit
+def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr, os_ptr, q_ptr, COUT, f1, f2, f3, f4,
+                   HAS_RES: tl.constexpr, ACT: tl.constexpr, QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr,
+                   OUT_ZERO: tl.constexpr, DUAL_OUT: tl.constexpr, RES_INT8: tl.constexpr, RES_ZERO: tl.constexpr,
+                   FOLDS: tl.constexpr, r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False):
+    # One output tile through the epilogue (factors from _epilogue_factors), per-element pointers and masks, or
+    # with TMA_EPI (not with DUAL_OUT) through descriptors over the [M, COUT] matrices (block [BM, BN], TMA
+    # clips at M) at the tile's first row m0 and channel n0.
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
-    if FOLD and INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5):
-        _requant_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, os_ptr, COUT,
-                       HAS_BIAS, HAS_RES, ACT, OUT_ZERO, rs_ptr, RES_INT8, RES_ZERO)
+    if TMA_EPI:
+        r = 0
+        if HAS_RES:
+            r = r_desc.load([m0, n0])
+        y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
+        if not FOLDS:
+            if QUANT_OUT:
+                y = round_to_int8(y, tl.load(os_ptr), OUT_ZERO)
+            else:
+                y = y.to(o_ptr.dtype.element_ty)
+        o_desc.store([m0, n0], y)
     else:
-        if INT_ACC:  # dequantize: one fp32 rounding of the exact sum, times x_scale * w_scale[co]
-            scale = tl.load(xs_ptr) * tl.load(wsc_ptr + co, mask=n_mask, other=0.0)
-            acc = acc.to(tl.float32) * scale[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + co, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
+        r = 0
         if HAS_RES:
-            if RES_INT8:
-                r_q = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO).to(tl.float32)
-                acc += (r_q - RES_ZERO) * tl.load(rs_ptr)
-            else:
-                acc += tl.load(r_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
-        acc = apply_activation(acc, ACT)
-        if QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
-            tl.store(o_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
+            r = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO if RES_INT8 else 0.0)
+        y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
+        if FOLDS:
+            tl.store(o_ptr + o_off, y, mask=mask)
+        elif QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
+            tl.store(o_ptr + o_off, round_to_int8(y, tl.load(os_ptr), OUT_ZERO), mask=mask)
         else:
-            tl.store(o_ptr + o_off, acc.to(o_ptr.dtype.element_ty), mask=mask)
+            tl.store(o_ptr + o_off, y.to(o_ptr.dtype.element_ty), mask=mask)
             if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
-                tl.store(q_ptr + o_off, round_to_int8(acc, tl.load(os_ptr), OUT_ZERO), mask=mask)
+                tl.store(q_ptr + o_off, round_to_int8(y, tl.load(os_ptr), OUT_ZERO), mask=mask)
 
 
 @triton.jit
@@ -349,14 +393,18 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                       INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
                                       DUAL_OUT: tl.constexpr = False, F16_MMA: tl.constexpr = False, rs_ptr=None,
-                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
+                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False,
+                                      r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False):
     # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
     # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
     # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
     # pipeliner prefetches the next tiles' x (num_stages deep) while this one's MMA and epilogue run. A
     # short-K layer (ResNet's 64->256, 256->64, ...) is one load, one MMA and a long epilogue per tile,
     # which one program per tile cannot overlap at 1-3 resident blocks per SM. Operands and epilogue as
-    # _conv_gemm_kernel's MODE_PLAIN.
+    # _conv_gemm_kernel's MODE_PLAIN. TMA_EPI (not with DUAL_OUT): the residual tile arrives and the output
+    # tile leaves through TMA descriptors over the [M, COUT] matrices (r_desc, o_desc, block [BM, BN]): no
+    # per-element addresses in registers (a 128x128 tile's int64 pointers alone are 128 registers a thread
+    # in the accumulator's layout) and no masks; TMA clips the tile at M.
     pid = tl.program_id(0)
     num_n = tl.cdiv(COUT, BLOCK_N)
     pid_n = pid % num_n
@@ -367,6 +415,10 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     c_mask = (c < CIN) | EVEN_C  # EVEN_C: BLOCK_K == C, no channel tail
     b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * s_wo + c[:, None] * s_wc,
                 mask=c_mask[:, None] & n_mask[None, :], other=0.0)  # [BK, BN], for every tile of this program
+    FOLDS: tl.constexpr = FOLD and INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5)  # as _epilogue_store's
+    if TMA_EPI:  # once, for every tile (the pointer epilogue has no registers to spare for them: per tile)
+        f1, f2, f3, f4 = _epilogue_factors(offs_n, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS, HAS_RES,
+                                           INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
     for tile_m in tl.range(pid // num_n, num_m, PROGS_M):
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
@@ -382,9 +434,12 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _mma(a, b, acc, INT_ACC, DOT_PRECISION, F16_MMA, X_ZERO)
-        _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
-                        q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO, FOLD)
+        if not TMA_EPI:
+            f1, f2, f3, f4 = _epilogue_factors(offs_n, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS,
+                                               HAS_RES, INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
+        _epilogue_tile(acc, offs_m, offs_n, tile_m * BLOCK_M, pid_n * BLOCK_N, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr,
+                       os_ptr, q_ptr, COUT, f1, f2, f3, f4, HAS_RES, ACT, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
+                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI)
 
 
 @triton.jit
@@ -967,12 +1022,36 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
     progs_m = max(1, min(num_m, (_sm_count(x.device) * cfg.persistent) // num_n))
     # the narrowest power-of-two K tile holding C (>= 32: the K of the s8 MMA, >= 16 for 16-bit)
     bk = min(cfg.block_k, max(32 if x.dtype == torch.int8 else 16, triton.next_power_of_2(g.cin_g)))
+    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] else None, out_q, m, g.cout, cfg)
     _conv_pointwise_persistent_kernel[(progs_m * num_n,)](
         x, wp, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.oh, g.ow, g.cin_g, g.cout, progs_m,
         *x.stride(), wp.stride(0), wp.stride(1), *g.stride, EVEN_C=g.cin_g == bk, **epilogue,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=bk, F16_MMA=cfg.f16_mma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        maxnreg=cfg.maxnreg or None, **q)
+        maxnreg=cfg.maxnreg or None, **q, **descs)
+
+
+# The persistent pointwise kernel's epilogue through TMA (see _conv_pointwise_persistent_kernel) wherever the
+# output and residual matrices allow a descriptor; WARPFORGE_CONV_TMA_EPI=0: per-element loads and stores.
+TMA_EPI_ENV = "WARPFORGE_CONV_TMA_EPI"
+
+
+def _tma_epilogue(dst: torch.Tensor, residual: torch.Tensor | None, out_q, m: int, cout: int,
+                  cfg: ConvConfig) -> dict:
+    """The TMA_EPI launch arguments (descriptors over dst and residual as [M, Cout] matrices), or {} where
+    TMA cannot serve: the flag off, no TMA (pre-Hopper), a second (int8) output, or rows not 16-byte aligned
+    (Cout * element size, e.g. MobileNetV2's 24 int8 channels)."""
+    if out_q is not None or not env_flag(TMA_EPI_ENV, default=True) or not _tma_arch_ok(dst.device):
+        return {}
+    mats = [t.permute(0, 2, 3, 1).reshape(m, cout) for t in ((dst,) if residual is None else (dst, residual))]
+    if any(tma_layout(t) != "row" or t.data_ptr() != u.data_ptr() for t, u in
+           zip(mats, (dst, residual))):
+        return {}
+    block = [cfg.block_m, cfg.block_n]
+    descs = dict(o_desc=_descriptor(mats[0], block), TMA_EPI=True)
+    if residual is not None:
+        descs["r_desc"] = _descriptor(mats[1], block)
+    return descs
 
 
 def tune_bucket(x: torch.Tensor, g: _Geometry, mode: int, residual: torch.Tensor | None) -> tuple:
