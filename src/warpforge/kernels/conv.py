@@ -1033,6 +1033,9 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
 
 # The persistent pointwise kernel's epilogue through TMA (see _conv_pointwise_persistent_kernel) wherever the
 # output and residual matrices allow a descriptor; WARPFORGE_CONV_TMA_EPI=0: per-element loads and stores.
+# H200 (session 13, ResNet-50 b32 forward timelines, on / off): int8 pointwise convs 168.8 / 169.2 us, fp16
+# 141.8 / 145.2 us: a wash for int8 (its residual TMA load is not prefetched: each tile waits for it), 2%
+# for fp16. benchmarks/NOTES.md, session 13.
 TMA_EPI_ENV = "WARPFORGE_CONV_TMA_EPI"
 
 
