@@ -97,16 +97,23 @@ def test_pointwise_conv2d_int8_matches_reference(triton_on_cpu, device, gen, cas
     assert_conv_int8_close(out, want, act)
 
 
-@pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
-def test_pointwise_int8_residual_and_dual_out(triton_on_cpu, device, gen, res_zero):
-    """The int8 residual stream and the float + int8 pair (out_q), both from the persistent kernel's epilogue."""
-    n, cin, h, w, cout = 2, 40, 5, 7, 33
+def _int8_residual_problem(gen, device, size, res_zero):
+    """Unsigned int8 x (n, cin, h, w; 1x1 to cout), an int8 residual at zero point res_zero with its float
+    value r_f, an int8 out scale, and the conv's keyword arguments (relu)."""
+    n, cin, h, w, cout = size
     x, wq, xs, ws, bias, _, shape = _problem(gen, device, n, cin, h, w, cout, 1, 1, 0, 1, 1, False, x_zero=-128)
     r_q = _int8(shape, gen, device, lo=-128 if res_zero else -127).to(memory_format=CL)
     rs = torch.tensor([0.017], device=device)
     r_f = ((r_q.float() - res_zero) * rs).to(memory_format=CL)
     os_ = torch.tensor([0.03], device=device)
-    geo = dict(x_zero_point=-128, activation="relu")
+    return x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, dict(x_zero_point=-128, activation="relu")
+
+
+@pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
+def test_pointwise_int8_residual_and_dual_out(triton_on_cpu, device, gen, res_zero):
+    """The int8 residual stream and the float + int8 pair (out_q), both from the persistent kernel's epilogue."""
+    x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, geo = _int8_residual_problem(gen, device, (2, 40, 5, 7, 33),
+                                                                                res_zero)
     out = _poisoned(shape, torch.int8, device).fill_(77)
     conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero, out_scale=os_,
                 out_zero_point=-128, out=out, config=PW16, **geo)
@@ -145,13 +152,8 @@ def test_tma_epilogue_where_rows_allow(triton_on_cpu, device, monkeypatch):
 def test_pointwise_tma_epilogue_equals_pointer_epilogue(triton_on_cpu, device, gen, monkeypatch, config, res_zero):
     """Int8 in, int8 residual, int8 out (the folded epilogue) and fp16 out, Cout 48 (TMA rows), M = 126 (the
     last tile clipped): the same codes through TMA as through per-element stores, and the reference's."""
-    n, cin, h, w, cout = 2, 40, 7, 9, 48
-    x, wq, xs, ws, bias, _, shape = _problem(gen, device, n, cin, h, w, cout, 1, 1, 0, 1, 1, False, x_zero=-128)
-    r_q = _int8(shape, gen, device, lo=-128 if res_zero else -127).to(memory_format=CL)
-    rs = torch.tensor([0.017], device=device)
-    r_f = ((r_q.float() - res_zero) * rs).to(memory_format=CL)
-    os_ = torch.tensor([0.03], device=device)
-    geo = dict(x_zero_point=-128, activation="relu")
+    x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, geo = _int8_residual_problem(gen, device, (2, 40, 7, 9, 48),
+                                                                                res_zero)
     outs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv(TMA_EPI_ENV, flag)
