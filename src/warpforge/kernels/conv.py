@@ -174,28 +174,32 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
     # clips at M) at the tile's first row m0 and channel n0.
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
-    r = 0
     if TMA_EPI:
+        r = 0
         if HAS_RES:
             r = r_desc.load([m0, n0])
+        y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
+        if not FOLDS:
+            if QUANT_OUT:
+                y = round_to_int8(y, tl.load(os_ptr), OUT_ZERO)
+            else:
+                y = y.to(o_ptr.dtype.element_ty)
+        o_desc.store([m0, n0], y)
     else:
         o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
+        r = 0
         if HAS_RES:
             r = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO if RES_INT8 else 0.0)
-    y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
-    if FOLDS:
-        v = y  # already the int8 codes
-    elif QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
-        v = round_to_int8(y, tl.load(os_ptr), OUT_ZERO)
-    else:
-        v = y.to(o_ptr.dtype.element_ty)
-    if TMA_EPI:
-        o_desc.store([m0, n0], v)
-    else:
-        tl.store(o_ptr + o_off, v, mask=mask)
-        if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
-            tl.store(q_ptr + o_off, round_to_int8(y, tl.load(os_ptr), OUT_ZERO), mask=mask)
+        y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
+        if FOLDS:
+            tl.store(o_ptr + o_off, y, mask=mask)
+        elif QUANT_OUT:  # int8 out for the next int8 layer: clamp(round(y * (1 / out_scale)), -127, 127)
+            tl.store(o_ptr + o_off, round_to_int8(y, tl.load(os_ptr), OUT_ZERO), mask=mask)
+        else:
+            tl.store(o_ptr + o_off, y.to(o_ptr.dtype.element_ty), mask=mask)
+            if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
+                tl.store(q_ptr + o_off, round_to_int8(y, tl.load(os_ptr), OUT_ZERO), mask=mask)
 
 
 @triton.jit
