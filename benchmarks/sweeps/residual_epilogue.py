@@ -16,7 +16,8 @@ Measured (H200, git 23aa851): TMA on / off, int8 64->256 @56 best tiling 43.1 / 
 Per layer (ResNet-50's residual 1x1s: 64->256 @56, 128->512 @28, 256->1024 @14, 512->2048 @7, relu,
 unsigned int8 in/out and residual as warpforge-int8 runs them; fp16 with an fp16 residual), for every
 persistent tiling whose K tile holds C and for the tuned choice: us with TMA on and off (WARPFORGE_CONV_TMA_EPI),
-the bytes each moves and its DRAM bandwidth. Each result is checked against the reference first (int8:
+and with the residual loaded one tile ahead (WARPFORGE_CONV_RES_PREFETCH=1, output through TMA), the bytes
+each moves and its DRAM bandwidth. Each result is checked against the reference first (int8:
 at most one code off, as rounding ties may break either way; fp16: relative error within fp16 tolerance).
 """
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
-from warpforge.kernels.conv import CONV_CONFIGS, TMA_EPI_ENV, conv2d  # noqa: E402
+from warpforge.kernels.conv import CONV_CONFIGS, RES_PREFETCH_ENV, TMA_EPI_ENV, conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8  # noqa: E402
 from warpforge.kernels.tolerance import rel_err, tolerance  # noqa: E402
 
@@ -88,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
                "points": {}}
         cfgs8 = [None] + [cf for cf in INT8_CONV_CONFIGS if cf.persistent and c <= cf.block_k]
         cfgs16 = [None] + [cf for cf in CONV_CONFIGS if cf.persistent and c <= cf.block_k]
-        for flag in ("1", "0"):
+        for flag, pre in (("1", "0"), ("0", "0"), ("1", "1")):
             os.environ[TMA_EPI_ENV] = flag
+            os.environ[RES_PREFETCH_ENV] = pre
             for kind, cfgs in (("int8", cfgs8), ("fp16", cfgs16)):
                 for cf in cfgs:
-                    name = f"{kind} tma={flag} {'tuned' if cf is None else cf}"
+                    name = f"{kind} tma={flag} pre={pre} {'tuned' if cf is None else cf}"
                     try:
                         if kind == "int8":
                             def fn(cf=cf):
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as e:  # noqa: BLE001  (a tiling that does not compile is a data point)
                         row["points"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
         os.environ.pop(TMA_EPI_ENV, None)
+        os.environ.pop(RES_PREFETCH_ENV, None)
         rows.append(row)
         print(f"== {row['layer']}  (int8 {bytes8 / 1e6:.1f} MB, fp16 {bytes16 / 1e6:.1f} MB)")
         for name, p in row["points"].items():

@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"
 
@@ -67,6 +68,11 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int, num_stages: int, o
     regs = re.search(r"Used (\d+) registers", r.stderr)
     spill = re.search(r"(\d+) bytes spill stores", r.stderr)
     ttgir = k.asm["ttgir"]
+    if os.environ.get("SM90_DUMP"):  # a folder: each compile's TTGIR and PTX there, for reading layouts
+        stem = Path(os.environ["SM90_DUMP"]) / f"{fn.fn.__name__}-{abs(hash(str(sorted(consts.items())))):x}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".ttgir").write_text(ttgir)
+        stem.with_suffix(".ptx").write_text(ptx)
     n_regs = int(regs.group(1)) if regs else None
     return {"shared": k.metadata.shared, "regs": n_regs,
             "spill": int(spill.group(1)) if spill else 0, "wgmma": "wgmma" in ptx,
@@ -250,8 +256,10 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
 
 
 def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False,
-                   res_int8=False) -> dict:
-    """The persistent pointwise conv (``cfg.persistent``) at K = block_k, with conv_gemm's epilogue options."""
+                   res_int8=False, res_pre=False, fold=False) -> dict:
+    """The persistent pointwise conv (``cfg.persistent``) at K = block_k, with conv_gemm's epilogue options;
+    res_pre: the residual one tile ahead (RES_PRE), fold: the folded int8-out epilogue with ReLU (ResNet's
+    block output) instead of silu. Pointer stores (the TMA epilogue's descriptors are host objects)."""
     sig = {"x_ptr": f"*{dt}", "w_ptr": "*fp16" if cfg.f16_mma else f"*{dt}", "b_ptr": "*fp32",
            "r_ptr": "*i8" if res_int8 else "*fp16", "o_ptr": f"*{out}", "xs_ptr": "*fp32", "wsc_ptr": "*fp32",
            "wsum_ptr": "*i32", "os_ptr": "*fp32", "q_ptr": "*i8",
@@ -272,10 +280,10 @@ def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero
         consts["os_ptr"] = None
     for n in consts:
         sig[n] = "constexpr"
-    _flags(sig, consts, EVEN_C=True, HAS_BIAS=True, HAS_RES=True, ACT=2, DOT_PRECISION="tf32",
+    _flags(sig, consts, EVEN_C=True, HAS_BIAS=True, HAS_RES=True, ACT=1 if fold else 2, DOT_PRECISION="tf32",
            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INT_ACC=int8, QUANT_OUT=quant_out,
            X_ZERO=zero, OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma,
-           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0)
+           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0, FOLD=fold, RES_PRE=res_pre)
     return compile_sm90(conv._conv_pointwise_persistent_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
                         ("M", "OH", "OW", "stride_h", "stride_w"))
 
@@ -365,6 +373,17 @@ def jobs(every: bool) -> list[tuple[str, object]]:
         for cfg in conv_int8.INT8_CONV_CONFIGS:
             out.append((f"conv int8 plain unsigned int8-res int8-out {cfg}", lambda cfg=cfg: conv_gemm(
                 cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True)))
+        # The persistent pointwise kernel's residual one tile ahead (WARPFORGE_CONV_RES_PREFETCH), beside
+        # the same ResNet block output without it (int8 residual, folded int8 out, ReLU).
+        for cfg in (c for c in conv_int8.INT8_CONV_CONFIGS if c.persistent):
+            for pre in (False, True):
+                out.append((f"conv int8 pointwise int8-res fold{' res-pre' if pre else ''} {cfg}", lambda cfg=cfg, pre=pre:
+                            conv_pointwise(cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True,
+                                           res_pre=pre, fold=True)))
+        for cfg in (c for c in conv.CONV_CONFIGS if c.persistent):
+            for pre in (False, True):
+                out.append((f"conv fp16 pointwise{' res-pre' if pre else ''} {cfg}",
+                            lambda cfg=cfg, pre=pre: conv_pointwise(cfg, res_pre=pre)))
         out.append(("conv int8 flat (stem)", lambda: conv_gemm(conv_int8.INT8_CONV_CONFIGS[5], conv.MODE_FLAT, "i8",
                                                                int8=True)))
     for cfgs in gemv.LINEAR_CONFIGS.values():

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import CONV_CONFIGS, TMA_EPI_ENV, ConvConfig, _fits, _tma_epilogue, conv2d
+from warpforge.kernels.conv import (CONV_CONFIGS, RES_PREFETCH_ENV, TMA_EPI_ENV, ConvConfig, _fits, _tma_epilogue,
+                                    conv2d)
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.tolerance import rel_err, tolerance
 
@@ -147,28 +148,37 @@ def test_tma_epilogue_where_rows_allow(triton_on_cpu, device, monkeypatch):
     assert _tma_epilogue(cl(48, torch.int8), None, None, m, 48, PW16) == {}
 
 
+# (WARPFORGE_CONV_TMA_EPI, WARPFORGE_CONV_RES_PREFETCH): the pointer epilogue, TMA residual and output, the
+# residual one tile ahead with the output through TMA, and ahead with pointer stores
+EPILOGUES = {"ptr": ("0", "0"), "tma": ("1", "0"), "pre-tma": ("1", "1"), "pre-ptr": ("0", "1")}
+
+
 @pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
 @pytest.mark.parametrize("config", [PW16, PW16_2], ids=["p1", "p2"])
-def test_pointwise_tma_epilogue_equals_pointer_epilogue(triton_on_cpu, device, gen, monkeypatch, config, res_zero):
+def test_pointwise_epilogues_agree(triton_on_cpu, device, gen, monkeypatch, config, res_zero):
     """Int8 in, int8 residual, int8 out (the folded epilogue) and fp16 out, Cout 48 (TMA rows), M = 126 (the
-    last tile clipped): the same codes through TMA as through per-element stores, and the reference's."""
+    last tile clipped; 8 M tiles, so each program walks several and the prefetch runs past the last): the
+    same codes from every epilogue in EPILOGUES, and the reference's."""
     x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, geo = _int8_residual_problem(gen, device, (2, 40, 7, 9, 48),
                                                                                 res_zero)
     outs = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv(TMA_EPI_ENV, flag)
+    for name, (tma, pre) in EPILOGUES.items():
+        monkeypatch.setenv(TMA_EPI_ENV, tma)
+        monkeypatch.setenv(RES_PREFETCH_ENV, pre)
         out = _poisoned(shape, torch.int8, device).fill_(77)
         conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,
                     out_scale=os_, out_zero_point=-128, out=out, config=config, **geo)
         out16 = _poisoned(shape, torch.float16, device)
         conv2d_int8(x, wq, xs, ws, bias, residual=r_f.half(), out_dtype=torch.float16, out=out16, config=config,
                     **geo)
-        outs[flag] = (out, out16)
-    assert torch.equal(outs["1"][0], outs["0"][0]) and torch.equal(outs["1"][1], outs["0"][1])
-    assert_conv_int8_close(outs["1"][0], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f, out_scale=os_,
-                                                                   out_zero_point=-128, **geo), "relu")
-    assert_conv_int8_close(outs["1"][1], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f.half(),
-                                                                   out_dtype=torch.float16, **geo), "relu")
+        outs[name] = (out, out16)
+    for name in EPILOGUES:
+        assert torch.equal(outs[name][0], outs["ptr"][0]) and torch.equal(outs[name][1], outs["ptr"][1]), name
+    assert_conv_int8_close(outs["ptr"][0], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f,
+                                                                     out_scale=os_, out_zero_point=-128, **geo),
+                           "relu")
+    assert_conv_int8_close(outs["ptr"][1], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f.half(),
+                                                                     out_dtype=torch.float16, **geo), "relu")
 
 
 @pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])

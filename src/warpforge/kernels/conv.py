@@ -168,15 +168,19 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
 def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr, os_ptr, q_ptr, COUT, f1, f2, f3, f4,
                    HAS_RES: tl.constexpr, ACT: tl.constexpr, QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr,
                    OUT_ZERO: tl.constexpr, DUAL_OUT: tl.constexpr, RES_INT8: tl.constexpr, RES_ZERO: tl.constexpr,
-                   FOLDS: tl.constexpr, r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False):
+                   FOLDS: tl.constexpr, r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False, r_pre=None,
+                   R_PRE: tl.constexpr = False):
     # One output tile through the epilogue (factors from _epilogue_factors), per-element pointers and masks, or
     # with TMA_EPI (not with DUAL_OUT) through descriptors over the [M, COUT] matrices (block [BM, BN], TMA
-    # clips at M) at the tile's first row m0 and channel n0.
+    # clips at M) at the tile's first row m0 and channel n0. R_PRE: the residual tile was loaded ahead
+    # (r_pre, _residual_tile): no residual load here.
     if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
     if TMA_EPI:
         r = 0
-        if HAS_RES:
+        if R_PRE:
+            r = r_pre
+        elif HAS_RES:
             r = r_desc.load([m0, n0])
         y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
         if not FOLDS:
@@ -189,7 +193,9 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
         o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
         r = 0
-        if HAS_RES:
+        if R_PRE:
+            r = r_pre
+        elif HAS_RES:
             r = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO if RES_INT8 else 0.0)
         y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
         if FOLDS:
@@ -200,6 +206,18 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
             tl.store(o_ptr + o_off, y.to(o_ptr.dtype.element_ty), mask=mask)
             if DUAL_OUT:  # and an int8 copy (q_ptr, [M, COUT]) for the int8 layers among this output's users
                 tl.store(q_ptr + o_off, round_to_int8(y, tl.load(os_ptr), OUT_ZERO), mask=mask)
+
+
+@triton.jit
+def _residual_tile(r_ptr, tile_m, co, n_mask, M, COUT, BLOCK_M: tl.constexpr, RES_INT8: tl.constexpr,
+                   RES_ZERO: tl.constexpr):
+    # The residual [BM, BN] of M tile tile_m and channels co, as stored ([M, COUT] rows); rows past M (a
+    # tile_m past the last tile included) read RES_ZERO / 0 and are never stored. Loaded in the coalesced
+    # layout the pointers give (16-byte vectors along channels): a few registers a thread, not the
+    # accumulator layout's per-element int64 addresses.
+    offs = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    off = offs.to(tl.int64)[:, None] * COUT + co[None, :]
+    return tl.load(r_ptr + off, mask=(offs < M)[:, None] & n_mask[None, :], other=RES_ZERO if RES_INT8 else 0.0)
 
 
 @triton.jit
@@ -394,7 +412,8 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
                                       DUAL_OUT: tl.constexpr = False, F16_MMA: tl.constexpr = False, rs_ptr=None,
                                       RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False,
-                                      r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False):
+                                      r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False,
+                                      RES_PRE: tl.constexpr = False):
     # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
     # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
     # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
@@ -404,7 +423,9 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     # _conv_gemm_kernel's MODE_PLAIN. TMA_EPI (not with DUAL_OUT): the residual tile arrives and the output
     # tile leaves through TMA descriptors over the [M, COUT] matrices (r_desc, o_desc, block [BM, BN]): no
     # per-element addresses in registers (a 128x128 tile's int64 pointers alone are 128 registers a thread
-    # in the accumulator's layout) and no masks; TMA clips the tile at M.
+    # in the accumulator's layout) and no masks; TMA clips the tile at M. RES_PRE (with HAS_RES): the residual
+    # comes through pointers one tile ahead, a tensor carried across the tile loop (Triton 3.6 pipelines
+    # only the loads that feed the MMA, so a residual loaded in the epilogue stalls every tile on DRAM).
     pid = tl.program_id(0)
     num_n = tl.cdiv(COUT, BLOCK_N)
     pid_n = pid % num_n
@@ -419,7 +440,15 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     if TMA_EPI:  # once, for every tile (the pointer epilogue has no registers to spare for them: per tile)
         f1, f2, f3, f4 = _epilogue_factors(offs_n, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS, HAS_RES,
                                            INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
+    PRE: tl.constexpr = RES_PRE and HAS_RES
+    r_next = 0
+    if PRE:
+        r_next = _residual_tile(r_ptr, pid // num_n, offs_n, n_mask, M, COUT, BLOCK_M, RES_INT8, RES_ZERO)
     for tile_m in tl.range(pid // num_n, num_m, PROGS_M):
+        r_cur = 0
+        if PRE:  # this tile's residual arrived during the last one; ask for the next one's now
+            r_cur = r_next
+            r_next = _residual_tile(r_ptr, tile_m + PROGS_M, offs_n, n_mask, M, COUT, BLOCK_M, RES_INT8, RES_ZERO)
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
         ow = offs_m % OW
@@ -439,7 +468,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                                HAS_RES, INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
         _epilogue_tile(acc, offs_m, offs_n, tile_m * BLOCK_M, pid_n * BLOCK_N, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr,
                        os_ptr, q_ptr, COUT, f1, f2, f3, f4, HAS_RES, ACT, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI)
+                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, PRE)
 
 
 @triton.jit
@@ -1022,7 +1051,10 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
     progs_m = max(1, min(num_m, (_sm_count(x.device) * cfg.persistent) // num_n))
     # the narrowest power-of-two K tile holding C (>= 32: the K of the s8 MMA, >= 16 for 16-bit)
     bk = min(cfg.block_k, max(32 if x.dtype == torch.int8 else 16, triton.next_power_of_2(g.cin_g)))
-    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] else None, out_q, m, g.cout, cfg)
+    pre = epilogue["HAS_RES"] and env_flag(RES_PREFETCH_ENV, default=False)
+    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] and not pre else None, out_q, m, g.cout, cfg)
+    if pre:
+        descs["RES_PRE"] = True
     _conv_pointwise_persistent_kernel[(progs_m * num_n,)](
         x, wp, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.oh, g.ow, g.cin_g, g.cout, progs_m,
         *x.stride(), wp.stride(0), wp.stride(1), *g.stride, EVEN_C=g.cin_g == bk, **epilogue,
@@ -1037,6 +1069,9 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
 # 141.8 / 145.2 us: a wash for int8 (its residual TMA load is not prefetched: each tile waits for it), 2%
 # for fp16. benchmarks/NOTES.md, session 13.
 TMA_EPI_ENV = "WARPFORGE_CONV_TMA_EPI"
+# The persistent pointwise kernel's residual one tile ahead through pointers (RES_PRE; the output still
+# through TMA where it can): WARPFORGE_CONV_RES_PREFETCH=1. Off until measured on the H200.
+RES_PREFETCH_ENV = "WARPFORGE_CONV_RES_PREFETCH"
 
 
 def _tma_epilogue(dst: torch.Tensor, residual: torch.Tensor | None, out_q, m: int, cout: int,
