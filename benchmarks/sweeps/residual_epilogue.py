@@ -35,11 +35,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
-from warpforge.kernels.conv import CONV_CONFIGS, RES_PREFETCH_ENV, TMA_EPI_ENV, conv2d  # noqa: E402
+from warpforge.kernels.conv import CONV_CONFIGS, RES_PREFETCH_ENV, TMA_EPI_ENV, ConvConfig, conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8  # noqa: E402
 from warpforge.kernels.tolerance import rel_err, tolerance  # noqa: E402
 
 CL = torch.channels_last
+# Persistent tilings holding 16 warps per SM instead of 8 (offline sm_90, triton 3.6, int8 residual, folded
+# int8 out, pointer stores: 64x64 4 warps 103-127 registers, 4 blocks per SM; 64x128 and 128x64 8 warps
+# 112-128, 2 blocks per SM; fp16 80-100). The int8 1x1s with a residual stream bytes with one K step a
+# tile, and session 12's ncu of the 64->256 @56 conv found no eligible warp in 59% of cycles at 8 warps.
+OCCUPANCY_TILINGS = {
+    "int8": [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 3), (256, 2))]
+    + [ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))]
+    + [ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))],
+    "fp16": [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 2))]
+    + [ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))]
+    + [ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))],
+}
 LAYERS = [(64, 56, 256), (128, 28, 512), (256, 14, 1024), (512, 7, 2048)]  # (C, hw, Cout), stride 1
 
 
@@ -48,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--out", type=Path, default=Path("residual_epilogue.json"))
     ap.add_argument("--layers", default="", help="comma-separated indices into LAYERS (default: all)")
+    ap.add_argument("--settings", default="1:0,0:0,1:1",
+                    help="comma-separated TMA:PREFETCH pairs (WARPFORGE_CONV_TMA_EPI, WARPFORGE_CONV_RES_PREFETCH)")
+    ap.add_argument("--occupancy", action="store_true",
+                    help="also time OCCUPANCY_TILINGS (more warps per SM), pinned as configs")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a GPU: this sweep times kernels")
@@ -87,9 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         bytes16 = 2 * (m * c + 2 * m * cout + cout * c)
         row = {"layer": f"1x1 {c}->{cout} @{hw} +res", "m": m, "bytes_int8": bytes8, "bytes_fp16": bytes16,
                "points": {}}
-        cfgs8 = [None] + [cf for cf in INT8_CONV_CONFIGS if cf.persistent and c <= cf.block_k]
-        cfgs16 = [None] + [cf for cf in CONV_CONFIGS if cf.persistent and c <= cf.block_k]
-        for flag, pre in (("1", "0"), ("0", "0"), ("1", "1")):
+        def fitting(cfgs):  # whose K tile holds C, not twice C (conv._fits drops those for the tuner)
+            return [cf for cf in cfgs if cf.persistent and c <= cf.block_k and not (2 * c <= cf.block_k > 64)]
+
+        cfgs8 = [None] + fitting(INT8_CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["int8"]) if a.occupancy else [])
+        cfgs16 = [None] + fitting(CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["fp16"]) if a.occupancy else [])
+        for flag, pre in (tuple(sp.split(":")) for sp in a.settings.split(",")):
             os.environ[TMA_EPI_ENV] = flag
             os.environ[RES_PREFETCH_ENV] = pre
             for kind, cfgs in (("int8", cfgs8), ("fp16", cfgs16)):

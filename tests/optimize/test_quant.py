@@ -388,6 +388,53 @@ def test_int8_stem_feeds_an_int8_max_pool():
     assert _cosine(tri, got[:2]) > 0.9999
 
 
+def test_float_stem_feeds_an_int8_max_pool():
+    """A float stem (the default): its epilogue stores int8 at the pool readers' scale and the max pool runs
+    on the codes, as after an int8 stem; no quantize kernel. The codes are the float graph's (float stem
+    output, float pool, quantizer) but for rounding ties: the float graph rounds to the stem's dtype first."""
+    from warpforge.optimize.pipeline import optimize_graph
+    from warpforge.optimize.passes.fuse_conv import FusedConv2d
+    from warpforge.optimize.passes.pool import MaxPool2d
+    from warpforge.optimize.quant import QuantizeInput
+
+    from .nets import image, make
+
+    model = make(_PoolStem(), seed=3).eval()
+    gm, _ = optimize_graph(model, (image(n=2, hw=32),))
+    calib = [(image(n=4, hw=32, seed=s),) for s in (24, 25)]
+    qm, report = quantize_model(gm, calib)
+    assert "image stem" in {k.name: k.reason for k in report.kept}[report.kept[0].name]
+    stem = [m for m in qm.modules() if isinstance(m, FusedConv2d) and m.weight.shape[1] == 3][0]
+    readers = [qm.conv1_fused, qm.short_fused]  # conv1 and the shortcut read the pool
+    assert all(isinstance(r, QuantConv2d) for r in readers) and all(torch.equal(r.act_scale, stem.out_scale) for r in readers)
+    assert stem.out_zero_point == -128 == readers[0].act_zero_point  # a ReLU's output: unsigned
+    assert not any(isinstance(m, QuantizeInput) for m in qm.modules())
+    assert [type(m) for m in qm.modules() if isinstance(m, (nn.MaxPool2d, MaxPool2d))] == [MaxPool2d]
+    x = image(n=4, hw=32, seed=26)
+    with torch.no_grad():
+        codes = qm.pool(stem(x))
+        float_pool = nn.functional.max_pool2d(_float_stem(stem, x), 3, 2, 1)
+        want = torch.round(float_pool / stem.out_scale).clamp(-128, 255) - 128
+        assert codes.dtype == torch.int8
+        assert (codes.float() - want).abs().max() <= 1  # a tie may round either way
+        assert float((codes.float() == want).float().mean()) > 0.99
+        expect, got = model(x), qm(x)
+        with force_triton():
+            tri = qm(x[:2])
+    assert _cosine(got, expect) > 0.999
+    assert _cosine(tri, got[:2]) > 0.9999
+
+
+def _float_stem(stem, x):
+    """The stem FusedConv2d's float output (its int8 store switched off for the call)."""
+    scale, zero = stem.out_scale, stem.out_zero_point
+    stem.out_scale, stem.out_zero_point = None, 0
+    try:
+        return stem(x)
+    finally:
+        stem.out_scale, stem.out_zero_point = scale, zero
+
+
 class _WithUnused(nn.Module):
     def __init__(self):
         super().__init__()

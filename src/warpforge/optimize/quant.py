@@ -520,17 +520,19 @@ def _residual_reader(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | 
 
 def _pool_int8(gm: fx.GraphModule, n: fx.Node, pool: nn.Module | None, readers: list[fx.Node], modules: dict,
                calls: dict[int, int]) -> bool:
-    """n = a max pool (called once) of a QuantConv2d's output (called once, read by the pool alone) and
-    read only by int8 layers at one scale (``readers``): the conv stores int8 at their scale, the pool runs
-    on the codes (passes.pool.MaxPool2d: exactly the quantized float pool, quantization being monotone), the
-    readers take them; no quantize kernel, a quarter of the float pool's bytes. Returns whether it rewrote
-    the graph."""
+    """n = a max pool (called once) of a conv's output (called once, read by the pool alone) and read only
+    by int8 layers at one scale (``readers``): the conv stores int8 at their scale, the pool runs on the
+    codes (passes.pool.MaxPool2d: exactly the quantized float pool, quantization being monotone), the
+    readers take them; no quantize kernel, half the fp16 pool's bytes. The conv is a QuantConv2d (an int8
+    stem) or a float FusedConv2d (a float stem: fp16 MMA, its epilogue quantizing what the quantize kernel
+    after the pool would have, the same values but for fp16's rounding before the quantizer). Returns
+    whether it rewrote the graph."""
     if not (n.op == "call_module" and (isinstance(pool, MaxPool2d) or poolable(pool)) and calls[id(pool)] == 1
             and len(n.args) == 1 and not n.kwargs and set(n.users) == set(readers)):
         return False
     p = n.args[0]
     conv = modules.get(p.target) if isinstance(p, fx.Node) and p.op == "call_module" else None
-    if (not isinstance(conv, QuantConv2d) or calls[id(conv)] != 1 or conv.out_scale is not None
+    if (not isinstance(conv, (QuantConv2d, FusedConv2d)) or calls[id(conv)] != 1 or conv.out_scale is not None
             or set(p.users) != {n}):
         return False
     b = modules[readers[0].target]
@@ -550,9 +552,9 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
     conv1 and shortcut conv). When other users read the output too (a residual add, a pool), a
     QuantConv2d producer stores both (``dual_out``: float for them, int8 for the group: one epilogue
     instead of a float store, a re-read and a quantize kernel); a float producer then keeps its float
-    output. A max pool between an int8 conv and int8 readers (ResNet's int8 stem, then its first block)
+    output. A max pool between a conv and int8 readers (ResNet's stem, int8 or float, then its first block)
     runs on the conv's int8 codes (:func:`_pool_int8`). Any other node read by several int8 layers at one
-    scale (a max pool after a float stem, before a downsample block) is quantized once for all of them. ``int8_residual``: where the other users are all int8 layers reading
+    scale (an average pool before a downsample block) is quantized once for all of them. ``int8_residual``: where the other users are all int8 layers reading
     the output as their residual, the producer stores int8 only and they read it (dequantized in their
     epilogue): a residual block's output written and read as 1 byte per element, not as fp16 plus an int8
     copy; a QuantConv2d output read only as residuals (a downsample shortcut) goes int8 at its calibrated
