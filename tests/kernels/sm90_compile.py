@@ -256,9 +256,9 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
 
 
 def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False,
-                   res_int8=False, res_pre=False, fold=False) -> dict:
+                   res_int8=False, res_pre=False, fold=False, res_dot=False) -> dict:
     """The persistent pointwise conv (``cfg.persistent``) at K = block_k, with conv_gemm's epilogue options;
-    res_pre: the residual one tile ahead (RES_PRE), fold: the folded int8-out epilogue with ReLU (ResNet's
+    res_pre: the residual one tile ahead (RES_PRE), res_dot: through an MMA with the identity (RES_DOT), fold: the folded int8-out epilogue with ReLU (ResNet's
     block output) instead of silu. Pointer stores (the TMA epilogue's descriptors are host objects)."""
     sig = {"x_ptr": f"*{dt}", "w_ptr": "*fp16" if cfg.f16_mma else f"*{dt}", "b_ptr": "*fp32",
            "r_ptr": "*i8" if res_int8 else "*fp16", "o_ptr": f"*{out}", "xs_ptr": "*fp32", "wsc_ptr": "*fp32",
@@ -283,7 +283,7 @@ def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero
     _flags(sig, consts, EVEN_C=True, HAS_BIAS=True, HAS_RES=True, ACT=1 if fold else 2, DOT_PRECISION="tf32",
            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INT_ACC=int8, QUANT_OUT=quant_out,
            X_ZERO=zero, OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma,
-           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0, FOLD=fold, RES_PRE=res_pre)
+           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0, FOLD=fold, RES_PRE=res_pre, RES_DOT=res_dot)
     return compile_sm90(conv._conv_pointwise_persistent_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
                         ("M", "OH", "OW", "stride_h", "stride_w"))
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import (CONV_CONFIGS, RES_PREFETCH_ENV, TMA_EPI_ENV, ConvConfig, _fits, _tma_epilogue,
+from warpforge.kernels.conv import (CONV_CONFIGS, RES_DOT_ENV, RES_PREFETCH_ENV, TMA_EPI_ENV, ConvConfig, _fits, _tma_epilogue,
                                     conv2d)
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.tolerance import rel_err, tolerance
@@ -150,7 +150,9 @@ def test_tma_epilogue_where_rows_allow(triton_on_cpu, device, monkeypatch):
 
 # (WARPFORGE_CONV_TMA_EPI, WARPFORGE_CONV_RES_PREFETCH): the pointer epilogue, TMA residual and output, the
 # residual one tile ahead with the output through TMA, and ahead with pointer stores
-EPILOGUES = {"ptr": ("0", "0"), "tma": ("1", "0"), "pre-tma": ("1", "1"), "pre-ptr": ("0", "1")}
+# (WARPFORGE_CONV_TMA_EPI, WARPFORGE_CONV_RES_PREFETCH, WARPFORGE_CONV_RES_DOT)
+EPILOGUES = {"ptr": ("0", "0", "0"), "tma": ("1", "0", "0"), "pre-tma": ("1", "1", "0"), "pre-ptr": ("0", "1", "0"),
+             "dot-tma": ("1", "0", "1"), "dot-ptr": ("0", "0", "1")}
 
 
 @pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
@@ -162,9 +164,10 @@ def test_pointwise_epilogues_agree(triton_on_cpu, device, gen, monkeypatch, conf
     x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, geo = _int8_residual_problem(gen, device, (2, 40, 7, 9, 48),
                                                                                 res_zero)
     outs = {}
-    for name, (tma, pre) in EPILOGUES.items():
+    for name, (tma, pre, dot) in EPILOGUES.items():
         monkeypatch.setenv(TMA_EPI_ENV, tma)
         monkeypatch.setenv(RES_PREFETCH_ENV, pre)
+        monkeypatch.setenv(RES_DOT_ENV, dot)
         out = _poisoned(shape, torch.int8, device).fill_(77)
         conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,
                     out_scale=os_, out_zero_point=-128, out=out, config=config, **geo)
@@ -179,6 +182,26 @@ def test_pointwise_epilogues_agree(triton_on_cpu, device, gen, monkeypatch, conf
                            "relu")
     assert_conv_int8_close(outs["ptr"][1], ref.conv2d_int8_reference(x, wq, xs, ws, bias, residual=r_f.half(),
                                                                      out_dtype=torch.float16, **geo), "relu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_pointwise_res_dot_float(triton_on_cpu, device, monkeypatch, dtype):
+    """RES_DOT on float convs: an fp16 residual through the MMA with the identity gives the same outputs as
+    the epilogue's load (exact: one non-zero term per sum); an fp32 one keeps the load (tf32 would round it)."""
+    n, cin, h, w, cout, s, act, res = CASES[4]
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(n, cin, h, w, generator=gen).to(device, dtype).to(memory_format=CL)
+    wt = (torch.randn(cout, cin, 1, 1, generator=gen) / cin ** 0.5).to(device, dtype)
+    b = torch.randn(cout, generator=gen).to(device, dtype)
+    r = (torch.randn(n, cout, h, w, generator=gen) * 3).to(device, dtype).to(memory_format=CL)
+    outs = []
+    for dot in ("0", "1"):
+        monkeypatch.setenv(RES_DOT_ENV, dot)
+        out = torch.full((n, cout, h, w), float("nan"), device=device, dtype=dtype).to(memory_format=CL)
+        outs.append(conv2d(x, wt, b, activation=act, residual=r, out=out, config=PW16_2))
+    assert torch.equal(outs[0], outs[1])
+    want = ref.conv2d_reference(x, wt, b, activation=act, residual=r, compute_dtype=F64)
+    assert rel_err(outs[1], want) <= tolerance(dtype)
 
 
 @pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])
@@ -246,8 +269,10 @@ def _gpu_cases(config: ConvConfig):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("res_dot", ["0", "1"], ids=["res-load", "res-dot"])
 @pytest.mark.parametrize("config", [c for c in CONV_CONFIGS if c.persistent], ids=str)
-def test_gpu_pointwise_every_fp16_candidate(config):
+def test_gpu_pointwise_every_fp16_candidate(config, res_dot, monkeypatch):
+    monkeypatch.setenv(RES_DOT_ENV, res_dot)
     gen = torch.Generator().manual_seed(5)
     for n, cin, h, w, cout, s, act, res in _gpu_cases(config):
         x = torch.randn(n, cin, h, w, generator=gen).cuda().half().to(memory_format=CL)
@@ -262,8 +287,10 @@ def test_gpu_pointwise_every_fp16_candidate(config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("res_dot", ["0", "1"], ids=["res-load", "res-dot"])
 @pytest.mark.parametrize("config", [c for c in INT8_CONV_CONFIGS if c.persistent], ids=str)
-def test_gpu_pointwise_every_int8_candidate(config):
+def test_gpu_pointwise_every_int8_candidate(config, res_dot, monkeypatch):
+    monkeypatch.setenv(RES_DOT_ENV, res_dot)
     gen = torch.Generator().manual_seed(6)
     for n, cin, h, w, cout, s, act, res in _gpu_cases(config):
         for x_zero, out_kind in [(-128, "int8"), (0, "float16")]:

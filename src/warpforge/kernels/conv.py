@@ -413,7 +413,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                       DUAL_OUT: tl.constexpr = False, F16_MMA: tl.constexpr = False, rs_ptr=None,
                                       RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False,
                                       r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False,
-                                      RES_PRE: tl.constexpr = False):
+                                      RES_PRE: tl.constexpr = False, RES_DOT: tl.constexpr = False):
     # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
     # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
     # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
@@ -426,6 +426,9 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     # in the accumulator's layout) and no masks; TMA clips the tile at M. RES_PRE (with HAS_RES): the residual
     # comes through pointers one tile ahead, a tensor carried across the tile loop (Triton 3.6 pipelines
     # only the loads that feed the MMA, so a residual loaded in the epilogue stalls every tile on DRAM).
+    # RES_DOT (with HAS_RES, a 16-bit or int8 residual): the residual tile goes through an MMA with the
+    # identity, r @ I (exact: each sum has one non-zero term), so the pipeliner prefetches its load like x's,
+    # num_stages deep into shared memory, and the MMA leaves it in the accumulator's layout.
     pid = tl.program_id(0)
     num_n = tl.cdiv(COUT, BLOCK_N)
     pid_n = pid % num_n
@@ -440,7 +443,12 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     if TMA_EPI:  # once, for every tile (the pointer epilogue has no registers to spare for them: per tile)
         f1, f2, f3, f4 = _epilogue_factors(offs_n, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS, HAS_RES,
                                            INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
+    DOT_RES: tl.constexpr = RES_DOT and HAS_RES and not RES_PRE
     PRE: tl.constexpr = RES_PRE and HAS_RES
+    eye = 0
+    if DOT_RES:
+        ii = tl.arange(0, BLOCK_N)
+        eye = (ii[:, None] == ii[None, :]).to(r_ptr.dtype.element_ty)
     r_next = 0
     if PRE:
         r_next = _residual_tile(r_ptr, pid // num_n, offs_n, n_mask, M, COUT, BLOCK_M, RES_INT8, RES_ZERO)
@@ -451,6 +459,13 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
             r_next = _residual_tile(r_ptr, tile_m + PROGS_M, offs_n, n_mask, M, COUT, BLOCK_M, RES_INT8, RES_ZERO)
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
+        if DOT_RES:  # other=0 (rows past M are never stored): a plain masked load the pipeliner keeps in smem
+            r_in = tl.load(r_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :],
+                           mask=m_mask[:, None] & n_mask[None, :], other=0)
+            if RES_INT8:
+                r_cur = tl.dot(r_in, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
+            else:
+                r_cur = tl.dot(r_in, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         ow = offs_m % OW
         t = offs_m // OW
         oh = t % OH
@@ -468,7 +483,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                                HAS_RES, INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
         _epilogue_tile(acc, offs_m, offs_n, tile_m * BLOCK_M, pid_n * BLOCK_N, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr,
                        os_ptr, q_ptr, COUT, f1, f2, f3, f4, HAS_RES, ACT, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, PRE)
+                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, PRE or DOT_RES)
 
 
 @triton.jit
@@ -1052,9 +1067,14 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
     # the narrowest power-of-two K tile holding C (>= 32: the K of the s8 MMA, >= 16 for 16-bit)
     bk = min(cfg.block_k, max(32 if x.dtype == torch.int8 else 16, triton.next_power_of_2(g.cin_g)))
     pre = epilogue["HAS_RES"] and env_flag(RES_PREFETCH_ENV, default=False)
-    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] and not pre else None, out_q, m, g.cout, cfg)
+    # RES_DOT for 16-bit and int8 residuals (an fp32 one would meet the MMA as tf32: not exact)
+    dot = (epilogue["HAS_RES"] and not pre and r_arg.dtype in (torch.float16, torch.bfloat16, torch.int8)
+           and env_flag(RES_DOT_ENV, default=False))
+    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] and not (pre or dot) else None, out_q, m, g.cout, cfg)
     if pre:
         descs["RES_PRE"] = True
+    if dot:
+        descs["RES_DOT"] = True
     _conv_pointwise_persistent_kernel[(progs_m * num_n,)](
         x, wp, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.oh, g.ow, g.cin_g, g.cout, progs_m,
         *x.stride(), wp.stride(0), wp.stride(1), *g.stride, EVEN_C=g.cin_g == bk, **epilogue,
@@ -1072,6 +1092,9 @@ TMA_EPI_ENV = "WARPFORGE_CONV_TMA_EPI"
 # The persistent pointwise kernel's residual one tile ahead through pointers (RES_PRE; the output still
 # through TMA where it can): WARPFORGE_CONV_RES_PREFETCH=1. Off until measured on the H200.
 RES_PREFETCH_ENV = "WARPFORGE_CONV_RES_PREFETCH"
+# The residual through an MMA with the identity (RES_DOT: prefetched by the pipeliner as x is):
+# WARPFORGE_CONV_RES_DOT=1. Off until measured on the H200.
+RES_DOT_ENV = "WARPFORGE_CONV_RES_DOT"
 
 
 def _tma_epilogue(dst: torch.Tensor, residual: torch.Tensor | None, out_q, m: int, cout: int,
