@@ -36,24 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
-from warpforge.kernels.conv import (CONV_CONFIGS, RES_DOT_ENV, RES_PREFETCH_ENV, TMA_EPI_ENV,  # noqa: E402
-                                    ConvConfig, conv2d)
-from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8  # noqa: E402
+from warpforge.kernels.conv import (CONV_CONFIGS, RES_DOT_ENV, RES_PREFETCH_ENV,  # noqa: E402
+                                    RESIDUAL_TILINGS, TMA_EPI_ENV, conv2d)
+from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, conv2d_int8  # noqa: E402
 from warpforge.kernels.tolerance import rel_err, tolerance  # noqa: E402
 
 CL = torch.channels_last
-# Persistent tilings holding 16 warps per SM instead of 8 (offline sm_90, triton 3.6, int8 residual, folded
-# int8 out, pointer stores: 64x64 4 warps 103-127 registers, 4 blocks per SM; 64x128 and 128x64 8 warps
-# 112-128, 2 blocks per SM; fp16 80-100). The int8 1x1s with a residual stream bytes with one K step a
-# tile, and session 12's ncu of the 64->256 @56 conv found no eligible warp in 59% of cycles at 8 warps.
-OCCUPANCY_TILINGS = {
-    "int8": [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 3), (256, 2))]
-    + [ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))]
-    + [ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))],
-    "fp16": [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 2))]
-    + [ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))]
-    + [ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))],
-}
+# --occupancy: the residual tuner's extra persistent tilings (16 warps per SM instead of 8; kernels/conv.py
+# RESIDUAL_TILINGS and kernels/conv_int8.py INT8_RESIDUAL_TILINGS), pinned as configs.
+OCCUPANCY_TILINGS = {"int8": INT8_RESIDUAL_TILINGS, "fp16": RESIDUAL_TILINGS}
 LAYERS = [(64, 56, 256), (128, 28, 512), (256, 14, 1024), (512, 7, 2048)]  # (C, hw, Cout), stride 1
 
 

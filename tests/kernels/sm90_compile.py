@@ -380,6 +380,15 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                 out.append((f"conv int8 pointwise int8-res fold{' res-pre' if pre else ''} {cfg}", lambda cfg=cfg, pre=pre:
                             conv_pointwise(cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True,
                                            res_pre=pre, fold=True)))
+        # The residual tuner's extra candidates (conv.residual_candidates): the 16-warps-per-SM tilings and the
+        # res_dot twins, with the int8 residual and the folded int8 out (int8) or the fp16 residual.
+        for cfg in (c for c in conv_int8._RES_TUNER.configs if c.persistent and (c.res_dot or
+                                                                                 c in conv_int8.INT8_RESIDUAL_TILINGS)):
+            out.append((f"conv int8 pointwise int8-res fold residual-tuner {cfg}", lambda cfg=cfg: conv_pointwise(
+                cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True, fold=True, res_dot=cfg.res_dot)))
+        for cfg in (c for c in conv._RES_TUNER.configs if c.persistent and (c.res_dot or c in conv.RESIDUAL_TILINGS)):
+            out.append((f"conv fp16 pointwise residual-tuner {cfg}",
+                        lambda cfg=cfg: conv_pointwise(cfg, res_dot=cfg.res_dot)))
         for cfg in (c for c in conv.CONV_CONFIGS if c.persistent):
             for pre in (False, True):
                 out.append((f"conv fp16 pointwise{' res-pre' if pre else ''} {cfg}",

@@ -389,19 +389,64 @@ def test_strided_1x1_runs_plain(device, monkeypatch):
     assert modes and all(m[0] == conv_mod.MODE_TAPS for m in modes)
 
 
-def test_tune_bucket_names_the_residual(monkeypatch):
-    """WARPFORGE_TUNE_RESIDUAL=1: a conv with a residual add tunes apart from the same conv without one (its
-    best tiling may differ); the key without a residual is unchanged, so shipped winners keep serving it."""
-    from warpforge.kernels.conv import MODE_PLAIN, _geometry, tune_bucket
+class _FakeTuner:
+    """Records what choose_gemm_config asks a Tuner: the bucket and the candidates its ``valid`` keeps."""
 
-    x = torch.randn(2, 64, 7, 7).to(memory_format=CL)
-    w = torch.randn(256, 64, 1, 1)
-    g = _geometry(x, w, None, 1, 0, 1, 1, None)
-    plain = tune_bucket(x, g, MODE_PLAIN, None)
-    assert plain == ("torch.float32", MODE_PLAIN, 128, 256, 64, 1, 1, 1, 1)
-    r16 = torch.empty(2, 256, 7, 7, dtype=torch.float16)
-    r8 = torch.empty(2, 256, 7, 7, dtype=torch.int8)
-    assert tune_bucket(x, g, MODE_PLAIN, r16) == plain  # off by default
-    monkeypatch.setenv("WARPFORGE_TUNE_RESIDUAL", "1")
-    assert tune_bucket(x, g, MODE_PLAIN, r16) == plain + ("res:float16",)
-    assert tune_bucket(x, g, MODE_PLAIN, r8) == plain + ("res:int8",)
+    def __init__(self, kernel, configs, pick):
+        self.kernel, self.configs, self.pick, self.asked = kernel, configs, pick, []
+
+    def choose(self, bucket, device, run, valid=None):
+        kept = [c for c in self.configs if valid is None or valid(c)]
+        self.asked.append((bucket, kept))
+        return self.pick(kept)
+
+
+@pytest.mark.parametrize("res_dtype", [torch.float16, torch.float32])
+def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
+    """A pointwise conv with a residual: the base tuning (the key without a residual, which shipped
+    winners serve) first, then the residual tuner under the key + the residual's dtype + the base, offered
+    the base and the persistent tilings that fit (res_dot twins only for a 16-bit or int8 residual).
+    WARPFORGE_TUNE_RESIDUAL=0, or a conv that is not pointwise: the base alone."""
+    from warpforge.kernels import conv as cm
+
+    monkeypatch.setattr(cm, "INTERPRET", False)
+    monkeypatch.setattr(cm, "_CHOSEN", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU-only torch
+    x = torch.randn(32, 64, 56, 56).to(memory_format=CL)  # 100352 pixels: persistent tilings qualify
+    out = torch.empty(32, 256, 56, 56).to(memory_format=CL)
+    r = torch.empty(32, 256, 56, 56, dtype=res_dtype).to(memory_format=CL)
+    g = cm._geometry(x, torch.randn(256, 64, 1, 1), None, 1, 0, 1, 1, None)
+    base = cm.CONV_CONFIGS[0]
+    main = _FakeTuner("t", cm.CONV_CONFIGS, lambda kept: base)
+    res = _FakeTuner("t_res", cm.residual_candidates(cm.CONV_CONFIGS, cm.RESIDUAL_TILINGS), lambda kept: kept[-1])
+    got = cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res)
+    plain = ("torch.float32", cm.MODE_PLAIN, 131072, 256, 64, 1, 1, 1, 1)
+    assert main.asked[0][0] == plain
+    (key, kept), = res.asked
+    assert key[:9] == plain and key[9] == f"res:{str(res_dtype).removeprefix('torch.')}" and key[10].startswith("base:")
+    assert base in kept and all(c == base or c.persistent for c in kept)
+    assert all(c.block_k >= 64 for c in kept if c.persistent)  # the whole K (64) in one tile
+    assert {c.block_k for c in kept if c.persistent} == {64}  # not twice as deep (conv._fits)
+    assert any(c.res_dot for c in kept) == (res_dtype == torch.float16)
+    assert any(c in cm.RESIDUAL_TILINGS for c in kept)
+    assert got == kept[-1]
+    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res) == got
+    assert len(res.asked) == 1  # remembered for the process
+
+    monkeypatch.setattr(cm, "_CHOSEN", {})
+    monkeypatch.setenv("WARPFORGE_TUNE_RESIDUAL", "0")
+    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res) == base
+    assert len(res.asked) == 1
+    monkeypatch.delenv("WARPFORGE_TUNE_RESIDUAL")
+    g3 = cm._geometry(x, torch.randn(256, 64, 3, 3), None, 1, 1, 1, 1, None)  # a 3x3: not pointwise
+    assert cm.choose_gemm_config(None, main, None, x, g3, cm.MODE_TAPS, out, r, lambda c, d: None, res) == base
+    assert len(res.asked) == 1
+
+
+def test_res_dot_names_itself_only_when_set():
+    """ConvConfig.res_dot stays out of the repr unless set (the tuners' candidate hashes, and so the shipped
+    winners, are what they were), and belongs to persistent tilings only."""
+    c = ConvConfig(64, 64, 64, 8, 4, 3, persistent=4)
+    assert "res_dot" not in repr(c) and "res_dot=True" in repr(ConvConfig(64, 64, 64, 8, 4, 3, persistent=4, res_dot=True))
+    with pytest.raises(ValueError, match="res_dot"):
+        ConvConfig(64, 64, 64, res_dot=True)

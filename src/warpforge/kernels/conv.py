@@ -34,7 +34,7 @@ caches it per weight tensor (invalidated when the tensor changes in place or is 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
@@ -573,9 +573,13 @@ class ConvConfig:
     # 0: no cap. The repr names it only when set, so the tuner's hash of a candidate list without caps stays
     # what it was before the field existed (the shipped winners stay valid).
     maxnreg: int = 0
+    # persistent tilings with a residual add: the residual through an MMA with the identity (RES_DOT in
+    # _conv_pointwise_persistent_kernel: prefetched by the pipeliner). Offered by the residual tuner only
+    # (residual_candidates); named in the repr only when set, as maxnreg.
+    res_dot: bool = False
 
     def __repr__(self) -> str:
-        names = [f.name for f in fields(self) if f.name != "maxnreg" or self.maxnreg]
+        names = [f.name for f in fields(self) if f.name not in ("maxnreg", "res_dot") or getattr(self, f.name)]
         return f"ConvConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
     def __post_init__(self) -> None:
@@ -596,6 +600,8 @@ class ConvConfig:
             raise ValueError(f"ConvConfig.persistent must be in [0, 8] (programs per SM), got {self.persistent}")
         if self.maxnreg and not 32 <= self.maxnreg <= 255:
             raise ValueError(f"ConvConfig.maxnreg must be 0 (no cap) or in [32, 255], got {self.maxnreg}")
+        if self.res_dot and not self.persistent:
+            raise ValueError("ConvConfig.res_dot is a persistent pointwise tiling's option (persistent >= 1)")
         if self.persistent and self.split_k != 1:
             raise ValueError(f"ConvConfig.persistent takes split_k=1 (one program owns each tile's whole K), got "
                              f"split_k={self.split_k}")
@@ -628,7 +634,24 @@ CONV_CONFIGS = [
 SPLIT_K_MAX_TILES = 66  # split K only when the output tiles fill at most half of the H200's 132 SMs
 PERSISTENT_MIN_TILES = 264  # persistent tilings only where the output tiles fill the H200's 132 SMs twice over
 INTERPRET_CONFIG = ConvConfig(32, 32, 16, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
+def residual_candidates(configs: list[ConvConfig], extra: list[ConvConfig],
+                        no_dot: tuple[ConvConfig, ...] = ()) -> list[ConvConfig]:
+    """The residual tuner's list: ``configs`` (so every base is among them), the ``extra`` persistent
+    tilings, and a res_dot twin of every persistent tiling but those in ``no_dot`` (they spill with it)."""
+    persistent = [c for c in configs if c.persistent] + list(extra)
+    return list(configs) + list(extra) + [replace(c, res_dot=True) for c in persistent if c not in no_dot]
+
+
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm", CONV_CONFIGS, ConvConfig)
+# Persistent tilings holding 16 warps per SM (offline sm_90, triton 3.6: 80-100 registers, no spills), for the
+# residual tuner only: H200 (2026-12-03) fp16 64->256 @56 +res 41.7 -> 38.1 us (64x64, 4 blocks per SM),
+# 128->512 @28 +res 34.2 -> 26.4 us (64x128, 8 warps). Tuned for every conv they would serve, they would
+# void the shipped winners (the tuner's candidate hash) for a gain seen with the residual only.
+RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 2))] + [
+    ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))] + [
+    ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))]
+_RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_residual", residual_candidates(CONV_CONFIGS, RESIDUAL_TILINGS),
+                                      ConvConfig)
 # Winners seen by this process: the Tuner answers its default during CUDA-graph capture, but a graph
 # captured after a warm-up call should replay the tuned tiling.
 _CHOSEN: dict[tuple, ConvConfig] = {}
@@ -870,7 +893,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
         launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue, quant)
 
-    cfg = choose_gemm_config(config, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch)
+    cfg = choose_gemm_config(config, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER)
     launch(cfg, out)
     return out
 
@@ -1069,7 +1092,7 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
     pre = epilogue["HAS_RES"] and env_flag(RES_PREFETCH_ENV, default=False)
     # RES_DOT for 16-bit and int8 residuals (an fp32 one would meet the MMA as tf32: not exact)
     dot = (epilogue["HAS_RES"] and not pre and r_arg.dtype in (torch.float16, torch.bfloat16, torch.int8)
-           and env_flag(RES_DOT_ENV, default=False))
+           and (cfg.res_dot or env_flag(RES_DOT_ENV, default=False)))
     descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] and not (pre or dot) else None, out_q, m, g.cout, cfg)
     if pre:
         descs["RES_PRE"] = True
@@ -1115,45 +1138,63 @@ def _tma_epilogue(dst: torch.Tensor, residual: torch.Tensor | None, out_q, m: in
     return descs
 
 
-def tune_bucket(x: torch.Tensor, g: _Geometry, mode: int, residual: torch.Tensor | None) -> tuple:
-    """The tuner's key for a conv: dtype, mode, M (power-of-two bucket), channels, kernel, stride, groups,
-    and the residual's dtype when there is one. The residual add changes the best tiling: on the H200
-    (2026-12-02) ResNet-50's int8 1x1 64->256 @56 took 24.7 us without one and 38-40 us with an int8 one on
-    the tiling tuned without (128x128 persistent: 255 registers with the residual, one block per SM). Keys
-    without a residual are what they were, so the shipped winners still serve them. Off until measured
-    (``WARPFORGE_TUNE_RESIDUAL=1``): the residual buckets have no shipped winners yet, so a cold optimize
-    would tune them (compiles) on its first call."""
+def tune_bucket(x: torch.Tensor, g: _Geometry, mode: int) -> tuple:
+    """The tuner's key for a conv: dtype, mode, M (power-of-two bucket), channels, kernel, stride, groups."""
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
-    key = (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, g.cin_g, g.kh, g.kw, g.stride[0], g.groups)
-    if residual is None or not env_flag(TUNE_RESIDUAL_ENV, default=False):
-        return key
-    return key + (f"res:{str(residual.dtype).removeprefix('torch.')}",)
+    return (str(x.dtype), mode, pow2_bucket(m, 16), cout_g, g.cin_g, g.kh, g.kw, g.stride[0], g.groups)
 
 
+# A 1x1 conv with a residual add (a ResNet block's last conv, MobileNetV2's projection + skip) reads one more
+# [M, Cout] tensor than the same conv without it, in the epilogue of every tile: its best tiling differs
+# (H200, ResNet-50 b32, 2026-12-03, benchmarks/sweeps/residual_epilogue.py: int8 64->256 @56 +res 43.6 us
+# on the tiling tuned without the residual, 37.3-37.5 us on a 16-warps-per-SM tiling or with RES_DOT; fp16
+# 128->512 @28 +res 34.2 -> 26.4 us). Such convs take the tuning without the residual (the base: shipped
+# winners serve it), then a second tuner (residual_tuner, its own cache) picks among the base and the
+# persistent tilings, each also with res_dot, under the key plus the residual's dtype and the base.
+# WARPFORGE_TUNE_RESIDUAL=0: the base alone.
 TUNE_RESIDUAL_ENV = "WARPFORGE_TUNE_RESIDUAL"
+
+
+def _tag(cfg: ConvConfig) -> str:
+    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}k{cfg.split_k}"
+            f"{'h' if cfg.f16_mma else ''}p{cfg.persistent}r{cfg.maxnreg}")
 
 
 def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner[ConvConfig],
                        interpret_config: ConvConfig, x: torch.Tensor, g: _Geometry, mode: int, out: torch.Tensor,
-                       residual: torch.Tensor | None, launch) -> ConvConfig:
+                       residual: torch.Tensor | None, launch,
+                       res_tuner: Tuner[ConvConfig] | None = None) -> ConvConfig:
     """``config`` when it is a ConvConfig, the interpreter's tiling, or the tuned one for this shape bucket
-    (``launch(cfg, dst)`` runs a trial; the first candidate of ``tuner`` is always allowed)."""
+    (``launch(cfg, dst)`` runs a trial; the first candidate of ``tuner`` is always allowed); with a
+    residual, a pointwise conv and ``res_tuner``, that tuner's choice among the base and the persistent
+    tilings (see TUNE_RESIDUAL_ENV)."""
     if isinstance(config, ConvConfig):
         return config
     if INTERPRET:
         return interpret_config
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
-    bucket = tune_bucket(x, g, mode, residual)
-    cfg = _CHOSEN.get((tuner.kernel, str(x.device), bucket))
+    bucket = tune_bucket(x, g, mode)
+    by_res = (residual is not None and res_tuner is not None and pointwise_ok(g)
+              and env_flag(TUNE_RESIDUAL_ENV, default=True))
+    memo = (tuner.kernel, str(x.device), bucket, str(residual.dtype) if by_res else None)
+    cfg = _CHOSEN.get(memo)
     if cfg is None:
         # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
         scratch = torch.empty_like(out) if residual is not None and _shares_storage(out, residual) else out
-        cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch),
-                           valid=lambda c: _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, g.groups, tuner.configs[0],
-                                                 k_tile=g.cin_g if mode == MODE_TAPS else None,
-                                                 pointwise=pointwise_ok(g)))
+
+        def fits(c: ConvConfig) -> bool:
+            return _fits(c, m, cout_g, g.cin_g * g.kh * g.kw, g.groups, tuner.configs[0],
+                         k_tile=g.cin_g if mode == MODE_TAPS else None, pointwise=pointwise_ok(g))
+
+        cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch), valid=fits)
+        if by_res:
+            base, dot_ok = cfg, residual.dtype in (torch.float16, torch.bfloat16, torch.int8)
+            key = bucket + (f"res:{str(residual.dtype).removeprefix('torch.')}", f"base:{_tag(base)}")
+            cfg = res_tuner.choose(key, x.device, lambda c: launch(c, scratch),
+                                   valid=lambda c: c == base or (c.persistent > 0 and (dot_ok or not c.res_dot)
+                                                                 and fits(replace(c, res_dot=False))))
         if not torch.cuda.is_current_stream_capturing():
-            _CHOSEN[(tuner.kernel, str(x.device), bucket)] = cfg
+            _CHOSEN[memo] = cfg
     return cfg
 
 

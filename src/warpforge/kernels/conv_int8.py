@@ -35,7 +35,7 @@ from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
 from warpforge.kernels.conv import (MODE_TAPS, ConvConfig, _check_out, _geometry, _is_depthwise, _prepared,
                                     _s2d_ok, _shares_storage, _space_to_depth, choose_gemm_config, gemm_mode,
-                                    launch_gemm, strided_pointwise)
+                                    launch_gemm, residual_candidates, strided_pointwise)
 from warpforge.kernels.quantize import check_scale, check_zero_point
 
 FLOAT_OUT = (torch.float16, torch.bfloat16, torch.float32)
@@ -105,6 +105,16 @@ INT8_CONV_CONFIGS = [
 ]
 INT8_INTERPRET_CONFIG = ConvConfig(32, 32, 32, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm", INT8_CONV_CONFIGS, ConvConfig)
+# The residual tuner's extra persistent tilings (conv.RESIDUAL_TILINGS' int8 twins, K tiles 64-256; offline
+# sm_90 with the int8 residual and folded int8 out: 103-128 registers, 4 or 2 blocks per SM, no spills; with
+# res_dot 152-169). H200 (2026-12-03): int8 64->256 @56 +res 43.6 -> 37.5 us (64x64, 4 blocks per SM),
+# 128->512 @28 +res 28.6 -> 22.7 us, 256->1024 @14 +res 19.5 -> 17.6 us (64x128x256, 8 warps).
+INT8_RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 3), (256, 2))] + [
+    ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))] + [
+    ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))]
+# (64, 128, 256) with 4 warps spills 8 B at 255 registers with res_dot (sm90_compile.py --all): no twin.
+_RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_residual", residual_candidates(
+    INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, no_dot=(ConvConfig(64, 128, 256, 8, 4, 3, persistent=2),)), ConvConfig)
 
 
 # id(weight) -> (weakref to it, (data_ptr, version), its values in fp16): the f16_mma tilings' weights
@@ -261,7 +271,7 @@ def conv2d_int8(
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
         launch_gemm(x, _f16_weight(wp) if cfg.f16_mma else wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
 
-    cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch)
+    cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER)
     launch(cfg, out)
     return out
 
