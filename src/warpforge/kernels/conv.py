@@ -1113,10 +1113,15 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
 # for fp16. benchmarks/NOTES.md, session 13.
 TMA_EPI_ENV = "WARPFORGE_CONV_TMA_EPI"
 # The persistent pointwise kernel's residual one tile ahead through pointers (RES_PRE; the output still
-# through TMA where it can): WARPFORGE_CONV_RES_PREFETCH=1. Off until measured on the H200.
+# through TMA where it can): WARPFORGE_CONV_RES_PREFETCH=1, off. H200 (2026-12-03, 119e342): int8 64->256
+# @56 +res 43.6 -> 42.5 us, the ResNet-50 b32 forward unchanged (int8 1018.9 us, fp16 1308.7 us with it; 255
+# registers on the 64x128 tiling).
 RES_PREFETCH_ENV = "WARPFORGE_CONV_RES_PREFETCH"
-# The residual through an MMA with the identity (RES_DOT: prefetched by the pipeliner as x is):
-# WARPFORGE_CONV_RES_DOT=1. Off until measured on the H200.
+# The residual through an MMA with the identity (RES_DOT: prefetched by the pipeliner as x is) on every
+# persistent launch: WARPFORGE_CONV_RES_DOT=1, off. H200 (2026-12-03, f7d69d4): it helps some tilings and
+# hurts others (int8 64->256 @56 +res on 64x128 p2 43.6 -> 37.3 us, on 64x64 p4 37.5 -> 45.3 us; fp16 41.7
+# -> 52.3 on 64x128 p2); ResNet-50 b32 forward int8 1015.0 -> 1011.3 us, fp16 1317.5 -> 1343.5 us. So it is a
+# per-tiling choice (ConvConfig.res_dot) the residual tuner makes, not a switch.
 RES_DOT_ENV = "WARPFORGE_CONV_RES_DOT"
 
 
