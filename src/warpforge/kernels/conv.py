@@ -47,7 +47,7 @@ from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
 from warpforge.kernels.matmul import _descriptor, _tma_arch_ok, matmul, num_sms, tma_layout
-from warpforge.kernels.quantize import check_scale, check_zero_point, round_to_int8
+from warpforge.kernels.quantize import check_scale, check_zero_point, f2i_rn, i2f_exact, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
@@ -77,6 +77,10 @@ def fold_requant_enabled() -> bool:
     return env_flag(INT8_FOLD_ENV, default=True)
 
 
+# The int8 epilogues' conversions through integer and float adds (quantize.i2f_exact, f2i_rn) instead of the
+# conversion unit (16 per clock per SM on sm_90): on by default; WARPFORGE_INT8_ALU_CVT=0 for the
+# conversion instructions, for comparisons. Bit-identical codes either way.
+_ALU_CVT: tl.constexpr = tl.constexpr(env_flag("WARPFORGE_INT8_ALU_CVT", default=True))
 _HW_RINT: tl.constexpr = tl.constexpr(not INTERPRET)  # cvt.rni on the GPU; the interpreter has no libdevice
 
 
@@ -127,7 +131,10 @@ def _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES: tl.constexpr, ACT: tl.const
         if RES_INT8:
             # through int16 first: Triton then moves the tile into the accumulator's layout as int8 (16 KB of
             # shared memory a 128x128 tile), not as the fp32 it becomes (64 KB: sm_90 TTGIR, triton 3.6)
-            y += r.to(tl.int16).to(tl.float32) * f3
+            if _ALU_CVT:
+                y += i2f_exact(r.to(tl.int16).to(tl.int32)) * f3
+            else:
+                y += r.to(tl.int16).to(tl.float32) * f3
         else:
             y += r.to(tl.float32) * f3
     if FOLDS:
@@ -138,7 +145,9 @@ def _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES: tl.constexpr, ACT: tl.const
             y = tl.minimum(y, f4)
         else:
             y = tl.minimum(y, 127.0)
-        if _HW_RINT:
+        if _ALU_CVT:
+            qi = f2i_rn(y)  # |y| <= 128
+        elif _HW_RINT:
             qi = tl.extra.cuda.libdevice.float2int_rn(y)
         else:
             qi = ((y + 12582912.0) - 12582912.0).to(tl.int32)  # round half to even (see round_to_int8)
@@ -169,12 +178,18 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
                    HAS_RES: tl.constexpr, ACT: tl.constexpr, QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr,
                    OUT_ZERO: tl.constexpr, DUAL_OUT: tl.constexpr, RES_INT8: tl.constexpr, RES_ZERO: tl.constexpr,
                    FOLDS: tl.constexpr, r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False, r_pre=None,
-                   R_PRE: tl.constexpr = False):
+                   R_PRE: tl.constexpr = False, SMALL_ACC: tl.constexpr = False):
     # One output tile through the epilogue (factors from _epilogue_factors), per-element pointers and masks, or
     # with TMA_EPI (not with DUAL_OUT) through descriptors over the [M, COUT] matrices (block [BM, BN], TMA
     # clips at M) at the tile's first row m0 and channel n0. R_PRE: the residual tile was loaded ahead
-    # (r_pre, _residual_tile): no residual load here.
-    if X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
+    # (r_pre, _residual_tile): no residual load here. SMALL_ACC: acc is an int32 sum of at most 256 int8
+    # products (|acc| < 2^22), converted by i2f_exact; the zero point's correction, an integer below 2^22 too,
+    # is then subtracted in fp32, exactly (the difference of two integers below 2^24).
+    if SMALL_ACC and _ALU_CVT:
+        acc = i2f_exact(acc)
+        if X_ZERO != 0:
+            acc -= i2f_exact(X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0))[None, :]
+    elif X_ZERO != 0:  # x = s * (x_q - X_ZERO), padding read as X_ZERO: subtract X_ZERO * sum of w[co], exactly
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
     if TMA_EPI:
         r = 0
@@ -462,7 +477,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
         if DOT_RES:  # other=0 (rows past M are never stored): a plain masked load the pipeliner keeps in smem
             r_in = tl.load(r_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :],
                            mask=m_mask[:, None] & n_mask[None, :], other=0)
-            if RES_INT8:
+            if RES_INT8:  # int32 codes: _epilogue_apply's r.to(int16) narrows them back exactly
                 r_cur = tl.dot(r_in, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
             else:
                 r_cur = tl.dot(r_in, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
@@ -483,7 +498,8 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                                HAS_RES, INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
         _epilogue_tile(acc, offs_m, offs_n, tile_m * BLOCK_M, pid_n * BLOCK_N, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr,
                        os_ptr, q_ptr, COUT, f1, f2, f3, f4, HAS_RES, ACT, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, PRE or DOT_RES)
+                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, PRE or DOT_RES,
+                       INT_ACC and not F16_MMA and BLOCK_K <= 256)  # K = C <= BLOCK_K: |acc| <= 256 * 128 * 127
 
 
 @triton.jit
