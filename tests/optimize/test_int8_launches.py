@@ -166,6 +166,34 @@ def test_int8_residual_stream_stores_block_outputs_once():
     assert not torch.equal(a, b)  # the residuals are read int8: not the float-residual graph
 
 
+def test_float_shortcut_stores_the_int8_residual():
+    """A shortcut conv kept float (skip=, as the accuracy fallback does) and read only as an int8 layer's
+    residual stores int8 at that reader's residual scale, as an int8 shortcut does: the reader takes int8
+    residual codes, not an fp16 tensor, and the output stays close to the float-residual graph's."""
+    from warpforge.optimize.passes.fuse_conv import FusedConv2d
+    from warpforge.optimize.quant import QuantConv2d
+
+    model = make(TinyResNet(), seed=5)
+    calib = [(image(n=4, hw=32, seed=s),) for s in (5, 6)]
+    q, _ = optimize_graph(model, (image(n=2, hw=32),))
+    q, report = quantize_model(q, calib, int8_residual=True, skip=("block1_down_0_fused",))
+    down, conv3 = q.block1_down_0_fused, q.block1_conv3_fused
+    assert isinstance(down, FusedConv2d) and isinstance(conv3, QuantConv2d)
+    assert down.out_scale is not None and torch.equal(conv3.residual_scale, down.out_scale)
+    assert conv3.residual_zero_point == down.out_zero_point
+    scale, unsigned = conv3.residual_calib
+    assert float(down.out_scale) == pytest.approx(scale) and down.out_zero_point == (-128 if unsigned else 0)
+    x = image(n=3, hw=32, seed=12)
+    seen = []
+    hook = down.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    with torch.no_grad():
+        ref, got = model(x), q(x)
+    hook.remove()
+    assert seen == [torch.int8]
+    rel = float((got - ref).abs().max() / ref.abs().max())
+    assert rel < 0.05, rel
+
+
 def test_int8_residual_graph_on_the_triton_kernels():
     """The int8-residual graph through the Triton kernels (interpreter) against its CPU reference path."""
     from warpforge.kernels._dispatch import force_triton

@@ -574,12 +574,14 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
                 groups.setdefault((float(b.act_scale), b.act_zero_point), []).append(user)
         a = modules.get(n.target) if n.op == "call_module" else None
         if not groups:
-            # int8_residual: a QuantConv2d read only as int8 layers' residual (a downsample shortcut)
+            # int8_residual: a conv read only as int8 layers' residual (a downsample shortcut), int8 or kept
+            # float (by the accuracy fallback, say): it stores int8 at the readers' residual scale, which they
+            # read at half an fp16 residual's bytes
             res = [_residual_reader(u, n, modules) for u in n.users] if int8_residual else []
             if (res and all(b is not None for b in res) and res[0].residual_calib is not None
-                    and isinstance(a, QuantConv2d) and calls[id(a)] == 1 and a.out_scale is None):
+                    and isinstance(a, (QuantConv2d, FusedConv2d)) and calls[id(a)] == 1 and a.out_scale is None):
                 scale, unsigned = res[0].residual_calib
-                a.out_scale = torch.tensor([scale], dtype=torch.float32, device=a.act_scale.device)
+                a.out_scale = torch.tensor([scale], dtype=torch.float32, device=res[0].act_scale.device)
                 a.out_zero_point = -128 if unsigned else 0
                 for b in res:
                     b.residual_scale, b.residual_zero_point = a.out_scale.clone(), a.out_zero_point
