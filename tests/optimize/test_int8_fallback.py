@@ -159,3 +159,87 @@ def test_a_trial_ends_once_the_budget_is_missed_for_certain():
     log = rec["precision_fallback"]["trial_log"]
     failed = [t["why"] for t in log if not t["passed"]]
     assert any("stopped after 1 of 3 val batches" in why for why in failed), log  # the rest failed on the last
+
+
+def test_shortfall_measures_each_missed_bar_against_its_room():
+    from warpforge.optimize.api import _shortfall
+
+    b = Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99)
+    assert _shortfall({"max_rel": 0.1, "min_cosine": 0.99, "top1": 1.0}, b) == 0.0
+    assert _shortfall({"max_rel": 0.26, "min_cosine": 0.99, "top1": None}, b) == pytest.approx(0.3)
+    assert _shortfall({"max_rel": 0.1, "min_cosine": 0.9, "top1": 0.978}, b) == pytest.approx(1.0 + 1.2)
+
+
+def bias_net() -> nn.Sequential:
+    """A 1x1 conv whose every weight sits 0.45 of a quantization step above its grid point, on inputs with
+    a mean of ~1: rounding shifts each output by the same amount, which bias correction cancels (every
+    layer int8 on CPU: max_rel 0.070 plain, 0.005 bias-corrected)."""
+    net = nn.Sequential(nn.Conv2d(64, 8, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        n = torch.randint(-60, 61, (8, 64), generator=g).float() + 0.45
+        n[:, 0] = 127.0  # the per-channel scale: max |w| = 127 steps
+        net[0].weight.copy_((n * 0.01)[:, :, None, None])
+        net[0].bias.zero_()
+        torch.manual_seed(4)
+        net[4].reset_parameters()
+    return net.eval()
+
+
+def _bias_data():
+    gen = torch.Generator().manual_seed(2)
+    batches = [((1.0 + 0.05 * torch.randn(4, 64, 8, 8, generator=gen)).relu(),) for _ in range(5)]
+    return batches[2:], batches[:2]
+
+
+def _spy_builds(monkeypatch) -> list:
+    from warpforge.optimize import backends
+
+    calls, real = [], backends.int8_builder
+
+    def spy(*args, bias_correction=None, **kw):
+        calls.append(bias_correction)
+        return real(*args, bias_correction=bias_correction, **kw)
+
+    monkeypatch.setattr(backends, "int8_builder", spy)
+    return calls
+
+
+def test_a_bias_corrected_calibration_within_budget_is_the_result(monkeypatch):
+    """Over budget with every layer int8, within it with bias correction: that build comes back, no layer
+    kept float, and it is what optimize returns."""
+    calls = _spy_builds(monkeypatch)
+    val, calib = _bias_data()
+    budget = Budget(max_rel=0.02, min_cosine=0.95)
+    opt, rec = _int8(bias_net(), val, calib, budget={"int8": budget})
+    assert rec["status"] == "passed" and "bias-corrected" in rec["reason"], rec["reason"]
+    fb = rec["precision_fallback"]
+    assert fb["kept_float"] == [] and fb["calibration"]["chosen"]
+    assert fb["calibration"]["plain_all_int8"]["max_rel"] > 0.02 > fb["calibration"]["bias_correction_all_int8"]["max_rel"]
+    assert rec["details"]["quant"]["bias_correction"] is True and calls[-1] is True
+    net = bias_net()
+    with torch.no_grad():
+        assert compare([net(*v) for v in val], [opt(*v) for v in val], batched=True).passes(budget)[0]
+
+
+@pytest.mark.parametrize("closer", [True, False], ids=["bias-corrected", "plain"])
+def test_the_search_starts_from_the_calibration_that_misses_by_less(monkeypatch, closer):
+    """Both over budget: the per-layer search rebuilds with the calibration whose every-layer-int8 model
+    misses by less (bias_net: the bias-corrected one; with the misses made equal: the plain one, ties
+    going to it); the choice and both misses are recorded."""
+    from warpforge.optimize import api
+
+    if not closer:
+        monkeypatch.setattr(api, "_shortfall", lambda acc, budget: 1.0)
+    calls = _spy_builds(monkeypatch)
+    val, calib = _bias_data()
+    try:
+        _, rec = _int8(bias_net(), val, calib, budget={"int8": Budget(max_rel=0.004, min_cosine=0.95)})
+    except NoCandidateError as e:  # the plain start: no set of float layers leaves an int8 model in budget
+        rec = next(r for r in e.report["candidates"] if r["name"] == "warpforge-int8")
+        assert not closer and rec["status"] == "rejected"
+    cal = rec["precision_fallback"]["calibration"]
+    assert cal["chosen"] is closer
+    assert (cal["miss"]["bias_correction"] < cal["miss"]["plain"]) is closer
+    assert calls[1] is True  # the variant's own build (calls[0]: the candidate's plain build)
+    assert set(calls[2:]) == ({True} if closer else {None})  # the search's rebuilds
