@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from warpforge._factory import accepts
-from warpforge.kernels._env import env_flag
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
@@ -502,13 +501,9 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     finds the shortest passing prefix; each trial requantizes the pipeline graph with those layers float
     and runs the validation batches (no CUDA graph), stopping after the first batch from which the budget
     is missed for certain (:func:`_already_over`). The trial build that passed is the one returned;
-    where it can replay as a CUDA graph it is captured and gated again as it will run. First the
-    bias-corrected calibration is judged with every layer int8 (:func:`_bias_corrected_start`): within
-    budget, it is the result; missing the budget by less than the plain one, the search starts from it
-    (recorded under ``calibration``). WARPFORGE_INT8_BIAS_CORRECTION=1 makes it the only one."""
+    where it can replay as a CUDA graph it is captured and gated again as it will run."""
     from warpforge.optimize.backends import _maybe_graph, int8_builder
     from warpforge.optimize.precision import search_ranked
-    from warpforge.optimize.quant import BIAS_CORRECTION_ENV
 
     quant = built.details.get("quant") or {}
     layers = [layer for layer in quant.get("layers", []) if layer.get("name")]
@@ -516,26 +511,8 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         return {**rejected, "precision_fallback": {"note": "no named int8 layer: no per-layer fallback"}}
     names = [layer["name"] for layer in layers]
     float_dtype = quant.get("float_dtype", "float")
-    variant = None
-    if not env_flag(BIAS_CORRECTION_ENV):  # the other calibration: bias correction (quant.weight_bias_correction)
-        try:
-            variant = _bias_corrected_start(base, inputs, calib, quant.get("observer", "max"), capture, val_inputs,
-                                            ref_outs, kind, budget, rejected["accuracy"])
-        except Exception as e:  # noqa: BLE001 - the variant is an extra: its failure leaves the plain search
-            variant = {"note": f"bias-corrected calibration not tried: {_err(e)}"}
-        if variant.get("passed") is not None:  # every layer int8 within budget: no layer need stay float
-            trial, acc = variant.pop("passed")
-            info = {"calibration": variant, "kept_float": [], "note": "every layer int8 with bias correction"}
-            trial.details["precision_fallback"] = info
-            fn, graphed = _maybe_graph(trial.module, inputs, trial.details)
-            trial = Built(fn=fn, module=trial.module, save_format=trial.save_format, cuda_graph=graphed,
-                          details=trial.details)
-            return _regate(cand, trial, val_inputs, ref_outs, kind, budget, live, rejected, info,
-                           "within budget with every layer int8 (bias-corrected calibration)")
-    bias_correction = bool(variant and variant.get("chosen"))
     try:
-        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"), capture,
-                               bias_correction=True if bias_correction else None)
+        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"), capture)
         sensitivity = {}
         for name in names:  # only this layer int8: its effect on the output (calibration inputs)
             alone = rebuild({n: "sensitivity probe" for n in names if n != name}, graph=False)
@@ -581,8 +558,6 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         return {**rejected, "precision_fallback": {"note": f"search failed: {_err(e)}"}}
     info = {**found.as_dict(), "float_dtype": float_dtype, "ranked_by": ranked_by,
             "ranked": [{"layer": n, "score": score[n]} for n in ranked]}
-    if variant:
-        info["calibration"] = variant
     if not found.kept:
         return {**rejected, "precision_fallback": info}
     # The search ends on a set that passed: the build that passed is the one returned (never a rebuild).
@@ -605,55 +580,6 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     rec.pop("reasons", None)
     live[cand.name] = (cand, fixed)
     return {**rec, "status": "passed", "reason": reason}
-
-
-def _shortfall(acc: dict[str, Any], budget: Budget) -> float:
-    """How far an accuracy (Accuracy.as_dict()) misses the budget: each missed bar's miss relative to its
-    room (max_rel 0.26 against 0.2: 0.3; top-1 0.978 against 0.99: 1.2), summed; 0 within budget."""
-    miss = 0.0
-    if budget.max_rel is not None and acc.get("max_rel") is not None:
-        miss += max(0.0, acc["max_rel"] / budget.max_rel - 1)
-    if budget.max_abs is not None and acc.get("max_abs") is not None:
-        miss += max(0.0, acc["max_abs"] / budget.max_abs - 1)
-    if budget.min_cosine is not None and acc.get("min_cosine") is not None:
-        miss += max(0.0, budget.min_cosine - acc["min_cosine"]) / max(1e-12, 1 - budget.min_cosine)
-    if budget.min_top1 is not None and acc.get("top1") is not None:
-        miss += max(0.0, budget.min_top1 - acc["top1"]) / max(1e-12, 1 - budget.min_top1)
-    return miss
-
-
-def _bias_corrected_start(base: nn.Module, inputs: tuple, calib: list[tuple], observer: str, capture: str,
-                          val_inputs: list[tuple], ref_outs: list[Any], kind: str, budget: Budget,
-                          plain: dict[str, Any]) -> dict[str, Any]:
-    """The per-layer fallback's starting calibration. Every layer int8 with bias correction (each layer's
-    bias absorbs its weight rounding's mean output shift on the calibration inputs) judged on the
-    validation inputs against the plain calibration's miss (``plain``: its accuracy): "passed" (build,
-    accuracy) when within budget, "chosen" when it misses by less (the search then starts from it), else
-    the plain one stays. Measured on the H200 (2026-12-03, random-weight ResNet-50 b32): every layer int8
-    max_rel 0.258 plain, 0.218 bias-corrected; the search kept 3 layers fp16 from the plain one, 1 from the
-    corrected one (INT8 1.010 -> 0.986 ms). On the real MobileNetV2 (CPU) it changed every-layer top-1 by
-    less than one view (0.977), and the search from it kept more layers float: ties go to the plain one."""
-    from warpforge.optimize.backends import int8_builder
-
-    trial = int8_builder(base, inputs, calib, observer, capture, bias_correction=True)({}, graph=False)
-    with torch.no_grad():
-        outs = [trial(*v) for v in val_inputs]
-    acc = compare(ref_outs, outs, kind, batched=True, budget=budget)
-    ok, reasons = acc.passes(budget)
-    d = acc.as_dict()
-    plain_miss, miss = _shortfall(plain, budget), _shortfall(d, budget)
-    rec: dict[str, Any] = {"bias_correction_all_int8": {k: d.get(k) for k in ("max_rel", "min_cosine", "top1")},
-                           "plain_all_int8": {k: plain.get(k) for k in ("max_rel", "min_cosine", "top1")},
-                           "miss": {"plain": plain_miss, "bias_correction": miss}}
-    if ok:
-        rec.update(chosen=True, passed=(trial, acc), note="bias correction: every layer int8 within budget")
-    elif miss < plain_miss:
-        rec.update(chosen=True, note=f"bias correction misses the budget by less ({'; '.join(reasons)}): the "
-                                     "search starts from it")
-    else:
-        rec.update(chosen=False, note="the plain calibration misses the budget by no more: the search starts "
-                                      "from it")
-    return rec
 
 
 def _already_over(part: Any, budget: Budget, decisive: int) -> bool:

@@ -205,7 +205,7 @@ INT8_OBSERVER = "max"
 
 
 def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: str = INT8_OBSERVER,
-                 capture: str = "auto", bias_correction: bool | None = None) -> Callable[..., Built]:
+                 capture: str = "auto") -> Callable[..., Built]:
     """``rebuild(keep_float={}, graph=True) -> Built``: warpforge-int8 on ``model``, with the layers named in
     ``keep_float`` ({layer: why}) left in the candidate's float dtype. The pipeline runs once, here; each
     rebuild quantizes a fresh copy of its graph (calibration sees the float model's activations, so a
@@ -223,8 +223,7 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
         from warpforge.optimize.quant import quantize_model
 
         keep_float = dict(keep_float or {})
-        gm, quant = quantize_model(copy.deepcopy(gm_float), calib_t, observer=observer, skip=tuple(keep_float),
-                                   bias_correction=bias_correction)
+        gm, quant = quantize_model(copy.deepcopy(gm_float), calib_t, observer=observer, skip=tuple(keep_float))
         for k in quant.kept:  # quantize_model says "skipped by request": say why it was asked
             if k.name in keep_float and k.reason == "skipped by request":
                 k.reason = keep_float[k.name]
@@ -232,7 +231,7 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
             raise RuntimeError("no layer could be quantized: " + "; ".join(f"{k.name}: {k.reason}" for k in quant.kept)
                                if quant.kept else "the model has no conv or linear layer to quantize")
         info = {"observer": observer, "float_dtype": str(dtype).removeprefix("torch."),
-                "calib_batches": len(calib), "bias_correction": bias_correction, **quant.as_dict()}
+                "calib_batches": len(calib), **quant.as_dict()}
         return _quantized_built(gm, report, inputs, dtype, "quant", info, quant.kept, graph=graph)
     return rebuild
 

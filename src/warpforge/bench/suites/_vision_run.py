@@ -302,8 +302,6 @@ def _gated(s: Shared, device: torch.device, cand: Any, built: Any) -> tuple[Any,
     info = {"status": rec["status"], f"all_{cand.precision}_reasons": reasons[:3],
             kept_key: fb.get("kept_float" if int8 else "kept_fp32") or [], "fallback_note": fb.get("note"),
             "fallback_trials": fb.get("trials")}
-    if fb.get("calibration"):  # int8: which calibration the search started from, and why
-        info["calibration"] = fb["calibration"].get("note")
     return (live[cand.name][1] if cand.name in live else built), info
 
 
