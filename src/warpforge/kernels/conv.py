@@ -650,6 +650,8 @@ CONV_CONFIGS = [
 SPLIT_K_MAX_TILES = 66  # split K only when the output tiles fill at most half of the H200's 132 SMs
 PERSISTENT_MIN_TILES = 264  # persistent tilings only where the output tiles fill the H200's 132 SMs twice over
 INTERPRET_CONFIG = ConvConfig(32, 32, 16, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
+
+
 def residual_candidates(configs: list[ConvConfig], extra: list[ConvConfig],
                         no_dot: tuple[ConvConfig, ...] = ()) -> list[ConvConfig]:
     """The residual tuner's list: ``configs`` (so every base is among them), the ``extra`` persistent
@@ -1170,8 +1172,9 @@ def tune_bucket(x: torch.Tensor, g: _Geometry, mode: int) -> tuple:
 # (H200, ResNet-50 b32, 2026-12-03, benchmarks/sweeps/residual_epilogue.py: int8 64->256 @56 +res 43.6 us
 # on the tiling tuned without the residual, 37.3-37.5 us on a 16-warps-per-SM tiling or with RES_DOT; fp16
 # 128->512 @28 +res 34.2 -> 26.4 us). Such convs take the tuning without the residual (the base: shipped
-# winners serve it), then a second tuner (residual_tuner, its own cache) picks among the base and the
-# persistent tilings, each also with res_dot, under the key plus the residual's dtype and the base.
+# winners serve it), then a second tuner (_RES_TUNER here, conv_int8._RES_TUNER for int8; their own caches)
+# picks among the base and the persistent tilings, each also with res_dot, under the key plus the residual's
+# dtype and the base.
 # WARPFORGE_TUNE_RESIDUAL=0: the base alone.
 TUNE_RESIDUAL_ENV = "WARPFORGE_TUNE_RESIDUAL"
 

@@ -554,11 +554,12 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
     instead of a float store, a re-read and a quantize kernel); a float producer then keeps its float
     output. A max pool between a conv and int8 readers (ResNet's stem, int8 or float, then its first block)
     runs on the conv's int8 codes (:func:`_pool_int8`). Any other node read by several int8 layers at one
-    scale (an average pool before a downsample block) is quantized once for all of them. ``int8_residual``: where the other users are all int8 layers reading
-    the output as their residual, the producer stores int8 only and they read it (dequantized in their
-    epilogue): a residual block's output written and read as 1 byte per element, not as fp16 plus an int8
-    copy; a QuantConv2d output read only as residuals (a downsample shortcut) goes int8 at its calibrated
-    scale. Returns (producers storing int8 only, producers storing both)."""
+    scale (an average pool before a downsample block) is quantized once for all of them.
+    ``int8_residual``: where the other users are all int8 layers reading the output as their residual, the
+    producer stores int8 only and they read it (dequantized in their epilogue): a residual block's output
+    written and read as 1 byte per element, not as fp16 plus an int8 copy; a conv output read only as
+    residuals (a downsample shortcut, int8 or kept float) goes int8 at its readers' calibrated scale.
+    Returns (producers storing int8 only, producers storing both)."""
     modules = dict(gm.named_modules())
     calls: dict[int, int] = {}
     for n in gm.graph.nodes:
