@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.conv import (CONV_CONFIGS, RES_DOT_ENV, RES_PREFETCH_ENV,  # noqa: E402
-                                    RESIDUAL_TILINGS, TMA_EPI_ENV, conv2d)
+                                    RESIDUAL_TILINGS, TMA_EPI_ENV, _fits, conv2d)
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, conv2d_int8  # noqa: E402
 from warpforge.kernels.tolerance import rel_err, tolerance  # noqa: E402
 
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         bytes16 = 2 * (m * c + 2 * m * cout + cout * c)
         row = {"layer": f"1x1 {c}->{cout} @{hw} +res", "m": m, "bytes_int8": bytes8, "bytes_fp16": bytes16,
                "points": {}}
-        def fitting(cfgs):  # whose K tile holds C, not twice C (conv._fits drops those for the tuner)
-            return [cf for cf in cfgs if cf.persistent and c <= cf.block_k and not (2 * c <= cf.block_k > 64)]
+        def fitting(cfgs):  # the persistent tilings the tuner would offer this conv (conv._fits)
+            return [cf for cf in cfgs if cf.persistent and _fits(cf, m, cout, c, 1, CONV_CONFIGS[0], pointwise=True)]
 
         cfgs8 = [None] + fitting(INT8_CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["int8"]) if a.occupancy else [])
         cfgs16 = [None] + fitting(CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["fp16"]) if a.occupancy else [])
