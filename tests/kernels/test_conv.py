@@ -339,6 +339,30 @@ def test_stem_runs_space_to_depth(device, case, monkeypatch):
     assert calls == [1]  # off when asked
 
 
+@pytest.mark.parametrize("case", [c for c in S2D_CASES if not c[8]], ids=lambda c: "x".join(map(str, c[:7])))
+def test_image_stem_reads_fp32_nchw_as_given(device, case):
+    """An image stem on the space-to-depth path takes the network's fp32 NCHW input as it is: the pack casts
+    what it gathers, so the result is the 16-bit conv of the 16-bit cast image, bit for bit (the same
+    kernels on the same values), and within the fp16 bar of float64 on the fp32 image; its output is
+    fp16 channels_last. Other convs still ask for x channels_last in the weight's dtype."""
+    n, cin, h, w, cout, k, p, act, _ = case
+    x = torch.randn(n, cin, h, w, device=device)  # fp32, NCHW contiguous: not channels_last when cin > 1
+    wt = (torch.randn(cout, cin, k, k, device=device) / (cin * k * k) ** 0.5).half()
+    b = torch.randn(cout, device=device).half()
+    assert conv_mod.reads_image(x, wt, 2, 1, 1)
+    got = conv2d(x, wt, b, stride=2, padding=p, activation=act)
+    same = conv2d(x.half().contiguous(memory_format=CL), wt, b, stride=2, padding=p, activation=act)
+    assert got.dtype == torch.float16 and got.is_contiguous(memory_format=CL)
+    assert torch.equal(got, same)
+    want = ref.conv2d_reference(x.double(), wt.double(), b.double(), stride=2, padding=p, activation=act)
+    assert rel_err(got, want) <= tol(torch.float16)
+    assert not conv_mod.reads_image(x, wt, 1, 1, 1)  # stride 1: not a stem
+    with pytest.raises(ValueError, match="weight must match x"):
+        conv2d(x.contiguous(memory_format=CL), wt, b, stride=1, padding=p)
+    with pytest.raises(ValueError, match="channels_last"):
+        conv2d(x.half(), wt, b, stride=1, padding=p)
+
+
 def test_space_to_depth_only_for_strided_stems(device, monkeypatch):
     """fp32 (no 16-bit tensor cores to gain), stride 1, 5+ channels, dilation, groups, a 1-wide kernel:
     all stay on the paths they had."""

@@ -159,3 +159,67 @@ def test_a_trial_ends_once_the_budget_is_missed_for_certain():
     log = rec["precision_fallback"]["trial_log"]
     failed = [t["why"] for t in log if not t["passed"]]
     assert any("stopped after 1 of 3 val batches" in why for why in failed), log  # the rest failed on the last
+
+
+def test_shorten_prefix_one_trial_when_the_shorter_prefix_fails_then_bisection():
+    from warpforge.optimize.precision import shorten_prefix
+
+    kept = [f"L{i}" for i in range(6)]
+    passes, calls = oracle(set(kept))  # every layer needed: the one-shorter prefix fails, and that ends it
+    res = shorten_prefix(kept, passes)
+    assert res.kept is None and calls == [kept[:5]] and "did not pass" in res.note
+    passes, calls = oracle({"L0", "L1"})
+    res = shorten_prefix(kept, passes)
+    assert res.kept == ["L0", "L1"] and calls[0] == kept[:5] and len(calls) <= 4
+    assert all(len(c) < 6 for c in calls) and "2 of the 6 layers kept float" in res.note
+    passes, calls = oracle(set())  # none needed: down to the empty prefix
+    assert shorten_prefix(kept, passes).kept == []
+    assert shorten_prefix(["a"], oracle(set())[0]).kept == [] and shorten_prefix([], passes).kept is None
+    assert "stopped after 1 trials" in shorten_prefix(kept, oracle({"L0"})[0], max_trials=1).note
+
+
+def bias_net() -> nn.Sequential:
+    """A 1x1 conv whose every weight sits 0.45 of a quantization step above its grid point, on inputs with
+    a mean of ~1: rounding shifts each output by the same amount, which bias correction cancels (every
+    layer int8 on CPU: max_rel 0.070 plain, 0.005 bias-corrected)."""
+    net = nn.Sequential(nn.Conv2d(64, 8, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        n = torch.randint(-60, 61, (8, 64), generator=g).float() + 0.45
+        n[:, 0] = 127.0  # the per-channel scale: max |w| = 127 steps
+        net[0].weight.copy_((n * 0.01)[:, :, None, None])
+        net[0].bias.zero_()
+        torch.manual_seed(4)
+        net[4].reset_parameters()
+    return net.eval()
+
+
+def _bias_data():
+    gen = torch.Generator().manual_seed(2)
+    batches = [((1.0 + 0.05 * torch.randn(4, 64, 8, 8, generator=gen)).relu(),) for _ in range(5)]
+    return batches[2:], batches[:2]
+
+
+def test_bias_correction_lets_the_fallback_keep_fewer_layers_float(monkeypatch):
+    """Over budget with every layer int8 and the plain search keeping the conv float: with the env knob
+    unset, the bias-corrected rebuild of the shorter prefix (none float) passes, and that build is what
+    optimize returns; =0 leaves the plain search's result; the trials are recorded."""
+    from warpforge.optimize.quant import BIAS_CORRECTION_ENV
+
+    monkeypatch.delenv(BIAS_CORRECTION_ENV, raising=False)
+    val, calib = _bias_data()
+    budget = {"int8": Budget(max_rel=0.02, min_cosine=0.95)}
+    opt, rec = _int8(bias_net(), val, calib, budget=budget)
+    assert rec["status"] == "passed" and "bias-corrected" in rec["reason"], rec["reason"]
+    fb = rec["precision_fallback"]
+    assert rec["accuracy_all_low_precision"]["max_rel"] > 0.02 > rec["accuracy"]["max_rel"]
+    assert fb["kept_float"] == [] and fb["bias_correction"]["chosen"] and fb["bias_correction"]["trials"] == 1
+    assert rec["details"]["quant"]["bias_correction"] is True and len(rec["details"]["quant"]["layers"]) == 2
+    net = bias_net()
+    with torch.no_grad():
+        assert compare([net(*v) for v in val], [opt(*v) for v in val], batched=True).passes(budget["int8"])[0]
+
+    monkeypatch.setenv(BIAS_CORRECTION_ENV, "0")
+    _, off = _int8(bias_net(), val, calib, budget=budget)
+    assert off["status"] == "passed" and "bias_correction" not in off["precision_fallback"]
+    assert off["precision_fallback"]["kept_float"] and off["details"]["quant"]["bias_correction"] is False

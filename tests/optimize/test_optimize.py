@@ -45,7 +45,7 @@ def test_small_convnet_on_cpu_picks_a_passing_candidate():
         assert r["speedup_vs_compile"] is None  # no torch.compile candidate was measured
     assert _rec(rep, "eager-fp32")["speedup_vs_eager"] == 1.0
     wf = _rec(rep, "warpforge-fp32")
-    assert [p["name"] for p in wf["details"]["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "max_pool", "attention",
+    assert [p["name"] for p in wf["details"]["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention",
                                                                "fuse_norm", "fuse_linear"]
     assert wf["details"]["coverage"]["warpforge_ops"] == {"FusedConv2d": 6, "FusedLinear": 1}
     for name in ("eager-fp16", "warpforge-bf16", "torch.compile-fp32"):

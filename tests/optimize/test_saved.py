@@ -29,7 +29,7 @@ def test_warpforge_winner_round_trip(tmp_path):
     assert man["versions"]["torch"] == torch.__version__ and man["versions"]["warpforge"] == warpforge.__version__
     assert man["accuracy"]["max_rel"] < 1e-5 and man["budget"]["max_rel"] == 1e-3
     assert man["format"] == "pickle" and "fused modules" in man["format_note"]
-    assert [p["name"] for p in man["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "max_pool", "attention", "fuse_norm",
+    assert [p["name"] for p in man["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention", "fuse_norm",
                                                 "fuse_linear"]
     for f in ("check.pt", "report.json", "report.html", man["file"]):
         assert (tmp_path / f).is_file()

@@ -563,7 +563,7 @@ def _s2d_pack_kernel(x_ptr, o_ptr, P, HS, WS, H, W, C, s_xn, s_xc, s_xh, s_xw, p
     iw = 2 * j[:, None] - pad_w + b[None, :]
     valid = pm[:, None] & (phase < 4)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
     src = x_ptr + n.to(tl.int64)[:, None] * s_xn + (c * s_xc)[None, :] + ih * s_xh + iw * s_xw
-    v = tl.load(src, mask=valid, other=FILL)
+    v = tl.load(src, mask=valid, other=FILL).to(o_ptr.dtype.element_ty)  # (an fp32 image: cast to the weight's)
     tl.store(o_ptr + p.to(tl.int64)[:, None] * CS + ch[None, :], v, mask=pm[:, None])
 
 
@@ -794,9 +794,14 @@ class _Geometry:
         return (self.n, self.cout, self.oh, self.ow)
 
 
-def _geometry(x, weight, bias, stride, padding, dilation, groups, activation) -> _Geometry:
-    """Shape checks shared by conv2d and conv2d_int8 (dtypes are each launcher's own)."""
-    _check_nchw_cl(x, "x")
+def _geometry(x, weight, bias, stride, padding, dilation, groups, activation, any_layout: bool = False) -> _Geometry:
+    """Shape checks shared by conv2d and conv2d_int8 (dtypes are each launcher's own); ``any_layout``: x
+    may have any strides (an image read by the space-to-depth pack)."""
+    if any_layout:
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"x must be a 4-D torch.Tensor [N, C, H, W], got {getattr(x, 'shape', type(x).__name__)}")
+    else:
+        _check_nchw_cl(x, "x")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         raise ValueError("weight must be a 4-D tensor [Cout, C/groups, KH, KW], got "
                          f"{getattr(weight, 'shape', weight)}")
@@ -832,15 +837,29 @@ def _check_out(t: torch.Tensor | None, name: str, geo: _Geometry, dtype: torch.d
                          f"{list(t.shape)} {t.dtype} on {t.device}")
 
 
+def reads_image(x, weight, stride, dilation, groups) -> bool:
+    """True when conv2d takes ``x`` as given: an image stem on the space-to-depth path (:func:`is_s2d_stem`,
+    16-bit weight) reads x in any layout, fp32 or the weight's dtype, through its pack kernel (which casts),
+    so the network's fp32 NCHW input needs no cast and no channels_last copy first (optimize's
+    image_input pass hands it over so)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() == 4 and weight.dim() == 4):
+        return False
+    return (stem_s2d_enabled() and weight.dtype in (torch.float16, torch.bfloat16)
+            and x.dtype in (torch.float32, weight.dtype) and x.device == weight.device
+            and isinstance(groups, int) and is_s2d_stem(groups, _pair(stride, "stride", 1),
+                                                        _pair(dilation, "dilation", 1), x.shape[1], *weight.shape[2:]))
+
+
 def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
               int8_out: bool = False) -> _Geometry:
     if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES:
         raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
-    geo = _geometry(x, weight, bias, stride, padding, dilation, groups, activation)
-    if weight.dtype != x.dtype or weight.device != x.device:
+    image = reads_image(x, weight, stride, dilation, groups)
+    geo = _geometry(x, weight, bias, stride, padding, dilation, groups, activation, any_layout=image)
+    if (weight.dtype != x.dtype and not image) or weight.device != x.device:
         raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
-    _check_out(residual, "residual", geo, x.dtype, x.device)
-    _check_out(out, "out", geo, torch.int8 if int8_out else x.dtype, x.device)
+    _check_out(residual, "residual", geo, weight.dtype, x.device)
+    _check_out(out, "out", geo, torch.int8 if int8_out else weight.dtype, x.device)
     if out is not None and _shares_storage(out, x):
         raise ValueError("out must not share memory with x (other output pixels still read it)")
     return geo
@@ -851,7 +870,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
            config: ConvConfig | DepthwiseConfig | None = None, out_scale: torch.Tensor | float | None = None,
            out_zero_point: int = 0) -> torch.Tensor:
-    """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last.
+    """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last
+    in weight's dtype (an image stem, :func:`reads_image`, also takes x fp32 and in any layout).
 
     weight [Cout, C/groups, KH, KW] (any memory format; see :func:`prepare_conv_weight`), bias [Cout]
     (any float dtype), residual [N, Cout, OH, OW] channels_last in x's dtype (``out=residual`` adds in
@@ -872,9 +892,10 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     elif out_zero_point != 0:
         raise ValueError("out_zero_point applies to int8 out: give out_scale too")
     if out is None:
-        out = torch.empty(g.out_shape, dtype=x.dtype if os_ is None else torch.int8, device=x.device,
+        out = torch.empty(g.out_shape, dtype=weight.dtype if os_ is None else torch.int8, device=x.device,
                           memory_format=torch.channels_last)
     if not use_triton(x):
+        x = x.to(weight.dtype)  # (an image stem's fp32 x: the pack's cast)
         y = ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
                                  groups=groups, activation=activation, residual=residual)
         out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
@@ -903,7 +924,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _patch_gemm(x, wp, bias, activation, residual, out, g)
         return out
     quant = None if os_ is None else dict(out_scale=os_, out_zero=out_zero_point)
-    if _s2d_ok(g, x.dtype):
+    if _s2d_ok(g, weight.dtype):
         x, wp, g = _space_to_depth(x, weight, g)
     x, g = strided_pointwise(x, g)
     mode = gemm_mode(g)
@@ -1004,7 +1025,7 @@ def _space_to_depth(x: torch.Tensor, weight: torch.Tensor, g: _Geometry, fill: i
     ResNet-50's 7x7/2 stem: K = 4 steps of 64 (147 of 256 non-zero) instead of 147 decomposed indices."""
     kh2, kw2 = -(-g.kh // 2), -(-g.kw // 2)
     hs, ws = g.oh + kh2 - 1, g.ow + kw2 - 1
-    buf = torch.empty((g.n, hs, ws, S2D_CHANNELS), dtype=x.dtype, device=x.device)
+    buf = torch.empty((g.n, hs, ws, S2D_CHANNELS), dtype=weight.dtype, device=x.device)  # x fp32: cast here
     p = g.n * hs * ws
     block_p = 128
     _s2d_pack_kernel[(triton.cdiv(p, block_p),)](x, buf, p, hs, ws, g.h, g.w, g.cin, *x.stride(), *g.padding,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -500,10 +501,13 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     error (0.0035) moves the logits by 4%, more than any other layer. ``precision.search_ranked`` then
     finds the shortest passing prefix; each trial requantizes the pipeline graph with those layers float
     and runs the validation batches (no CUDA graph), stopping after the first batch from which the budget
-    is missed for certain (:func:`_already_over`). The trial build that passed is the one returned;
+    is missed for certain (:func:`_already_over`). With WARPFORGE_INT8_BIAS_CORRECTION unset, shorter
+    prefixes of the kept layers are then tried with bias correction (``precision.shorten_prefix``: one trial
+    when the one-shorter prefix fails), and a shorter one that passes is the result (the correction is
+    recorded under ``precision_fallback.bias_correction``). The trial build that passed is the one returned;
     where it can replay as a CUDA graph it is captured and gated again as it will run."""
     from warpforge.optimize.backends import _maybe_graph, int8_builder
-    from warpforge.optimize.precision import search_ranked
+    from warpforge.optimize.precision import search_ranked, shorten_prefix
 
     quant = built.details.get("quant") or {}
     layers = [layer for layer in quant.get("layers", []) if layer.get("name")]
@@ -535,8 +539,8 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
 
     decisive = compare(ref_outs, ref_outs, kind, batched=True, budget=budget).n_samples  # what top-1 judges
 
-    def passes(kept: list[str]) -> tuple[bool, str]:
-        trial = rebuild({n: why(n) for n in kept}, graph=False)
+    def passes(kept: list[str], bias_correction: bool | None = None) -> tuple[bool, str]:
+        trial = rebuild({n: why(n) for n in kept}, graph=False, bias_correction=bias_correction)
         outs = []
         with torch.no_grad():
             for i, v in enumerate(val_inputs):
@@ -549,7 +553,7 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         acc = compare(ref_outs, outs, kind, batched=True, budget=budget)
         ok, reasons = acc.passes(budget)
         if ok:
-            passed[frozenset(kept)] = (trial, acc)
+            passed[(frozenset(kept), bias_correction)] = (trial, acc)
         return ok, "; ".join(reasons)
 
     try:
@@ -560,16 +564,29 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
             "ranked": [{"layer": n, "score": score[n]} for n in ranked]}
     if not found.kept:
         return {**rejected, "precision_fallback": info}
-    # The search ends on a set that passed: the build that passed is the one returned (never a rebuild).
-    fixed, acc = passed[frozenset(found.kept)]
+    kept, corrected = found.kept, None
+    if _auto_bias_correction():  # fewer layers float with the weight rounding's mean shift corrected?
+        try:
+            short = shorten_prefix(found.kept, lambda k: passes(k, bias_correction=True), kept_as="float")
+        except Exception as e:  # noqa: BLE001 - an extra: its failure leaves the search's result as it was
+            info["bias_correction"] = {"chosen": False, "note": f"failed: {_err(e)}"}
+        else:
+            info["bias_correction"] = {**short.as_dict(), "chosen": short.kept is not None}
+            if short.kept is not None:
+                kept, corrected = short.kept, True
+                info["kept_float"] = kept
+                info["note"] = (f"{found.note}; with bias correction (WARPFORGE_INT8_BIAS_CORRECTION unset: "
+                                f"tried here) {short.note}")
+    # The searches end on a set that passed: the build that passed is the one returned (never a rebuild).
+    fixed, acc = passed[(frozenset(kept), corrected)]
     passed.clear()  # the other passing trials' models go back
     if not fixed.details["quant"]["layers"]:
         info["note"] = (f"{found.note}: within budget only with every int8 layer kept {float_dtype}, which leaves "
                         "no int8 candidate (the float pipeline is its own candidate)")
         return {**rejected, "precision_fallback": info}
     fixed.details["precision_fallback"] = info
-    reason = (f"within budget with {len(found.kept)} of {len(ranked)} int8 layers kept {float_dtype} "
-              "(per-layer fallback)")
+    reason = (f"within budget with {len(kept)} of {len(ranked)} int8 layers kept {float_dtype} "
+              f"(per-layer fallback{', bias-corrected calibration' if corrected else ''})")
     fn, graphed = _maybe_graph(fixed.module, inputs, fixed.details)
     if graphed:  # replayed as a CUDA graph: gated again as it will run
         fixed = Built(fn=fn, module=fixed.module, save_format=fixed.save_format, cuda_graph=True,
@@ -580,6 +597,14 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     rec.pop("reasons", None)
     live[cand.name] = (cand, fixed)
     return {**rec, "status": "passed", "reason": reason}
+
+
+def _auto_bias_correction() -> bool:
+    """WARPFORGE_INT8_BIAS_CORRECTION unset: the int8 fallback also tries bias correction on the layers its
+    search kept float (=1 builds every int8 candidate with it; =0 never tries it)."""
+    from warpforge.optimize.quant import BIAS_CORRECTION_ENV
+
+    return not os.environ.get(BIAS_CORRECTION_ENV, "").strip()
 
 
 def _already_over(part: Any, budget: Budget, decisive: int) -> bool:

@@ -20,13 +20,16 @@ from warpforge.optimize.passes.fold_bn import FoldBatchNorm
 from warpforge.optimize.passes.fuse_conv import FuseConvEpilogue
 from warpforge.optimize.passes.fuse_linear import FuseLinear
 from warpforge.optimize.passes.fuse_norm import FuseNorm
+from warpforge.optimize.passes.image_input import ImageInput
 from warpforge.optimize.passes.pool import FastMaxPool
 
 
 def default_passes() -> list[Pass]:
-    """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion, max
-    pools onto the pool kernel, then attention onto flash attention (on CUDA only: see passes/attention.py)."""
-    return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue(), FastMaxPool(), ReplaceAttention(cuda_only=True)]
+    """fold_bn first (a BatchNorm between conv and act would block fusion), then layout, then fusion, an
+    image stem reading the input as given (passes/image_input.py), max pools onto the pool kernel, then
+    attention onto flash attention (on CUDA only: see passes/attention.py)."""
+    return [FoldBatchNorm(), ChannelsLast(), FuseConvEpilogue(), ImageInput(), FastMaxPool(),
+            ReplaceAttention(cuda_only=True)]
 
 
 FUSE_NORM_ENV = "WARPFORGE_FUSE_NORM"

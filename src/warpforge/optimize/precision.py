@@ -209,3 +209,34 @@ def search_ranked(ranked: Sequence[str], passes: Callable[[list[str]], tuple[boo
 
 class _OutOfTrials(Exception):
     pass
+
+
+def shorten_prefix(kept: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]], *,
+                   kept_as: str = "float", max_trials: int = MAX_TRIALS) -> Fallback:
+    """A shorter prefix of ``kept`` (a passing set, in ranked order) that passes under other ``passes``
+    (another way to build the model, such as a bias-corrected calibration): the one-shorter prefix first,
+    which ends the search when it fails (one trial: the other build does not help here), then bisection
+    down to the empty prefix. ``kept`` of the result is None when no shorter prefix was found to pass."""
+    kept = list(kept)
+    res = Fallback(layers=len(kept), kept=None, kept_as=kept_as)
+    trial = _Trials(res, passes, max_trials)
+    try:
+        if not kept:
+            res.note = f"no layer kept {kept_as}: nothing to shorten"
+            return res
+        if not trial(kept[:-1]):
+            res.note = f"the first {len(kept) - 1} of the {len(kept)} layers kept {kept_as} did not pass"
+            return res
+        lo, hi = -1, len(kept) - 1  # shortest passing prefix length in (lo, hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if trial(kept[:mid]):
+                hi = mid
+            else:
+                lo = mid
+        res.kept = kept[:hi]
+        n = len(res.trials)
+        res.note = f"{hi} of the {len(kept)} layers kept {kept_as} ({n} trial{'s' * (n != 1)}, bisection)"
+    except _OutOfTrials:
+        res.note = f"stopped after {max_trials} trials"
+    return res

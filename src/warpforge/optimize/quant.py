@@ -247,7 +247,7 @@ class QuantConv2d(nn.Module):
     x is a float tensor, quantized here at ``act_scale``, or int8 already quantized at ``act_scale`` by the
     producing layer's epilogue. ``unsigned``: x is never negative (a ReLU's output), quantized on the
     unsigned grid (zero point -128, 255 steps of act_scale); a negative value would clamp to 0. The output
-    is float (x's dtype; ``float_dtype`` for int8 x), or int8 at ``out_scale`` / ``out_zero_point`` once
+    is float (x's dtype; ``float_dtype`` for int8 or fp32 x), or int8 at ``out_scale`` / ``out_zero_point`` once
     :func:`quantize_model` has fused the next layer's quantizer into this epilogue.
     """
 
@@ -299,6 +299,8 @@ class QuantConv2d(nn.Module):
         else:
             x = x.contiguous(memory_format=cl)
             out_dtype = x.dtype if x.dtype in FLOAT_DTYPES else torch.float32
+            if x.dtype == torch.float32:  # (a 16-bit layer's fp32 input: an image handed on, passes/image_input.py)
+                out_dtype = self.float_dtype
             x_q = quantize_int8(x if x.dtype in QUANT_DTYPES else x.float(), self.act_scale,
                                 zero_point=self.act_zero_point)
         res_scale, res_zero = None, 0

@@ -37,7 +37,9 @@ def _cast_floats(x: Any, dtype: torch.dtype) -> Any:
 
 class CastIO(nn.Module):
     """``inner`` computing in ``dtype``: floating inputs cast to it on entry, floating outputs to
-    ``out_dtype`` on exit (no-ops when the dtypes already match)."""
+    ``out_dtype`` on exit (no-ops when the dtypes already match). The positional inputs named in
+    ``inner.raw_inputs`` (passes/image_input.py: an image a space-to-depth stem reads and casts itself) go
+    in as given."""
 
     def __init__(self, inner: nn.Module, dtype: torch.dtype, out_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -46,7 +48,10 @@ class CastIO(nn.Module):
         self.out_dtype = out_dtype
 
     def forward(self, *args: Any) -> Any:
-        return _cast_floats(self.inner(*_cast_floats(args, self.dtype)), self.out_dtype)
+        raw = getattr(self.inner, "raw_inputs", ())
+        cast = tuple(a if i in raw else _cast_floats(a, self.dtype) for i, a in enumerate(args)) if raw else \
+            _cast_floats(args, self.dtype)
+        return _cast_floats(self.inner(*cast), self.out_dtype)
 
     def extra_repr(self) -> str:
         return f"compute={self.dtype}, outputs={self.out_dtype}"

@@ -302,6 +302,9 @@ def _gated(s: Shared, device: torch.device, cand: Any, built: Any) -> tuple[Any,
     info = {"status": rec["status"], f"all_{cand.precision}_reasons": reasons[:3],
             kept_key: fb.get("kept_float" if int8 else "kept_fp32") or [], "fallback_note": fb.get("note"),
             "fallback_trials": fb.get("trials")}
+    if "bias_correction" in fb:  # the int8 fallback's bias-corrected shortening of its kept layers
+        bc = fb["bias_correction"]
+        info["bias_correction"] = {"chosen": bc.get("chosen"), "trials": bc.get("trials"), "note": bc.get("note")}
     return (live[cand.name][1] if cand.name in live else built), info
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from warpforge.kernels.conv import CONV_DTYPES, conv2d
+from warpforge.kernels.conv import CONV_DTYPES, conv2d, reads_image
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
 
@@ -30,7 +30,8 @@ class FusedConv2d(nn.Module):
     Takes NCHW tensors in any memory format and returns channels_last [N, Cout, OH, OW]: the kernel reads
     and writes channels_last only, and the conversion is a no-op once the channels_last pass has run.
     With ``out_scale`` set (by optimize.quant when an int8 layer consumes this one's output) it returns
-    int8 quantized at that scale and ``out_zero_point``, straight from the kernel's epilogue.
+    int8 quantized at that scale and ``out_zero_point``, straight from the kernel's epilogue. An image
+    stem on the space-to-depth path takes its input as given, fp32 included (kernels.conv.reads_image).
     """
 
     def __init__(self, conv: nn.Conv2d, activation: str | None, has_residual: bool) -> None:
@@ -45,7 +46,10 @@ class FusedConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         cl = torch.channels_last
-        x = x.contiguous(memory_format=cl)
+        if not reads_image(x, self.weight, self.stride, self.dilation, self.groups):
+            if x.dtype == torch.float32:  # an fp32 image the image_input pass handed on (else: no-op)
+                x = x.to(self.weight.dtype)
+            x = x.contiguous(memory_format=cl)
         if residual is not None:
             residual = residual.contiguous(memory_format=cl)
         return conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding, dilation=self.dilation,
