@@ -86,3 +86,27 @@ def test_the_pass_leaves_non_graph_modules_alone():
 
     m = nn.Conv2d(3, 4, 3)
     assert ImageInput().apply(m, PassContext(example_inputs=(torch.randn(1, 3, 8, 8),))) is m
+
+
+def test_the_built_candidate_keeps_the_raw_input_through_copies_and_pickles():
+    """The optimizer deep-copies pipeline graphs (its cache) and saves built modules by pickle: the raw input
+    must survive both, or CastIO casts the image again (2026-12-04 on the H200: the suite's ResNet-50 still
+    ran the cast and the channels_last copy, because ``copy.deepcopy`` of a GraphModule drops attributes
+    its graph does not reference)."""
+    import copy
+    import pickle
+
+    from warpforge.optimize.backends import _build_warpforge
+    from warpforge.optimize.runtime import raw_inputs
+
+    model = make(Stem())
+    x = image(n=1, hw=17)
+    gm, _ = _fp16_graph(copy.deepcopy(model), x)
+    assert raw_inputs(copy.deepcopy(gm)) == (0,)  # through meta
+    built = _build_warpforge("fp16")(model, (x,))
+    assert built.module.raw_inputs == (0,) and _entry_copies(built.module.inner) == 0
+    again = pickle.loads(pickle.dumps(built.module))
+    assert copy.deepcopy(built.module).raw_inputs == (0,) and again.raw_inputs == (0,)
+    with torch.no_grad():
+        want = built.module(x)
+        assert want.dtype == torch.float32 and torch.equal(again(x), want)

@@ -35,20 +35,29 @@ def _cast_floats(x: Any, dtype: torch.dtype) -> Any:
     return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
 
 
+def raw_inputs(module: nn.Module) -> tuple[int, ...]:
+    """The positional inputs a graph takes as the caller gives them (passes/image_input.py). The pass writes
+    them twice because neither copy survives everything: a GraphModule's attributes survive pickling but not
+    ``copy.deepcopy`` (it keeps only what the graph references), its ``meta`` the reverse."""
+    meta = getattr(module, "meta", None)
+    return tuple(getattr(module, "raw_inputs", None) or (meta.get("raw_inputs", ()) if isinstance(meta, dict) else ()))
+
+
 class CastIO(nn.Module):
     """``inner`` computing in ``dtype``: floating inputs cast to it on entry, floating outputs to
-    ``out_dtype`` on exit (no-ops when the dtypes already match). The positional inputs named in
-    ``inner.raw_inputs`` (passes/image_input.py: an image a space-to-depth stem reads and casts itself) go
-    in as given."""
+    ``out_dtype`` on exit (no-ops when the dtypes already match). The positional inputs that ``inner`` takes
+    as given (:func:`raw_inputs`; passes/image_input.py: an image a space-to-depth stem reads and casts
+    itself) go in uncast; CastIO keeps their positions itself, so copies and pickles of it keep them too."""
 
     def __init__(self, inner: nn.Module, dtype: torch.dtype, out_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.inner = inner
         self.dtype = dtype
         self.out_dtype = out_dtype
+        self.raw_inputs = raw_inputs(inner)
 
     def forward(self, *args: Any) -> Any:
-        raw = getattr(self.inner, "raw_inputs", ())
+        raw = getattr(self, "raw_inputs", ())  # absent in a CastIO pickled before the field existed
         cast = tuple(a if i in raw else _cast_floats(a, self.dtype) for i, a in enumerate(args)) if raw else \
             _cast_floats(args, self.dtype)
         return _cast_floats(self.inner(*cast), self.out_dtype)

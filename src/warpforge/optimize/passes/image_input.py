@@ -8,7 +8,8 @@ itself (``kernels.conv.reads_image``): one pass over the image instead of three.
 
 The pass runs after fuse_conv: a 4-D graph input whose only readers are such stems (a 16-bit
 ``FusedConv2d`` on the space-to-depth path, through the channels_last pass's entry copy or not) loses that
-copy, and its position goes in the graph's ``raw_inputs``, which ``runtime.CastIO`` passes through uncast.
+copy, and its position goes in the graph's ``raw_inputs`` (``runtime.raw_inputs``), which ``runtime.CastIO``
+passes through uncast.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from warpforge.kernels.conv import is_s2d_stem, stem_s2d_enabled
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
+from warpforge.optimize.runtime import raw_inputs
 
 CL = torch.channels_last
 
@@ -47,7 +49,7 @@ class ImageInput:
         if len(placeholders) != len(ctx.example_inputs) or not all(
                 isinstance(x, torch.Tensor) for x in ctx.example_inputs):
             return model  # positions must line up with the callers' arguments (CastIO's)
-        raw = set(getattr(model, "raw_inputs", ()))
+        raw = set(raw_inputs(model))
         for i, (node, x) in enumerate(zip(placeholders, ctx.example_inputs)):
             if x.dim() != 4 or not x.is_floating_point() or i in raw:
                 continue
@@ -66,8 +68,8 @@ class ImageInput:
             ctx.record(self.name, "handed", f"input {node.name} -> {', '.join(str(r.target) for r in readers)}",
                        "read as given (fp32, any layout) by the space-to-depth stem's pack: no cast, no "
                        "channels_last copy")
-        if raw:
-            model.raw_inputs = tuple(sorted(raw))
+        if raw:  # both copies: see runtime.raw_inputs
+            model.raw_inputs = model.meta["raw_inputs"] = tuple(sorted(raw))
         _fx.finish(model)
         return model
 
