@@ -393,6 +393,15 @@ def jobs(every: bool) -> list[tuple[str, object]]:
             for pre in (False, True):
                 out.append((f"conv fp16 pointwise{' res-pre' if pre else ''} {cfg}",
                             lambda cfg=cfg, pre=pre: conv_pointwise(cfg, res_pre=pre)))
+        # The narrow tuners' tilings (MobileNetV2's projections, with the skip; its space-to-depth stem).
+        for cfg in conv.NARROW_TILINGS:
+            kind = "pointwise" if cfg.persistent else "taps"
+            out.append((f"conv fp16 narrow {kind} {cfg}", lambda cfg=cfg: conv_pointwise(cfg) if cfg.persistent
+                        else conv_gemm(cfg, conv.MODE_TAPS)))
+        for cfg in conv_int8.INT8_NARROW_TILINGS:
+            out.append((f"conv int8 narrow {cfg}", lambda cfg=cfg: conv_pointwise(
+                cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True, fold=True) if cfg.persistent
+                else conv_gemm(cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True, zero=-128)))
         out.append(("conv int8 flat (stem)", lambda: conv_gemm(conv_int8.INT8_CONV_CONFIGS[5], conv.MODE_FLAT, "i8",
                                                                int8=True)))
     for cfgs in gemv.LINEAR_CONFIGS.values():

@@ -467,6 +467,66 @@ def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
     assert len(res.asked) == 1
 
 
+def test_narrow_tuner_after_the_base(monkeypatch):
+    """A narrow conv (MobileNetV2's 144->24 projection with its skip): the base tuning first (only the default
+    fits so narrow an output), then the narrow tuner under the key + the residual's dtype + the base, offered
+    the base and the narrow tilings that fit (persistent ones only where the whole K fits one tile); the
+    residual tuner is not asked. WARPFORGE_TUNE_NARROW=0, or a conv wider than NARROW_COUT: not asked."""
+    from warpforge.kernels import conv as cm
+
+    monkeypatch.setattr(cm, "INTERPRET", False)
+    monkeypatch.setattr(cm, "_CHOSEN", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU-only torch
+    x = torch.randn(32, 144, 56, 56).to(memory_format=CL)
+    out = torch.empty(32, 24, 56, 56, dtype=torch.float16).to(memory_format=CL)
+    r = torch.empty(32, 24, 56, 56, dtype=torch.float16).to(memory_format=CL)
+    g = cm._geometry(x, torch.randn(24, 144, 1, 1), None, 1, 0, 1, 1, None)
+    base = cm.CONV_CONFIGS[0]
+    main = _FakeTuner("t", cm.CONV_CONFIGS, lambda kept: kept[0])
+    res = _FakeTuner("t_res", cm.residual_candidates(cm.CONV_CONFIGS, cm.RESIDUAL_TILINGS), lambda kept: kept[-1])
+    narrow = _FakeTuner("t_narrow", [base] + cm.NARROW_TILINGS, lambda kept: kept[-1])
+    got = cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow)
+    plain = ("torch.float32", cm.MODE_PLAIN, 131072, 24, 144, 1, 1, 1, 1)
+    (bucket, main_kept), = main.asked
+    assert bucket == plain and main_kept == [base]  # nothing but the default is narrow enough
+    (key, kept), = narrow.asked
+    assert key == plain + ("res:float16", "base:" + cm._tag(base)) and res.asked == []
+    assert kept[0] == base and len(kept) > 4 and all(c.block_n <= 32 for c in kept[1:])
+    assert {c.block_k for c in kept if c.persistent} == {256}  # K = 144: one tile, and not twice as deep
+    assert got == kept[-1]
+    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == got
+    assert len(narrow.asked) == 1  # remembered for the process
+
+    monkeypatch.setattr(cm, "_CHOSEN", {})
+    monkeypatch.setenv("WARPFORGE_TUNE_NARROW", "0")
+    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == \
+        res.asked[-1][1][-1]  # the residual tuner's pick, as before the narrow tuner
+    assert len(narrow.asked) == 1
+    monkeypatch.delenv("WARPFORGE_TUNE_NARROW")
+    wide = cm._geometry(x, torch.randn(64, 144, 1, 1), None, 1, 0, 1, 1, None)
+    cm.choose_gemm_config(None, main, None, x, wide, cm.MODE_PLAIN, out, None, lambda c, d: None, res, narrow)
+    assert len(narrow.asked) == 1
+
+
+# MobileNetV2's narrow convs at test sizes (odd H, W and Cout): n, cin, h, w, cout, k, s, p, d, g, act, residual
+NARROW_CASES = [
+    (2, 32, 15, 17, 16, 1, 1, 0, 1, 1, None, False),  # 32->16 projection
+    (2, 144, 9, 11, 24, 1, 1, 0, 1, 1, None, True),  # 144->24 projection + skip
+    (1, 96, 7, 9, 20, 1, 1, 0, 1, 1, None, False),  # odd Cout
+    (2, 3, 29, 31, 32, 3, 2, 1, 1, 1, "relu6", False),  # the 3->32 stem: space-to-depth, 12 channels per tap
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", conv_mod.NARROW_TILINGS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_narrow_tilings(dtype, config):
+    for case in NARROW_CASES:
+        if config.persistent and (case[5] != 1 or case[1] > config.block_k):
+            continue  # persistent tilings serve 1x1 convs whose K fits one tile (conv._fits)
+        _run("cuda", dtype, *case, config=config)
+
+
 def test_res_dot_names_itself_only_when_set():
     """ConvConfig.res_dot stays out of the repr unless set (the tuners' candidate hashes, and so the shipped
     winners, are what they were), and belongs to persistent tilings only."""

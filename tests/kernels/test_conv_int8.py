@@ -15,7 +15,7 @@ import torch
 
 from warpforge.kernels import reference as ref
 from warpforge.kernels.conv import ConvConfig, conv2d
-from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
+from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, INT8_NARROW_TILINGS, conv2d_int8
 from warpforge.kernels.quantize import quantize_int8
 
 CL = torch.channels_last
@@ -477,6 +477,19 @@ def test_gpu_conv_int8_every_candidate(gen, config):  # persistent (pointwise) o
     # other=-128 gave wrong border maxima in the max-pool kernel on the H200, kernels/pool.py)
     run_case(gen, "cuda", (2, 24, 15, 15, 40, 3, 1, 1, 1, 1, "relu", False), "int8", config=config, x_zero=-128,
              out_zero=-128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", INT8_NARROW_TILINGS, ids=str)
+def test_gpu_conv_int8_narrow_tilings(gen, config):
+    """MobileNetV2's narrow projections (conv_int8._NARROW_TUNER's tilings): after a ReLU6 (unsigned x), int8
+    and fp16 out, with the skip; odd H, W and Cout."""
+    for case, out_kind in [((2, 32, 15, 17, 16, 1, 1, 0, 1, 1, None, False), "int8"),
+                           ((2, 144, 9, 11, 24, 1, 1, 0, 1, 1, None, True), "float16"),
+                           ((1, 96, 7, 9, 20, 1, 1, 0, 1, 1, None, False), "int8")]:
+        if config.persistent and case[1] > config.block_k:
+            continue  # persistent tilings serve 1x1 convs whose K fits one tile (conv._fits)
+        run_case(gen, "cuda", case, out_kind, config=config, x_zero=-128, out_zero=-128 if out_kind == "int8" else 0)
 
 
 @pytest.mark.gpu

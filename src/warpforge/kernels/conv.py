@@ -670,6 +670,28 @@ RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in
     ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))]
 _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_residual", residual_candidates(CONV_CONFIGS, RESIDUAL_TILINGS),
                                       ConvConfig)
+# Narrow convs (Cout/groups <= NARROW_COUT): MobileNetV2's projections (32->16 @112, 96->24 and 144->24 + skip
+# @56, 144->32 @28) and its 3->32 stem. No CONV_CONFIGS tiling but the default is narrow enough to pass _fits
+# (block_n <= 32), so they all ran the default's 128x128x64 tile, 4-8x wider than their output: H200
+# (2026-12-04, forward timeline, batch 32) 32->16 @112 51.3 us, 144->24 + skip @56 57.4 us, the stem 73.4 us,
+# ~230 of the fp16 forward's 774 us, against ~40 us of HBM traffic. A third tuner (its own cache, so the
+# shipped winners of the main list stay valid) picks among the base and these 16- and 32-wide tilings; the
+# 16-deep K tile serves the space-to-depth stem (12 channels per tap).
+NARROW_COUT = 32
+NARROW_TILINGS = [
+    ConvConfig(128, 32, 64, 8, 4, 4),
+    ConvConfig(128, 32, 32, 8, 4, 5),
+    ConvConfig(128, 32, 16, 8, 4, 6),
+    ConvConfig(256, 32, 64, 8, 8, 3),
+    ConvConfig(64, 32, 64, 8, 4, 4),
+    ConvConfig(128, 16, 64, 8, 4, 4),
+    ConvConfig(128, 32, 64, 8, 4, 3, persistent=4),
+    ConvConfig(128, 32, 128, 8, 4, 3, persistent=2),
+    ConvConfig(128, 32, 256, 8, 4, 2, persistent=2),
+]
+_NARROW_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_narrow", [CONV_CONFIGS[0]] + NARROW_TILINGS, ConvConfig)
+# WARPFORGE_TUNE_NARROW=0: narrow convs keep the main tuner's choice (the default tiling).
+TUNE_NARROW_ENV = "WARPFORGE_TUNE_NARROW"
 # Winners seen by this process: the Tuner answers its default during CUDA-graph capture, but a graph
 # captured after a warm-up call should replay the tuned tiling.
 _CHOSEN: dict[tuple, ConvConfig] = {}
@@ -932,7 +954,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
         launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue, quant)
 
-    cfg = choose_gemm_config(config, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER)
+    cfg = choose_gemm_config(config, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER,
+                             _NARROW_TUNER)
     launch(cfg, out)
     return out
 
@@ -1208,20 +1231,24 @@ def _tag(cfg: ConvConfig) -> str:
 def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner[ConvConfig],
                        interpret_config: ConvConfig, x: torch.Tensor, g: _Geometry, mode: int, out: torch.Tensor,
                        residual: torch.Tensor | None, launch,
-                       res_tuner: Tuner[ConvConfig] | None = None) -> ConvConfig:
+                       res_tuner: Tuner[ConvConfig] | None = None,
+                       narrow_tuner: Tuner[ConvConfig] | None = None) -> ConvConfig:
     """``config`` when it is a ConvConfig, the interpreter's tiling, or the tuned one for this shape bucket
     (``launch(cfg, dst)`` runs a trial; the first candidate of ``tuner`` is always allowed); with a
     residual, a pointwise conv and ``res_tuner``, that tuner's choice among the base and the persistent
-    tilings (see TUNE_RESIDUAL_ENV)."""
+    tilings (see TUNE_RESIDUAL_ENV); for a narrow conv (Cout/groups <= NARROW_COUT) and ``narrow_tuner``,
+    that tuner's choice among the base and its narrow tilings instead (see NARROW_TILINGS)."""
     if isinstance(config, ConvConfig):
         return config
     if INTERPRET:
         return interpret_config
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
     bucket = tune_bucket(x, g, mode)
-    by_res = (residual is not None and res_tuner is not None and pointwise_ok(g)
+    narrow = narrow_tuner is not None and cout_g <= NARROW_COUT and env_flag(TUNE_NARROW_ENV, default=True)
+    by_res = (not narrow and residual is not None and res_tuner is not None and pointwise_ok(g)
               and env_flag(TUNE_RESIDUAL_ENV, default=True))
-    memo = (tuner.kernel, str(x.device), bucket, str(residual.dtype) if by_res else None)
+    res_dtype = str(residual.dtype).removeprefix("torch.") if residual is not None else None
+    memo = (tuner.kernel, str(x.device), bucket, res_dtype if by_res or narrow else None, narrow)
     cfg = _CHOSEN.get(memo)
     if cfg is None:
         # Tuning runs the kernel many times: with out == residual (in-place add) it must write elsewhere.
@@ -1232,7 +1259,12 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
                          k_tile=g.cin_g if mode == MODE_TAPS else None, pointwise=pointwise_ok(g))
 
         cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch), valid=fits)
-        if by_res:
+        if narrow:
+            base = cfg
+            key = bucket + (f"res:{res_dtype}", f"base:{_tag(base)}")
+            cfg = narrow_tuner.choose(key, x.device, lambda c: launch(c, scratch),
+                                      valid=lambda c: c == base or fits(c))
+        elif by_res:
             base, dot_ok = cfg, residual.dtype in (torch.float16, torch.bfloat16, torch.int8)
             key = bucket + (f"res:{str(residual.dtype).removeprefix('torch.')}", f"base:{_tag(base)}")
             cfg = res_tuner.choose(key, x.device, lambda c: launch(c, scratch),
@@ -1273,4 +1305,4 @@ def _fits(cfg: ConvConfig, m: int, cout_g: int, k: int, groups: int, default: Co
             and cfg.block_k <= max(16, triton.next_power_of_2(k if k_tile is None else k_tile)))
 
 
-__all__ = ["CONV_CONFIGS", "ConvConfig", "DepthwiseConfig", "conv2d", "depthwise_config", "prepare_conv_weight"]
+__all__ = ["CONV_CONFIGS", "NARROW_TILINGS", "ConvConfig", "DepthwiseConfig", "conv2d", "depthwise_config", "prepare_conv_weight"]

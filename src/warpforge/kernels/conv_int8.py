@@ -116,6 +116,22 @@ INT8_RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, 
 _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_residual", residual_candidates(
     INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, no_dot=(ConvConfig(64, 128, 256, 8, 4, 3, persistent=2),)), ConvConfig)
 
+# Narrow int8 convs (Cout/groups <= conv.NARROW_COUT: MobileNetV2's projections): conv.NARROW_TILINGS' int8
+# twins, K tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv.py.
+INT8_NARROW_TILINGS = [
+    ConvConfig(128, 32, 128, 8, 4, 4),
+    ConvConfig(128, 32, 64, 8, 4, 4),
+    ConvConfig(128, 32, 32, 8, 4, 5),
+    ConvConfig(256, 32, 64, 8, 8, 3),
+    ConvConfig(64, 32, 128, 8, 4, 4),
+    ConvConfig(128, 16, 64, 8, 4, 4),
+    ConvConfig(128, 32, 64, 8, 4, 3, persistent=4),
+    ConvConfig(128, 32, 128, 8, 4, 3, persistent=2),
+    ConvConfig(128, 32, 256, 8, 4, 2, persistent=2),
+]
+_NARROW_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_narrow", [INT8_CONV_CONFIGS[0]] + INT8_NARROW_TILINGS,
+                                         ConvConfig)
+
 
 # id(weight) -> (weakref to it, (data_ptr, version), its values in fp16): the f16_mma tilings' weights
 _F16_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
@@ -271,9 +287,10 @@ def conv2d_int8(
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
         launch_gemm(x, _f16_weight(wp) if cfg.f16_mma else wp, b_arg, residual, dst, g, mode, cfg, epilogue, quant)
 
-    cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER)
+    cfg = choose_gemm_config(config, _TUNER, INT8_INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER,
+                             _NARROW_TUNER)
     launch(cfg, out)
     return out
 
 
-__all__ = ["INT8_CONV_CONFIGS", "conv2d_int8"]
+__all__ = ["INT8_CONV_CONFIGS", "INT8_NARROW_TILINGS", "conv2d_int8"]
