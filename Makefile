@@ -50,7 +50,7 @@ demo: $(STAMP)
 	$(VENV)/bin/warpforge demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
