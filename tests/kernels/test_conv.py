@@ -471,7 +471,8 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     """A narrow conv (MobileNetV2's 144->24 projection with its skip): the base tuning first (only the default
     fits so narrow an output), then the narrow tuner under the key + the residual's dtype + the base, offered
     the base and the narrow tilings that fit (persistent ones only where the whole K fits one tile); the
-    residual tuner is not asked. WARPFORGE_TUNE_NARROW=0, or a conv wider than NARROW_COUT: not asked."""
+    residual tuner is not asked. WARPFORGE_TUNE_NARROW=0, a conv wider than NARROW_COUT, or one with fewer
+    than NARROW_MIN_M output pixels: not asked."""
     from warpforge.kernels import conv as cm
 
     monkeypatch.setattr(cm, "INTERPRET", False)
@@ -491,8 +492,8 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     assert bucket == plain and main_kept == [base]  # nothing but the default is narrow enough
     (key, kept), = narrow.asked
     assert key == plain + ("res:float16", "base:" + cm._tag(base)) and res.asked == []
-    assert kept[0] == base and len(kept) > 4 and all(c.block_n <= 32 for c in kept[1:])
-    assert {c.block_k for c in kept if c.persistent} == {256}  # K = 144: one tile, and not twice as deep
+    assert kept[0] == base and all(c.block_n <= 32 for c in kept[1:])
+    assert kept[1:] == [c for c in cm.NARROW_TILINGS if not c.persistent]  # K = 144 fits no persistent tile
     assert got == kept[-1]
     assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == got
     assert len(narrow.asked) == 1  # remembered for the process
@@ -506,6 +507,17 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     wide = cm._geometry(x, torch.randn(64, 144, 1, 1), None, 1, 0, 1, 1, None)
     cm.choose_gemm_config(None, main, None, x, wide, cm.MODE_PLAIN, out, None, lambda c, d: None, res, narrow)
     assert len(narrow.asked) == 1
+    # 32->16 @112 at batch 32: K = 32 fits the persistent tile; at batch 1 (12544 pixels < NARROW_MIN_M) the
+    # forward is launch-bound and the narrow tuner is not asked
+    for n, asked in ((32, 2), (1, 2)):
+        x1 = torch.randn(n, 32, 112, 112).to(memory_format=CL)
+        o1 = torch.empty(n, 16, 112, 112, dtype=torch.float16).to(memory_format=CL)
+        g1 = cm._geometry(x1, torch.randn(16, 32, 1, 1), None, 1, 0, 1, 1, None)
+        cm.choose_gemm_config(None, main, None, x1, g1, cm.MODE_PLAIN, o1, None, lambda c, d: None, res, narrow)
+        assert len(narrow.asked) == asked
+    (key1, kept1) = narrow.asked[1]
+    assert key1[-2] == "res:None" and any(c.persistent for c in kept1)
+    assert all(c.block_k <= 32 for c in kept1[1:] if not c.persistent)  # no K tile deeper than K
 
 
 # MobileNetV2's narrow convs at test sizes (odd H, W and Cout): n, cin, h, w, cout, k, s, p, d, g, act, residual

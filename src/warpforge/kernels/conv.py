@@ -675,19 +675,20 @@ _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_residual", residual_candidate
 # (block_n <= 32), so they all ran the default's 128x128x64 tile, 4-8x wider than their output: H200
 # (2026-12-04, forward timeline, batch 32) 32->16 @112 51.3 us, 144->24 + skip @56 57.4 us, the stem 73.4 us,
 # ~230 of the fp16 forward's 774 us, against ~40 us of HBM traffic. A third tuner (its own cache, so the
-# shipped winners of the main list stay valid) picks among the base and these 16- and 32-wide tilings; the
-# 16-deep K tile serves the space-to-depth stem (12 channels per tap).
+# shipped winners of the main list stay valid) picks among the base and these 32-wide tilings; the 16-deep K
+# tile serves the space-to-depth stem (12 channels per tap). H200, b32 (6bba348): stem 73.4 -> 22.5 us,
+# 32->16 @112 51.3 -> 11.1, 144->24 + skip @56 57.4 -> 15.8; the fp16 forward 773.6 -> ~620 us, the suite's
+# row 0.784 -> 0.631 ms. The list holds the four tilings that won a bucket there, of nine tried (128x32x64,
+# 256x32x64, 128x16x64 and two deeper persistent ones never won). Only for convs of NARROW_MIN_M output
+# pixels or more: at batch 1 the forward is launch-bound (MobileNetV2 b1 0.250 ms before, 0.255 after) and
+# the tuning's compiles cost the cold optimize run ~35 s (optimize wall time 35.1 -> 70.7 s).
 NARROW_COUT = 32
+NARROW_MIN_M = 16384
 NARROW_TILINGS = [
-    ConvConfig(128, 32, 64, 8, 4, 4),
     ConvConfig(128, 32, 32, 8, 4, 5),
     ConvConfig(128, 32, 16, 8, 4, 6),
-    ConvConfig(256, 32, 64, 8, 8, 3),
     ConvConfig(64, 32, 64, 8, 4, 4),
-    ConvConfig(128, 16, 64, 8, 4, 4),
     ConvConfig(128, 32, 64, 8, 4, 3, persistent=4),
-    ConvConfig(128, 32, 128, 8, 4, 3, persistent=2),
-    ConvConfig(128, 32, 256, 8, 4, 2, persistent=2),
 ]
 _NARROW_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_narrow", [CONV_CONFIGS[0]] + NARROW_TILINGS, ConvConfig)
 # WARPFORGE_TUNE_NARROW=0: narrow convs keep the main tuner's choice (the default tiling).
@@ -1236,15 +1237,17 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
     """``config`` when it is a ConvConfig, the interpreter's tiling, or the tuned one for this shape bucket
     (``launch(cfg, dst)`` runs a trial; the first candidate of ``tuner`` is always allowed); with a
     residual, a pointwise conv and ``res_tuner``, that tuner's choice among the base and the persistent
-    tilings (see TUNE_RESIDUAL_ENV); for a narrow conv (Cout/groups <= NARROW_COUT) and ``narrow_tuner``,
-    that tuner's choice among the base and its narrow tilings instead (see NARROW_TILINGS)."""
+    tilings (see TUNE_RESIDUAL_ENV); for a narrow conv (Cout/groups <= NARROW_COUT, NARROW_MIN_M output
+    pixels or more) and ``narrow_tuner``, that tuner's choice among the base and its narrow tilings instead
+    (see NARROW_TILINGS)."""
     if isinstance(config, ConvConfig):
         return config
     if INTERPRET:
         return interpret_config
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
     bucket = tune_bucket(x, g, mode)
-    narrow = narrow_tuner is not None and cout_g <= NARROW_COUT and env_flag(TUNE_NARROW_ENV, default=True)
+    narrow = (narrow_tuner is not None and cout_g <= NARROW_COUT and m >= NARROW_MIN_M
+              and env_flag(TUNE_NARROW_ENV, default=True))
     by_res = (not narrow and residual is not None and res_tuner is not None and pointwise_ok(g)
               and env_flag(TUNE_RESIDUAL_ENV, default=True))
     res_dtype = str(residual.dtype).removeprefix("torch.") if residual is not None else None

@@ -116,18 +116,17 @@ INT8_RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, 
 _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_residual", residual_candidates(
     INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, no_dot=(ConvConfig(64, 128, 256, 8, 4, 3, persistent=2),)), ConvConfig)
 
-# Narrow int8 convs (Cout/groups <= conv.NARROW_COUT: MobileNetV2's projections): conv.NARROW_TILINGS' int8
-# twins, K tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv.py.
+# Narrow int8 convs (Cout/groups <= conv.NARROW_COUT: MobileNetV2's projections): 32- and 16-wide tilings, K
+# tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv.py. H200, b32
+# (6bba348): 144->24 + skip @56 12.5-13.5 us, 32->16 @112 11.3 us (85.1 on the default tile). The six that
+# won a bucket there, of nine tried (128x32x128 and two deeper persistent ones never won).
 INT8_NARROW_TILINGS = [
-    ConvConfig(128, 32, 128, 8, 4, 4),
     ConvConfig(128, 32, 64, 8, 4, 4),
     ConvConfig(128, 32, 32, 8, 4, 5),
     ConvConfig(256, 32, 64, 8, 8, 3),
     ConvConfig(64, 32, 128, 8, 4, 4),
     ConvConfig(128, 16, 64, 8, 4, 4),
     ConvConfig(128, 32, 64, 8, 4, 3, persistent=4),
-    ConvConfig(128, 32, 128, 8, 4, 3, persistent=2),
-    ConvConfig(128, 32, 256, 8, 4, 2, persistent=2),
 ]
 _NARROW_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_narrow", [INT8_CONV_CONFIGS[0]] + INT8_NARROW_TILINGS,
                                          ConvConfig)
