@@ -190,14 +190,7 @@ def search_ranked(ranked: Sequence[str], passes: Callable[[list[str]], tuple[boo
                             "precision problem")
                 return res
             lo, k = k, min(2 * k, len(ranked))
-        hi = k  # shortest passing prefix length in (lo, hi]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if trial(ranked[:mid]):
-                hi = mid
-            else:
-                lo = mid
-        res.kept = ranked[:hi]
+        res.kept = ranked[:_bisect(trial, ranked, lo, k)]
         trial.prune()
         n = len(res.trials)
         res.note = (f"{len(res.kept)} of {len(ranked)} layers kept {kept_as} ({n} trial{'s' * (n != 1)}, "
@@ -209,6 +202,18 @@ def search_ranked(ranked: Sequence[str], passes: Callable[[list[str]], tuple[boo
 
 class _OutOfTrials(Exception):
     pass
+
+
+def _bisect(trial: Callable[[list[str]], bool], ranked: list[str], lo: int, hi: int) -> int:
+    """The shortest passing prefix length of ``ranked`` in (lo, hi], by bisection: the prefixes of length lo
+    or less fail (lo = -1: none known to), the one of length hi passes."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if trial(ranked[:mid]):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def shorten_prefix(kept: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]], *,
@@ -227,13 +232,7 @@ def shorten_prefix(kept: Sequence[str], passes: Callable[[list[str]], tuple[bool
         if not trial(kept[:-1]):
             res.note = f"the first {len(kept) - 1} of the {len(kept)} layers kept {kept_as} did not pass"
             return res
-        lo, hi = -1, len(kept) - 1  # shortest passing prefix length in (lo, hi]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if trial(kept[:mid]):
-                hi = mid
-            else:
-                lo = mid
+        hi = _bisect(trial, kept, -1, len(kept) - 1)
         res.kept = kept[:hi]
         n = len(res.trials)
         res.note = f"{hi} of the {len(kept)} layers kept {kept_as} ({n} trial{'s' * (n != 1)}, bisection)"
