@@ -288,11 +288,12 @@ def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero
                         ("M", "OH", "OW", "stride_h", "stride_w"))
 
 
-def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
+def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False, quant_in: bool = False) -> dict:
     """The depthwise conv (fp16, bias + relu6) at conv.depthwise_config(cout); quant_out: int8 out, unsigned
-    (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate)."""
+    (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate); quant_in: int8 x
+    codes, unsigned (after an int8 expand conv's ReLU6)."""
     cfg = conv.depthwise_config(cout)
-    sig = {"x_ptr": "*fp16", "w_ptr": "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
+    sig = {"x_ptr": "*i8" if quant_in else "*fp16", "w_ptr": "*fp16", "xs_ptr": "*fp32", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
            else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
                                                                    "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
                                                                    "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
@@ -303,10 +304,12 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
     consts = {"s_xc": 1, "s_wo": 1, "r_ptr": None, "q_ptr": None, "MULT": 1}
     if not quant_out:
         consts["os_ptr"] = None
+    if not quant_in:
+        consts["xs_ptr"] = None
     for n in consts:
         sig[n] = "constexpr"
     _flags(sig, consts, KH=k, KW=k, HAS_BIAS=True, HAS_RES=False, ACT=5, BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c,
-           QUANT_OUT=quant_out, OUT_ZERO=-128 if quant_out else 0)
+           QUANT_OUT=quant_out, OUT_ZERO=-128 if quant_out else 0, QUANT_IN=quant_in, IN_ZERO=-128 if quant_in else 0)
     odd = ("M", "OH", "OW", "H", "W", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_depthwise_kernel, sig, consts, cfg.num_warps, 3, odd)  # the launch default
 
@@ -372,6 +375,8 @@ def jobs(every: bool) -> list[tuple[str, object]]:
     for quant_out in ((False, True) if every else (True,)):
         out.append((f"depthwise fp16 3x3{' int8-out' if quant_out else ''}",
                     lambda q=quant_out: conv_depthwise(384, quant_out=q)))
+    # int8 codes in (conv2d's x_scale), int8 out: MobileNetV2's expand -> depthwise -> projection in int8
+    out.append(("depthwise fp16 3x3 int8-in int8-out", lambda: conv_depthwise(384, quant_out=True, quant_in=True)))
     if every:
         # The int8 residual stream (quantize_model's int8_residual): int8 residual in, int8 out.
         for cfg in conv_int8.INT8_CONV_CONFIGS:

@@ -250,6 +250,68 @@ def test_cpu_dispatch_without_force_runs_reference():
         _dispatch._forced = prev
 
 
+def _run_int8_in(device, dtype, n, c, h, w, mult, k, s, p, act, res, int8_out):
+    """A depthwise conv reading int8 codes (conv2d's x_scale, unsigned as after a ReLU6), fp out or int8 out,
+    against the float64 reference on the dequantized codes."""
+    gen = torch.Generator().manual_seed(n * 1000 + c * 10 + k)
+    q = torch.randint(-128, 128, (n, c, h, w), generator=gen, dtype=torch.int8).to(device).to(memory_format=CL)
+    xs, zero = torch.tensor([0.0235], device=device), -128
+    cout = c * mult
+    wt = (torch.randn(cout, 1, k, k, generator=gen) / k).to(device, dtype)
+    b = torch.randn(cout, generator=gen).to(device, dtype)
+    oh, ow = _out_hw(h, w, k, s, p, 1)
+    r = torch.randn(n, cout, oh, ow, generator=gen).to(device, dtype).to(memory_format=CL) if res else None
+    x64 = (q.double() - zero) * xs.double()
+    want = ref.conv2d_reference(x64, wt, b, stride=s, padding=p, groups=c, activation=act, residual=r,
+                                compute_dtype=F64)
+    os_ = torch.tensor([0.05], device=device) if int8_out else None
+    got = conv2d(q, wt, b, stride=s, padding=p, groups=c, activation=act, residual=r, x_scale=xs,
+                 x_zero_point=zero, out_scale=os_, out_zero_point=-128 if int8_out else 0)
+    assert got.is_contiguous(memory_format=CL) and got.shape == (n, cout, oh, ow)
+    if int8_out:
+        assert got.dtype == torch.int8
+        step = (got.int() - ref.quantize_int8_reference(want.float(), os_, -128).int()).abs().max()
+        assert step <= 1, step  # fp32 sums against float64: at most a rounding step apart
+    else:
+        assert got.dtype == dtype and rel_err(got, want) <= tol(dtype), (n, c, h, w, k, s, act, res)
+
+
+INT8_IN_CASES = [  # n, c, h, w, channel multiplier, k, stride, pad, act, residual, int8 out
+    (2, 24, 9, 11, 1, 3, 1, 1, "relu6", False, False),
+    (1, 20, 9, 9, 1, 3, 2, 1, "relu6", False, True),  # MobileNetV2's strided depthwise, odd C, int8 out
+    (2, 33, 7, 5, 1, 3, 1, 1, None, True, False),  # odd C, residual
+    (1, 6, 9, 5, 2, 5, 2, 2, "relu", False, True),  # channel multiplier 2, 5x5
+]
+
+
+@pytest.mark.parametrize("case", INT8_IN_CASES, ids=str)
+def test_depthwise_reads_int8_codes(case):
+    _run_int8_in("cpu", torch.float16, *case)
+
+
+def test_int8_x_is_for_depthwise_convs_with_a_scale():
+    q = torch.zeros(1, 8, 5, 5, dtype=torch.int8).to(memory_format=CL)
+    w = torch.randn(8, 1, 3, 3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="x_scale"):
+        conv2d(q, w, groups=8, padding=1)
+    with pytest.raises(ValueError, match="depthwise"):
+        conv2d(q, torch.randn(8, 8, 1, 1, dtype=torch.float16), x_scale=0.1)
+    with pytest.raises(ValueError, match="int8 codes"):
+        conv2d(q.half(), w, groups=8, padding=1, x_scale=0.1)
+    with pytest.raises(ValueError, match="x_zero_point"):
+        conv2d(q.half(), w, groups=8, padding=1, x_zero_point=3)
+    with pytest.raises(ValueError, match="x_zero_point"):
+        conv2d(q, w, groups=8, padding=1, x_scale=0.1, x_zero_point=300)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", INT8_IN_CASES + [(8, 96, 57, 55, 1, 3, 2, 1, "relu6", False, True),
+                                                  (8, 144, 29, 31, 1, 3, 1, 1, "relu6", False, False)], ids=str)
+def test_gpu_depthwise_reads_int8_codes(dtype, case):
+    _run_int8_in("cuda", dtype, *case)
+
+
 # ---- GPU: ResNet-50 layer shapes, bf16, depthwise at MobileNet sizes --------------------------
 
 RESNET_LAYERS = [  # cin, hw, cout, k, stride

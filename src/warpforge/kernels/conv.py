@@ -503,7 +503,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
 
 
 @triton.jit
-def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
+def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_ptr,
                            M, OH, OW, H, W, COUT, MULT,
                            s_xn, s_xc, s_xh, s_xw, s_wo, s_wh, s_ww,
                            stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
@@ -511,9 +511,12 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
                            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
                            QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0,
-                           DUAL_OUT: tl.constexpr = False):
+                           DUAL_OUT: tl.constexpr = False, QUANT_IN: tl.constexpr = False,
+                           IN_ZERO: tl.constexpr = 0):
     # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT. QUANT_OUT: int8 out
-    # at scale os_ptr (the next int8 layer's input quantizer, fused here).
+    # at scale os_ptr (the next int8 layer's input quantizer, fused here). QUANT_IN: x holds int8 codes,
+    # x = xs * (q - IN_ZERO): the taps sum (q - IN_ZERO) * w in fp32 (padding contributes 0, as a real zero
+    # would), scaled once by xs before the epilogue (an int8 layer's int8 output read at 1 byte a value).
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_mask = offs_p < M
@@ -532,10 +535,16 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
         for kw in tl.static_range(KW):
             iw = ow * stride_w - pad_w + kw * dil_w
             valid = h_ok & (iw >= 0) & (iw < W)
-            xv = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + (ci * s_xc)[None, :],
-                         mask=valid[:, None] & c_mask[None, :], other=0.0)
+            x_ok = valid[:, None] & c_mask[None, :]
+            xv = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + (ci * s_xc)[None, :], mask=x_ok, other=0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+            if QUANT_IN:  # the zero point subtracted where x exists (a masked other=IN_ZERO: see kernels/pool.py)
+                xf = tl.where(x_ok, xv.to(tl.float32) - IN_ZERO, 0.0)
+            else:
+                xf = xv.to(tl.float32)
+            acc += xf * wv.to(tl.float32)[None, :]
+    if QUANT_IN:
+        acc = acc * tl.load(xs_ptr)
     _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, os_ptr, q_ptr, COUT,
                     HAS_BIAS, HAS_RES, ACT, False, QUANT_OUT, 0, OUT_ZERO, DUAL_OUT)
 
@@ -874,12 +883,18 @@ def reads_image(x, weight, stride, dilation, groups) -> bool:
 
 
 def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
-              int8_out: bool = False) -> _Geometry:
-    if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES:
+              int8_out: bool = False, int8_in: bool = False) -> _Geometry:
+    if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES and not int8_in:
         raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
-    image = reads_image(x, weight, stride, dilation, groups)
+    image = not int8_in and reads_image(x, weight, stride, dilation, groups)
     geo = _geometry(x, weight, bias, stride, padding, dilation, groups, activation, any_layout=image)
-    if (weight.dtype != x.dtype and not image) or weight.device != x.device:
+    if int8_in:
+        if not _is_depthwise(geo.cin, geo.cout, geo.groups):
+            raise ValueError(f"int8 x (x_scale) is read by depthwise convs only (groups = C = {geo.cin}), got "
+                             f"groups={geo.groups}: conv2d_int8 takes int8 x with int8 weights")
+        if weight.dtype not in (torch.float16, torch.bfloat16, torch.float32) or weight.device != x.device:
+            raise ValueError(f"weight must be float on {x.device} (int8 x), got {weight.dtype} on {weight.device}")
+    elif (weight.dtype != x.dtype and not image) or weight.device != x.device:
         raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
     _check_out(residual, "residual", geo, weight.dtype, x.device)
     _check_out(out, "out", geo, torch.int8 if int8_out else weight.dtype, x.device)
@@ -892,7 +907,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
            config: ConvConfig | DepthwiseConfig | None = None, out_scale: torch.Tensor | float | None = None,
-           out_zero_point: int = 0) -> torch.Tensor:
+           out_zero_point: int = 0, x_scale: torch.Tensor | float | None = None,
+           x_zero_point: int = 0) -> torch.Tensor:
     """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last
     in weight's dtype (an image stem, :func:`reads_image`, also takes x fp32 and in any layout).
 
@@ -902,10 +918,22 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     direct kernel). activation: None, "relu", "silu", "gelu" (erf) or "relu6". ``config`` pins a
     tiling (otherwise tuned per shape on the GPU). ``out_scale`` (one fp32 value) stores int8 instead,
     quantized as ``quantize_int8`` does with ``out_zero_point``: the next int8 layer's input quantizer
-    fused into this epilogue (a depthwise conv feeding a ``conv2d_int8``).
+    fused into this epilogue (a depthwise conv feeding a ``conv2d_int8``). ``x_scale`` (one fp32 value,
+    depthwise convs only): x holds int8 codes, ``x = x_scale * (x - x_zero_point)``, read at one byte a
+    value (an int8 layer storing int8 for it); the weights and the arithmetic stay float.
     """
+    xs = None
+    if x_scale is not None:
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.int8:
+            raise ValueError(f"x_scale is given: x must hold int8 codes, got {getattr(x, 'dtype', type(x))}")
+        xs = check_scale("x_scale", x_scale, x.device)
+        check_zero_point("x_zero_point", x_zero_point)
+    elif x_zero_point != 0:
+        raise ValueError("x_zero_point applies to int8 x: give x_scale too")
+    elif isinstance(x, torch.Tensor) and x.dtype == torch.int8:
+        raise ValueError("x holds int8 codes: give x_scale (and x_zero_point), or use conv2d_int8")
     g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
-                  int8_out=out_scale is not None)
+                  int8_out=out_scale is not None, int8_in=xs is not None)
     if isinstance(config, ConvConfig) and config.f16_mma:
         raise ValueError("config: f16_mma (int8 operands on fp16 tensor cores) is a conv2d_int8 tiling")
     os_ = None
@@ -918,7 +946,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = torch.empty(g.out_shape, dtype=weight.dtype if os_ is None else torch.int8, device=x.device,
                           memory_format=torch.channels_last)
     if not use_triton(x):
-        x = x.to(weight.dtype)  # (an image stem's fp32 x: the pack's cast)
+        # (an image stem's fp32 x: the pack's cast; int8 codes: dequantized in fp32, as the kernel's sums)
+        x = x.to(weight.dtype) if xs is None else (x.float() - x_zero_point) * xs
         y = ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
                                  groups=groups, activation=activation, residual=residual)
         out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
@@ -936,10 +965,10 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
-            x, wp, b_arg, r_arg, out, os_, None, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin, *x.stride(),
-            wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
+            x, wp, b_arg, r_arg, out, os_, None, xs, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,
+            *x.stride(), wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
             BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, QUANT_OUT=os_ is not None, OUT_ZERO=out_zero_point,
-            num_warps=cfg.num_warps)
+            QUANT_IN=xs is not None, IN_ZERO=x_zero_point, num_warps=cfg.num_warps)
         return out
 
     wp = _prepared(weight, groups, False)
