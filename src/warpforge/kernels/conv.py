@@ -1291,14 +1291,12 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
                          k_tile=g.cin_g if mode == MODE_TAPS else None, pointwise=pointwise_ok(g))
 
         cfg = tuner.choose(bucket, x.device, lambda c: launch(c, scratch), valid=fits)
+        base, key = cfg, bucket + (f"res:{res_dtype}", f"base:{_tag(cfg)}")  # the second tuner's key
         if narrow:
-            base = cfg
-            key = bucket + (f"res:{res_dtype}", f"base:{_tag(base)}")
             cfg = narrow_tuner.choose(key, x.device, lambda c: launch(c, scratch),
                                       valid=lambda c: c == base or fits(c))
         elif by_res:
-            base, dot_ok = cfg, residual.dtype in (torch.float16, torch.bfloat16, torch.int8)
-            key = bucket + (f"res:{str(residual.dtype).removeprefix('torch.')}", f"base:{_tag(base)}")
+            dot_ok = residual.dtype in (torch.float16, torch.bfloat16, torch.int8)
             cfg = res_tuner.choose(key, x.device, lambda c: launch(c, scratch),
                                    valid=lambda c: c == base or (c.persistent > 0 and (dot_ok or not c.res_dot)
                                                                  and fits(replace(c, res_dot=False))))
