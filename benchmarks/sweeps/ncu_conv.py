@@ -13,7 +13,7 @@ Cases (layer labels as in the kernels suite): the stem (fp16 only), a 3x3 stride
 largest group: 320 us of 1112 in session 10's sweep), a short-K 1x1 (persistent winner), a strided 1x1
 with long K (int8 37 us where cuDNN fp16 takes 25). Each int8 result is checked against the int8 reference
 (exact int32 accumulation: at most one step of requantization rounding apart) in the same run.
-``--depthwise``: MobileNetV2's depthwise convs, fp16 out against int8 out (DEPTHWISE).
+``--depthwise``: MobileNetV2's depthwise convs, fp16 out against int8 out and int8 in + out (DEPTHWISE).
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ def depthwise_cases(batch: int, dev: torch.device, gen: torch.Generator) -> list
         cases.append((f"fp16 {label}", la, lambda x=x, w=w, b=b, kw=kw: conv2d(x, w, b, **kw), None))
         cases.append((f"fp16 int8-out {label}", la, lambda x=x, w=w, b=b, kw=kw, sc=scale: conv2d(
             x, w, b, out_scale=sc, out_zero_point=-128, **kw), want_q))
+        # int8 in and out: the input as an int8 layer stores it (unsigned codes of [0, 6] after a ReLU6)
+        xq = (torch.round(x.float() / scale) - 128).clamp(-128, 127).to(torch.int8)
+        want_qq = ref.conv2d_reference((xq.float() + 128) * scale, w.float(), b.float(), **kw)
+        want_qq = (torch.round(want_qq / scale) - 128).clamp(-128, 127).to(torch.int8)
+        cases.append((f"int8-in int8-out {label}", la, lambda xq=xq, w=w, b=b, kw=kw, sc=scale: conv2d(
+            xq, w, b, x_scale=sc, x_zero_point=-128, out_scale=sc, out_zero_point=-128, **kw), want_qq))
     return cases
 
 
