@@ -47,7 +47,7 @@ from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
 from warpforge.kernels.matmul import _descriptor, _tma_arch_ok, matmul, num_sms, tma_layout
-from warpforge.kernels.quantize import check_scale, check_zero_point, f2i_rn, i2f_exact, round_to_int8
+from warpforge.kernels.quantize import MAGIC_F, MAGIC_I, check_scale, check_zero_point, f2i_rn, i2f_exact, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
@@ -512,11 +512,13 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
                            QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0,
                            DUAL_OUT: tl.constexpr = False, QUANT_IN: tl.constexpr = False,
-                           IN_ZERO: tl.constexpr = 0):
+                           IN_ZERO: tl.constexpr = 0, ALU_IN: tl.constexpr = True):
     # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT. QUANT_OUT: int8 out
     # at scale os_ptr (the next int8 layer's input quantizer, fused here). QUANT_IN: x holds int8 codes,
     # x = xs * (q - IN_ZERO): the taps sum (q - IN_ZERO) * w in fp32 (padding contributes 0, as a real zero
     # would), scaled once by xs before the epilogue (an int8 layer's int8 output read at 1 byte a value).
+    # ALU_IN: each code to fp32 with one integer and one float add (quantize.i2f_exact, the zero point folded
+    # into the float constant), not the conversion unit (16 per clock per SM on sm_90). Exact either way.
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_mask = offs_p < M
@@ -539,7 +541,11 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_
             xv = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + (ci * s_xc)[None, :], mask=x_ok, other=0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
             if QUANT_IN:  # the zero point subtracted where x exists (a masked other=IN_ZERO: see kernels/pool.py)
-                xf = tl.where(x_ok, xv.to(tl.float32) - IN_ZERO, 0.0)
+                if ALU_IN:
+                    xf = (xv.to(tl.int32) + MAGIC_I).to(tl.float32, bitcast=True) - (MAGIC_F + IN_ZERO)
+                else:
+                    xf = xv.to(tl.float32) - IN_ZERO
+                xf = tl.where(x_ok, xf, 0.0)
             else:
                 xf = xv.to(tl.float32)
             acc += xf * wv.to(tl.float32)[None, :]
@@ -760,6 +766,13 @@ def _is_prepared(weight: torch.Tensor, depthwise: bool) -> bool:
 # (_PREPARED: the kernel layout, tag = depthwise; _S2D_WEIGHTS: the space-to-depth weight), each entry made
 # once per (tensor, version) and dropped when the tensor is freed.
 _PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+# A 16-bit depthwise weight read as an fp32 copy (_DW_F32, one per weight): the kernel's fp32 taps then take
+# it without a conversion each (WARPFORGE_DW_FP32_WEIGHTS, on; =0 reads the weight as given, for
+# comparisons). Same values, same sums. DW_ALU_IN: int8 codes converted with integer and float adds
+# (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues). Module attributes, read at each call (the sweeps flip them).
+DW_FP32_WEIGHTS = env_flag("WARPFORGE_DW_FP32_WEIGHTS", default=True)
+DW_ALU_IN = env_flag("WARPFORGE_INT8_ALU_CVT", default=True)
+_DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 _S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
@@ -962,13 +975,15 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     if _is_depthwise(g.cin, g.cout, groups):
         wp = _prepared(weight, groups, True)
+        if DW_FP32_WEIGHTS and wp.dtype != torch.float32:  # the same values, no conversion per tap
+            wp = _cached_per_weight(_DW_F32, weight, "f32", lambda w: prepare_conv_weight(w.float(), groups))
         cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
             x, wp, b_arg, r_arg, out, os_, None, xs, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,
             *x.stride(), wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
             BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, QUANT_OUT=os_ is not None, OUT_ZERO=out_zero_point,
-            QUANT_IN=xs is not None, IN_ZERO=x_zero_point, num_warps=cfg.num_warps)
+            QUANT_IN=xs is not None, IN_ZERO=x_zero_point, ALU_IN=DW_ALU_IN, num_warps=cfg.num_warps)
         return out
 
     wp = _prepared(weight, groups, False)
