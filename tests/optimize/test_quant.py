@@ -256,10 +256,14 @@ def test_quantize_model_on_the_fused_graph():
     assert isinstance(gm.fc, QuantLinearW8A8) and isinstance(gm.grouped_0_fused, QuantConv2d)
     # unsigned: inputs after a ReLU/ReLU6 (stem -> conv1, relu -> conv2, dw's relu6 -> pw); SiLU's are signed
     assert {n for n, r in layers.items() if r.unsigned} == {"block_conv1_fused", "block_conv2_fused", "pw_0_fused"}
-    # int8 out where a quantized conv feeds only another one's input (conv2 feeds the float dw conv)
-    assert {n for n, r in layers.items() if r.int8_out} == {"block_conv1_fused", "pw_0_fused"}
-    assert gm.block_conv1_fused.out_scale is not None and gm.block_conv2_fused.out_scale is None
+    # int8 out where a quantized conv feeds only another one's input, or a float depthwise conv's
+    # (int8_depthwise_input: conv2 stores int8 at the dw conv's calibrated input scale)
+    assert {n for n, r in layers.items() if r.int8_out} == {"block_conv1_fused", "block_conv2_fused", "pw_0_fused"}
+    assert gm.block_conv1_fused.out_scale is not None and gm.block_conv2_fused.out_scale is not None
     assert gm.block_conv1_fused.out_zero_point == -128 and gm.pw_0_fused.out_zero_point == 0
+    assert torch.equal(gm.block_conv2_fused.out_scale, gm.dw_0_fused.act_scale)
+    assert gm.block_conv2_fused.out_zero_point == gm.dw_0_fused.act_zero_point == -128  # after a ReLU
+    assert {k.name for k in report.kept if k.int8_in} == {"dw_0_fused"}
     # the float depthwise conv quantizes pw's input in its own epilogue (unsigned: pw reads a ReLU6)
     assert {k.name for k in report.kept if k.int8_out} == {"dw_0_fused"}
     assert torch.equal(gm.dw_0_fused.out_scale, gm.pw_0_fused.act_scale) and gm.dw_0_fused.out_zero_point == -128
@@ -270,18 +274,58 @@ def test_quantize_model_on_the_fused_graph():
     assert _cosine(got, expect) > 0.999
     d = report.as_dict()
     assert [x["decision"] for x in d["layers"]] == ["int8"] * 5 and [x["decision"] for x in d["kept"]] == ["float"] * 2
-    assert "kept float: depthwise" in str(report) and "-> int8 out" in str(report)
+    assert "kept float: depthwise" in str(report) and "-> int8 out" in str(report) and "<- int8 in" in str(report)
 
 
 def test_fused_requantization_is_exact_on_cpu():
     """Storing int8 from the producer's epilogue quantizes the same fp32 value the consumer would."""
     _, gm_a, calib, held_out = _fused_graph(seed=3)
     _, gm_b, _, _ = _fused_graph(seed=3)
-    quantize_model(gm_a, calib, requant=True)
+    quantize_model(gm_a, calib, requant=True, int8_depthwise_input=False)
     _, rep_b = quantize_model(gm_b, calib, requant=False)
     assert not any(r.int8_out for r in rep_b.layers)
     with torch.no_grad():
         assert torch.equal(gm_a(held_out), gm_b(held_out))
+
+
+def test_int8_depthwise_input():
+    """The float depthwise conv reads the int8 codes of the int8 conv before it: exactly the float conv on
+    those codes dequantized; off, or with that producer kept float, it reads float as before."""
+    from warpforge.optimize.passes.fuse_conv import FusedConv2d
+
+    model, gm_on, calib, held_out = _fused_graph(seed=5)
+    _, gm_off, _, _ = _fused_graph(seed=5)
+    _, gm_skip, _, _ = _fused_graph(seed=5)
+    _, rep_on = quantize_model(gm_on, calib, int8_depthwise_input=True)
+    _, rep_off = quantize_model(gm_off, calib, int8_depthwise_input=False)
+    _, rep_skip = quantize_model(gm_skip, calib, int8_depthwise_input=True, skip=("block_conv2_fused",))
+    assert gm_off.dw_0_fused.act_scale is None and gm_off.block_conv2_fused.out_scale is None
+    assert not any(k.int8_in for k in rep_off.kept)
+    # the producer kept float: nothing quantized for the depthwise conv (no error added to a float path)
+    assert gm_skip.dw_0_fused.act_scale is None and not any(k.int8_in for k in rep_skip.kept)
+    dw_in = {}
+    gm_on.dw_0_fused.register_forward_pre_hook(lambda m, args: dw_in.setdefault("x", args[0]))
+    with torch.no_grad():
+        expect, on, off = model(held_out), gm_on(held_out), gm_off(held_out)
+    x = dw_in["x"]
+    assert x.dtype == torch.int8 and int(x.min()) >= -128 and int(x.max()) > 0
+    dw = gm_on.dw_0_fused
+    ref = FusedConv2d(nn.Conv2d(dw.weight.shape[0], dw.weight.shape[0], 3, padding=dw.padding, groups=dw.groups,
+                                bias=dw.bias is not None), dw.activation, False)
+    ref.weight, ref.bias = dw.weight, dw.bias
+    ref.out_scale, ref.out_zero_point = dw.out_scale, dw.out_zero_point  # (int8 out for pw, as before)
+    with torch.no_grad():
+        got = dw(x)
+        want = ref((x.float() - dw.act_zero_point) * dw.act_scale)
+    assert torch.equal(got, want)
+    # accuracy: the codes' error shows up in the producer's own per-layer error, and stays small end to end
+    err = {r.name: r.rel_err for r in rep_on.layers}
+    err_off = {r.name: r.rel_err for r in rep_off.layers}
+    assert err["block_conv2_fused"] > err_off["block_conv2_fused"]
+    assert err["block_conv2_fused"] < 0.05
+    assert _cosine(on, expect) > 0.999 and _cosine(off, expect) > 0.999
+    with pytest.raises(ValueError, match="no act_scale"):
+        gm_off.dw_0_fused(x)
 
 
 def test_quantized_graph_on_the_triton_kernels_matches_the_references():

@@ -58,6 +58,10 @@ EQUALIZE_ENV = "WARPFORGE_INT8_EQUALIZE"
 # An image stem (stride 2 on <= 4 channels, 3x3 or more: conv2d_int8 runs it through space-to-depth and the
 # taps loop) quantized too, its input the network's image. Off until measured (accuracy and speed).
 INT8_STEM_ENV = "WARPFORGE_INT8_STEM"
+# A depthwise conv (kept float) reading int8 codes from the int8 conv before it (MobileNetV2's expand conv):
+# that conv stores int8 at the depthwise conv's calibrated input scale, half the bytes of the network's
+# largest tensors, and the depthwise kernel dequantizes in its fp32 sums (kernels.conv: x_scale).
+INT8_DW_INPUT_ENV = "WARPFORGE_INT8_DW_INPUT"
 
 
 def weight_bias_correction(q: nn.Module, w: torch.Tensor, groups: int, x_mean: torch.Tensor) -> torch.Tensor:
@@ -369,6 +373,7 @@ class KeptLayer:
     type: str
     reason: str
     int8_out: bool = False  # a float conv that stores int8 for the int8 layer it feeds
+    int8_in: bool = False  # a float depthwise conv that reads the int8 codes of the int8 conv before it
 
 
 @dataclass
@@ -385,8 +390,8 @@ class QuantReport:
                  f"{r.cosine:>9.6f}{'  unsigned' if r.unsigned else ''}"
                  f"{'  -> float + int8 out' if r.dual_out else '  -> int8 out' if r.int8_out else ''}"
                  for r in self.layers]
-        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}{'  -> int8 out' if k.int8_out else ''}"
-                 for k in self.kept]
+        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}{'  <- int8 in' if k.int8_in else ''}"
+                 f"{'  -> int8 out' if k.int8_out else ''}" for k in self.kept]
         if self.output_rel_err is not None:
             rows.append(f"model output: rel_err {self.output_rel_err:.2e}, cosine {self.output_cosine:.6f}")
         return "\n".join(rows)
@@ -502,11 +507,18 @@ def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> torch.Tensor:
                                       activation=q.activation, residual=r)
 
 
-def _int8_input_user(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | None:
-    """The QuantConv2d that ``user`` calls with n as its input x (and nowhere else), else None."""
+def _int8_input_user(user: fx.Node, n: fx.Node, modules: dict) -> nn.Module | None:
+    """The QuantConv2d that ``user`` calls with n as its input x (and nowhere else), else None. Or a float
+    depthwise FusedConv2d given an input scale (:func:`quantize_model`'s ``int8_depthwise_input``) when n
+    is a QuantConv2d's output: the depthwise conv reads that layer's int8 codes, whose quantization error
+    the QuantConv2d's per-layer error then counts (and the fallback, keeping it float, removes)."""
     b = modules.get(user.target) if user.op == "call_module" else None
-    if (isinstance(b, QuantConv2d) and user.args and user.args[0] is n and n not in user.args[1:]
-            and not user.kwargs):
+    if not (user.args and user.args[0] is n and n not in user.args[1:] and not user.kwargs):
+        return None
+    if isinstance(b, QuantConv2d):
+        return b
+    a = modules.get(n.target) if n.op == "call_module" else None
+    if isinstance(b, FusedConv2d) and getattr(b, "act_scale", None) is not None and isinstance(a, QuantConv2d):
         return b
     return None
 
@@ -596,7 +608,8 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
             changed = True
             continue
         if not isinstance(a, (QuantConv2d, FusedConv2d)) or calls[id(a)] != 1 or a.out_scale is not None:
-            if len(readers) > 1 and n.op != "placeholder":
+            if len(readers) > 1 and n.op != "placeholder" and all(
+                    isinstance(modules[u.target], QuantConv2d) for u in readers):
                 # Any other producer (a max pool): one quantize kernel for all the readers, not one each.
                 # A module, not a call_function node: a pickled GraphModule is re-traced on load, through
                 # functions but not into modules.
@@ -664,7 +677,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                    linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
                    min_channels: int = 16, int8_residual: bool | None = None,
                    bias_correction: bool | None = None, equalize: bool | None = None,
-                   int8_stem: bool | None = None) -> tuple[nn.Module, QuantReport]:
+                   int8_stem: bool | None = None,
+                   int8_depthwise_input: bool | None = None) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
@@ -681,6 +695,10 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     residual streams (optimize/equalize.py; exact in float), for the per-tensor scales of their readers.
     ``int8_stem`` (default: WARPFORGE_INT8_STEM, off): an image stem (stride 2 on <= 4 channels, 3x3+) runs
     int8 too, its input (the image) quantized (kernels: space-to-depth, then the taps loop).
+    ``int8_depthwise_input`` (default: WARPFORGE_INT8_DW_INPUT, on; FX graphs with ``requant``): a depthwise
+    FusedConv2d, kept float, whose input an int8 conv produces reads it as int8 codes at the depthwise
+    conv's own calibrated input scale (the int8 conv's epilogue quantizing for it; the report's kept entry
+    says ``int8_in``).
     Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
     runs in eval mode under no_grad; each module's mode is restored.
     """
@@ -692,6 +710,9 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
         equalize = env_flag(EQUALIZE_ENV)
     if int8_stem is None:
         int8_stem = env_flag(INT8_STEM_ENV)
+    if int8_depthwise_input is None:
+        int8_depthwise_input = env_flag(INT8_DW_INPUT_ENV, default=True)
+    int8_depthwise_input = int8_depthwise_input and requant and isinstance(model, fx.GraphModule)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
@@ -699,6 +720,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     report = QuantReport()
     parents = {child: parent for parent in model.modules() for child in parent.children()}
     plan: dict[nn.Module, str] = {}
+    dw_plan: dict[nn.Module, str] = {}  # int8_depthwise_input: float depthwise convs whose input is observed
     seen: set[nn.Module] = set()
     for name, m in model.named_modules():  # named_modules yields a shared module once, under its first name
         kind = _kind(m)
@@ -710,6 +732,9 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             plan[m] = name
         else:
             report.kept.append(KeptLayer(name, type(m).__name__, reason))
+            if (int8_depthwise_input and name not in skip and isinstance(m, FusedConv2d)
+                    and reason.startswith("depthwise")):
+                dw_plan[m] = name
     if not plan:
         return model, report
     if equalize and isinstance(model, fx.GraphModule):
@@ -724,7 +749,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     try:
         with torch.no_grad():
             # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
-            observers = {m: make_observer(observer) for m in plan}
+            observers = {m: make_observer(observer) for m in (*plan, *dw_plan)}
             called: set[nn.Module] = set()
             nonneg: dict[nn.Module, bool] = {}
             # the residual inputs too (int8_residual): a shortcut conv's output gets its scale from these
@@ -734,9 +759,12 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             x_sums: dict[nn.Module, list] = {}  # bias_correction: per input channel [sum, count]
 
             def observe_hook(m, args):
-                x = _layer_input(plan[m], m, args, at[0])
+                x = _layer_input(plan.get(m, dw_plan.get(m)), m, args, at[0])
                 observers[m].observe(x)
                 called.add(m)
+                if m in dw_plan:  # a float depthwise conv: its input's scale and sign, nothing else
+                    nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
+                    return
                 if bias_correction:
                     xf = x.detach().float()
                     part = (xf.reshape(-1, xf.shape[-1]).sum(0), xf.numel() // xf.shape[-1]) if isinstance(
@@ -749,7 +777,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                     res_obs[m].observe(args[1])
                     res_nonneg[m] = res_nonneg.get(m, True) and bool((args[1] >= 0).all())
 
-            handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
+            handles = [m.register_forward_pre_hook(observe_hook) for m in (*plan, *dw_plan)]
             ref_outputs = _run(model, calib_inputs, at)
             for h in handles:
                 h.remove()
@@ -761,6 +789,12 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
+            for m in dw_plan:  # the input scale an int8 producer stores at (used only if one does)
+                if m in called:
+                    if nonneg.get(m, False):
+                        observers[m].levels = 2 * INT8_MAX + 1
+                    m.act_scale = torch.tensor([observers[m].scale()], dtype=torch.float32, device=m.weight.device)
+                    m.act_zero_point = -128 if nonneg.get(m, False) else 0
             for m, (total, count) in x_sums.items():
                 q = quant[m]
                 corr = weight_bias_correction(q, m.weight, getattr(m, "groups", 1), total / max(count, 1))
@@ -787,8 +821,18 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 y = (out.float() - q.out_zero_point) * q.out_scale if out.dtype == torch.int8 else out
                 stats[q].add(y, ref)
 
+            dw_int8: set[nn.Module] = set()  # the depthwise convs that read int8 codes in the int8 model
+
+            def dw_hook(m, args):
+                if args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.int8:
+                    dw_int8.add(m)
+
             handles = [q.register_forward_hook(error_hook) for q in quant.values()]
+            handles += [m.register_forward_pre_hook(dw_hook) for m in dw_plan]
             q_outputs = _run(new_model, calib_inputs, at)
+            for m in dw_plan:
+                if m not in dw_int8:  # its producer stayed float: no input scale to carry
+                    m.act_scale, m.act_zero_point = None, 0
     finally:
         for h in handles:
             h.remove()
@@ -799,6 +843,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
 
     for k in report.kept:
         k.int8_out = bool(k.name) and new_model.get_submodule(k.name) in int8_out
+        k.int8_in = bool(k.name) and new_model.get_submodule(k.name) in dw_int8
     for m, name in plan.items():
         q, obs = quant[m], observers[m]
         report.layers.append(LayerQuantReport(

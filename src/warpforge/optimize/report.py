@@ -267,8 +267,9 @@ def to_html(report: dict[str, Any]) -> str:
         rows = [[e(x["name"]), e(x["type"]), "int8" + (" unsigned" if x.get("unsigned") else "")
                  + (" &rarr; int8 out" if x.get("int8_out") else ""), e(x["observer"]), _f(x["act_scale"], "{:.4g}"),
                  _f(x["rel_err"], "{:.2e}"), ""] for x in q.get("layers", [])]
-        rows += [[e(k["name"]), e(k["type"]), e(q.get("float_dtype", "float")), "", "", "", e(k["reason"])]
-                 for k in q.get("kept", [])]
+        rows += [[e(k["name"]), e(k["type"]), e(q.get("float_dtype", "float"))
+                  + (" &larr; int8 in" if k.get("int8_in") else "") + (" &rarr; int8 out" if k.get("int8_out") else ""),
+                  "", "", "", e(k["reason"])] for k in q.get("kept", [])]
         parts.append(f"<h2>INT8 quantization ({e(q['candidate'])})</h2><p>Calibrated on {q.get('calib_batches')} "
                      f"batch(es) with the {e(str(q.get('observer')))} observer; calibration output error: rel "
                      f"{_f(q.get('output_rel_err'), '{:.2e}')}, cosine {_f(q.get('output_cosine'), '{:.6f}')}.</p>"
