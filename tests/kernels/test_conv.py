@@ -250,18 +250,20 @@ def test_cpu_dispatch_without_force_runs_reference():
         _dispatch._forced = prev
 
 
-def _run_int8_in(device, dtype, n, c, h, w, mult, k, s, p, act, res, int8_out):
-    """A depthwise conv reading int8 codes (conv2d's x_scale, unsigned as after a ReLU6), fp out or int8 out,
-    against the float64 reference on the dequantized codes."""
+def _run_int8_in(device, dtype, n, c, h, w, mult, k, s, p, act, res, int8_out, per_channel=False):
+    """A depthwise conv reading int8 codes (conv2d's x_scale, unsigned as after a ReLU6; per_channel: a scale
+    per input channel), fp out or int8 out, against the float64 reference on the dequantized codes."""
     gen = torch.Generator().manual_seed(n * 1000 + c * 10 + k)
     q = torch.randint(-128, 128, (n, c, h, w), generator=gen, dtype=torch.int8).to(device).to(memory_format=CL)
     xs, zero = torch.tensor([0.0235], device=device), -128
+    if per_channel:  # scales 0.005 .. 0.05: channel c's codes must meet scale c, not a neighbour's
+        xs = (0.005 + 0.045 * torch.rand(c, generator=gen)).to(device)
+    x64 = (q.double() - zero) * xs.double().reshape(1, -1, 1, 1)
     cout = c * mult
     wt = (torch.randn(cout, 1, k, k, generator=gen) / k).to(device, dtype)
     b = torch.randn(cout, generator=gen).to(device, dtype)
     oh, ow = _out_hw(h, w, k, s, p, 1)
     r = torch.randn(n, cout, oh, ow, generator=gen).to(device, dtype).to(memory_format=CL) if res else None
-    x64 = (q.double() - zero) * xs.double()
     want = ref.conv2d_reference(x64, wt, b, stride=s, padding=p, groups=c, activation=act, residual=r,
                                 compute_dtype=F64)
     os_ = torch.tensor([0.05], device=device) if int8_out else None
@@ -284,9 +286,10 @@ INT8_IN_CASES = [  # n, c, h, w, channel multiplier, k, stride, pad, act, residu
 ]
 
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
 @pytest.mark.parametrize("case", INT8_IN_CASES, ids=str)
-def test_depthwise_reads_int8_codes(case):
-    _run_int8_in("cpu", torch.float16, *case)
+def test_depthwise_reads_int8_codes(case, per_channel):
+    _run_int8_in("cpu", torch.float16, *case, per_channel=per_channel)
 
 
 def test_int8_x_is_for_depthwise_convs_with_a_scale():
@@ -302,14 +305,17 @@ def test_int8_x_is_for_depthwise_convs_with_a_scale():
         conv2d(q.half(), w, groups=8, padding=1, x_zero_point=3)
     with pytest.raises(ValueError, match="x_zero_point"):
         conv2d(q, w, groups=8, padding=1, x_scale=0.1, x_zero_point=300)
+    with pytest.raises(ValueError, match="per-channel scale must be float32"):
+        conv2d(q, w, groups=8, padding=1, x_scale=torch.full((7,), 0.1))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", INT8_IN_CASES + [(8, 96, 57, 55, 1, 3, 2, 1, "relu6", False, True),
                                                   (8, 144, 29, 31, 1, 3, 1, 1, "relu6", False, False)], ids=str)
-def test_gpu_depthwise_reads_int8_codes(dtype, case):
-    _run_int8_in("cuda", dtype, *case)
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_gpu_depthwise_reads_int8_codes(dtype, case, per_channel):
+    _run_int8_in("cuda", dtype, *case, per_channel=per_channel)
 
 
 # ---- GPU: ResNet-50 layer shapes, bf16, depthwise at MobileNet sizes --------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from warpforge.kernels import force_triton
+from warpforge.kernels import force_triton, reference
 from warpforge.optimize.quant import (MaxObserver, MSEObserver, PercentileObserver, QuantConv2d, QuantLinearW8A8,
                                       QuantReport, quantize_linears, quantize_model)
 
@@ -288,6 +288,14 @@ def test_fused_requantization_is_exact_on_cpu():
         assert torch.equal(gm_a(held_out), gm_b(held_out))
 
 
+def _grab(store: dict, key: str):
+    """A forward (pre-)hook keeping the first call's output (or input) under ``key``; returns None, so the
+    module's arguments and output are left as they are."""
+    def hook(m, args, *out):
+        store.setdefault(key, out[0] if out else args[0])
+    return hook
+
+
 def test_int8_depthwise_input():
     """The float depthwise conv reads the int8 codes of the int8 conv before it: exactly the float conv on
     those codes dequantized; off, or with that producer kept float, it reads float as before."""
@@ -304,7 +312,7 @@ def test_int8_depthwise_input():
     # the producer kept float: nothing quantized for the depthwise conv (no error added to a float path)
     assert gm_skip.dw_0_fused.act_scale is None and not any(k.int8_in for k in rep_skip.kept)
     dw_in = {}
-    gm_on.dw_0_fused.register_forward_pre_hook(lambda m, args: dw_in.setdefault("x", args[0]))
+    gm_on.dw_0_fused.register_forward_pre_hook(_grab(dw_in, "x"))
     with torch.no_grad():
         expect, on, off = model(held_out), gm_on(held_out), gm_off(held_out)
     x = dw_in["x"]
@@ -326,6 +334,79 @@ def test_int8_depthwise_input():
     assert _cosine(on, expect) > 0.999 and _cosine(off, expect) > 0.999
     with pytest.raises(ValueError, match="no act_scale"):
         gm_off.dw_0_fused(x)
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand + ReLU6 -> depthwise 3x3 + ReLU6 -> 1x1 project, after a stem; the
+    expand's output channels spread over 20x different ranges (as in the real network)."""
+
+    def __init__(self, c: int = 16, t: int = 3) -> None:
+        super().__init__()
+        from .nets import conv_bn_act
+
+        self.stem = conv_bn_act(3, c, 3, 2, act=nn.ReLU6())
+        self.expand = conv_bn_act(c, c * t, 1, act=nn.ReLU6())
+        self.dw = conv_bn_act(c * t, c * t, 3, 1, groups=c * t, act=nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(c * t, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.fc = nn.Linear(c, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.project(self.dw(self.expand(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def _inverted_residual_graph(seed: int = 0):
+    from warpforge.optimize.pipeline import optimize_graph
+
+    from .nets import image, make
+
+    model = make(_InvertedResidual(), seed=seed)
+    with torch.no_grad():  # channel c of the expand's output scaled by 0.05 .. 1
+        bn = model.expand[1]
+        bn.weight.mul_(torch.linspace(0.05, 1.0, bn.num_features))
+        bn.bias.mul_(torch.linspace(0.05, 1.0, bn.num_features))
+    gm, _ = optimize_graph(model, (image(n=2, hw=16),))
+    calib = [(image(n=8, hw=16, seed=s),) for s in (21, 22)]
+    return model, gm, calib, image(n=16, hw=16, seed=98)
+
+
+def test_int8_depthwise_input_per_channel(monkeypatch):
+    """A ReLU6 expand conv stores int8 at a scale per channel for the depthwise conv after it (scales folded
+    into its epilogue): the codes are each channel's quantization of the float expand output, and the expand's
+    error is smaller than at one scale for all channels."""
+    model, gm, calib, held_out = _inverted_residual_graph()
+    _, rep = quantize_model(gm, calib)
+    monkeypatch.setenv("WARPFORGE_INT8_DW_PER_CHANNEL", "0")
+    _, gm_t, _, _ = _inverted_residual_graph()
+    _, rep_t = quantize_model(gm_t, calib)
+    expand, dw = gm.expand_0_fused, gm.dw_0_fused
+    assert isinstance(expand, QuantConv2d) and expand.out_channel_scale is not None
+    assert dw.act_scale.shape == (48,) and dw.act_zero_point == -128 and torch.equal(expand.out_channel_scale, dw.act_scale)
+    assert gm_t.dw_0_fused.act_scale.shape == (1,) and gm_t.expand_0_fused.out_channel_scale is None
+    assert float(dw.act_scale.max()) > 5 * float(dw.act_scale.min())  # the ranges differ, so do the scales
+    seen = {}
+    dw.register_forward_pre_hook(_grab(seen, "q"))
+    model.expand.register_forward_hook(_grab(seen, "y"))
+    with torch.no_grad():
+        got, want = gm(held_out), model(held_out)
+    # the codes dequantized at their channel's scale against the float expand output: every channel close,
+    # the narrowest ones too (a scale for the whole tensor leaves them a few codes)
+    q, y = seen["q"], seen["y"].float()
+    assert q.dtype == torch.int8 and q.shape == y.shape
+    deq = (q.float() + 128) * dw.act_scale.reshape(1, -1, 1, 1)
+    per_c = nn.functional.cosine_similarity(deq.transpose(0, 1).flatten(1), y.transpose(0, 1).flatten(1), dim=1)
+    assert float(per_c[y.transpose(0, 1).flatten(1).abs().amax(1) > 0].min()) > 0.99
+    err = {r.name: r for r in rep.layers}
+    err_t = {r.name: r for r in rep_t.layers}
+    assert err["expand_0_fused"].rel_err < err_t["expand_0_fused"].rel_err
+    assert err["expand_0_fused"].cosine > 0.999
+    assert _cosine(got, want) > 0.999
+    with force_triton():  # the folded epilogue and the per-channel depthwise read on the kernels
+        got_k = gm(held_out[:2])
+    assert _cosine(got_k, got[:2]) > 0.9999
+    with pytest.raises(ValueError, match="set_channel_out"):
+        gm.expand_0_fused.set_channel_out(torch.full((48,), 1.0), -128)  # codes up to 255 > 6 for relu6
 
 
 def test_quantized_graph_on_the_triton_kernels_matches_the_references():

@@ -512,11 +512,14 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
                            QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0,
                            DUAL_OUT: tl.constexpr = False, QUANT_IN: tl.constexpr = False,
-                           IN_ZERO: tl.constexpr = 0, ALU_IN: tl.constexpr = True):
+                           IN_ZERO: tl.constexpr = 0, ALU_IN: tl.constexpr = True,
+                           XS_PER_C: tl.constexpr = False):
     # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT. QUANT_OUT: int8 out
     # at scale os_ptr (the next int8 layer's input quantizer, fused here). QUANT_IN: x holds int8 codes,
     # x = xs * (q - IN_ZERO): the taps sum (q - IN_ZERO) * w in fp32 (padding contributes 0, as a real zero
     # would), scaled once by xs before the epilogue (an int8 layer's int8 output read at 1 byte a value).
+    # XS_PER_C: xs holds one scale per channel (a depthwise conv's channels are independent, so each may
+    # have its own input scale; the producer quantized channel c at xs[c]).
     # ALU_IN: each code to fp32 with one integer and one float add (quantize.i2f_exact, the zero point folded
     # into the float constant), not the conversion unit (16 per clock per SM on sm_90). Exact either way.
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -550,7 +553,10 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_
                 xf = xv.to(tl.float32)
             acc += xf * wv.to(tl.float32)[None, :]
     if QUANT_IN:
-        acc = acc * tl.load(xs_ptr)
+        if XS_PER_C:
+            acc = acc * tl.load(xs_ptr + co // MULT, mask=c_mask, other=0.0)[None, :]
+        else:
+            acc = acc * tl.load(xs_ptr)
     _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, os_ptr, q_ptr, COUT,
                     HAS_BIAS, HAS_RES, ACT, False, QUANT_OUT, 0, OUT_ZERO, DUAL_OUT)
 
@@ -916,6 +922,17 @@ def _validate(x, weight, bias, stride, padding, dilation, groups, activation, re
     return geo
 
 
+def _check_channel_scale(name: str, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-channel scale: float32 [C] (C = x.shape[1]) on x's device; its values are not read here (they
+    stay on the device: a quantizer sets them once, positive, when it builds the model)."""
+    c = x.shape[1] if x.dim() == 4 else None
+    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.numel() != c:
+        raise ValueError(f"{name}: a per-channel scale must be float32 [C = {c}], got {scale.dtype} {tuple(scale.shape)}")
+    if scale.device != x.device:
+        raise ValueError(f"{name} must be on {x.device} (x's device), got {scale.device}")
+    return scale.contiguous()
+
+
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -933,13 +950,17 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     quantized as ``quantize_int8`` does with ``out_zero_point``: the next int8 layer's input quantizer
     fused into this epilogue (a depthwise conv feeding a ``conv2d_int8``). ``x_scale`` (one fp32 value,
     depthwise convs only): x holds int8 codes, ``x = x_scale * (x - x_zero_point)``, read at one byte a
-    value (an int8 layer storing int8 for it); the weights and the arithmetic stay float.
+    value (an int8 layer storing int8 for it); the weights and the arithmetic stay float. x_scale may
+    also be a float32 tensor [C], one scale per input channel.
     """
     xs = None
     if x_scale is not None:
         if not isinstance(x, torch.Tensor) or x.dtype != torch.int8:
             raise ValueError(f"x_scale is given: x must hold int8 codes, got {getattr(x, 'dtype', type(x))}")
-        xs = check_scale("x_scale", x_scale, x.device)
+        if isinstance(x_scale, torch.Tensor) and x_scale.numel() > 1:
+            xs = _check_channel_scale("x_scale", x_scale, x)
+        else:
+            xs = check_scale("x_scale", x_scale, x.device)
         check_zero_point("x_zero_point", x_zero_point)
     elif x_zero_point != 0:
         raise ValueError("x_zero_point applies to int8 x: give x_scale too")
@@ -960,7 +981,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                           memory_format=torch.channels_last)
     if not use_triton(x):
         # (an image stem's fp32 x: the pack's cast; int8 codes: dequantized in fp32, as the kernel's sums)
-        x = x.to(weight.dtype) if xs is None else (x.float() - x_zero_point) * xs
+        x = x.to(weight.dtype) if xs is None else (x.float() - x_zero_point) * xs.reshape(1, -1, 1, 1)
         y = ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
                                  groups=groups, activation=activation, residual=residual)
         out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
@@ -983,7 +1004,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             x, wp, b_arg, r_arg, out, os_, None, xs, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,
             *x.stride(), wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
             BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, QUANT_OUT=os_ is not None, OUT_ZERO=out_zero_point,
-            QUANT_IN=xs is not None, IN_ZERO=x_zero_point, ALU_IN=DW_ALU_IN, num_warps=cfg.num_warps)
+            QUANT_IN=xs is not None, IN_ZERO=x_zero_point, ALU_IN=DW_ALU_IN,
+            XS_PER_C=xs is not None and xs.numel() > 1, num_warps=cfg.num_warps)
         return out
 
     wp = _prepared(weight, groups, False)
