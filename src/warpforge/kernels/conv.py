@@ -734,11 +734,23 @@ class DepthwiseConfig:
             raise ValueError(f"DepthwiseConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
 
 
-def depthwise_config(cout: int) -> DepthwiseConfig:
-    """1K outputs per program (8 fp32 accumulators a thread: a 7x7 unrolled loop stays near 100
-    registers), channels the contiguous (vectorized) axis."""
-    bc = min(64, triton.next_power_of_2(cout))
-    return DepthwiseConfig(block_p=max(1, 1024 // bc), block_c=bc, num_warps=4)
+def depthwise_config(cout: int, int8_in: bool = False) -> DepthwiseConfig:
+    """Channels the contiguous (vectorized) axis, in blocks that divide Cout: 32 (16 where only that
+    divides it, as MobileNetV2's 144), 1K outputs per program (8 fp32 accumulators a thread: a 7x7
+    unrolled loop stays near 100 registers); int8 x: 2K (64 pixels x 32 channels).
+
+    Measured on the H200 (benchmarks/sweeps/depthwise_sweep.py, MobileNetV2 b32's 17 depthwise convs,
+    2026-12-04): the 64-channel blocks used before wasted a quarter of the lanes at 96 and 144 channels
+    (96 @112/2 fp16: 47.9 us against 42.1 in 32-channel blocks, 144 @56: 61.0 against 47.8 in 16s); sums
+    over the 17: fp16 301 -> 272 us, fp16 in int8 out 296 -> 263, int8 in and out 322 -> 281."""
+    if cout % 32 == 0:
+        bc = 32
+    elif cout % 16 == 0:
+        bc = 16
+    else:
+        bc = min(32, triton.next_power_of_2(cout))
+    total = 2048 if int8_in and bc == 32 else 1024
+    return DepthwiseConfig(block_p=max(1, total // bc), block_c=bc, num_warps=4)
 
 
 # ---- weight preparation ------------------------------------------------------------------------
@@ -773,10 +785,12 @@ def _is_prepared(weight: torch.Tensor, depthwise: bool) -> bool:
 # once per (tensor, version) and dropped when the tensor is freed.
 _PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 # A 16-bit depthwise weight read as an fp32 copy (_DW_F32, one per weight): the kernel's fp32 taps then take
-# it without a conversion each (WARPFORGE_DW_FP32_WEIGHTS, on; =0 reads the weight as given, for
-# comparisons). Same values, same sums. DW_ALU_IN: int8 codes converted with integer and float adds
-# (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues). Module attributes, read at each call (the sweeps flip them).
-DW_FP32_WEIGHTS = env_flag("WARPFORGE_DW_FP32_WEIGHTS", default=True)
+# it without a conversion each (WARPFORGE_DW_FP32_WEIGHTS=1). Same values, same sums. Off: on the H200 the
+# 17 fp16 depthwise convs of MobileNetV2 b32 took 301 us with it and 262 without (depthwise_sweep.py,
+# 2026-12-04; the fp32 weights' loads cost more than the conversions they save). DW_ALU_IN: int8 codes
+# converted with integer and float adds (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues; measured neutral
+# here: 322 us either way). Module attributes, read at each call (the sweeps flip them).
+DW_FP32_WEIGHTS = env_flag("WARPFORGE_DW_FP32_WEIGHTS")
 DW_ALU_IN = env_flag("WARPFORGE_INT8_ALU_CVT", default=True)
 _DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 _S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
@@ -998,7 +1012,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         wp = _prepared(weight, groups, True)
         if DW_FP32_WEIGHTS and wp.dtype != torch.float32:  # the same values, no conversion per tap
             wp = _cached_per_weight(_DW_F32, weight, "f32", lambda w: prepare_conv_weight(w.float(), groups))
-        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
+        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout, int8_in=xs is not None)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
             x, wp, b_arg, r_arg, out, os_, None, xs, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,

@@ -60,12 +60,15 @@ EQUALIZE_ENV = "WARPFORGE_INT8_EQUALIZE"
 INT8_STEM_ENV = "WARPFORGE_INT8_STEM"
 # A depthwise conv (kept float) reading int8 codes from the int8 conv before it (MobileNetV2's expand conv):
 # that conv stores int8 at the depthwise conv's calibrated input scale, half the bytes of the network's
-# largest tensors, and the depthwise kernel dequantizes in its fp32 sums (kernels.conv: x_scale).
+# largest tensors, and the depthwise kernel dequantizes in its fp32 sums (kernels.conv: x_scale). Off by
+# default: measured on the H200 (2026-12-04, git fdc0e24, real MobileNetV2 b32) it loses on both counts.
+# The int8-in depthwise kernel is not faster than the fp16-in one (17 convs: 322 against 296 us at the
+# default tiling, 281 against 263 at the best; converting codes costs more issue slots than the bytes
+# save), the expand convs gain 11 us, and the codes' error makes the accuracy fallback keep more layers
+# float (9 of 35 int8 instead of 14): int8 0.715 ms against 0.684 without it. A scale per channel (tried:
+# each channel's calibration max) was worse still: on 5 calibration photos the deep layers' channels clip
+# on other images (every layer int8: top-1 0.75 against 0.96).
 INT8_DW_INPUT_ENV = "WARPFORGE_INT8_DW_INPUT"
-# ... at a scale per channel (its largest value on the calibration inputs / 255: a depthwise conv's channels
-# are independent, and MobileNetV2's expand outputs span very different ranges per channel), where the
-# producer's epilogue allows it (QuantConv2d.set_channel_out); =0: one scale per tensor (the observer's).
-INT8_DW_CHANNEL_ENV = "WARPFORGE_INT8_DW_PER_CHANNEL"
 
 
 def weight_bias_correction(q: nn.Module, w: torch.Tensor, groups: int, x_mean: torch.Tensor) -> torch.Tensor:
@@ -292,30 +295,6 @@ class QuantConv2d(nn.Module):
         self.register_buffer("residual_scale", None)
         self.residual_zero_point = 0
         self.residual_calib: tuple[float, bool] | None = None  # (scale, unsigned) observed on the float model
-        # int8 out at a scale per output channel (set_channel_out): for a depthwise conv reading it
-        self.register_buffer("out_channel_scale", None)  # [Cout] fp32
-        self.register_buffer("channel_weight_scale", None)  # [Cout] weight_scale / out_channel_scale
-        self.register_buffer("channel_bias", None)  # [Cout] bias / out_channel_scale
-
-    def set_channel_out(self, scale: torch.Tensor, zero_point: int) -> None:
-        """Store int8 at ``scale[c]`` for output channel c (a depthwise conv reads it, each channel at its own
-        scale): 1 / scale[c] folds into the epilogue's weight scales and bias, the kernel's out_scale 1. That
-        commutes with ReLU and with no activation; ReLU6 runs as ReLU, its clamp at 6 implied by the codes'
-        (each channel's largest code stands for 255 * scale[c] <= 6, checked here)."""
-        if self.activation not in (None, "relu", "relu6") or self.has_residual or getattr(self, "dual_out", False):
-            raise ValueError(f"set_channel_out: needs no residual, one output and activation None, relu or relu6, "
-                             f"got activation={self.activation}, residual={self.has_residual}")
-        scale = scale.detach().float().reshape(-1).to(self.weight_scale.device)
-        if scale.numel() != self.weight_scale.numel():
-            raise ValueError(f"set_channel_out: expected {self.weight_scale.numel()} scales, got {scale.numel()}")
-        top = float((scale * (INT8_MAX - zero_point)).max())  # the largest value a code stands for
-        if self.activation == "relu6" and top > 6.0 * (1 + 1e-6):
-            raise ValueError(f"set_channel_out: relu6 with codes up to {top:.4g} > 6: the clamp would be lost")
-        self.out_channel_scale = scale.clone()
-        self.channel_weight_scale = self.weight_scale / scale
-        self.channel_bias = None if self.bias is None else self.bias / scale
-        self.out_scale = torch.ones(1, dtype=torch.float32, device=scale.device)
-        self.out_zero_point = zero_point
 
     def _out_shape(self, x: torch.Tensor) -> tuple[int, int, int, int]:
         kh, kw = self.weight_q.shape[2:]
@@ -344,12 +323,9 @@ class QuantConv2d(nn.Module):
                     raise ValueError("residual: an int8 residual reached a QuantConv2d with no residual_scale")
         dual = self.out_scale is not None and getattr(self, "dual_out", False)
         out_q = torch.empty(self._out_shape(x_q), dtype=torch.int8, device=x.device, memory_format=cl) if dual else None
-        w_scale, bias, act = self.weight_scale, self.bias, self.activation
-        if getattr(self, "out_channel_scale", None) is not None:  # int8 out at a scale per channel, folded
-            w_scale, bias, act = self.channel_weight_scale, self.channel_bias, "relu" if act == "relu6" else act
-        y = conv2d_int8(x_q, self.weight_q, self.act_scale, w_scale, bias, stride=self.stride,
+        y = conv2d_int8(x_q, self.weight_q, self.act_scale, self.weight_scale, self.bias, stride=self.stride,
                         padding=self.padding, dilation=self.dilation, groups=self.groups,
-                        activation=act, residual=residual, out_scale=self.out_scale,
+                        activation=self.activation, residual=residual, out_scale=self.out_scale,
                         out_dtype=None if self.out_scale is not None and not dual else out_dtype,
                         x_zero_point=self.act_zero_point, w_sum=self.weight_sum,
                         out_zero_point=self.out_zero_point, out_q=out_q, residual_scale=res_scale,
@@ -360,8 +336,6 @@ class QuantConv2d(nn.Module):
         out = "" if self.out_scale is None else (f", out_scale={float(self.out_scale):.4g} "
                                                  + ("(float and int8 out)" if getattr(self, "dual_out", False)
                                                     else "(int8 out)"))
-        if getattr(self, "out_channel_scale", None) is not None:
-            out = ", int8 out at a scale per channel"
         out += ", unsigned x" if self.act_zero_point else ""
         if getattr(self, "residual_scale", None) is not None:
             out += f", int8 residual at {float(self.residual_scale):.4g}"
@@ -619,8 +593,7 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
         for user in n.users:
             b = _int8_input_user(user, n, modules)
             if b is not None:
-                sc = float(b.act_scale) if b.act_scale.numel() == 1 else tuple(b.act_scale.tolist())
-                groups.setdefault((sc, b.act_zero_point), []).append(user)
+                groups.setdefault((float(b.act_scale), b.act_zero_point), []).append(user)
         a = modules.get(n.target) if n.op == "call_module" else None
         if not groups:
             # int8_residual: a conv read only as int8 layers' residual (a downsample shortcut), int8 or kept
@@ -660,12 +633,6 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
         if others and not isinstance(a, QuantConv2d):
             continue
         b = modules[readers[0].target]
-        if b.act_scale.numel() > 1:  # a depthwise reader's scale per channel (quantize_model checked a)
-            if others or not isinstance(a, QuantConv2d):
-                continue
-            a.set_channel_out(b.act_scale, b.act_zero_point)
-            fused.add(a)
-            continue
         a.out_scale, a.out_zero_point = b.act_scale.clone(), b.act_zero_point
         res = [_residual_reader(u, n, modules) for u in others] if int8_residual else []
         res_only = bool(res) and all(b is not None for b in res)
@@ -690,34 +657,6 @@ def _fuse_requant(gm: fx.GraphModule, int8_residual: bool = False) -> tuple[set[
         gm.graph.lint()
         gm.recompile()
     return fused, dual
-
-
-def _depthwise_input_scales(gm: fx.GraphModule, dw_plan: dict, called: set, observers: dict, amax: dict,
-                            nonneg: dict, per_channel: bool) -> None:
-    """Give each observed depthwise conv the scale its int8 producer would store its input at (used only if
-    one does, see _fuse_requant): per channel when the producer is a QuantConv2d read by it alone whose
-    epilogue allows it (QuantConv2d.set_channel_out), else the observer's one scale."""
-    modules = dict(gm.named_modules())
-    producer: dict[nn.Module, nn.Module | None] = {}
-    for n in gm.graph.nodes:
-        m = modules.get(n.target) if n.op == "call_module" else None
-        if m in dw_plan and n.args and isinstance(n.args[0], fx.Node):
-            p = n.args[0]
-            a = modules.get(p.target) if p.op == "call_module" else None
-            ok = (isinstance(a, QuantConv2d) and a.activation in (None, "relu", "relu6") and not a.has_residual
-                  and len(p.users) == 1)
-            producer[m] = a if ok and m not in producer else None  # (a module called twice: per tensor)
-    for m in dw_plan:
-        if m not in called:
-            continue
-        unsigned = nonneg.get(m, False)
-        levels = 2 * INT8_MAX + 1 if unsigned else INT8_MAX
-        if per_channel and producer.get(m) is not None:
-            m.act_scale = (amax[m].clamp_min(MIN_AMAX) / levels).to(m.weight.device)
-        else:
-            observers[m].levels = levels
-            m.act_scale = torch.tensor([observers[m].scale()], dtype=torch.float32, device=m.weight.device)
-        m.act_zero_point = -128 if unsigned else 0
 
 
 # ---- calibration and swap -----------------------------------------------------------------------
@@ -763,7 +702,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     residual streams (optimize/equalize.py; exact in float), for the per-tensor scales of their readers.
     ``int8_stem`` (default: WARPFORGE_INT8_STEM, off): an image stem (stride 2 on <= 4 channels, 3x3+) runs
     int8 too, its input (the image) quantized (kernels: space-to-depth, then the taps loop).
-    ``int8_depthwise_input`` (default: WARPFORGE_INT8_DW_INPUT, on; FX graphs with ``requant``): a depthwise
+    ``int8_depthwise_input`` (default: WARPFORGE_INT8_DW_INPUT, off; FX graphs with ``requant``): a depthwise
     FusedConv2d, kept float, whose input an int8 conv produces reads it as int8 codes at the depthwise
     conv's own calibrated input scale (the int8 conv's epilogue quantizing for it; the report's kept entry
     says ``int8_in``).
@@ -779,7 +718,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     if int8_stem is None:
         int8_stem = env_flag(INT8_STEM_ENV)
     if int8_depthwise_input is None:
-        int8_depthwise_input = env_flag(INT8_DW_INPUT_ENV, default=True)
+        int8_depthwise_input = env_flag(INT8_DW_INPUT_ENV)
     int8_depthwise_input = int8_depthwise_input and requant and isinstance(model, fx.GraphModule)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -818,7 +757,6 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
         with torch.no_grad():
             # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
             observers = {m: make_observer(observer) for m in (*plan, *dw_plan)}
-            dw_amax: dict[nn.Module, torch.Tensor] = {}  # per input channel, for a per-channel input scale
             called: set[nn.Module] = set()
             nonneg: dict[nn.Module, bool] = {}
             # the residual inputs too (int8_residual): a shortcut conv's output gets its scale from these
@@ -831,10 +769,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 x = _layer_input(plan.get(m, dw_plan.get(m)), m, args, at[0])
                 observers[m].observe(x)
                 called.add(m)
-                if m in dw_plan:  # a float depthwise conv: its input's scales and sign, nothing else
+                if m in dw_plan:  # a float depthwise conv: its input's scale and sign, nothing else
                     nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
-                    amax = x.detach().abs().amax((0, 2, 3)).float()
-                    dw_amax[m] = amax if m not in dw_amax else torch.maximum(dw_amax[m], amax)
                     return
                 if bias_correction:
                     xf = x.detach().float()
@@ -860,6 +796,12 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
+            for m in dw_plan:  # the input scale an int8 producer stores at (used only if one does)
+                if m in called:
+                    if nonneg.get(m, False):
+                        observers[m].levels = 2 * INT8_MAX + 1
+                    m.act_scale = torch.tensor([observers[m].scale()], dtype=torch.float32, device=m.weight.device)
+                    m.act_zero_point = -128 if nonneg.get(m, False) else 0
             for m, (total, count) in x_sums.items():
                 q = quant[m]
                 corr = weight_bias_correction(q, m.weight, getattr(m, "groups", 1), total / max(count, 1))
@@ -870,9 +812,6 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                         o.levels = 2 * INT8_MAX + 1
                     quant[m].residual_calib = (o.scale(), bool(unsigned and res_nonneg[m]))
             new_model: nn.Module = swap(model, quant)
-            if dw_plan:
-                _depthwise_input_scales(new_model, dw_plan, called, observers, dw_amax, nonneg,
-                                        env_flag(INT8_DW_CHANNEL_ENV, default=True))
             int8_out, dual_out = (_fuse_requant(new_model, int8_residual)
                                   if requant and isinstance(new_model, fx.GraphModule) else (set(), set()))
 
@@ -886,10 +825,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 if isinstance(out, tuple):  # dual_out: (float, int8) of the same y; judge the float one
                     out = out[0]
                 ref = _float_reference(floats[q], q, args)
-                y = out
-                if out.dtype == torch.int8:
-                    s = getattr(q, "out_channel_scale", None)
-                    y = (out.float() - q.out_zero_point) * (q.out_scale if s is None else s.reshape(1, -1, 1, 1))
+                y = (out.float() - q.out_zero_point) * q.out_scale if out.dtype == torch.int8 else out
                 stats[q].add(y, ref)
 
             dw_int8: set[nn.Module] = set()  # the depthwise convs that read int8 codes in the int8 model

@@ -74,7 +74,8 @@ class FusedConv2d(nn.Module):
         x_scale = getattr(self, "act_scale", None)
         return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, groups={self.groups}, "
                 f"activation={self.activation}, residual={self.has_residual}"
-                + ("" if x_scale is None else f", int8 x at {float(x_scale):.4g}"))
+                + ("" if x_scale is None else f", int8 x at {float(x_scale):.4g}" if x_scale.numel() == 1
+                   else ", int8 x at a scale per channel"))
 
 
 def _activation(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> str | None:
