@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
         variants = [("default", None, {})]  # conv2d's own choice: depthwise_config(c, int8_in)
         variants += [(f"p{cfg.block_p}c{cfg.block_c}w{cfg.num_warps}", cfg, {}) for cfg in configs(a.quick)]
-        variants += [("flip-f32w", None, {"DW_FP32_WEIGHTS": not conv_mod.DW_FP32_WEIGHTS}),
-                     ("no-alu", None, {"DW_ALU_IN": False})]
+        variants += [("flip-f32w", None, {"DW_FP32_WEIGHTS": "flip"}), ("no-alu", None, {"DW_ALU_IN": False})]
         for mode in MODES:
             in_b = n * hw * hw * c * (1 if mode.startswith("q8") else 2)
             out_b = n * oh * oh * c * (1 if mode.endswith("q8") else 2)
@@ -104,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "q8>f16" and vname not in ("default",):
                     continue
                 saved = {k: getattr(conv_mod, k) for k in flags}
-                for k, v in flags.items():
+                for k, v in flags.items():  # "flip": the fp32 weight copy where the default skips it, or back
+                    if v == "flip":
+                        v = not conv_mod._dw_fp32_weights(mode.startswith("q8"), mode.endswith("q8"))
                     setattr(conv_mod, k, v)
                 try:
                     fn = run(mode, cfg)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     for k, v in saved.items():
                         setattr(conv_mod, k, v)
-                used = cfg or depthwise_config(c, int8_in=mode.startswith("q8"))
+                used = cfg or depthwise_config(c, int8_in=mode.startswith("q8"), int8_out=mode.endswith("q8"))
                 rows.append({"shape": label, "c": c, "hw": hw, "stride": s, "count": count, "mode": mode,
                              "variant": vname, "config": [used.block_p, used.block_c, used.num_warps], "us": us,
                              "gbs": (in_b + out_b) / us / 1e3, "err": err})

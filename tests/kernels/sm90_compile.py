@@ -292,8 +292,8 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False, quant_in: boo
     """The depthwise conv (fp16, bias + relu6) at conv.depthwise_config(cout); quant_out: int8 out, unsigned
     (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate); quant_in: int8 x
     codes, unsigned (after an int8 expand conv's ReLU6)."""
-    cfg = conv.depthwise_config(cout, int8_in=quant_in)
-    sig = {"x_ptr": "*i8" if quant_in else "*fp16", "w_ptr": "*fp32" if conv.DW_FP32_WEIGHTS else "*fp16", "xs_ptr": "*fp32", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
+    cfg = conv.depthwise_config(cout, int8_in=quant_in, int8_out=quant_out)
+    sig = {"x_ptr": "*i8" if quant_in else "*fp16", "w_ptr": "*fp32" if conv._dw_fp32_weights(quant_in, quant_out) else "*fp16", "xs_ptr": "*fp32", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
            else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
                                                                    "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
                                                                    "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}

@@ -33,6 +33,7 @@ caches it per weight tensor (invalidated when the tensor changes in place or is 
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, fields, replace
 
@@ -734,22 +735,24 @@ class DepthwiseConfig:
             raise ValueError(f"DepthwiseConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
 
 
-def depthwise_config(cout: int, int8_in: bool = False) -> DepthwiseConfig:
+def depthwise_config(cout: int, int8_in: bool = False, int8_out: bool = False) -> DepthwiseConfig:
     """Channels the contiguous (vectorized) axis, in blocks that divide Cout: 32 (16 where only that
     divides it, as MobileNetV2's 144), 1K outputs per program (8 fp32 accumulators a thread: a 7x7
-    unrolled loop stays near 100 registers); int8 x: 2K (64 pixels x 32 channels).
+    unrolled loop stays near 100 registers); int8 x or int8 out: 2K (64 pixels x 32 channels).
 
     Measured on the H200 (benchmarks/sweeps/depthwise_sweep.py, MobileNetV2 b32's 17 depthwise convs,
     2026-12-04): the 64-channel blocks used before wasted a quarter of the lanes at 96 and 144 channels
     (96 @112/2 fp16: 47.9 us against 42.1 in 32-channel blocks, 144 @56: 61.0 against 47.8 in 16s); sums
-    over the 17: fp16 301 -> 272 us, fp16 in int8 out 296 -> 263, int8 in and out 322 -> 281."""
+    over the 17: fp16 301 -> 272 us, fp16 in int8 out 296 -> 263, int8 in and out 322 -> 281. With fp16
+    weights read as given (_dw_fp32_weights) fp16 is at 248 us, int8 in and out at 271 in 2K programs;
+    int8 out from fp16 x, 284 in 1K programs, 277 in 2K, 263 with fp32 weights (1K)."""
     if cout % 32 == 0:
         bc = 32
     elif cout % 16 == 0:
         bc = 16
     else:
         bc = min(32, triton.next_power_of_2(cout))
-    total = 2048 if int8_in and bc == 32 else 1024
+    total = 2048 if (int8_in or int8_out) and bc == 32 else 1024
     return DepthwiseConfig(block_p=max(1, total // bc), block_c=bc, num_warps=4)
 
 
@@ -785,14 +788,20 @@ def _is_prepared(weight: torch.Tensor, depthwise: bool) -> bool:
 # once per (tensor, version) and dropped when the tensor is freed.
 _PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 # A 16-bit depthwise weight read as an fp32 copy (_DW_F32, one per weight): the kernel's fp32 taps then take
-# it without a conversion each (WARPFORGE_DW_FP32_WEIGHTS=1). Same values, same sums. Off: on the H200 the
-# 17 fp16 depthwise convs of MobileNetV2 b32 took 301 us with it and 262 without (depthwise_sweep.py,
-# 2026-12-04; the fp32 weights' loads cost more than the conversions they save). DW_ALU_IN: int8 codes
-# converted with integer and float adds (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues; measured neutral
-# here: 322 us either way). Module attributes, read at each call (the sweeps flip them).
-DW_FP32_WEIGHTS = env_flag("WARPFORGE_DW_FP32_WEIGHTS")
+# it without a conversion each. Same values, same sums. Measured on the H200 (depthwise_sweep.py, MobileNetV2
+# b32's 17 depthwise convs, 2026-12-04): fp16 in and out 270 us with it, 248 without; fp16 in, int8 out
+# 263 with it, 284 without; int8 in 282 with, 271 without. So by default only for fp16 x with int8 out
+# (_dw_fp32_weights); WARPFORGE_DW_FP32_WEIGHTS=1 / =0 forces it. DW_ALU_IN: int8 codes converted with
+# integer and float adds (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues; 271 against 287 us with the
+# conversion unit). Module attributes, read at each call (the sweeps flip them).
+_f32w = os.environ.get("WARPFORGE_DW_FP32_WEIGHTS")
+DW_FP32_WEIGHTS: bool | None = None if _f32w in (None, "") else env_flag("WARPFORGE_DW_FP32_WEIGHTS")
 DW_ALU_IN = env_flag("WARPFORGE_INT8_ALU_CVT", default=True)
 _DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+
+def _dw_fp32_weights(int8_in: bool, int8_out: bool) -> bool:
+    return (int8_out and not int8_in) if DW_FP32_WEIGHTS is None else DW_FP32_WEIGHTS
 _S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
@@ -1009,10 +1018,11 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     geom = (*g.stride, *g.padding, *g.dilation)
 
     if _is_depthwise(g.cin, g.cout, groups):
+        int8_io = dict(int8_in=xs is not None, int8_out=os_ is not None)
         wp = _prepared(weight, groups, True)
-        if DW_FP32_WEIGHTS and wp.dtype != torch.float32:  # the same values, no conversion per tap
+        if _dw_fp32_weights(**int8_io) and wp.dtype != torch.float32:  # the same values, no conversion per tap
             wp = _cached_per_weight(_DW_F32, weight, "f32", lambda w: prepare_conv_weight(w.float(), groups))
-        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout, int8_in=xs is not None)
+        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout, **int8_io)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
             x, wp, b_arg, r_arg, out, os_, None, xs, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,
