@@ -738,21 +738,22 @@ class DepthwiseConfig:
 def depthwise_config(cout: int, int8_in: bool = False, int8_out: bool = False) -> DepthwiseConfig:
     """Channels the contiguous (vectorized) axis, in blocks that divide Cout: 32 (16 where only that
     divides it, as MobileNetV2's 144), 1K outputs per program (8 fp32 accumulators a thread: a 7x7
-    unrolled loop stays near 100 registers); int8 x or int8 out: 2K (64 pixels x 32 channels).
+    unrolled loop stays near 100 registers); int8 x: 2K (64 pixels x 32 channels).
 
     Measured on the H200 (benchmarks/sweeps/depthwise_sweep.py, MobileNetV2 b32's 17 depthwise convs,
     2026-12-04): the 64-channel blocks used before wasted a quarter of the lanes at 96 and 144 channels
     (96 @112/2 fp16: 47.9 us against 42.1 in 32-channel blocks, 144 @56: 61.0 against 47.8 in 16s); sums
     over the 17: fp16 301 -> 272 us, fp16 in int8 out 296 -> 263, int8 in and out 322 -> 281. With fp16
     weights read as given (_dw_fp32_weights) fp16 is at 248 us, int8 in and out at 271 in 2K programs;
-    int8 out from fp16 x, 284 in 1K programs, 277 in 2K, 263 with fp32 weights (1K)."""
+    int8 out from fp16 x, 284 in 1K programs, 277 in 2K, 263 with fp32 weights in 1K (kept: fp32 weights
+    in 2K programs were not measured)."""
     if cout % 32 == 0:
         bc = 32
     elif cout % 16 == 0:
         bc = 16
     else:
         bc = min(32, triton.next_power_of_2(cout))
-    total = 2048 if (int8_in or int8_out) and bc == 32 else 1024
+    total = 2048 if int8_in and bc == 32 else 1024
     return DepthwiseConfig(block_p=max(1, total // bc), block_c=bc, num_warps=4)
 
 
