@@ -799,11 +799,12 @@ _f32w = os.environ.get("WARPFORGE_DW_FP32_WEIGHTS")
 DW_FP32_WEIGHTS: bool | None = None if _f32w in (None, "") else env_flag("WARPFORGE_DW_FP32_WEIGHTS")
 DW_ALU_IN = env_flag("WARPFORGE_INT8_ALU_CVT", default=True)
 _DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+_S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
 def _dw_fp32_weights(int8_in: bool, int8_out: bool) -> bool:
+    """Whether a depthwise conv reads the fp32 copy of a 16-bit weight (see DW_FP32_WEIGHTS)."""
     return (int8_out and not int8_in) if DW_FP32_WEIGHTS is None else DW_FP32_WEIGHTS
-_S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
 def _cached_per_weight(cache: dict, weight: torch.Tensor, tag, make) -> torch.Tensor:

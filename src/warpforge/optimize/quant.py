@@ -792,14 +792,12 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 report.kept.append(KeptLayer(plan.pop(m), type(m).__name__, "not called on the calibration inputs"))
 
             # 2. Build the int8 layers; swap them in wherever each layer is held; fuse requantization.
-            for m in plan:
+            for m in (*plan, *dw_plan):
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
             for m in dw_plan:  # the input scale an int8 producer stores at (used only if one does)
                 if m in called:
-                    if nonneg.get(m, False):
-                        observers[m].levels = 2 * INT8_MAX + 1
                     m.act_scale = torch.tensor([observers[m].scale()], dtype=torch.float32, device=m.weight.device)
                     m.act_zero_point = -128 if nonneg.get(m, False) else 0
             for m, (total, count) in x_sums.items():
