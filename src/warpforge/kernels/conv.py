@@ -795,8 +795,8 @@ _PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 # (_dw_fp32_weights); WARPFORGE_DW_FP32_WEIGHTS=1 / =0 forces it. DW_ALU_IN: int8 codes converted with
 # integer and float adds (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues; 271 against 287 us with the
 # conversion unit). Module attributes, read at each call (the sweeps flip them).
-_f32w = os.environ.get("WARPFORGE_DW_FP32_WEIGHTS")
-DW_FP32_WEIGHTS: bool | None = None if _f32w in (None, "") else env_flag("WARPFORGE_DW_FP32_WEIGHTS")
+DW_FP32_WEIGHTS: bool | None = (env_flag("WARPFORGE_DW_FP32_WEIGHTS")
+                                if os.environ.get("WARPFORGE_DW_FP32_WEIGHTS", "").strip() else None)  # unset: auto
 DW_ALU_IN = env_flag("WARPFORGE_INT8_ALU_CVT", default=True)
 _DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 _S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
