@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "warpforge"
-PRODUCTS = {"llm", "optimize", "splat", "profile", "models", "cli", "demo"}
+PRODUCTS = {"llm", "serve", "optimize", "splat", "profile", "models", "cli", "demo"}
 LOWER = ["kernels", "hw", "bench"]
 # bench/suites/ measure the products (a suite runs warpforge.llm end to end against its peers), so they
 # may import them, inside their case functions; the core of bench (timing, records, store, runner) stays

@@ -13,7 +13,6 @@ import click
 OPTIMIZE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
 
 NOT_BUILT = {
-    "serve": "the OpenAI-compatible LLM server (a later issue)",
     "splat": "Gaussian-splatting render and training (a later issue)",
 }
 
@@ -153,6 +152,51 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
 
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
+
+
+@main.command()
+@click.argument("model")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port; the startup line says which).")
+@click.option("--api-key", default=None, envvar="WARPFORGE_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
+@click.option("--served-model-name", default=None, help="The name clients send as `model` (default: MODEL as given).")
+@click.option("--max-model-len", default=None, type=click.IntRange(min=2),
+              help="Longest prompt + output in tokens (default: the model's context).")
+@click.option("--max-num-seqs", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Sequences the engine runs at once.")
+@click.option("--max-queue", default=1024, show_default=True, type=click.IntRange(min=0),
+              help="Sequences that may wait beyond the running ones; past that, requests get 429 + Retry-After.")
+@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+              help="Weights and activations (auto: bfloat16 on a GPU, float32 on CPU).")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, type=click.Choice(["auto", "fp8"]),
+              help="KV-cache pages: the model's dtype, or fp8 (e4m3 with per-head scales).")
+@click.option("--chat-template", default=None, metavar="FILE",
+              help="A jinja chat template replacing the model's (needed for chat when the model has none).")
+@click.option("--shutdown-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds in-flight requests may run after SIGTERM / Ctrl-C before they are aborted.")
+@click.option("--access-log", is_flag=True, help="Log one line per HTTP request.")
+def serve(model: str, host: str, port: int, api_key: str | None, served_model_name: str | None,
+          max_model_len: int | None, max_num_seqs: int, max_queue: int, dtype: str, kv_cache_dtype: str,
+          chat_template: str | None, shutdown_grace: float, access_log: bool) -> None:
+    """Serve MODEL over the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+
+    MODEL is what `warpforge generate` takes: a Hugging Face checkpoint directory, a .gguf file, or
+    `gemma3-270m`. Streaming (server-sent events), n choices, logprobs, stop strings, seeds; vLLM's
+    extensions top_k, min_p, repetition_penalty, ignore_eos. Prometheus metrics at /metrics.
+
+    \b
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+    client.completions.create(model=MODEL, prompt="To be, or not", max_tokens=32)
+    """
+    from warpforge.serve.cli import cli_serve
+
+    sys.exit(cli_serve(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                       max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_queue=max_queue, dtype=dtype,
+                       kv_cache_dtype=kv_cache_dtype, chat_template=chat_template, shutdown_grace_s=shutdown_grace,
+                       access_log=access_log))
 
 
 @main.command()

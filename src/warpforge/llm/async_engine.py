@@ -103,6 +103,10 @@ class AsyncLLM:
     def has_unfinished(self) -> bool:
         return bool(self._pending or self._aborts or self.engine.has_unfinished())
 
+    def num_waiting(self) -> int:
+        """Requests accepted but not running yet: not yet handed to the engine, or in its waiting queue."""
+        return len(self._pending) + len(self.engine.scheduler.waiting)
+
     def _kick(self) -> None:
         if self.error is None and (self._task is None or self._task.done()):
             try:

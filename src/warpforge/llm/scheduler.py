@@ -83,6 +83,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the newest is last
         self._by_id: dict[object, Sequence] = {}
+        self.num_preemptions = 0  # since start (the server's preemption counter)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -135,6 +136,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)
 

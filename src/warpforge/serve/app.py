@@ -1,0 +1,377 @@
+"""The OpenAI-compatible HTTP API over one AsyncLLM: ``create_app(llm, config) -> FastAPI``.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics.
+Every error is OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``). A request is
+checked whole (body size, JSON, fields, model, prompt length, sampling values) before it is
+admitted; admission bounds the sequences in the server (``ServeConfig.max_in_flight``: beyond, 429
+with Retry-After), so a burst costs memory for at most that many. A client that disconnects has its
+sequences aborted (streams: Starlette cancels the response; non-streamed: a watcher on the ASGI
+receive channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from warpforge.serve.config import ServeConfig
+from warpforge.serve.metrics import CONTENT_TYPE, ServerMetrics
+from warpforge.serve.protocol import (APIError, ChatRequest, CompletionRequest, bad_request, chat_messages, check_n,
+                                      parse, sampling_kwargs)
+from warpforge.serve.serving import Job, Prompt
+
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait: about one batch's worth of decode steps
+_OUTCOMES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "not_found", 413: "too_large",
+             429: "rejected", 500: "error", 503: "error"}
+
+
+class ServerState:
+    """What the handlers share: the engine, the settings, the metrics, the admitted requests."""
+
+    def __init__(self, llm, config: ServeConfig):
+        self.llm, self.config = llm, config
+        self.tokenizer = llm.tokenizer
+        if config.chat_template is not None:
+            self.tokenizer.chat_template = config.chat_template
+            self.tokenizer.__dict__.pop("_template", None)  # the compiled template is cached on first use
+        self.metrics = ServerMetrics(llm)
+        self.max_model_len: int = llm.engine.config.max_model_len
+        self.vocab_size: int = llm.engine.model_config.vocab_size
+        self.jobs: dict[str, Job] = {}
+        self.num_seqs = 0  # sequences of the admitted jobs
+        self.draining = False
+        self.started = int(time.time())
+        self._token_text: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        s = self._token_text.get(token_id)
+        if s is None:
+            s = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return s
+
+    # ---- admission -------------------------------------------------------------------------------
+
+    def check_available(self) -> None:
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if self.llm.error is not None:
+            raise APIError(503, f"the engine failed and stopped: {self.llm.error}", code="engine_failed")
+
+    def admit(self, job: Job) -> None:
+        self.check_available()
+        k, cap = len(job.choices), self.config.max_in_flight
+        if k > cap:
+            raise bad_request(f"n x prompts: {k} sequences exceed what this server admits at once ({cap}: "
+                              f"--max-num-seqs + --max-queue)", param="n")
+        if self.num_seqs + k > cap:
+            raise APIError(429, f"the server is at capacity ({self.num_seqs} sequences running or waiting, limit "
+                           f"{cap}); retry after {RETRY_AFTER_S} s", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.num_seqs += k
+        self.jobs[job.id] = job
+
+    def release(self, job: Job) -> None:
+        if self.jobs.pop(job.id, None) is not None:
+            self.num_seqs -= len(job.choices)
+
+    def abort_all(self) -> None:
+        for job in list(self.jobs.values()):
+            for c in job.choices:
+                self.llm.abort(c.rid)
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new work; let admitted requests run up to ``grace_s``, then abort the rest (their
+        streams end with finish_reason "abort" and ``[DONE]``)."""
+        self.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.abort_all()
+
+    # ---- request checks --------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.config.model_name:
+            raise APIError(404, f"model: {model!r} does not exist; this server serves {self.config.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def check_length(self, ids: list[int], param: str) -> None:
+        if len(ids) + 1 > self.max_model_len:
+            raise bad_request(f"{param}: {len(ids)} tokens leave no room for a new token within the model's "
+                              f"context of {self.max_model_len} tokens", param=param, code="context_length_exceeded")
+
+    def max_tokens(self, prompts: list[Prompt], asked, param: str, default: int | None) -> int:
+        """``asked`` checked against the room each prompt leaves; None: ``default`` (None: all the room)."""
+        room = self.max_model_len - max(len(p.ids) for p in prompts)
+        if asked is None:
+            return room if default is None else min(default, room)
+        if isinstance(asked, int) and asked >= 1 and asked > room:
+            raise bad_request(f"{param}: {asked} new tokens after a prompt of {self.max_model_len - room} tokens "
+                              f"exceed the model's context of {self.max_model_len} tokens", param=param,
+                              code="context_length_exceeded")
+        return asked
+
+    def completion_prompts(self, prompt) -> list[Prompt]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt: expected a text, a list of texts, or token ids; got an empty list",
+                              param="prompt")
+        if all(isinstance(t, int) for t in prompt):
+            prompt = [prompt]
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                if not p:
+                    raise bad_request("prompt: expected a non-empty text, got ''", param="prompt")
+                out.append(Prompt(self.tokenizer.encode(p), p))
+            else:
+                bad = [t for t in p if not 0 <= t < self.vocab_size]
+                if bad or not p:
+                    raise bad_request(f"prompt: token ids must be in [0, {self.vocab_size}), got "
+                                      f"{bad[:4] if bad else 'an empty list'}", param="prompt")
+                out.append(Prompt(list(p), None))
+            self.check_length(out[-1].ids, "prompt")
+        return out
+
+
+def _sampling(kw: dict, names: dict[str, str]) -> dict:
+    """Check ``kw`` as SamplingParams does; its message names the field (renamed to the API's name)."""
+    from warpforge.llm.sampling import SamplingParams
+
+    try:
+        SamplingParams(**kw)
+    except ValueError as e:
+        field = str(e).split(":", 1)[0]
+        param = names.get(field, field)
+        raise bad_request(str(e).replace(field, param, 1), param=param) from None
+    return kw
+
+
+def _stream_flags(req) -> bool:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+    return bool(req.stream and req.stream_options is not None and req.stream_options.include_usage)
+
+
+def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
+    req = parse(CompletionRequest, body)
+    state.check_model(req.model)
+    check_n(req.n)
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo: not supported together with logprobs (prompt logprobs are not computed)",
+                          param="echo", code="unsupported_field")
+    include_usage = _stream_flags(req)
+    prompts = state.completion_prompts(req.prompt)
+    max_tokens = state.max_tokens(prompts, req.max_tokens, "max_tokens", default=16)
+    params = _sampling(sampling_kwargs(req, max_tokens, req.logprobs), {})
+    job = Job.build(state, "/v1/completions", state.config.model_name, prompts, req.n, params, chat=False,
+                    logprobs=req.logprobs, echo=req.echo, include_usage=include_usage)
+    return job, req.stream
+
+
+def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
+    import jinja2
+
+    req = parse(ChatRequest, body)
+    state.check_model(req.model)
+    check_n(req.n)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
+    include_usage = _stream_flags(req)
+    messages = chat_messages(req)
+    if state.tokenizer.chat_template is None:
+        raise bad_request("messages: this model has no chat template; start the server with --chat-template FILE "
+                          "or use /v1/completions", param="messages", code="no_chat_template")
+    try:
+        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except (ValueError, jinja2.TemplateError) as e:
+        raise bad_request(f"messages: the chat template refused them: {e}", param="messages") from None
+    prompt = Prompt(state.tokenizer.encode(text, add_special_tokens=False), None)
+    state.check_length(prompt.ids, "messages")
+    asked, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
+                   else (req.max_tokens, "max_tokens"))
+    max_tokens = state.max_tokens([prompt], asked, name, default=None)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = _sampling(sampling_kwargs(req, max_tokens, logprobs), {"max_tokens": name, "logprobs": "top_logprobs"})
+    job = Job.build(state, "/v1/chat/completions", state.config.model_name, [prompt], req.n, params, chat=True,
+                    logprobs=logprobs, include_usage=include_usage)
+    return job, req.stream
+
+
+# ---- HTTP plumbing -------------------------------------------------------------------------------
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object: over ``limit`` bytes -> 413 (the body is drained, not kept, so the
+    client reads the answer instead of a broken pipe), not JSON or not an object -> 400."""
+    length = request.headers.get("content-length", "")
+    too_large = APIError(413, f"request body: larger than the server's limit of {limit} bytes",
+                         code="request_too_large")
+    if length.isdigit() and int(length) > 16 * limit:
+        raise too_large  # not worth draining: the connection closes after the answer
+    body, size = bytearray(), 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            body += chunk
+    if size > limit:
+        raise too_large
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"request body: malformed JSON ({e})", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"request body: expected a JSON object, got {type(data).__name__}", code="invalid_json")
+    return data
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def until_disconnected(request: Request, coro):
+    """Run ``coro``; if the client disconnects first, cancel it (aborting its sequences) and raise ClientGone."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.ensure_future(coro)
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, APIError):
+                await work
+    if work.cancelled():
+        raise ClientGone
+    return work.result()
+
+
+class SSEResponse(StreamingResponse):
+    """A job's event stream. However the response ends (done, client gone, cancelled), the job's
+    streams are closed and the job leaves the admission count."""
+
+    def __init__(self, job: Job):
+        super().__init__(job.sse(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.body_iterator.aclose()
+            self.job.abandon()
+
+
+class _APIKey:
+    """ASGI middleware: every path but /health needs ``Authorization: Bearer <key>`` (compared in
+    constant time; the key is never logged or echoed)."""
+
+    def __init__(self, app, key: str, metrics: ServerMetrics):
+        self.app, self.key, self.metrics = app, b"Bearer " + key.encode(), metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, self.key):
+                self.metrics.requests.labels(_endpoint(scope["path"]), "unauthorized").inc()
+                e = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+def _endpoint(path: str) -> str:
+    return path if path in _ENDPOINTS else "other"
+
+
+def create_app(llm, config: ServeConfig) -> FastAPI:
+    """The API over ``llm`` (a :class:`warpforge.llm.AsyncLLM`). The caller owns the engine (and shuts
+    it down); ``app.state.server`` is the :class:`ServerState` (``drain`` for a graceful stop)."""
+    state = ServerState(llm, config)
+    app = FastAPI(title="warpforge", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    m = state.metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        m.requests.labels(_endpoint(request.url.path), _OUTCOMES.get(e.status_code, "bad_request")).inc()
+        code = "not_found" if e.status_code == 404 else None
+        return error_response(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code))
+
+    async def run(request: Request, endpoint: str, make) -> Response:
+        try:
+            state.check_available()
+            job, stream = make(state, await read_json(request, config.max_body_bytes))
+            state.admit(job)
+        except APIError as e:
+            m.requests.labels(endpoint, _OUTCOMES.get(e.status, "bad_request")).inc()
+            return error_response(e)
+        if stream:
+            return SSEResponse(job)
+        try:
+            return JSONResponse(await until_disconnected(request, job.collect()))
+        except APIError as e:  # counted by the job
+            return error_response(e)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; uvicorn drops it
+        finally:
+            job.abandon()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await run(request, "/v1/completions", completion_job)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await run(request, "/v1/chat/completions", chat_job)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        m.requests.labels("/v1/models", "ok").inc()
+        return JSONResponse({"object": "list", "data": [{
+            "id": config.model_name, "object": "model", "created": state.started, "owned_by": "warpforge",
+            "root": config.model or config.model_name, "max_model_len": state.max_model_len}]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            state.check_available()
+        except APIError as e:
+            m.requests.labels("/health", "error").inc()
+            return error_response(e)
+        m.requests.labels("/health", "ok").inc()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        m.requests.labels("/metrics", "ok").inc()
+        return Response(m.render(), media_type=CONTENT_TYPE)
+
+    if config.api_key is not None:
+        app.add_middleware(_APIKey, key=config.api_key, metrics=m)
+    return app

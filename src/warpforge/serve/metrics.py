@@ -1,0 +1,75 @@
+"""/metrics: the server's Prometheus series, in a registry of its own (one per app, so tests and
+several apps in one process never share counters).
+
+Request-side series are updated as requests run; engine-side gauges (running and waiting
+sequences, KV-cache use, prefix-cache hit rate, preemptions) are read from the engine at scrape
+time, so they are exact whenever Prometheus looks and cost nothing in between.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+PREFIX = "warpforge"
+# Latency buckets (seconds): sub-millisecond inter-token gaps up to minute-long requests.
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+            10.0, 20.0, 40.0, 80.0)
+_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _EngineCollector:
+    """Gauges and counters read from the engine when scraped (lengths of lists the engine thread
+    mutates: each read is atomic; the set of them is a snapshot within one step)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def collect(self):
+        engine = self.llm.engine
+        sched, bm = engine.scheduler, engine.block_manager
+        yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Sequences running in the engine (holding KV pages).",
+                                value=len(sched.running))
+        yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting",
+                                "Sequences accepted and waiting for the engine to start them.",
+                                value=self.llm.num_waiting())
+        yield GaugeMetricFamily(f"{PREFIX}_kv_cache_usage_perc",
+                                "Fraction of KV-cache pages in use (1 = full; cached free pages count as free).",
+                                value=1.0 - bm.num_free_pages / bm.num_pages)
+        queried = bm.prefix_queried_tokens
+        yield GaugeMetricFamily(f"{PREFIX}_prefix_cache_hit_rate",
+                                "Prompt tokens served from the prefix cache over prompt tokens looked up (0 before any).",
+                                value=bm.prefix_hit_tokens / queried if queried else 0.0)
+        yield CounterMetricFamily(f"{PREFIX}_num_preemptions", "Sequences preempted (KV pages freed, recomputed later).",
+                                  value=sched.num_preemptions)
+
+
+class ServerMetrics:
+    """Every series /metrics shows; ``render()`` is the scrape body."""
+
+    def __init__(self, llm):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and outcome (ok, bad_request, "
+                                "unauthorized, not_found, too_large, rejected, disconnected, aborted, error).",
+                                ["endpoint", "outcome"], registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
+                              "Request arrival to its first generated token.", buckets=_LATENCY, registry=r)
+        self.tpot = Histogram(f"{PREFIX}_time_per_output_token_seconds",
+                              "Per sequence: (last token - first token) / (output tokens - 1).", buckets=_LATENCY,
+                              registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Gap between successive outputs of one sequence.", buckets=_LATENCY, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request arrival to its last token.",
+                             buckets=_LATENCY, registry=r)
+        self.prompt_len = Histogram(f"{PREFIX}_request_prompt_tokens", "Prompt length of finished requests (tokens).",
+                                    buckets=_TOKENS, registry=r)
+        self.output_len = Histogram(f"{PREFIX}_request_generation_tokens",
+                                    "Output length of finished sequences (tokens).", buckets=_TOKENS, registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of sequences that started generating.",
+                                     registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r)
+        r.register(_EngineCollector(llm))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

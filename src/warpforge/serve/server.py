@@ -1,0 +1,131 @@
+"""Run the API: load the model (with progress), listen, serve until SIGTERM / Ctrl-C, stop gracefully.
+
+The port is bound before the model loads, so a port in use fails in a second instead of after the
+load. On the first SIGTERM or SIGINT the server stops accepting connections, lets in-flight requests
+run for ``shutdown_grace_s``, aborts what is left (streams end with finish_reason "abort" and
+``[DONE]``), shuts the engine down and exits 0. A second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from warpforge.serve.config import ServeConfig
+
+
+def say(msg: str) -> None:
+    print(f"warpforge serve: {msg}", file=sys.stderr, flush=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A bound (not yet listening) TCP socket; OSError names the address when it is taken."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def build_llm(config: ServeConfig):
+    """The AsyncLLM ``config`` describes, loaded with a progress line (a spinner on a terminal)."""
+    from rich.console import Console
+
+    from warpforge.llm.async_engine import AsyncLLM
+    from warpforge.llm.cli import resolve_model
+
+    path = resolve_model(config.model)
+    say(f"loading {config.model} (dtype {config.dtype}, kv cache {config.kv_cache_dtype}) ...")
+    t0 = time.perf_counter()
+    with Console(stderr=True).status(f"loading {config.model}", spinner="dots"):
+        llm = AsyncLLM(path, dtype=None if config.dtype == "auto" else config.dtype,
+                       max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                       kv_cache_dtype=config.kv_cache_dtype)
+    e, mc = llm.engine, llm.engine.model_config
+    bm = e.block_manager
+    say(f"loaded {mc.architecture} ({mc.num_layers} layers, hidden {mc.hidden_size}, vocab {mc.vocab_size}, "
+        f"{str(mc.dtype).replace('torch.', '')}) on {e.device} in {time.perf_counter() - t0:.1f} s; "
+        f"max_model_len {e.config.max_model_len}, {bm.num_pages} KV pages ({bm.num_pages * bm.page_size} tokens), "
+        f"max_num_seqs {e.config.max_num_seqs}, max_queue {config.max_queue}")
+    return llm
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server with our signal policy: the first SIGTERM/SIGINT drains (``on_signal``),
+        a second SIGINT forces; the signal is not re-raised after shutdown (uvicorn does that, which
+        would make the exit status 128 + signal instead of 0)."""
+
+        def __init__(self, config, on_signal: Callable[[], None], on_ready: Callable[[], None]):
+            super().__init__(config)
+            self.on_signal, self.on_ready = on_signal, on_ready
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            elif not self.should_exit:
+                self.should_exit = True
+                self.on_signal()
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                self.on_ready()
+
+    return Server
+
+
+def serve(config: ServeConfig, llm=None, sock: socket.socket | None = None) -> int:
+    """Serve until stopped; -> exit status. ``llm``/``sock`` are built from ``config`` when not given."""
+    import uvicorn
+
+    from warpforge.serve.app import create_app
+
+    sock = sock or bind(config.host, config.port)
+    llm = llm or build_llm(config)
+    app = create_app(llm, config)
+    state = app.state.server
+    host, port = sock.getsockname()[:2]
+    uv_config = uvicorn.Config(app, log_level="info" if config.access_log else "warning",
+                               access_log=config.access_log, lifespan="off",
+                               timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5, timeout_keep_alive=5)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            say(f"stopping: no new connections; in-flight requests have {config.shutdown_grace_s:g} s to finish")
+            loop.call_soon_threadsafe(lambda: loop.create_task(state.drain(config.shutdown_grace_s)))
+
+        def on_ready() -> None:
+            key = "API key required" if config.api_key else "no API key"
+            url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+            say(f"listening on {url} (model {config.model_name!r}, OpenAI API at {url}/v1, {key}); "
+                f"Ctrl-C to stop")
+
+        server = _server_class()(uv_config, on_signal, on_ready)
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            await llm.shutdown()
+
+    loop_factory = uv_config.get_loop_factory() if hasattr(uv_config, "get_loop_factory") else None
+    if loop_factory is not None and sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())
+    say("stopped")
+    return 0
