@@ -7,9 +7,11 @@ lives in ``engine_config.py``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +20,16 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file, or a ValueError naming the file and where it stops being JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not valid JSON (not UTF-8 text)") from None
 
 
 def to_dtype(dtype: torch.dtype | str | None, default: torch.dtype = torch.float32) -> torch.dtype:
@@ -122,17 +134,27 @@ class ModelConfig:
         missing = [k for k in _HF_REQUIRED if cfg.get(k) is None]
         if missing:
             raise ValueError(f"config.json: missing {', '.join(missing)}")
-        mtype = cfg.get("model_type", "")
-        gemma = mtype.startswith("gemma")
+        mtype = cfg.get("model_type") or HF_MODEL_TYPES[arch]
+        mtype = "gemma3_text" if mtype == "gemma3" else mtype
+        if mtype not in HF_DEFAULTS:
+            raise ValueError(f"config.json: model_type {mtype!r} does not match {arch} "
+                             f"(expected one of {sorted(HF_DEFAULTS)})")
+        defaults = HF_DEFAULTS[mtype]
+
+        def get(key: str):  # a key left out takes transformers' default for this model type
+            return cfg[key] if key in cfg else defaults[key]
+
+        gemma = mtype == "gemma3_text"
         if cfg.get("use_bidirectional_attention"):
             raise ValueError("config.json: use_bidirectional_attention is not a causal LM; not supported")
         heads = cfg["num_attention_heads"]
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        theta, scaling, local = _hf_rope(cfg, gemma)
-        window = cfg.get("sliding_window")
-        if mtype in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        head_dim = get("head_dim") or cfg["hidden_size"] // heads  # null: derived, as transformers does
+        theta, scaling, local = _hf_rope(cfg, defaults)
+        window = get("sliding_window")
+        if mtype in ("qwen2", "qwen3") and not get("use_sliding_window"):
             window = None
-        eos = cfg.get("eos_token_id")
+        eos = get("eos_token_id")
+        attention_bias = bool(get("attention_bias"))
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -140,29 +162,29 @@ class ModelConfig:
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            num_kv_heads=get("num_key_value_heads") or heads,
             head_dim=head_dim,
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=get("max_position_embeddings"),
+            rms_norm_eps=get("rms_norm_eps"),
             rope_theta=theta,
             rope_scaling=scaling,
             rope_local_theta=local,
-            hidden_act=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
-            qkv_bias=True if mtype == "qwen2" else bool(cfg.get("attention_bias", False)),
-            o_bias=False if mtype == "qwen2" else bool(cfg.get("attention_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=mtype in ("qwen3", "gemma3", "gemma3_text"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
+            hidden_act=get("hidden_activation") if gemma else get("hidden_act"),
+            qkv_bias=True if mtype == "qwen2" else attention_bias,
+            o_bias=False if mtype == "qwen2" else attention_bias,
+            mlp_bias=bool(get("mlp_bias")),
+            qk_norm=mtype in ("qwen3", "gemma3_text"),
+            tie_word_embeddings=bool(get("tie_word_embeddings")),
             sliding_window=window,
-            layer_types=_hf_layer_types(cfg, mtype, window),
-            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if gemma else None,
+            layer_types=_hf_layer_types(cfg, mtype, window, defaults),
+            query_pre_attn_scalar=get("query_pre_attn_scalar") if gemma else None,
             attn_logit_softcapping=None,  # HF's Gemma 3 ignores it; no supported family uses it
-            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            final_logit_softcapping=get("final_logit_softcapping"),
             norm_weight_offset=1.0 if gemma else 0.0,
             embed_scale=cfg["hidden_size"] ** 0.5 if gemma else None,
-            bos_token_id=cfg.get("bos_token_id"),
+            bos_token_id=get("bos_token_id"),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-            pad_token_id=cfg.get("pad_token_id"),
+            pad_token_id=get("pad_token_id"),
             dtype=to_dtype(dtype, to_dtype(cfg.get("dtype") or cfg.get("torch_dtype"))),
         )
 
@@ -237,41 +259,68 @@ class ModelConfig:
         )
 
 
+# Structural sizes have no default worth taking: transformers' describe one particular 7B model, and a
+# config.json without them is a mistake (the weights would not fit, after a 7B allocation).
 _HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _GGUF_REQUIRED = ("embedding_length", "block_count", "feed_forward_length", "attention.head_count")
 
+HF_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                  "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3_text"}
 
-def _hf_rope(cfg: Mapping[str, Any], gemma: bool) -> tuple[float, dict | None, float | None]:
+# What transformers takes for every other key a config.json leaves out: its config classes' field
+# defaults, per model_type (tests/llm/test_config_defaults.py checks each against AutoConfig.for_model).
+# head_dim / num_key_value_heads None: hidden_size // heads and the query head count, as transformers derives them.
+_COMMON = dict(num_key_value_heads=None, head_dim=None, hidden_act="silu", rms_norm_eps=1e-6, rope_theta=10000.0,
+               tie_word_embeddings=False, attention_bias=False, mlp_bias=False, sliding_window=None,
+               final_logit_softcapping=None, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+_QWEN = dict(_COMMON, num_key_value_heads=32, max_position_embeddings=32768, use_sliding_window=False,
+             sliding_window=4096, max_window_layers=28)
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(_COMMON, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+    "mistral": dict(_COMMON, num_key_value_heads=8, max_position_embeddings=131072, sliding_window=4096,
+                    bos_token_id=1, eos_token_id=2),
+    "qwen2": _QWEN,
+    "qwen3": dict(_QWEN, head_dim=128),
+    "gemma3_text": dict(_COMMON, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                        max_position_embeddings=131072, tie_word_embeddings=True, query_pre_attn_scalar=256,
+                        sliding_window=4096, sliding_window_pattern=6, rope_theta=1_000_000.0,
+                        rope_local_base_freq=10000.0, bos_token_id=2, eos_token_id=1, pad_token_id=0),
+}
+
+
+def _hf_rope(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[float, dict | None, float | None]:
     """(theta, scaling of full layers, theta of sliding layers) from either config.json style."""
     params = cfg.get("rope_parameters")
-    local = None
+    local = defaults.get("rope_local_base_freq")  # None: one rope base for every layer
     if params:
         if FULL in params or SLIDING in params:  # per layer type (Gemma 3 in transformers 5)
-            local = (params.get(SLIDING) or {}).get("rope_theta", 10000.0)
+            local = (params.get(SLIDING) or {}).get("rope_theta", local)
             params = params.get(FULL) or {}
-        theta = params.get("rope_theta", 1e6 if gemma else 10000.0)
+        theta = params.get("rope_theta", defaults["rope_theta"])
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     else:
-        theta = cfg.get("rope_theta", 1e6 if gemma else 10000.0)
+        theta = cfg.get("rope_theta", defaults["rope_theta"])
         scaling = dict(cfg.get("rope_scaling") or {})
-        if gemma:
-            local = cfg.get("rope_local_base_freq", 10000.0)
+        if local is not None:
+            local = cfg.get("rope_local_base_freq", local)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     return float(theta), (scaling if kind != "default" else None), (float(local) if local is not None else None)
 
 
-def _hf_layer_types(cfg: Mapping[str, Any], mtype: str, window: int | None) -> tuple[str, ...]:
+def _hf_layer_types(cfg: Mapping[str, Any], mtype: str, window: int | None,
+                    defaults: Mapping[str, Any]) -> tuple[str, ...]:
     n = cfg["num_hidden_layers"]
     if cfg.get("layer_types"):
         types = tuple(cfg["layer_types"])
         return types if window is not None else (FULL,) * n
-    if mtype.startswith("gemma3"):
-        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+    if mtype == "gemma3_text":
+        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or \
+            defaults["sliding_window_pattern"]
         return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(n))
     if window is None:
         return (FULL,) * n
     if mtype in ("qwen2", "qwen3"):
-        first = cfg.get("max_window_layers", n)
+        first = cfg.get("max_window_layers", defaults["max_window_layers"])
         return tuple(SLIDING if i >= first else FULL for i in range(n))
     return (SLIDING,) * n  # Mistral: one window for every layer
 

@@ -9,6 +9,7 @@ else is a ValueError naming the tensor.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from warpforge.llm.config import ModelConfig
+from warpforge.llm.config import ModelConfig, read_json
 from warpforge.llm.models import build_model
 from warpforge.llm.tokenizer import Tokenizer
 
@@ -39,11 +40,23 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, device: to
     ``dtype`` None: config.json's dtype for a directory, float32 for GGUF (its weights are dequantized).
     """
     path, device = Path(path), torch.device(device)
-    if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(path, dtype, device)
-    if path.is_dir():
-        return _load_hf_dir(path, dtype, device)
-    raise ValueError(f"{path}: expected an HF checkpoint directory or a .gguf file")
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+        raise ValueError(f"{path}: expected an HF checkpoint directory or a .gguf file")
+    try:
+        return _load_gguf(path, dtype, device) if path.is_file() else _load_hf_dir(path, dtype, device)
+    except ValueError as e:  # every refusal names the checkpoint it is about
+        if str(path) in str(e):
+            raise
+        raise ValueError(f"{path}: {e}") from None
+
+
+def check_shapes(config: ModelConfig, shapes: Iterator[tuple[str, tuple[int, ...]]], source: str) -> None:
+    """:func:`fill`'s name and shape checks against a model on the meta device, before anything is
+    allocated: a config that disagrees with its weights, or a size a corrupt file made huge, is a
+    ValueError naming the tensor instead of an allocation of that size."""
+    model = build_model(config, "meta")
+    with torch.inference_mode():
+        fill(model, ((name, torch.empty(shape, device="meta")) for name, shape in shapes), source)
 
 
 def fill(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> None:
@@ -83,12 +96,19 @@ def _load_hf_dir(path: Path, dtype, device: torch.device) -> Loaded:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ValueError(f"{path}: no config.json")
-    config = ModelConfig.from_hf(json.loads(cfg_file.read_text()), dtype=dtype)
+    cfg = read_json(cfg_file)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_file}: expected a JSON object, got {type(cfg).__name__}")
+    try:
+        config = ModelConfig.from_hf(cfg, dtype=dtype)
+    except ValueError as e:
+        raise ValueError(f"{cfg_file}: {e}") from None
     tokenizer = Tokenizer.from_dir(path)
     _eos_union(config, tokenizer)
     files = _weight_files(path)
     if not files:
         raise ValueError(f"{path}: no *.safetensors files (only safetensors checkpoints are supported)")
+    check_shapes(config, _safetensors_shapes(files), str(path))
     model = build_model(config, device)
     with torch.inference_mode():
         fill(model, _safetensors(files, device), str(path))
@@ -100,19 +120,50 @@ def _weight_files(path: Path) -> list[Path]:
     also ship a consolidated.safetensors in another naming, which must not be read too)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        return [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object")
+        files = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index}: names shard(s) that are not in {path}: {', '.join(missing[:4])}")
+        return files
     return sorted(path.glob("model*.safetensors")) or sorted(path.glob("*.safetensors"))
 
 
+@contextlib.contextmanager
+def _open_safetensors(f: Path, device: str = "cpu"):
+    """``safe_open`` with its errors (a truncated or damaged file) as a ValueError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        fh = safe_open(str(f), framework="pt", device=device)
+    except SafetensorError as e:
+        raise ValueError(f"{f}: not a readable safetensors file ({e}); truncated or corrupt?") from None
+    with fh:
+        yield fh
+
+
+def _safetensors_shapes(files: list[Path]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    for f in files:
+        with _open_safetensors(f) as fh:  # the header only: no tensor data is read
+            for name in fh.keys():
+                yield name, tuple(fh.get_slice(name).get_shape())
+
+
 def _safetensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError
 
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     for f in files:
-        with safe_open(str(f), framework="pt", device=str(device)) as fh:
+        with _open_safetensors(f, str(device)) as fh:
             for name in fh.keys():
-                yield name, fh.get_tensor(name)  # read onto `device` directly, one tensor at a time
+                try:
+                    tensor = fh.get_tensor(name)  # read onto `device` directly, one tensor at a time
+                except SafetensorError as e:
+                    raise ValueError(f"{f}: tensor {name!r} cannot be read ({e}); truncated or corrupt?") from None
+                yield name, tensor
 
 
 # ---- GGUF --------------------------------------------------------------------------------------
@@ -150,15 +201,20 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def _load_gguf(path: Path, dtype, device: torch.device) -> Loaded:
     gf = GGUFFile(path)
     arch = gf.meta.get("general.architecture")
-    config = ModelConfig.from_gguf(gf.meta, gf.tensors.keys(), dtype=dtype)
-    rows = gf.tensors["token_embd.weight"][1][0] if "token_embd.weight" in gf.tensors else config.vocab_size
-    if rows != config.vocab_size:  # the embedding, not the token list, sizes the model
-        config = dataclasses.replace(config, vocab_size=rows)
-    if "rope_freqs.weight" in gf.tensors:  # Llama 3.1 files carry the rope scaling as per-frequency factors
-        factors = tuple(float(f) for f in gf.tensor("rope_freqs.weight").reshape(-1))
-        config = dataclasses.replace(config, rope_freq_factors=factors)
-    tokenizer = Tokenizer.from_gguf(gf.meta)
+    try:
+        config = ModelConfig.from_gguf(gf.meta, gf.tensors.keys(), dtype=dtype)
+        rows = gf.tensors["token_embd.weight"][1][0] if "token_embd.weight" in gf.tensors else config.vocab_size
+        if rows != config.vocab_size:  # the embedding, not the token list, sizes the model
+            config = dataclasses.replace(config, vocab_size=rows)
+        if "rope_freqs.weight" in gf.tensors:  # Llama 3.1 files carry the rope scaling as per-frequency factors
+            factors = tuple(float(f) for f in gf.tensor("rope_freqs.weight").reshape(-1))
+            config = dataclasses.replace(config, rope_freq_factors=factors)
+        tokenizer = Tokenizer.from_gguf(gf.meta)
+    except (TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:  # metadata of the wrong kind
+        raise ValueError(f"{path}: GGUF metadata this loader cannot read ({type(e).__name__}: {e})") from None
     _eos_union(config, tokenizer)
+    check_shapes(config, ((gguf_to_hf_name(n, arch), gf.shape(n)) for n in gf.tensors if n != "rope_freqs.weight"),
+                 str(path))
     model = build_model(config, device)
 
     def tensors():
@@ -194,16 +250,33 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        size = self.path.stat().st_size
+        if size < 24:  # magic, version, tensor count, key/value count
+            raise ValueError(f"{self.path}: not a GGUF file ({size} bytes: empty or truncated)")
         with open(self.path, "rb") as f:
             self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._off = 0
         if self._buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file (bad magic)")
+            raise ValueError(f"{self.path}: not a GGUF file (bad magic)")
         self._off = 4
+        try:
+            self._read_header()
+        except (struct.error, OverflowError, ValueError, MemoryError, IndexError, UnicodeDecodeError) as e:
+            # Every length and count in the file is checked against the bytes left; whatever still
+            # fails on a damaged file is named here with the file and the offset, never as a bare struct.error.
+            if isinstance(e, ValueError) and str(e).startswith(str(self.path)):
+                raise
+            raise ValueError(f"{self.path}: corrupt GGUF file ({type(e).__name__}: {e}) "
+                             f"near byte {self._off} of {len(self._buf)}") from None
+
+    def _read_header(self) -> None:
+        path = self.path
         version = self._read("<I")
         if version not in (2, 3):
             raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
         n_tensors, n_kv = self._read("<Q"), self._read("<Q")
+        self._fits(n_kv, 12, "metadata entries")  # a key length, a value type and a value at least
+        self._fits(n_tensors, 24, "tensors")  # a name length, a dim count, a type and an offset at least
         self.meta: dict[str, Any] = {}
         for _ in range(n_kv):
             key = self._str()
@@ -211,12 +284,23 @@ class GGUFFile:
         infos = []
         for _ in range(n_tensors):
             name = self._str()
-            dims = [self._read("<Q") for _ in range(self._read("<I"))]
+            n_dims = self._read("<I")
+            if n_dims > 8:
+                raise ValueError(f"{path}: corrupt GGUF file: tensor {name!r} has {n_dims} dimensions")
+            dims = [self._read("<Q") for _ in range(n_dims)]
             infos.append((name, dims, self._read("<I"), self._read("<Q")))
         align = int(self.meta.get("general.alignment", 32))
+        if align < 1:
+            raise ValueError(f"{path}: corrupt GGUF file: general.alignment {align}")
         start = -(-self._off // align) * align
         # name -> (ggml type, torch-order shape, absolute offset)
         self.tensors = {n: (t, tuple(reversed(d)), start + o) for n, d, t, o in infos}
+
+    def _fits(self, count: int, min_bytes: int, what: str) -> None:
+        left = len(self._buf) - self._off
+        if count * min_bytes > left:
+            raise ValueError(f"{self.path}: corrupt GGUF file: {count} {what} announced at byte {self._off}, "
+                             f"but only {left} bytes follow")
 
     def _read(self, fmt: str):
         (v,) = struct.unpack_from(fmt, self._buf, self._off)
@@ -225,6 +309,7 @@ class GGUFFile:
 
     def _str(self) -> str:
         n = self._read("<Q")
+        self._fits(n, 1, "string bytes")
         s = self._buf[self._off:self._off + n].decode("utf-8", errors="replace")
         self._off += n
         return s
@@ -235,23 +320,47 @@ class GGUFFile:
         if vtype in self._SCALARS:
             return self._read(self._SCALARS[vtype])
         if vtype != 9:
-            raise ValueError(f"{self.path}: unknown GGUF value type {vtype}")
+            raise ValueError(f"{self.path}: corrupt GGUF file: unknown value type {vtype} at byte {self._off - 4}")
         etype, n = self._read("<I"), self._read("<Q")
         if etype in self._NUMPY:
+            self._fits(n, np.dtype(self._NUMPY[etype]).itemsize, "array elements")
             arr = np.frombuffer(self._buf, dtype=self._NUMPY[etype], count=n, offset=self._off)
             self._off += arr.nbytes
             return arr.tolist()
+        self._fits(n, 1, "array elements")
         return [self._value(etype) for _ in range(n)]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's torch-order shape, once its bytes are known to lie inside the file."""
+        return self._extent(name)[1]
+
+    def _extent(self, name: str):
+        """(ggml type, shape, offset, bytes) of a tensor, or a ValueError naming what is wrong with them."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        ttype, shape, off = self.tensors[name]
+        try:
+            qtype = GGMLQuantizationType(ttype)
+        except ValueError:
+            raise ValueError(f"{self.path}: tensor {name!r} has unknown ggml type {ttype}") from None
+        block, size = GGML_QUANT_SIZES[qtype]
+        if shape and shape[-1] % block:
+            raise ValueError(f"{self.path}: tensor {name!r} of shape {shape} is not whole {qtype.name} blocks "
+                             f"of {block} values")
+        nbytes = math.prod(shape) // block * size
+        if off + nbytes > len(self._buf):
+            raise ValueError(f"{self.path}: tensor {name!r} ({qtype.name}, shape {shape}) needs bytes "
+                             f"{off}..{off + nbytes}, past the end of the file ({len(self._buf)} bytes): "
+                             f"truncated or corrupt")
+        return qtype, shape, off, nbytes
 
     def tensor(self, name: str) -> np.ndarray:
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
         from gguf.quants import dequantize
 
-        ttype, shape, off = self.tensors[name]
-        qtype = GGMLQuantizationType(ttype)
+        qtype, shape, off, nbytes = self._extent(name)
         block, size = GGML_QUANT_SIZES[qtype]
-        n = math.prod(shape)
-        raw = np.frombuffer(self._buf, dtype=np.uint8, count=n // block * size, offset=off)
+        raw = np.frombuffer(self._buf, dtype=np.uint8, count=nbytes, offset=off)
         if qtype == GGMLQuantizationType.F32:
             return raw.view(np.float32).reshape(shape).copy()
         if qtype == GGMLQuantizationType.F16:

@@ -69,7 +69,10 @@ class Tokenizer:
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             raise ValueError(f"{path}: no tokenizer.json (only fast-tokenizer checkpoints are supported)")
-        backend = Backend.from_file(str(path / "tokenizer.json"))
+        try:
+            backend = Backend.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception on a bad file
+            raise ValueError(f"{path / 'tokenizer.json'}: not a readable tokenizer file ({e})") from None
         cfg = _read_json(path / "tokenizer_config.json")
         bos, eos = _token_str(cfg.get("bos_token")), _token_str(cfg.get("eos_token"))
         if "add_bos_token" in cfg or "add_eos_token" in cfg:  # explicit flags override tokenizer.json
@@ -177,7 +180,15 @@ class Tokenizer:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """An optional JSON object file ({} when absent); a ValueError naming the file when it is not one."""
+    from warpforge.llm.config import read_json
+
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _token_str(tok) -> str | None:
