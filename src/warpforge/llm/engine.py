@@ -45,6 +45,26 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def check_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a torch.device (None: CUDA when available, else the CPU), or a ValueError naming
+    what cannot run here (torch's own answer to a missing CUDA is a bare AssertionError later)."""
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} requested but CUDA is not available on this machine "
+                             f"(torch {torch.__version__}); use device='cpu' or leave device unset")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r} requested but this machine has {torch.cuda.device_count()} GPU(s)")
+    return dev
+
+
 class LLMEngine:
     """``LLMEngine(path | Loaded, engine_config, *, dtype, device)``.
 
@@ -57,10 +77,13 @@ class LLMEngine:
         from warpforge.llm.config import to_dtype
 
         if isinstance(model, (str, Path)):
+            from warpforge.llm.cli import GEMMA3_270M, resolve_model
             from warpforge.llm.loader import load
 
-            self.device = torch.device(device) if device is not None else default_device()
+            self.device = check_device(device)
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+            if str(model) == GEMMA3_270M:  # the name the CLI takes: the bundled GGUF, assembled once
+                model = resolve_model(GEMMA3_270M)
             model = load(model, dtype=dtype, device=self.device)
         else:  # already loaded: it runs where its weights are
             self.device = next(model[0].parameters()).device
@@ -218,7 +241,9 @@ class LLMEngine:
 class LLM:
     """Offline generation: ``LLM(path, dtype=..., max_model_len=..., **EngineConfig fields)``.
 
-    >>> llm = LLM("gemma-3-270m.gguf")
+    ``path``: an HF checkpoint directory, a .gguf file, or ``"gemma3-270m"`` (the bundled Gemma 3 270M).
+
+    >>> llm = LLM("gemma3-270m")
     >>> llm.generate(["To be, or not"], SamplingParams(max_tokens=32))[0].text
     """
 
@@ -233,6 +258,9 @@ class LLM:
         """One output per prompt, in order. A single prompt with bad input raises ValueError; in a
         list, a bad prompt gets an output with finish_reason "error" (and ``error``) and the
         others run."""
+        if not isinstance(prompts, (str, list, tuple)):
+            raise ValueError(f"prompts: expected a string, a list of token ids or a list of those, "
+                             f"got {type(prompts).__name__}")
         single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts)
                                               and all(isinstance(t, int) for t in prompts))
         prompts = [prompts] if single else list(prompts)
@@ -269,7 +297,10 @@ class LLM:
              *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate replies to conversations ([{"role": ..., "content": ...}, ...], or a list of them)
         through the tokenizer's chat template."""
-        single = bool(messages) and isinstance(messages[0], dict)
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError(f"messages: expected a list of {{'role': ..., 'content': ...}} dicts (or a list of "
+                             f"such lists), got {messages!r:.60}")
+        single = isinstance(messages[0], dict)
         convs = [messages] if single else list(messages)
         prompts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True) for c in convs]
         # The template writes the special tokens (BOS) itself: do not add them twice.

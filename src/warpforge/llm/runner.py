@@ -49,6 +49,13 @@ class ModelRunner:
         self.max_pages_per_seq = math.ceil(engine_config.max_model_len / self.page_size)
         self.sampler = Sampler(engine_config.seed)
         self.num_pages = engine_config.num_pages or self._default_num_pages()
+        if self.num_pages < self.max_pages_per_seq:
+            # Refused here, not found out mid-generation: a sequence that cannot get its next page
+            # would otherwise end early with finish "length".
+            raise ValueError(
+                f"num_pages: {self.num_pages} pages of {self.page_size} tokens hold {self.num_pages * self.page_size} "
+                f"tokens, fewer than one sequence of max_model_len {engine_config.max_model_len} needs "
+                f"({self.max_pages_per_seq} pages); raise num_pages or lower max_model_len")
         self.kv_caches = [
             PagedKVCache.allocate(self.num_pages, self.page_size, model_config.num_kv_heads, model_config.head_dim,
                                   dtype=self.kv_dtype, device=self.device)

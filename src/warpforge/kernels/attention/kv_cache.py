@@ -85,12 +85,17 @@ class PagedKVCache:
 
     @classmethod
     def allocate(cls, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> PagedKVCache:
-        """Zero-filled pages (fp8: scales default to 1.0, fine for activations within +-448)."""
+        """Zero-filled pages (fp8: scales default to 1.0, fine for activations within +-448) on ``device``
+        (default: the current CUDA device when there is one, else the CPU)."""
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("num_kv_heads", num_kv_heads)):
-            if val < 1:
-                raise ValueError(f"{name}: expected >= 1, got {val}")
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} requested but CUDA is not available on this machine")
         shape = (num_pages, num_kv_heads, page_size, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
                    k_scale, v_scale)
