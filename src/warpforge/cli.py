@@ -52,7 +52,27 @@ def probe(quick: bool, json_out: str | None, no_cache: bool) -> None:
     sys.exit(cli_probe(quick=quick, json_out=json_out, use_cache=not no_cache, console=_console()))
 
 
-@main.command()
+class _BenchCommand(click.Command):
+    """`warpforge bench SUITE [options]`; `warpforge bench serve ...` goes to its own command, whose options
+    (--url, --rate, ...) a suite does not take."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args[:1] == ["serve"]:
+            ctx.meta["warpforge.bench_serve_args"] = args[1:]
+            return []
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        rest = ctx.meta.pop("warpforge.bench_serve_args", None)
+        if rest is None:
+            return super().invoke(ctx)
+        from warpforge.bench.serve_cli import bench_serve
+
+        with bench_serve.make_context(f"{ctx.command_path} serve", rest) as sub:
+            return bench_serve.invoke(sub)
+
+
+@main.command(cls=_BenchCommand)
 @click.argument("suite", required=False)
 @click.option("--list", "list_suites", is_flag=True, help="List the suites and their cases, then exit.")
 @click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats.")
@@ -69,6 +89,9 @@ def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | 
 
     Every case prints time, a hardware figure (TFLOP/s or GB/s), the ratio against each peer
     (above 1 means warpforge is faster), the roofline fraction and the correctness check.
+
+    `warpforge bench serve --url URL` load-tests any OpenAI-compatible server instead
+    (its own options: `warpforge bench serve --help`).
     """
     from warpforge.bench.cli import cli_bench
 

@@ -118,6 +118,10 @@ def meets_target(target: dict[str, Any] | None, ours: dict[str, Any], ratio: dic
         elif key == "max_ms" and isinstance(bar, (int, float)):  # lower-is-better cases: an upper bound on ms
             got = ours.get("ms")
             out[key] = None if not isinstance(got, (int, float)) else got <= bar
+        elif key == "max" and isinstance(bar, dict):  # upper bounds on other figures of ours, e.g. a p99
+            for name, b in bar.items():
+                got = ours.get(name)
+                out[f"max.{name}"] = None if not isinstance(got, (int, float)) else got <= b
     return out
 
 
