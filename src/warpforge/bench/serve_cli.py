@@ -148,6 +148,17 @@ def _raise_nofile_limit() -> None:
         pass
 
 
+def _rate_line(rec: dict[str, Any]) -> str:
+    """One line per finished rate (a long sweep shows progress between its rates)."""
+    o, rate = rec["ours"], rec["params"]["rate"]
+    if "error" in o:
+        return f"[red]{rate} req/s: {o['error']}[/]"
+    failed = f", [red]{o['failed']} failed[/]" if o["failed"] else ""
+    return (f"{rate} req/s: {o['completed']} done{failed} in {o['duration_s']:.1f} s, "
+            f"{o['output_throughput']:,.0f} out tok/s, TTFT p50/p99 {_pair(o['ttft_ms'])} ms, "
+            f"TPOT p50/p99 {_pair(o['tpot_ms'])} ms")
+
+
 def _redacted_argv(argv: list[str]) -> list[str]:
     """argv for the store, with the --api-key value replaced."""
     out, hide = [], False
@@ -229,6 +240,7 @@ def run_sweep(*, url: str, model: str | None, endpoint: str, rates: list[float],
             records.append(rec)
             if on_record is not None:
                 on_record(rec)
+            console.print(_rate_line(rec))
             if summary["client_cpu"] and summary["client_cpu"] > 0.9:
                 console.print(f"[yellow]{rate_label(rate)} req/s: the load generator used "
                               f"{100 * summary['client_cpu']:.0f}% of a core: it may limit what is measured[/]")
@@ -245,12 +257,11 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
     from rich.console import Console
     from rich.markup import escape
 
-    err = err or Console(stderr=True)
-
     from warpforge._paths import default_store_url
     from warpforge.bench.loadgen import ServerError, parse_goodput, parse_rates
     from warpforge.bench.record import now_iso, write_jsonl
 
+    err = err or Console(stderr=True)
     try:
         rates, limits = parse_rates(rate), parse_goodput(goodput)
         if not (burstiness > 0 and math.isfinite(burstiness)):
@@ -286,9 +297,9 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
         rc = 130
     if not records:
         return rc or 2
-    p = records[0]["params"]
-    console.print(serve_table(records, title=f"serve: {p['model']} at {records[0]['device']['name'].removeprefix('server at ')}, "
-                                             f"{p['num_requests']} requests {p['mix']['name']} per rate"))
+    p, where = records[0]["params"], records[0]["device"]["name"].removeprefix("server at ")
+    console.print(serve_table(records, title=f"serve: {p['model']} at {where}, {p['num_requests']} requests "
+                                             f"{p['mix']['name']} per rate"))
     console.print("[dim]times from the client's clock per SSE chunk; TTFT: first chunk with a choice; ITL: gaps "
                   "between such chunks; TPOT: (E2E - TTFT) / (output tokens - 1); token counts: "
                   f"{escape(str(records[-1]['ours'].get('token_counts')))}[/]")

@@ -107,6 +107,8 @@ def summarize(run: LoadRun, *, goodput: dict[str, float] | None = None,
     return {
         "completed": len(done), "failed": len(failed),
         "errors": dict(Counter(r.error for r in failed).most_common()),
+        # The first message of each kind (an error body, an exception's text), to act on without a rerun.
+        "error_samples": {e: next(r.text for r in failed if r.error == e)[:200] for e in {r.error for r in failed}},
         "duration_s": dur,
         "request_throughput": len(done) / dur if dur > 0 else None,  # req/s
         "output_throughput": total_out / dur if dur > 0 else None,  # tok/s

@@ -5,7 +5,8 @@ on 127.0.0.1 (one per suite run, shared by the rate cases); the load generator
 (:mod:`warpforge.bench.loadgen`) drives it from this process, so the client's parsing never shares an
 interpreter with the server. Cases:
 
-1. ``llama-8b @ R req/s, 1000 requests sharegpt-like`` for R in 1, 4, 16, 64: Poisson arrivals, the default
+1. ``llama-8b @ R req/s, 1000 requests sharegpt-like`` for R in 16, 64 (and 4, 1 last: at 1 req/s the arrivals
+   alone take 17 minutes, so a run cut short by a time limit keeps the rest): Poisson arrivals, the default
    length mix (~200 prompt / ~180 output tokens, Shakespeare text), ``ignore_eos`` so every request yields
    its drawn length. Figures per rate: output tok/s, TTFT / TPOT / ITL / E2E at p50/p90/p99. No peer runs
    the same schedule here, so the ratio is empty and ``baseline`` says so; the 16 req/s row carries vLLM's
@@ -35,6 +36,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -205,11 +207,12 @@ def _target(url: str, model: str, **kw: Any) -> Any:
 
 
 def _warm(model: str, sz: Sizes, tok: Any) -> Any:
-    """Eight concurrent requests of the mix (text no case uses): kernels compile, pages are touched."""
+    """A whole set of requests at once, of text no case uses (the offline peer warms up on the same set):
+    every prefill size compiled, KV pages touched, before anything is timed."""
     from warpforge.bench.loadgen import make_requests, run_load
 
     def warm(url: str) -> None:
-        specs = make_requests(8, sz.mix, 0, tokenizer=tok, text_seed=999)
+        specs = make_requests(sz.requests, sz.mix, 0, tokenizer=tok, text_seed=999)
         run = asyncio.run(run_load(_target(url, model), specs, [0.0] * len(specs)))
         bad = [r.error for r in run.results if not r.ok]
         if bad:
@@ -268,9 +271,11 @@ def offline_run(sz: Sizes, rate_index: int):
 
         stop_server()
         ckpt = _checkpoint(sz.preset, _dtype(device))
-        specs = _requests(sz, _tokenizer(ckpt), rate_index)
+        tok = _tokenizer(ckpt)
+        specs = _requests(sz, tok, rate_index)
         llm = LLM(str(ckpt), device=device, max_model_len=sz.max_model_len)
-        warm_specs = make_requests(8, sz.mix, 0, tokenizer=_tokenizer(ckpt), text_seed=999)  # as the server's
+        # The server's warm-up set, untimed: every prefill size compiled and KV pages touched on both sides.
+        warm_specs = make_requests(sz.requests, sz.mix, 0, tokenizer=tok, text_seed=999)
         llm.generate([s.prompt for s in warm_specs],
                      [SamplingParams(temperature=0.0, max_tokens=s.max_tokens, ignore_eos=True) for s in warm_specs])
         params = [SamplingParams(temperature=0.0, max_tokens=s.max_tokens, ignore_eos=True) for s in specs]
@@ -321,35 +326,37 @@ def stub_cost_run(sz: Sizes):
             run = asyncio.run(run_load(_target(server.url, "stub"), specs, [0.0] * len(specs),
                                        max_concurrency=STREAMS))
             cpu1 = server.cpu_seconds()
-            runs.append(run)
-        stop_server()  # writes the stub's stats
+            runs.append((run, None if cpu0 is None or cpu1 is None else cpu1 - cpu0))
+        stop_server()  # the stub writes its stats as it exits
         st = json.loads(stats.read_text()) if stats.is_file() else {"steps": 0, "seconds": 0.0}
+        shutil.rmtree(stats.parent, ignore_errors=True)
         stub_step_s = st["seconds"] / st["steps"] if st["steps"] else 0.0
         out = []
-        for run in runs:
+        for run, cpu in runs:
             done = [r for r in run.results if r.ok]
+            s = summarize(run)
+            if not done:
+                raise RuntimeError(f"no request to the stubbed server completed: {s['errors']} {s['error_samples']}")
             # Every step a request waits on is one stub call: take those out of its latency, and its 1/n share
-            # of them out of its charge.
-            conc = len(done) and sum(r.e2e for r in done) / run.duration_s
+            # of them out of its charge (n: the mean number of requests in flight).
             charge = shared_time([(r.sent, r.sent + r.e2e) for r in done])
             n_out = [r.output_tokens or r.chunks for r in done]
-            cost = [1e3 * (c - n * stub_step_s / max(conc, 1.0)) for c, n in zip(charge, n_out)]
+            share = stub_step_s / max(s["mean_concurrency"], 1.0)
+            cost = [1e3 * (c - n * share) for c, n in zip(charge, n_out)]
             over = [1e3 * (r.e2e - n * stub_step_s) for r, n in zip(done, n_out)]
-            s = summarize(run)
             cost_d = distribution(cost)
             extra = {"cost_ms": cost_d, "cost_p50_ms": cost_d["p50"], "cost_p99_ms": cost_d["p99"],
                      "e2e_minus_stub_ms": distribution(over), "ttft_ms": s["ttft_ms"], "itl_ms": s["itl_ms"],
                      "streams": STREAMS, "output_tokens_per_request": COST_TOKENS,
-                     "requests": len(specs), "completed": s["completed"], "failed": s["failed"], "errors": s["errors"],
-                     "server_cpu_ms_per_request": (1e3 * (cpu1 - cpu0) / max(1, len(done))
-                                                   if cpu0 is not None and cpu1 is not None else None),
+                     "requests": len(run.results), "completed": s["completed"], "failed": s["failed"], "errors": s["errors"],
+                     "server_cpu_ms_per_request": None if cpu is None else 1e3 * cpu / max(1, len(done)),
                      "wall_ms_per_request": 1e3 * run.duration_s / max(1, len(done)),
                      "stub_step_us": 1e6 * stub_step_s, "stub_steps": st["steps"],
                      "client_cpu": s["client_cpu"], "mean_concurrency": s["mean_concurrency"],
                      "how": "each request is charged dt/n(t) for every instant it is in flight (n(t): requests in "
                             "flight, client timestamps), less its share of the stub's time; p50/p99 over requests"}
-            out.append(Run(ms=cost_d["p50"] if cost_d["p50"] and cost_d["p50"] > 0 else 1e-6, tokens=sum(n_out),
-                           output={"n": len(specs), "failed": s["failed"], "short": s["short_outputs"],
+            out.append(Run(ms=cost_d["p50"], tokens=sum(n_out),
+                           output={"n": len(run.results), "failed": s["failed"], "short": s["short_outputs"],
                                    "errors": s["errors"]}, extra=extra))
         return out
     return fn
@@ -374,10 +381,12 @@ def _cases(quick: bool) -> list[EndToEndCase]:
     bf16 = torch.bfloat16
     base = {"preset": sz.preset, "requests": sz.requests, "mix": sz.mix.describe(), "arrivals": "poisson",
             "max_model_len": sz.max_model_len, "ignore_eos": True, "server": "warpforge serve (own process)"}
-    timing = {"method": "client wall clock (perf_counter) per SSE chunk; offline: wall clock around generate",
-              "warmup": 8, "rep": 1, "interleaved": False}
-    cases = []
+    timing = {"method": "client wall clock (perf_counter) per SSE chunk; offline: wall clock around generate; "
+                        "both after the same untimed set of requests of other text (warmup: its size)",
+              "warmup": sz.requests, "rep": 1, "interleaved": False}
+    rate_cases = []
     for i, rate in enumerate(sz.rates):
+        cases = rate_cases
         name = case_name(sz.preset, rate, sz.requests, sz.mix.name)
         params = {**base, "rate": "inf" if math.isinf(rate) else rate}
         if math.isinf(rate):
@@ -395,6 +404,11 @@ def _cases(quick: bool) -> list[EndToEndCase]:
             baseline=NO_PEER + ("; vLLM's published figure for a comparable setup is under target.published "
                                 "(published, not same-run)" if published else ""),
             target={"published": VLLM_PUBLISHED} if published else None))
+    # The slow low rates (1000 requests at 1 req/s is 17 minutes of arrivals) run last, so that a run stopped
+    # by a time limit (finished cases are kept) has the unlimited-rate ratio, 16 and 64 req/s and the server
+    # cost already; the server is shared by consecutive rate cases.
+    low = [c for c, r in sorted(zip(rate_cases, sz.rates), key=lambda cr: -cr[1]) if r < 16]
+    cases = [c for c in rate_cases if c not in low]
     cases.append(EndToEndCase(
         name=f"server cost per request, model step stubbed, {STREAMS} streams",
         params={"streams": STREAMS, "output_tokens": COST_TOKENS, "requests": sz.cost_requests,
@@ -405,7 +419,7 @@ def _cases(quick: bool) -> list[EndToEndCase]:
         baseline="the issue's bars: server cost per request p50 <= 1 ms, p99 <= 5 ms at 64 concurrent streams "
                  "(vLLM's API server is the usual comparison; no same-run peer)",
         target={"max_ms": 1.0, "max": {"cost_p99_ms": 5.0}}))
-    return cases
+    return cases + low
 
 
 SUITE = Suite(name="serve", description="warpforge serve under load (1-64 req/s and unlimited, vs LLM.generate "
