@@ -183,6 +183,9 @@ def test_prompts_are_shakespeare_with_exact_token_counts(tiny_model):
         assert s.prompt_tokens == len(tok.encode(s.prompt))
         words = s.prompt.split()
         assert " ".join(words[:3]) in " ".join(plays.split())  # real text from the plays, not token ids
+    gemma = resolve_tokenizer("gemma3-270m")  # a GGUF's tokenizer, read through warpforge.llm
+    (g,) = make_requests(1, parse_mix("fixed:50:4"), seed=0, tokenizer=gemma)
+    assert g.prompt_tokens == len(gemma.encode(g.prompt)) and abs(g.prompt_tokens - 50) <= 2
     plain = make_requests(5, parse_mix("fixed:100:8"), seed=0)
     assert all(s.prompt_tokens is None and 300 <= len(s.prompt) <= 400 for s in plain)  # ~4 characters a token
     with pytest.raises(ValueError, match="--tokenizer"):

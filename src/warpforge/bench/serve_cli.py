@@ -183,14 +183,19 @@ def run_sweep(*, url: str, model: str | None, endpoint: str, rates: list[float],
 
     from warpforge.bench.loadgen import (Target, arrival_times, make_requests, parse_mix, rate_label, run_load,
                                          summarize)
-    from warpforge.bench.loadgen.client import check_request, served_models
+    from warpforge.bench.loadgen.client import ServerError, check_request, served_models
     from warpforge.bench.record import git_version
 
     length_mix = parse_mix(mix)
     tok = resolve_tokenizer(tokenizer)
     probe = Target(url=url, model=model or "", endpoint=endpoint, api_key=api_key, ignore_eos=ignore_eos,
                    temperature=temperature, timeout_s=timeout)
-    models = asyncio.run(served_models(probe))
+    try:
+        models = asyncio.run(served_models(probe))
+    except ServerError as e:
+        if model is None or str(e).startswith("cannot reach"):
+            raise
+        models = []  # a server without a model list: the test request below says whether --model is right
     if model is None:
         if not models:
             raise ValueError(f"--model: {probe.base}/models lists no model; name one")
