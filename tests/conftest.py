@@ -36,6 +36,11 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     # Tests check every tuning candidate explicitly (the *_every_candidate tests); tuning itself only
     # times, and would spend minutes of GPU time per shape. Tests of the tuner set this themselves.
     monkeypatch.setenv("WARPFORGE_AUTOTUNE", os.environ.get("WARPFORGE_AUTOTUNE", "0"))
+    # A process reads its settings once; tests change the environment between calls (monkeypatch.setenv),
+    # so here every read sees the environment as it is (tests/test_settings.py checks the caching itself).
+    from warpforge import settings
+
+    monkeypatch.setattr(settings, "current", settings.Settings.from_env)
 
 
 @pytest.fixture

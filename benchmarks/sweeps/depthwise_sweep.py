@@ -1,29 +1,25 @@
-"""Which tiling and which input/output precision makes MobileNetV2's depthwise convs fastest on the H200?
+"""Which tiling makes MobileNetV2's depthwise convs fastest on the H200, for fp16 and for int8 output?
 
     python benchmarks/sweeps/depthwise_sweep.py --batch 32 --out depthwise.json
 
 MobileNetV2 b32 spends ~260 us of its ~620 us forward in its 17 depthwise 3x3 convs (forward timeline,
-2026-12-04), at ~40% of HBM bandwidth. Each of its 10 distinct depthwise shapes runs in four modes, the
-ones the optimizer's candidates use:
+2026-12-04), at ~40% of HBM bandwidth. Each of its 10 distinct depthwise shapes runs in the two modes the
+optimizer's candidates use:
 
 * ``f16``    fp16 in, fp16 out (the fp16 candidate);
 * ``f16>q8`` fp16 in, int8 out (a depthwise conv feeding an int8 projection, its quantizer fused here);
-* ``q8>q8``  int8 in and out (the int8 expand conv storing int8 codes for it: one byte a value each way);
-* ``q8>f16`` int8 in, fp16 out (the projection after it kept float).
 
 under a grid of DepthwiseConfig tilings (block_p x block_c pixels x channels per program, warps), and the
-default tiling (conv2d's own choice, conv.depthwise_config) with each of the kernel's two switches
-flipped (conv.DW_FP32_WEIGHTS: an fp32 weight copy; conv.DW_ALU_IN off: int8 codes to fp32 by the
-conversion unit instead of adds). Every result is checked against the fp32 reference in
-the same run (fp16: relative error; int8: at most one code apart). Times: CUDA graph, L2 flushed, median;
-GB/s counts the input read once and the output written once. The summary weighs each shape by how often
-MobileNetV2 has it, default tiling against the best one per shape.
+default tiling (conv2d's own choice, conv.depthwise_config) with the weights' precision flipped
+(``flip-f32w``: the fp32 weight copy where conv2d reads the 16-bit weight, or back). Every result is checked
+against the fp32 reference in the same run (fp16: relative error; int8: at most one code apart). Times: CUDA
+graph, L2 flushed, median; GB/s counts the input read once and the output written once. The summary weighs
+each shape by how often MobileNetV2 has it, default tiling against the best one per shape.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -40,7 +36,7 @@ from warpforge.kernels.conv import DepthwiseConfig, conv2d, depthwise_config  # 
 # MobileNetV2's depthwise 3x3 convs: (channels, input side, stride, how many of the 17)
 SHAPES = ((32, 112, 1, 1), (96, 112, 2, 1), (144, 56, 1, 1), (144, 56, 2, 1), (192, 28, 1, 2), (192, 28, 2, 1),
           (384, 14, 1, 4), (576, 14, 1, 2), (576, 14, 2, 1), (960, 7, 1, 3))
-MODES = ("f16", "f16>q8", "q8>q8", "q8>f16")
+MODES = ("f16", "f16>q8")
 
 
 def configs(quick: bool) -> list[DepthwiseConfig]:
@@ -65,48 +61,36 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     scale = torch.tensor([6.0 / 255], device=dev)  # unsigned codes of [0, 6] (a ReLU6), zero point -128
     rows, bad = [], []
+    real_f32w = conv_mod._dw_fp32_weights
     for c, hw, s, count in SHAPES:
         n = a.batch
         x = torch.randn(n, c, hw, hw, device=dev, generator=gen).clamp(0, 6).half().to(memory_format=torch.channels_last)
-        xq = (torch.round(x.float() / scale) - 128).clamp(-128, 127).to(torch.int8)
         w = (torch.randn(c, 1, 3, 3, device=dev, generator=gen) / 3).half()
         b = torch.randn(c, device=dev, generator=gen).half()
         kw = dict(stride=s, padding=1, groups=c, activation="relu6")
-        want16 = ref.conv2d_reference(x.float(), w.float(), b.float(), **kw)
-        wantq16 = ref.conv2d_reference((xq.float() + 128) * scale, w.float(), b.float(), **kw)
+        want = ref.conv2d_reference(x.float(), w.float(), b.float(), **kw)
         oh = (hw - 1) // s + 1
         label = f"dw {c} @{hw}/{s}"
 
         def run(mode, cfg):
-            xin = xq if mode.startswith("q8") else x
-            extra = dict(x_scale=scale, x_zero_point=-128) if mode.startswith("q8") else {}
-            if mode.endswith(">q8"):
-                extra.update(out_scale=scale, out_zero_point=-128)
-            return lambda: conv2d(xin, w, b, config=cfg, **kw, **extra)
+            extra = dict(out_scale=scale, out_zero_point=-128) if mode.endswith(">q8") else {}
+            return lambda: conv2d(x, w, b, config=cfg, **kw, **extra)
 
         def check(mode, got):
-            want = wantq16 if mode.startswith("q8") else want16
             if mode.endswith("q8"):
                 wq = (torch.round(want / scale) - 128).clamp(-128, 127)
                 return float((got.float() - wq).abs().max())  # codes apart
             return float((got.float() - want).abs().max() / want.abs().max())
 
-        variants = [("default", None, {})]  # conv2d's own choice: depthwise_config(c, int8_in)
-        variants += [(f"p{cfg.block_p}c{cfg.block_c}w{cfg.num_warps}", cfg, {}) for cfg in configs(a.quick)]
-        variants += [("flip-f32w", None, {"DW_FP32_WEIGHTS": "flip"}), ("no-alu", None, {"DW_ALU_IN": False})]
+        variants = [("default", None, False)]  # conv2d's own choice: depthwise_config(c)
+        variants += [(f"p{cfg.block_p}c{cfg.block_c}w{cfg.num_warps}", cfg, False) for cfg in configs(a.quick)]
+        variants += [("flip-f32w", None, True)]
         for mode in MODES:
-            in_b = n * hw * hw * c * (1 if mode.startswith("q8") else 2)
+            in_b = n * hw * hw * c * 2
             out_b = n * oh * oh * c * (1 if mode.endswith("q8") else 2)
-            for vname, cfg, flags in variants:
-                if vname == "no-alu" and not mode.startswith("q8"):
-                    continue
-                if mode == "q8>f16" and vname not in ("default",):
-                    continue
-                saved = {k: getattr(conv_mod, k) for k in flags}
-                for k, v in flags.items():  # "flip": the fp32 weight copy where the default skips it, or back
-                    if v == "flip":
-                        v = not conv_mod._dw_fp32_weights(mode.startswith("q8"), mode.endswith("q8"))
-                    setattr(conv_mod, k, v)
+            for vname, cfg, flip in variants:
+                if flip:  # the fp32 weight copy where the default skips it, or back
+                    conv_mod._dw_fp32_weights = lambda int8_out: not real_f32w(int8_out)
                 try:
                     fn = run(mode, cfg)
                     got = fn()
@@ -118,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                         bad.append(f"{label} {mode} {vname}: error {err:.3g} > {tol}")
                     us = time_fn(fn, cuda_graph=True, device=dev, warmup=5, rep=a.rep).median_ms * 1e3
                 finally:
-                    for k, v in saved.items():
-                        setattr(conv_mod, k, v)
-                used = cfg or depthwise_config(c, int8_in=mode.startswith("q8"), int8_out=mode.endswith("q8"))
+                    conv_mod._dw_fp32_weights = real_f32w
+                used = cfg or depthwise_config(c)
                 rows.append({"shape": label, "c": c, "hw": hw, "stride": s, "count": count, "mode": mode,
                              "variant": vname, "config": [used.block_p, used.block_c, used.num_warps], "us": us,
                              "gbs": (in_b + out_b) / us / 1e3, "err": err})
@@ -129,20 +112,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # summary: default vs best tiling per shape and mode, weighted by MobileNetV2's counts
     print(f"\n{'shape':18s} {'mode':7s} {'default us':>10s} {'GB/s':>6s} {'best us':>8s} {'GB/s':>6s}  best "
-          f"{'flip-f32w':>9s} {'no-alu':>7s}")
+          f"{'flip-f32w':>9s}")
     totals = {m: [0.0, 0.0] for m in MODES}
     for c, hw, s, count in SHAPES:
         label = f"dw {c} @{hw}/{s}"
         for mode in MODES:
             rs = [r for r in rows if r["shape"] == label and r["mode"] == mode]
             d = next(r for r in rs if r["variant"] == "default")
-            tiled = [r for r in rs if r["variant"] not in ("flip-f32w", "no-alu")]
+            tiled = [r for r in rs if r["variant"] != "flip-f32w"]
             best = min(tiled, key=lambda r: r["us"])
             alt = {r["variant"]: r["us"] for r in rs}
             totals[mode][0] += count * d["us"]
             totals[mode][1] += count * best["us"]
             print(f"{label:18s} {mode:7s} {d['us']:10.1f} {d['gbs']:6.0f} {best['us']:8.1f} {best['gbs']:6.0f}  "
-                  f"{best['variant']:12s} {alt.get('flip-f32w', float('nan')):9.1f} {alt.get('no-alu', float('nan')):7.1f}")
+                  f"{best['variant']:12s} {alt.get('flip-f32w', float('nan')):9.1f}")
     print("\nMobileNetV2's 17 depthwise convs, summed (us): " + "  ".join(
         f"{m} default {t[0]:.1f} best {t[1]:.1f}" for m, t in totals.items()))
     if bad:

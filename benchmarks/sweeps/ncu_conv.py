@@ -13,14 +13,13 @@ Cases (layer labels as in the kernels suite): the stem (fp16 only), a 3x3 stride
 largest group: 320 us of 1112 in session 10's sweep), a short-K 1x1 (persistent winner), a strided 1x1
 with long K (int8 37 us where cuDNN fp16 takes 25). Each int8 result is checked against the int8 reference
 (exact int32 accumulation: at most one step of requantization rounding apart) in the same run.
-``--depthwise``: MobileNetV2's depthwise convs, fp16 out against int8 out and int8 in + out (DEPTHWISE).
+``--depthwise``: MobileNetV2's depthwise convs, fp16 out against int8 out (DEPTHWISE).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,12 +77,6 @@ def depthwise_cases(batch: int, dev: torch.device, gen: torch.Generator) -> list
         cases.append((f"fp16 {label}", la, lambda x=x, w=w, b=b, kw=kw: conv2d(x, w, b, **kw), None))
         cases.append((f"fp16 int8-out {label}", la, lambda x=x, w=w, b=b, kw=kw, sc=scale: conv2d(
             x, w, b, out_scale=sc, out_zero_point=-128, **kw), want_q))
-        # int8 in and out: the input as an int8 layer stores it (unsigned codes of [0, 6] after a ReLU6)
-        xq = (torch.round(x.float() / scale) - 128).clamp(-128, 127).to(torch.int8)
-        want_qq = ref.conv2d_reference((xq.float() + 128) * scale, w.float(), b.float(), **kw)
-        want_qq = (torch.round(want_qq / scale) - 128).clamp(-128, 127).to(torch.int8)
-        cases.append((f"int8-in int8-out {label}", la, lambda xq=xq, w=w, b=b, kw=kw, sc=scale: conv2d(
-            xq, w, b, x_scale=sc, x_zero_point=-128, out_scale=sc, out_zero_point=-128, **kw), want_qq))
     return cases
 
 
@@ -106,14 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         d = inputs(la, a.batch, dev, gen)
         kw = dict(stride=la.stride, padding=la.pad, activation="relu")
         cases.append((f"fp16 {la.label}", la, lambda d=d, kw=kw: conv2d(d["x16"], d["w16"], d["b16"], **kw), None))
-        if la.cin < 16:  # the stem: space-to-depth (the default) and the flat K loop it replaced
-            def flat(d=d, kw=kw):
-                os.environ["WARPFORGE_STEM_S2D"] = "0"
-                try:
-                    return conv2d(d["x16"], d["w16"], d["b16"], **kw)
-                finally:
-                    del os.environ["WARPFORGE_STEM_S2D"]
-            cases.append((f"fp16 flat {la.label}", la, flat, None))
+        if la.cin < 16:  # the stem (space-to-depth): fp16 only
             continue
         q8 = dict(x_zero_point=-128, w_sum=d["w_sum"], out_zero_point=-128, **kw)
         want = ref.conv2d_int8_reference(d["xq"], d["wq"], d["xs"], d["ws"], d["b32"], out_scale=d["os_"],

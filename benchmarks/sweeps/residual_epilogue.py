@@ -15,10 +15,10 @@ Measured (H200, git 23aa851): TMA on / off, int8 64->256 @56 best tiling 43.1 / 
 
 Per layer (ResNet-50's residual 1x1s: 64->256 @56, 128->512 @28, 256->1024 @14, 512->2048 @7, relu,
 unsigned int8 in/out and residual as warpforge-int8 runs them; fp16 with an fp16 residual), for every
-persistent tiling whose K tile holds C and for the tuned choice: us with TMA on and off (WARPFORGE_CONV_TMA_EPI),
-with the residual loaded one tile ahead (WARPFORGE_CONV_RES_PREFETCH=1, output through TMA), and with it
-through an MMA with the identity (WARPFORGE_CONV_RES_DOT=1: the pipeliner prefetches it), the bytes
-each moves and its DRAM bandwidth. Each result is checked against the reference first (int8:
+persistent tiling whose K tile holds C and for the tuned choice: us with the TMA epilogue and with per-element
+loads and stores (the descriptors withheld), and with the residual through an MMA with the identity
+(ConvConfig.res_dot: the pipeliner prefetches it; pinned tilings only), the bytes each moves and its DRAM
+bandwidth. Each result is checked against the reference first (int8:
 at most one code off, as rounding ties may break either way; fp16: relative error within fp16 tolerance).
 """
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
-from warpforge.kernels.conv import (CONV_CONFIGS, RES_DOT_ENV, RES_PREFETCH_ENV,  # noqa: E402
-                                    RESIDUAL_TILINGS, TMA_EPI_ENV, _fits, conv2d)
+from warpforge.kernels import conv as conv_mod  # noqa: E402
+from warpforge.kernels.conv import CONV_CONFIGS, RESIDUAL_TILINGS, _fits, conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, conv2d_int8  # noqa: E402
 from warpforge.kernels.tolerance import rel_err, tolerance  # noqa: E402
 
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--out", type=Path, default=Path("residual_epilogue.json"))
     ap.add_argument("--layers", default="", help="comma-separated indices into LAYERS (default: all)")
-    ap.add_argument("--settings", default="1:0:0,0:0:0,1:1:0,1:0:1",
-                    help="comma-separated TMA:PREFETCH:DOT triples (WARPFORGE_CONV_TMA_EPI, "
-                         "WARPFORGE_CONV_RES_PREFETCH, WARPFORGE_CONV_RES_DOT; DOT may be left out: 0)")
+    ap.add_argument("--settings", default="1:0,0:0,1:1",
+                    help="comma-separated TMA:DOT pairs (TMA 0: per-element epilogue; DOT 1: res_dot on the "
+                         "pinned tilings; DOT may be left out: 0)")
     ap.add_argument("--occupancy", action="store_true",
                     help="also time OCCUPANCY_TILINGS (more warps per SM), pinned as configs")
     a = ap.parse_args(argv)
@@ -102,13 +102,16 @@ def main(argv: list[str] | None = None) -> int:
 
         cfgs8 = [None] + fitting(INT8_CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["int8"]) if a.occupancy else [])
         cfgs16 = [None] + fitting(CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["fp16"]) if a.occupancy else [])
-        for flag, pre, dot in ((*sp.split(":"), "0")[:3] for sp in a.settings.split(",")):
-            os.environ[TMA_EPI_ENV] = flag
-            os.environ[RES_PREFETCH_ENV] = pre
-            os.environ[RES_DOT_ENV] = dot
+        real_tma = conv_mod._tma_epilogue
+        for flag, dot in ((*sp.split(":"), "0")[:2] for sp in a.settings.split(",")):
+            conv_mod._tma_epilogue = real_tma if flag == "1" else (lambda *_a: {})
             for kind, cfgs in (("int8", cfgs8), ("fp16", cfgs16)):
                 for cf in cfgs:
-                    name = f"{kind} tma={flag} pre={pre} dot={dot} {'tuned' if cf is None else cf}"
+                    if dot == "1":
+                        if cf is None:
+                            continue  # the tuner chooses res_dot itself
+                        cf = replace(cf, res_dot=True)
+                    name = f"{kind} tma={flag} dot={dot} {'tuned' if cf is None else cf}"
                     try:
                         if kind == "int8":
                             def fn(cf=cf):
@@ -127,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                         row["points"][name] = {"us": us, "err": err, "ok": ok, "tb_s": nbytes / us / 1e6}
                     except Exception as e:  # noqa: BLE001  (a tiling that does not compile is a data point)
                         row["points"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        for env in (TMA_EPI_ENV, RES_PREFETCH_ENV, RES_DOT_ENV):
-            os.environ.pop(env, None)
+        conv_mod._tma_epilogue = real_tma
         rows.append(row)
         print(f"== {row['layer']}  (int8 {bytes8 / 1e6:.1f} MB, fp16 {bytes16 / 1e6:.1f} MB)")
         for name, p in row["points"].items():

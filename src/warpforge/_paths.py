@@ -1,27 +1,8 @@
-"""Where warpforge keeps things on disk (XDG locations, overridable by environment variables)."""
+"""Where warpforge keeps things on disk: :mod:`warpforge.settings` (which reads the environment) has them;
+these names stay importable from here."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from warpforge.settings import cache_dir, data_dir, default_store_url
 
-
-def cache_dir() -> Path:
-    """Re-creatable data: probe results per device, autotune choices. ``WARPFORGE_CACHE_DIR`` overrides."""
-    env = os.environ.get("WARPFORGE_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "warpforge"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
-
-
-def data_dir() -> Path:
-    """Data a user keeps: the results store. ``WARPFORGE_DATA_DIR`` overrides."""
-    env = os.environ.get("WARPFORGE_DATA_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "warpforge"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
-
-
-def default_store_url() -> str:
-    """``WARPFORGE_STORE`` (any SQLAlchemy URL) or an SQLite file in the data directory."""
-    return os.environ.get("WARPFORGE_STORE") or f"sqlite:///{data_dir() / 'results.sqlite'}"
+__all__ = ["cache_dir", "data_dir", "default_store_url"]

@@ -16,7 +16,7 @@ from rich.console import Console
 
 def _headline(console: Console, store_url: str | None) -> None:
     """One line per figure a reader should take away, read back from what was just measured."""
-    from warpforge._paths import default_store_url
+    from warpforge.settings import default_store_url
     from warpforge.bench.store import Store, StoreError
     from warpforge.hw.probe import _fmt, figures, load_cached
 

@@ -88,14 +88,15 @@ def test_without_reference_the_first_peer_stands_in():
 
 
 def test_device_info_names_the_knobs_it_ran_under(monkeypatch):
-    """A WARPFORGE_* switch changes the code measured: the record's device block says which were set
-    (where results go and the revision are not knobs)."""
+    """A setting such as WARPFORGE_AUTOTUNE changes the code measured: the record's device block says which
+    were set (where results go and the revision are not knobs)."""
     from warpforge.bench.record import device_info
 
     for k in [k for k in __import__("os").environ if k.startswith("WARPFORGE_")]:
         monkeypatch.delenv(k)
     assert "knobs" not in device_info(CPU)
-    monkeypatch.setenv("WARPFORGE_FUSE_NORM", "0")
+    monkeypatch.setenv("WARPFORGE_AUTOTUNE", "0")
+    monkeypatch.setenv("WARPFORGE_PDL", "1")
     monkeypatch.setenv("WARPFORGE_STORE", "sqlite:///x.db")
     monkeypatch.setenv("WARPFORGE_GIT", "abc")
-    assert device_info(CPU)["knobs"] == {"WARPFORGE_FUSE_NORM": "0"}
+    assert device_info(CPU)["knobs"] == {"WARPFORGE_AUTOTUNE": "0", "WARPFORGE_PDL": "1"}

@@ -256,10 +256,11 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
 
 
 def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False,
-                   res_int8=False, res_pre=False, fold=False, res_dot=False) -> dict:
+                   res_int8=False, fold=False, res_dot=False) -> dict:
     """The persistent pointwise conv (``cfg.persistent``) at K = block_k, with conv_gemm's epilogue options;
-    res_pre: the residual one tile ahead (RES_PRE), res_dot: through an MMA with the identity (RES_DOT), fold: the folded int8-out epilogue with ReLU (ResNet's
-    block output) instead of silu. Pointer stores (the TMA epilogue's descriptors are host objects)."""
+    res_dot: the residual through an MMA with the identity (RES_DOT), fold: ReLU (ResNet's block output: with
+    int8 in and out, the folded epilogue) instead of silu. Pointer stores (the TMA epilogue's descriptors are
+    host objects)."""
     sig = {"x_ptr": f"*{dt}", "w_ptr": "*fp16" if cfg.f16_mma else f"*{dt}", "b_ptr": "*fp32",
            "r_ptr": "*i8" if res_int8 else "*fp16", "o_ptr": f"*{out}", "xs_ptr": "*fp32", "wsc_ptr": "*fp32",
            "wsum_ptr": "*i32", "os_ptr": "*fp32", "q_ptr": "*i8",
@@ -283,17 +284,16 @@ def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero
     _flags(sig, consts, EVEN_C=True, HAS_BIAS=True, HAS_RES=True, ACT=1 if fold else 2, DOT_PRECISION="tf32",
            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INT_ACC=int8, QUANT_OUT=quant_out,
            X_ZERO=zero, OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma,
-           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0, FOLD=fold, RES_PRE=res_pre, RES_DOT=res_dot)
+           RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0, RES_DOT=res_dot)
     return compile_sm90(conv._conv_pointwise_persistent_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
                         ("M", "OH", "OW", "stride_h", "stride_w"))
 
 
-def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False, quant_in: bool = False) -> dict:
+def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
     """The depthwise conv (fp16, bias + relu6) at conv.depthwise_config(cout); quant_out: int8 out, unsigned
-    (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate); quant_in: int8 x
-    codes, unsigned (after an int8 expand conv's ReLU6)."""
-    cfg = conv.depthwise_config(cout, int8_in=quant_in, int8_out=quant_out)
-    sig = {"x_ptr": "*i8" if quant_in else "*fp16", "w_ptr": "*fp32" if conv._dw_fp32_weights(quant_in, quant_out) else "*fp16", "xs_ptr": "*fp32", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
+    (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate)."""
+    cfg = conv.depthwise_config(cout)
+    sig = {"x_ptr": "*fp16", "w_ptr": "*fp32" if conv._dw_fp32_weights(quant_out) else "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
            else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
                                                                    "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
                                                                    "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
@@ -304,12 +304,10 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False, quant_in: boo
     consts = {"s_xc": 1, "s_wo": 1, "r_ptr": None, "q_ptr": None, "MULT": 1}
     if not quant_out:
         consts["os_ptr"] = None
-    if not quant_in:
-        consts["xs_ptr"] = None
     for n in consts:
         sig[n] = "constexpr"
     _flags(sig, consts, KH=k, KW=k, HAS_BIAS=True, HAS_RES=False, ACT=5, BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c,
-           QUANT_OUT=quant_out, OUT_ZERO=-128 if quant_out else 0, QUANT_IN=quant_in, IN_ZERO=-128 if quant_in else 0)
+           QUANT_OUT=quant_out, OUT_ZERO=-128 if quant_out else 0)
     odd = ("M", "OH", "OW", "H", "W", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
     return compile_sm90(conv._conv_depthwise_kernel, sig, consts, cfg.num_warps, 3, odd)  # the launch default
 
@@ -375,20 +373,16 @@ def jobs(every: bool) -> list[tuple[str, object]]:
     for quant_out in ((False, True) if every else (True,)):
         out.append((f"depthwise fp16 3x3{' int8-out' if quant_out else ''}",
                     lambda q=quant_out: conv_depthwise(384, quant_out=q)))
-    # int8 codes in (conv2d's x_scale), int8 out: MobileNetV2's expand -> depthwise -> projection in int8
-    out.append(("depthwise fp16 3x3 int8-in int8-out", lambda: conv_depthwise(384, quant_out=True, quant_in=True)))
     if every:
         # The int8 residual stream (quantize_model's int8_residual): int8 residual in, int8 out.
         for cfg in conv_int8.INT8_CONV_CONFIGS:
             out.append((f"conv int8 plain unsigned int8-res int8-out {cfg}", lambda cfg=cfg: conv_gemm(
                 cfg, conv.MODE_PLAIN, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True)))
-        # The persistent pointwise kernel's residual one tile ahead (WARPFORGE_CONV_RES_PREFETCH), beside
-        # the same ResNet block output without it (int8 residual, folded int8 out, ReLU).
+        # The persistent pointwise kernel on a ResNet block output (int8 residual, folded int8 out, ReLU).
         for cfg in (c for c in conv_int8.INT8_CONV_CONFIGS if c.persistent):
-            for pre in (False, True):
-                out.append((f"conv int8 pointwise int8-res fold{' res-pre' if pre else ''} {cfg}", lambda cfg=cfg, pre=pre:
-                            conv_pointwise(cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True,
-                                           res_pre=pre, fold=True)))
+            out.append((f"conv int8 pointwise int8-res fold {cfg}", lambda cfg=cfg:
+                        conv_pointwise(cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True,
+                                       fold=True)))
         # The residual tuner's extra candidates (conv.residual_candidates): the 16-warps-per-SM tilings and the
         # res_dot twins, with the int8 residual and the folded int8 out (int8) or the fp16 residual.
         for cfg in (c for c in conv_int8._RES_TUNER.configs if c.persistent and (c.res_dot or
@@ -399,9 +393,7 @@ def jobs(every: bool) -> list[tuple[str, object]]:
             out.append((f"conv fp16 pointwise residual-tuner {cfg}",
                         lambda cfg=cfg: conv_pointwise(cfg, res_dot=cfg.res_dot)))
         for cfg in (c for c in conv.CONV_CONFIGS if c.persistent):
-            for pre in (False, True):
-                out.append((f"conv fp16 pointwise{' res-pre' if pre else ''} {cfg}",
-                            lambda cfg=cfg, pre=pre: conv_pointwise(cfg, res_pre=pre)))
+            out.append((f"conv fp16 pointwise {cfg}", lambda cfg=cfg: conv_pointwise(cfg)))
         # The narrow tuners' tilings (MobileNetV2's projections, with the skip; its space-to-depth stem).
         for cfg in conv.NARROW_TILINGS:
             kind = "pointwise" if cfg.persistent else "taps"
@@ -423,10 +415,9 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                 out.append((f"linear words fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear_words(cfg, fmt, g)))
     # Programmatic dependent launch (the LLM decode graphs): griddepcontrol wait + launch_dependents.
     cfg = next(c for c in gemv.LINEAR_CONFIGS[min(gemv.LINEAR_CONFIGS)] if not c.words)
-    out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1)))
-    out.append((f"linear pdl late {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=2)))  # trigger after the loop
+    out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1)))  # trigger after the loop
     out.append((f"linear gated silu {cfg}", lambda cfg=cfg: linear(cfg, 0, None, gate=2)))  # the MLP's down proj
-    out.append((f"linear pdl late norm {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=2, norm=2)))
+    out.append((f"linear pdl norm {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1, norm=2)))
     # Row-wise: every tuning candidate of the suite's shapes with --all; else each kernel variant once.
     seen: set = set()
     for m, n in SOFTMAX_SHAPES:

@@ -93,14 +93,10 @@ def test_int8_out(device, case, zero):
 
 
 def test_patchify_runs_on_the_matmul(device, monkeypatch):
-    """On by default (WARPFORGE_PATCH_GEMM=0 turns it off): stride == kernel, no padding, 16-bit: one gather +
-    kernels.matmul; an activation with a residual stays on the implicit GEMM (it adds the residual first)."""
+    """stride == kernel, no padding, 16-bit: one gather + kernels.matmul; an activation with a residual stays
+    on the implicit GEMM (it adds the residual first), and so does fp32."""
     calls, real = [], conv_mod._patch_gemm
     monkeypatch.setattr(conv_mod, "_patch_gemm", lambda *a: (calls.append(1), real(*a))[1])
-    monkeypatch.setenv("WARPFORGE_PATCH_GEMM", "0")
-    _run(device, torch.float16, 1, 5, 8, 8, 7, 2, 2, 0, 1, 1, None, False)
-    assert calls == []  # off when asked
-    monkeypatch.delenv("WARPFORGE_PATCH_GEMM", raising=False)
     _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, "gelu", False)
     _run(device, torch.float16, 2, 3, 9, 11, 10, 4, 4, 0, 1, 1, None, True)
     assert calls == [1, 1]
@@ -250,72 +246,10 @@ def test_cpu_dispatch_without_force_runs_reference():
         _dispatch._forced = prev
 
 
-def _run_int8_in(device, dtype, n, c, h, w, mult, k, s, p, act, res, int8_out, per_channel=False):
-    """A depthwise conv reading int8 codes (conv2d's x_scale, unsigned as after a ReLU6; per_channel: a scale
-    per input channel), fp out or int8 out, against the float64 reference on the dequantized codes."""
-    gen = torch.Generator().manual_seed(n * 1000 + c * 10 + k)
-    q = torch.randint(-128, 128, (n, c, h, w), generator=gen, dtype=torch.int8).to(device).to(memory_format=CL)
-    xs, zero = torch.tensor([0.0235], device=device), -128
-    if per_channel:  # scales 0.005 .. 0.05: channel c's codes must meet scale c, not a neighbour's
-        xs = (0.005 + 0.045 * torch.rand(c, generator=gen)).to(device)
-    x64 = (q.double() - zero) * xs.double().reshape(1, -1, 1, 1)
-    cout = c * mult
-    wt = (torch.randn(cout, 1, k, k, generator=gen) / k).to(device, dtype)
-    b = torch.randn(cout, generator=gen).to(device, dtype)
-    oh, ow = _out_hw(h, w, k, s, p, 1)
-    r = torch.randn(n, cout, oh, ow, generator=gen).to(device, dtype).to(memory_format=CL) if res else None
-    want = ref.conv2d_reference(x64, wt, b, stride=s, padding=p, groups=c, activation=act, residual=r,
-                                compute_dtype=F64)
-    os_ = torch.tensor([0.05], device=device) if int8_out else None
-    got = conv2d(q, wt, b, stride=s, padding=p, groups=c, activation=act, residual=r, x_scale=xs,
-                 x_zero_point=zero, out_scale=os_, out_zero_point=-128 if int8_out else 0)
-    assert got.is_contiguous(memory_format=CL) and got.shape == (n, cout, oh, ow)
-    if int8_out:
-        assert got.dtype == torch.int8
-        step = (got.int() - ref.quantize_int8_reference(want.float(), os_, -128).int()).abs().max()
-        assert step <= 1, step  # fp32 sums against float64: at most a rounding step apart
-    else:
-        assert got.dtype == dtype and rel_err(got, want) <= tol(dtype), (n, c, h, w, k, s, act, res)
-
-
-INT8_IN_CASES = [  # n, c, h, w, channel multiplier, k, stride, pad, act, residual, int8 out
-    (2, 24, 9, 11, 1, 3, 1, 1, "relu6", False, False),
-    (1, 20, 9, 9, 1, 3, 2, 1, "relu6", False, True),  # MobileNetV2's strided depthwise, odd C, int8 out
-    (2, 33, 7, 5, 1, 3, 1, 1, None, True, False),  # odd C, residual
-    (1, 6, 9, 5, 2, 5, 2, 2, "relu", False, True),  # channel multiplier 2, 5x5
-]
-
-
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
-@pytest.mark.parametrize("case", INT8_IN_CASES, ids=str)
-def test_depthwise_reads_int8_codes(case, per_channel):
-    _run_int8_in("cpu", torch.float16, *case, per_channel=per_channel)
-
-
-def test_int8_x_is_for_depthwise_convs_with_a_scale():
+def test_int8_x_is_refused_with_the_int8_conv_named():
     q = torch.zeros(1, 8, 5, 5, dtype=torch.int8).to(memory_format=CL)
-    w = torch.randn(8, 1, 3, 3, dtype=torch.float16)
-    with pytest.raises(ValueError, match="x_scale"):
-        conv2d(q, w, groups=8, padding=1)
-    with pytest.raises(ValueError, match="depthwise"):
-        conv2d(q, torch.randn(8, 8, 1, 1, dtype=torch.float16), x_scale=0.1)
-    with pytest.raises(ValueError, match="int8 codes"):
-        conv2d(q.half(), w, groups=8, padding=1, x_scale=0.1)
-    with pytest.raises(ValueError, match="x_zero_point"):
-        conv2d(q.half(), w, groups=8, padding=1, x_zero_point=3)
-    with pytest.raises(ValueError, match="x_zero_point"):
-        conv2d(q, w, groups=8, padding=1, x_scale=0.1, x_zero_point=300)
-    with pytest.raises(ValueError, match="per-channel scale must be float32"):
-        conv2d(q, w, groups=8, padding=1, x_scale=torch.full((7,), 0.1))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("case", INT8_IN_CASES + [(8, 96, 57, 55, 1, 3, 2, 1, "relu6", False, True),
-                                                  (8, 144, 29, 31, 1, 3, 1, 1, "relu6", False, False)], ids=str)
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
-def test_gpu_depthwise_reads_int8_codes(dtype, case, per_channel):
-    _run_int8_in("cuda", dtype, *case, per_channel=per_channel)
+    with pytest.raises(ValueError, match=r"x must have dtype in .*got torch.int8 \(int8 x with int8 weights: conv2d_int8\)"):
+        conv2d(q, torch.randn(8, 1, 3, 3, dtype=torch.float16), groups=8, padding=1)
 
 
 # ---- GPU: ResNet-50 layer shapes, bf16, depthwise at MobileNet sizes --------------------------
@@ -370,10 +304,9 @@ def test_taps_mode_drops_k_steps_wider_than_the_channels():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 32])
-def test_gpu_patchify_vit_embedding(batch, monkeypatch):
+def test_gpu_patchify_vit_embedding(batch):
     """ViT-B/16's 16x16/16 patch embedding on the matmul path at the batch sizes the vision suite runs
     (the batch-32 ViT build faulted on the H200 with this path and fuse_norm on, 2026-12-02: this isolates it)."""
-    monkeypatch.setenv("WARPFORGE_PATCH_GEMM", "1")
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, 3, 224, 224, device="cuda", generator=g).half().contiguous(memory_format=CL)
     w = (torch.randn(768, 3, 16, 16, device="cuda", generator=g) / 28).half()
@@ -395,16 +328,13 @@ S2D_CASES = [  # n, cin, h, w, cout, k, pad, act, residual: stride-2 stems on fe
 
 @pytest.mark.parametrize("case", S2D_CASES, ids=lambda c: "x".join(map(str, c[:7])))
 def test_stem_runs_space_to_depth(device, case, monkeypatch):
-    """A strided stem on <= 4 channels runs as a stride-1 conv over the space-to-depth input (on by default,
-    WARPFORGE_STEM_S2D=0 turns it off); the result matches the float64 reference either way."""
+    """A strided stem on <= 4 channels runs as a stride-1 conv over the space-to-depth input; the result
+    matches the float64 reference."""
     calls, real = [], conv_mod._space_to_depth
     monkeypatch.setattr(conv_mod, "_space_to_depth", lambda *a: (calls.append(1), real(*a))[1])
     n, cin, h, w, cout, k, p, act, res = case
     _run(device, torch.float16, n, cin, h, w, cout, k, 2, p, 1, 1, act, res)
     assert calls == [1]
-    monkeypatch.setenv("WARPFORGE_STEM_S2D", "0")
-    _run(device, torch.float16, n, cin, h, w, cout, k, 2, p, 1, 1, act, res)
-    assert calls == [1]  # off when asked
 
 
 @pytest.mark.parametrize("case", [c for c in S2D_CASES if not c[8]], ids=lambda c: "x".join(map(str, c[:7])))
@@ -498,7 +428,7 @@ def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
     """A pointwise conv with a residual: the base tuning (the key without a residual, which shipped
     winners serve) first, then the residual tuner under the key + the residual's dtype + the base, offered
     the base and the persistent tilings that fit (res_dot twins only for a 16-bit or int8 residual).
-    WARPFORGE_TUNE_RESIDUAL=0, or a conv that is not pointwise: the base alone."""
+    A conv that is not pointwise: the base alone."""
     from warpforge.kernels import conv as cm
 
     monkeypatch.setattr(cm, "INTERPRET", False)
@@ -525,11 +455,6 @@ def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
     assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res) == got
     assert len(res.asked) == 1  # remembered for the process
 
-    monkeypatch.setattr(cm, "_CHOSEN", {})
-    monkeypatch.setenv("WARPFORGE_TUNE_RESIDUAL", "0")
-    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res) == base
-    assert len(res.asked) == 1
-    monkeypatch.delenv("WARPFORGE_TUNE_RESIDUAL")
     g3 = cm._geometry(x, torch.randn(256, 64, 3, 3), None, 1, 1, 1, 1, None)  # a 3x3: not pointwise
     assert cm.choose_gemm_config(None, main, None, x, g3, cm.MODE_TAPS, out, r, lambda c, d: None, res) == base
     assert len(res.asked) == 1
@@ -539,8 +464,8 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     """A narrow conv (MobileNetV2's 144->24 projection with its skip): the base tuning first (only the default
     fits so narrow an output), then the narrow tuner under the key + the residual's dtype + the base, offered
     the base and the narrow tilings that fit (persistent ones only where the whole K fits one tile); the
-    residual tuner is not asked. WARPFORGE_TUNE_NARROW=0, a conv wider than NARROW_COUT, or one with fewer
-    than NARROW_MIN_M output pixels: not asked."""
+    residual tuner is not asked. A conv wider than NARROW_COUT, or one with fewer than NARROW_MIN_M output
+    pixels: not asked."""
     from warpforge.kernels import conv as cm
 
     monkeypatch.setattr(cm, "INTERPRET", False)
@@ -566,12 +491,6 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == got
     assert len(narrow.asked) == 1  # remembered for the process
 
-    monkeypatch.setattr(cm, "_CHOSEN", {})
-    monkeypatch.setenv("WARPFORGE_TUNE_NARROW", "0")
-    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == \
-        res.asked[-1][1][-1]  # the residual tuner's pick, as before the narrow tuner
-    assert len(narrow.asked) == 1
-    monkeypatch.delenv("WARPFORGE_TUNE_NARROW")
     wide = cm._geometry(x, torch.randn(64, 144, 1, 1), None, 1, 0, 1, 1, None)
     cm.choose_gemm_config(None, main, None, x, wide, cm.MODE_PLAIN, out, None, lambda c, d: None, res, narrow)
     assert len(narrow.asked) == 1

@@ -513,18 +513,16 @@ S2D_CASES = [  # image stems: stride 2 on <= 4 channels, 3x3+ (space-to-depth th
 
 @pytest.mark.parametrize("case,zero", S2D_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
 @pytest.mark.parametrize("out_kind", ["float16", "int8"])
-@pytest.mark.parametrize("s2d", ["1", "0"])
-def test_conv_int8_stem_space_to_depth(triton_on_cpu, device, gen, monkeypatch, case, zero, out_kind, s2d):
+def test_conv_int8_stem_space_to_depth(triton_on_cpu, device, gen, monkeypatch, case, zero, out_kind):
     """An int8 image stem runs as conv2d does it (space-to-depth pack padded with x's zero point, then the
-    taps loop) and matches the int8 reference; WARPFORGE_STEM_S2D=0: MODE_FLAT, the same result."""
+    taps loop) and matches the int8 reference."""
     from warpforge.kernels import conv as conv_mod
 
     calls = []
     real = conv_mod._s2d_pack_kernel
     monkeypatch.setattr(conv_mod, "_s2d_pack_kernel", _Spy(real, calls))
-    monkeypatch.setenv("WARPFORGE_STEM_S2D", s2d)
     run_case(gen, device, case, out_kind, x_zero=zero, out_zero=zero if out_kind == "int8" else 0)
-    assert len(calls) == (1 if s2d == "1" else 0)
+    assert len(calls) == 1
 
 
 class _Spy:
@@ -550,11 +548,8 @@ FOLD_CASES = [  # the folded int8-out epilogue: each activation it folds, both z
 
 @pytest.mark.parametrize("case,zero", FOLD_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
 @pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("fold", ["1", "0"])
-def test_conv_int8_folded_requant(triton_on_cpu, device, gen, monkeypatch, case, zero, split_k, fold):
-    """WARPFORGE_INT8_FOLD=1 (the default): int8 out through one folded FMA per element, ReLU / ReLU6 as the
-    clamp's bounds; the same codes as the reference up to a rounding tie (the FMA rounds once). =0: the
-    unfolded epilogue, kept for comparisons, on the same cases."""
-    monkeypatch.setenv("WARPFORGE_INT8_FOLD", fold)
+def test_conv_int8_folded_requant(triton_on_cpu, device, gen, case, zero, split_k):
+    """int8 out through one folded FMA per element, ReLU / ReLU6 as the clamp's bounds; the same codes as the
+    reference up to a rounding tie (the FMA rounds once)."""
     run_case(gen, device, case, "int8", config=ConvConfig(32, 32, 32, 4, 4, 1, split_k=split_k), x_zero=zero,
              out_zero=zero)

@@ -10,12 +10,14 @@ M not a multiple of the tile, C below the pow2 K tile (masked channels), Cout no
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from warpforge.kernels import conv as conv_mod
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import (CONV_CONFIGS, RES_DOT_ENV, RES_PREFETCH_ENV, TMA_EPI_ENV, ConvConfig, _fits, _tma_epilogue,
-                                    conv2d)
+from warpforge.kernels.conv import CONV_CONFIGS, ConvConfig, _fits, _tma_epilogue, conv2d
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.tolerance import rel_err, tolerance
 
@@ -130,7 +132,7 @@ def test_pointwise_int8_residual_and_dual_out(triton_on_cpu, device, gen, res_ze
                                                             out_zero_point=-128, **geo), "relu")
 
 
-def test_tma_epilogue_where_rows_allow(triton_on_cpu, device, monkeypatch):
+def test_tma_epilogue_where_rows_allow(triton_on_cpu, device):
     """The TMA epilogue serves an output (and residual) whose [M, Cout] rows are 16-byte multiples, one
     output; else the per-element epilogue (an empty dict: no descriptors, TMA_EPI off)."""
     def cl(c, dtype):
@@ -144,35 +146,30 @@ def test_tma_epilogue_where_rows_allow(triton_on_cpu, device, monkeypatch):
     assert _tma_epilogue(cl(48, torch.float16), None, cl(48, torch.int8), m, 48, PW16) == {}  # dual out
     nchw = torch.empty(2, 48, 7, 9, device=device, dtype=torch.float16)  # not channels_last: no [M, Cout] view
     assert _tma_epilogue(nchw, None, None, m, 48, PW16) == {}
-    monkeypatch.setenv(TMA_EPI_ENV, "0")
-    assert _tma_epilogue(cl(48, torch.int8), None, None, m, 48, PW16) == {}
 
 
-# (WARPFORGE_CONV_TMA_EPI, WARPFORGE_CONV_RES_PREFETCH): the pointer epilogue, TMA residual and output, the
-# residual one tile ahead with the output through TMA, and ahead with pointer stores
-# (WARPFORGE_CONV_TMA_EPI, WARPFORGE_CONV_RES_PREFETCH, WARPFORGE_CONV_RES_DOT)
-EPILOGUES = {"ptr": ("0", "0", "0"), "tma": ("1", "0", "0"), "pre-tma": ("1", "1", "0"), "pre-ptr": ("0", "1", "0"),
-             "dot-tma": ("1", "0", "1"), "dot-ptr": ("0", "0", "1")}
+# (TMA epilogue, residual through the MMA with the identity): the pointer epilogue (where no descriptor can
+# serve), TMA residual and output, and ConvConfig.res_dot with either output path
+EPILOGUES = {"ptr": (False, False), "tma": (True, False), "dot-tma": (True, True), "dot-ptr": (False, True)}
 
 
 @pytest.mark.parametrize("res_zero", [0, -128], ids=["signed-res", "unsigned-res"])
 @pytest.mark.parametrize("config", [PW16, PW16_2], ids=["p1", "p2"])
 def test_pointwise_epilogues_agree(triton_on_cpu, device, gen, monkeypatch, config, res_zero):
     """Int8 in, int8 residual, int8 out (the folded epilogue) and fp16 out, Cout 48 (TMA rows), M = 126 (the
-    last tile clipped; 8 M tiles, so each program walks several and the prefetch runs past the last): the
-    same codes from every epilogue in EPILOGUES, and the reference's."""
+    last tile clipped; 8 M tiles, so each program walks several): the same codes from every epilogue in
+    EPILOGUES, and the reference's."""
     x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, geo = _int8_residual_problem(gen, device, (2, 40, 7, 9, 48),
                                                                                 res_zero)
-    outs = {}
-    for name, (tma, pre, dot) in EPILOGUES.items():
-        monkeypatch.setenv(TMA_EPI_ENV, tma)
-        monkeypatch.setenv(RES_PREFETCH_ENV, pre)
-        monkeypatch.setenv(RES_DOT_ENV, dot)
+    outs, real = {}, conv_mod._tma_epilogue
+    for name, (tma, dot) in EPILOGUES.items():
+        monkeypatch.setattr(conv_mod, "_tma_epilogue", real if tma else lambda *a: {})
+        cfg = replace(config, res_dot=dot)
         out = _poisoned(shape, torch.int8, device).fill_(77)
         conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,
-                    out_scale=os_, out_zero_point=-128, out=out, config=config, **geo)
+                    out_scale=os_, out_zero_point=-128, out=out, config=cfg, **geo)
         out16 = _poisoned(shape, torch.float16, device)
-        conv2d_int8(x, wq, xs, ws, bias, residual=r_f.half(), out_dtype=torch.float16, out=out16, config=config,
+        conv2d_int8(x, wq, xs, ws, bias, residual=r_f.half(), out_dtype=torch.float16, out=out16, config=cfg,
                     **geo)
         outs[name] = (out, out16)
     for name in EPILOGUES:
@@ -185,7 +182,7 @@ def test_pointwise_epilogues_agree(triton_on_cpu, device, gen, monkeypatch, conf
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_pointwise_res_dot_float(triton_on_cpu, device, monkeypatch, dtype):
+def test_pointwise_res_dot_float(triton_on_cpu, device, dtype):
     """RES_DOT on float convs: an fp16 residual through the MMA with the identity gives the same outputs as
     the epilogue's load (exact: one non-zero term per sum); an fp32 one keeps the load (tf32 would round it)."""
     n, cin, h, w, cout, s, act, res = CASES[4]
@@ -195,10 +192,9 @@ def test_pointwise_res_dot_float(triton_on_cpu, device, monkeypatch, dtype):
     b = torch.randn(cout, generator=gen).to(device, dtype)
     r = (torch.randn(n, cout, h, w, generator=gen) * 3).to(device, dtype).to(memory_format=CL)
     outs = []
-    for dot in ("0", "1"):
-        monkeypatch.setenv(RES_DOT_ENV, dot)
+    for dot in (False, True):
         out = torch.full((n, cout, h, w), float("nan"), device=device, dtype=dtype).to(memory_format=CL)
-        outs.append(conv2d(x, wt, b, activation=act, residual=r, out=out, config=PW16_2))
+        outs.append(conv2d(x, wt, b, activation=act, residual=r, out=out, config=replace(PW16_2, res_dot=dot)))
     assert torch.equal(outs[0], outs[1])
     want = ref.conv2d_reference(x, wt, b, activation=act, residual=r, compute_dtype=F64)
     assert rel_err(outs[1], want) <= tolerance(dtype)
@@ -269,10 +265,10 @@ def _gpu_cases(config: ConvConfig):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("res_dot", ["0", "1"], ids=["res-load", "res-dot"])
+@pytest.mark.parametrize("res_dot", [False, True], ids=["res-load", "res-dot"])
 @pytest.mark.parametrize("config", [c for c in CONV_CONFIGS if c.persistent], ids=str)
-def test_gpu_pointwise_every_fp16_candidate(config, res_dot, monkeypatch):
-    monkeypatch.setenv(RES_DOT_ENV, res_dot)
+def test_gpu_pointwise_every_fp16_candidate(config, res_dot):
+    config = replace(config, res_dot=res_dot)
     gen = torch.Generator().manual_seed(5)
     for n, cin, h, w, cout, s, act, res in _gpu_cases(config):
         x = torch.randn(n, cin, h, w, generator=gen).cuda().half().to(memory_format=CL)
@@ -287,10 +283,10 @@ def test_gpu_pointwise_every_fp16_candidate(config, res_dot, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("res_dot", ["0", "1"], ids=["res-load", "res-dot"])
+@pytest.mark.parametrize("res_dot", [False, True], ids=["res-load", "res-dot"])
 @pytest.mark.parametrize("config", [c for c in INT8_CONV_CONFIGS if c.persistent], ids=str)
-def test_gpu_pointwise_every_int8_candidate(config, res_dot, monkeypatch):
-    monkeypatch.setenv(RES_DOT_ENV, res_dot)
+def test_gpu_pointwise_every_int8_candidate(config, res_dot):
+    config = replace(config, res_dot=res_dot)
     gen = torch.Generator().manual_seed(6)
     for n, cin, h, w, cout, s, act, res in _gpu_cases(config):
         for x_zero, out_kind in [(-128, "int8"), (0, "float16")]:

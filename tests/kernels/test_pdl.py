@@ -13,37 +13,33 @@ from warpforge.kernels._dispatch import pdl
 def test_pdl_is_off_unless_asked_and_never_on_cpu():
     x = torch.ones(4)
     assert pdl(x) == 0
-    for mode in (True, "early", "late"):
-        with programmatic_launch(mode):
-            assert pdl(x) == 0  # CPU tensors (and the interpreter) never launch with PDL
-            with programmatic_launch(False):
-                assert pdl(x) == 0
+    with programmatic_launch(True):
+        assert pdl(x) == 0  # CPU tensors (and the interpreter) never launch with PDL
+        with programmatic_launch(False):
+            assert pdl(x) == 0
     assert pdl(x) == 0
 
 
-def test_pdl_modes_and_bad_ones():
-    from warpforge.kernels._dispatch import PDL_EARLY, PDL_LATE, PDL_OFF, pdl_mode
-
-    assert [pdl_mode(m) for m in (False, True, "early", "late")] == [PDL_OFF, PDL_EARLY, PDL_EARLY, PDL_LATE]
-    for bad in ("yes", 1, None, "Late"):
-        with pytest.raises(ValueError, match="pdl: expected False, True, 'early' or 'late'"):
-            pdl_mode(bad)
-        with pytest.raises(ValueError, match="pdl"):
+def test_pdl_takes_a_bool():
+    for bad in ("late", "yes", 1, None):
+        with pytest.raises(ValueError, match="pdl: expected True or False, got"):
             with programmatic_launch(bad):
                 pass
 
 
-def test_engine_config_reads_pdl_from_the_environment(monkeypatch):
+def test_engine_config_reads_pdl_from_the_settings(monkeypatch):
     from warpforge.llm.engine_config import EngineConfig
 
     monkeypatch.delenv("WARPFORGE_PDL", raising=False)
     assert EngineConfig().pdl is False
     monkeypatch.setenv("WARPFORGE_PDL", "1")
-    assert EngineConfig().pdl is True and EngineConfig(pdl=False).pdl is False
+    assert EngineConfig().pdl is True and EngineConfig(pdl=False).pdl is False  # an explicit field wins
     monkeypatch.setenv("WARPFORGE_PDL", "late")
-    assert EngineConfig().pdl == "late" and EngineConfig(pdl="early").pdl == "early"
-    with pytest.raises(ValueError, match="pdl"):
-        EngineConfig(pdl="yes")
+    with pytest.raises(ValueError, match="^WARPFORGE_PDL: expected 1/on/true/yes or 0/off/false/no, got 'late'"):
+        EngineConfig()
+    monkeypatch.delenv("WARPFORGE_PDL")
+    with pytest.raises(ValueError, match="^pdl: expected a bool"):
+        EngineConfig(pdl="late")
 
 
 def _chain(x, r, w_norm, w1, w2):
@@ -72,7 +68,7 @@ def test_pdl_chain_in_a_cuda_graph_is_bit_identical(m):
     w2 = (torch.randn(2048, 5632, device="cuda", generator=g) / 75).to(dt)
     want = _chain(x, r, w_norm, w1, w2)
     outs = {}
-    for on in (False, True, "late"):
+    for on in (False, True):
         with programmatic_launch(on):
             _chain(x, r, w_norm, w1, w2)  # compile outside capture
             torch.cuda.synchronize()
@@ -87,16 +83,15 @@ def test_pdl_chain_in_a_cuda_graph_is_bit_identical(m):
                 assert torch.equal(a, b), f"pdl={on}"
 
 
-@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("m, n, k, split", [(1, 37, 300, None), (1, 64, 1024, 4), (5, 50, 129, None)])
-def test_linear_pdl_path_prefetches_the_first_weight_tile_and_stays_exact(monkeypatch, m, n, k, split, mode):
+def test_linear_pdl_path_prefetches_the_first_weight_tile_and_stays_exact(monkeypatch, m, n, k, split):
     """With PDL the GEMV loads its first weight tile before the wait and peels that K step off the loop:
     run that code path (the interpreter skips the wait itself) on odd sizes and split-K."""
     from warpforge.kernels import force_triton
     from warpforge.kernels import gemv
     from warpforge.kernels.gemv import LinearConfig, linear
 
-    monkeypatch.setattr(gemv, "pdl", lambda x: mode)
+    monkeypatch.setattr(gemv, "pdl", lambda x: 1)
     g = torch.Generator().manual_seed(m * 1000 + k)
     x = torch.randn(m, k, generator=g)
     w = torch.randn(n, k, generator=g)

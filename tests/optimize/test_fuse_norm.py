@@ -63,17 +63,11 @@ def test_fuses_norms_and_their_adds_and_keeps_outputs_fp32():
     assert sum(isinstance(m, FusedLayerNorm) and m.residual for m in gm.modules()) == 4
 
 
-def test_float_passes_give_the_adds_to_the_norms_first(monkeypatch):
-    """On by default (WARPFORGE_FUSE_NORM=0 or fuse_norm=False turns it off): in the float pipeline fuse_norm
-    runs before fuse_linear, so the adds feeding a norm go to the norm and every residual add here does;
-    outputs kept."""
-    monkeypatch.delenv("WARPFORGE_FUSE_NORM", raising=False)
-    assert "fuse_norm" in [p.name for p in float_passes()]
-    monkeypatch.setenv("WARPFORGE_FUSE_NORM", "0")
-    assert "fuse_norm" not in [p.name for p in float_passes()]
-    assert "fuse_norm" in [p.name for p in float_passes(fuse_norm=True)]
+def test_float_passes_give_the_adds_to_the_norms_first():
+    """In the float pipeline fuse_norm runs before fuse_linear, so the adds feeding a norm go to the norm and
+    every residual add here does; outputs kept."""
     model, inputs = _randomize(_Net()), _inputs()
-    gm, rep = optimize_graph(model, inputs, float_passes(fuse_norm=True))
+    gm, rep = optimize_graph(model, inputs, float_passes())
     names = [p["name"] for p in rep["passes"]]
     assert names.index("fuse_norm") < names.index("fuse_linear")
     fused_res = [m for m in gm.modules() if isinstance(m, FusedLinear) and m.has_residual]

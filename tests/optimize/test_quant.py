@@ -257,11 +257,10 @@ def test_quantize_model_on_the_fused_graph():
     # unsigned: inputs after a ReLU/ReLU6 (stem -> conv1, relu -> conv2, dw's relu6 -> pw); SiLU's are signed
     assert {n for n, r in layers.items() if r.unsigned} == {"block_conv1_fused", "block_conv2_fused", "pw_0_fused"}
     # int8 out where a quantized conv feeds only another one's input (conv2 feeds the float dw conv, which
-    # reads float: int8_depthwise_input is off by default, see test_int8_depthwise_input)
+    # reads float)
     assert {n for n, r in layers.items() if r.int8_out} == {"block_conv1_fused", "pw_0_fused"}
     assert gm.block_conv1_fused.out_scale is not None and gm.block_conv2_fused.out_scale is None
     assert gm.block_conv1_fused.out_zero_point == -128 and gm.pw_0_fused.out_zero_point == 0
-    assert gm.dw_0_fused.act_scale is None and not any(k.int8_in for k in report.kept)
     # the float depthwise conv quantizes pw's input in its own epilogue (unsigned: pw reads a ReLU6)
     assert {k.name for k in report.kept if k.int8_out} == {"dw_0_fused"}
     assert torch.equal(gm.dw_0_fused.out_scale, gm.pw_0_fused.act_scale) and gm.dw_0_fused.out_zero_point == -128
@@ -279,61 +278,11 @@ def test_fused_requantization_is_exact_on_cpu():
     """Storing int8 from the producer's epilogue quantizes the same fp32 value the consumer would."""
     _, gm_a, calib, held_out = _fused_graph(seed=3)
     _, gm_b, _, _ = _fused_graph(seed=3)
-    quantize_model(gm_a, calib, requant=True, int8_depthwise_input=False)
+    quantize_model(gm_a, calib, requant=True)
     _, rep_b = quantize_model(gm_b, calib, requant=False)
     assert not any(r.int8_out for r in rep_b.layers)
     with torch.no_grad():
         assert torch.equal(gm_a(held_out), gm_b(held_out))
-
-
-def _grab(store: dict, key: str):
-    """A forward pre-hook keeping the first call's input under ``key``; returns None (the arguments stay)."""
-    def hook(m, args):
-        store.setdefault(key, args[0])
-    return hook
-
-
-def test_int8_depthwise_input():
-    """The float depthwise conv reads the int8 codes of the int8 conv before it: exactly the float conv on
-    those codes dequantized; off, or with that producer kept float, it reads float as before."""
-    from warpforge.optimize.passes.fuse_conv import FusedConv2d
-
-    model, gm_on, calib, held_out = _fused_graph(seed=5)
-    _, gm_off, _, _ = _fused_graph(seed=5)
-    _, gm_skip, _, _ = _fused_graph(seed=5)
-    _, rep_on = quantize_model(gm_on, calib, int8_depthwise_input=True)
-    assert {k.name for k in rep_on.kept if k.int8_in} == {"dw_0_fused"} and "<- int8 in" in str(rep_on)
-    assert torch.equal(gm_on.block_conv2_fused.out_scale, gm_on.dw_0_fused.act_scale)
-    assert gm_on.block_conv2_fused.out_zero_point == gm_on.dw_0_fused.act_zero_point == -128  # after a ReLU
-    _, rep_off = quantize_model(gm_off, calib, int8_depthwise_input=False)
-    _, rep_skip = quantize_model(gm_skip, calib, int8_depthwise_input=True, skip=("block_conv2_fused",))
-    assert gm_off.dw_0_fused.act_scale is None and gm_off.block_conv2_fused.out_scale is None
-    assert not any(k.int8_in for k in rep_off.kept)
-    # the producer kept float: nothing quantized for the depthwise conv (no error added to a float path)
-    assert gm_skip.dw_0_fused.act_scale is None and not any(k.int8_in for k in rep_skip.kept)
-    dw_in = {}
-    gm_on.dw_0_fused.register_forward_pre_hook(_grab(dw_in, "x"))
-    with torch.no_grad():
-        expect, on, off = model(held_out), gm_on(held_out), gm_off(held_out)
-    x = dw_in["x"]
-    assert x.dtype == torch.int8 and int(x.min()) >= -128 and int(x.max()) > 0
-    dw = gm_on.dw_0_fused
-    ref = FusedConv2d(nn.Conv2d(dw.weight.shape[0], dw.weight.shape[0], 3, padding=dw.padding, groups=dw.groups,
-                                bias=dw.bias is not None), dw.activation, False)
-    ref.weight, ref.bias = dw.weight, dw.bias
-    ref.out_scale, ref.out_zero_point = dw.out_scale, dw.out_zero_point  # (int8 out for pw, as before)
-    with torch.no_grad():
-        got = dw(x)
-        want = ref((x.float() - dw.act_zero_point) * dw.act_scale)
-    assert torch.equal(got, want)
-    # accuracy: the codes' error shows up in the producer's own per-layer error, and stays small end to end
-    err = {r.name: r.rel_err for r in rep_on.layers}
-    err_off = {r.name: r.rel_err for r in rep_off.layers}
-    assert err["block_conv2_fused"] > err_off["block_conv2_fused"]
-    assert err["block_conv2_fused"] < 0.05
-    assert _cosine(on, expect) > 0.999 and _cosine(off, expect) > 0.999
-    with pytest.raises(ValueError, match="no act_scale"):
-        gm_off.dw_0_fused(x)
 
 
 def test_quantized_graph_on_the_triton_kernels_matches_the_references():
@@ -369,18 +318,14 @@ def test_quantize_model_options():
         quantize_model(nn.Sequential(nn.Conv2d(16, 8, 1)), [(torch.randn(2, 15, 5, 5),)])
 
 
-@pytest.mark.parametrize("how", ["arg", "env"])
-def test_quantize_model_int8_stem(monkeypatch, how):
-    """int8_stem (or WARPFORGE_INT8_STEM=1): the 3x3/2 RGB stem runs int8 too (space-to-depth in the kernel),
-    its signed image input quantized; the graph still matches the float model, and on the Triton kernels
-    (interpreter) the references."""
+def test_quantize_model_int8_stem_on_request():
+    """min_channels=1: the 3x3/2 RGB stem runs int8 too (space-to-depth in the kernel), its signed image input
+    quantized; the graph still matches the float model, and on the Triton kernels (interpreter) the
+    references. By default it stays float."""
     model, gm, calib, held_out = _fused_graph(seed=6)
     with torch.no_grad():
         expect = model(held_out)
-    kw = {"int8_stem": True} if how == "arg" else {}
-    if how == "env":
-        monkeypatch.setenv("WARPFORGE_INT8_STEM", "1")
-    _, report = quantize_model(gm, calib, **kw)
+    _, report = quantize_model(gm, calib, min_channels=1)
     assert isinstance(gm.stem_0_fused, QuantConv2d) and gm.stem_0_fused.act_zero_point == 0  # the image is signed
     assert "stem_0_fused" in {r.name for r in report.layers}
     assert {k.name for k in report.kept} == {"dw_0_fused"}
@@ -390,9 +335,8 @@ def test_quantize_model_int8_stem(monkeypatch, how):
         with force_triton():
             tri = gm(held_out[:2])
     assert _cosine(tri, got[:2]) > 0.9999
-    monkeypatch.delenv("WARPFORGE_INT8_STEM", raising=False)
     _, gm2, _, _ = _fused_graph(seed=6)
-    _, report = quantize_model(gm2, calib)  # off by default
+    _, report = quantize_model(gm2, calib)
     assert "image stem" in {k.name: k.reason for k in report.kept}["stem_0_fused"]
 
 
@@ -412,7 +356,7 @@ class _PoolStem(nn.Module):
 
 
 def test_int8_stem_feeds_an_int8_max_pool():
-    """With the stem int8, its output is stored int8 at the pool readers' scale and the max pool runs on the
+    """With the stem int8 (min_channels=1), its output is stored int8 at the pool readers' scale and the max pool runs on the
     codes (passes.pool.MaxPool2d): no float pool, no quantize kernel; the same result as the float pool quantized."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.passes.pool import MaxPool2d
@@ -425,7 +369,7 @@ def test_int8_stem_feeds_an_int8_max_pool():
     held_out = image(n=4, hw=32, seed=23)
     with torch.no_grad():
         expect = model(held_out)
-    qm, report = quantize_model(gm, calib, int8_stem=True)
+    qm, report = quantize_model(gm, calib, min_channels=1)
     pools = [m for m in qm.modules() if isinstance(m, MaxPool2d)]
     assert len(pools) == 1 and not any(isinstance(m, nn.MaxPool2d) for m in qm.modules())
     stem = [m for m in qm.modules() if isinstance(m, QuantConv2d) and m.weight_q.shape[1] == 3][0]

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from warpforge._paths import default_store_url
+from warpforge.settings import default_store_url
 
 UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
 CPU_NOTE = ("No CUDA device: 'ours' ran the torch reference path on the CPU (DESIGN.md \"Dispatch\"), "

@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warpforge import settings
+
 if TYPE_CHECKING:  # torch stays unimported for `warpforge results`, which only reads and validates
     import torch
 
@@ -71,18 +73,14 @@ def _triton_version() -> str | None:
         return None
 
 
-# Where results go and which revision ran: not knobs that change what is measured.
-NOT_KNOBS = ("WARPFORGE_GIT", "WARPFORGE_STORE", "WARPFORGE_CACHE_DIR")
-
-
 def knobs() -> dict[str, str]:
-    """The WARPFORGE_* switches set in the environment (e.g. WARPFORGE_FUSE_NORM=0): a record says which
-    ones it ran under, since they change the code path measured."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("WARPFORGE_") and k not in NOT_KNOBS}
+    """The settings set in the environment that change what runs (e.g. WARPFORGE_AUTOTUNE=0): a record says
+    which ones it ran under (:func:`warpforge.settings.knobs`)."""
+    return settings.knobs()
 
 
 def device_info(device: torch.device) -> dict[str, Any]:
-    """What ran the case (with ``knobs`` when any WARPFORGE_* switch is set). On CPU ``name`` is "cpu": the
+    """What ran the case (with ``knobs`` when a setting that changes what runs is set). On CPU ``name`` is "cpu": the
     figures are then the torch reference path's."""
     import torch
 
@@ -104,8 +102,8 @@ def git_version() -> str | None:
     ``WARPFORGE_GIT`` names the revision where the code runs from a copy without .git (a GPU box
     that received the working tree).
     """
-    if os.environ.get("WARPFORGE_GIT"):
-        return os.environ["WARPFORGE_GIT"]
+    if settings.current().git:
+        return settings.current().git
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,

@@ -118,7 +118,7 @@ def _slug(name: str) -> str:
 
 def cache_path(device_name: str) -> Path:
     """``cache_dir()/probe/<slug>.json``, e.g. ``.../probe/nvidia-h200.json``."""
-    from warpforge._paths import cache_dir
+    from warpforge.settings import cache_dir
 
     return cache_dir() / "probe" / f"{_slug(device_name)}.json"
 

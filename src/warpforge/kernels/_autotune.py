@@ -16,12 +16,12 @@ and serve a bucket the user's cache lacks (when their candidate list is the curr
 process on such a GPU does not spend minutes compiling candidates (a Gemma 3 270M batch-64 bench on a
 fresh H200 had not finished tuning after 150 s). ``benchmarks/run_gpu.sh`` brings a box's cache back.
 
-Knobs (environment):
+Settings (:mod:`warpforge.settings`, docs/settings.md):
   WARPFORGE_AUTOTUNE=0        never tune; use each kernel's default config (first in its list)
+  WARPFORGE_AUTOTUNE=cold     ignore the shipped winners (a truly cold start: the vision suite's
+                              wall-time case measures optimize() so)
   WARPFORGE_AUTOTUNE=retune   ignore cached winners and tune again (and overwrite them)
   WARPFORGE_AUTOTUNE_VERBOSE=1  print each config's time while tuning
-  WARPFORGE_AUTOTUNE_SHIPPED=0  ignore the shipped winners (a truly cold start: the vision suite's
-                              wall-time case measures optimize() so)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Generic, TypeVar
 import torch
 import triton
 
-from warpforge import _paths
+from warpforge import settings
 
 C = TypeVar("C")  # a frozen dataclass config
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
@@ -78,11 +78,11 @@ class Tuner(Generic[C]):
     # ---- disk cache ---------------------------------------------------------------------------
     def _path(self, device: torch.device) -> Path:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        return _paths.cache_dir() / "autotune" / f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
+        return settings.cache_dir() / "autotune" / f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
 
     def _shipped(self, path: Path) -> dict[str, Any]:
         """The package's winners for the same device, Triton version and kernel (see the module docstring)."""
-        if os.environ.get("WARPFORGE_AUTOTUNE_SHIPPED", "1").lower() in ("0", "off", "false", "no"):
+        if settings.current().autotune == "cold":
             return {}
         return self._load(SHIPPED_DIR / path.name)
 
@@ -111,8 +111,8 @@ class Tuner(Generic[C]):
         candidates = [c for c in self.configs if valid is None or valid(c)]
         if not candidates:
             raise ValueError(f"{self.kernel}: no candidate config fits bucket {bucket}")
-        mode = os.environ.get("WARPFORGE_AUTOTUNE", "1").lower()
-        if mode in ("0", "off", "false") or len(candidates) == 1 or device.type != "cuda":
+        mode = settings.current().autotune
+        if mode == "off" or len(candidates) == 1 or device.type != "cuda":
             return candidates[0]
         key = repr(bucket)
         mem_key = (str(device), key)
@@ -140,7 +140,7 @@ class Tuner(Generic[C]):
             return cfg
 
     def _tune(self, candidates: list[C], run: Callable[[C], Any], bucket: tuple) -> tuple[C, float]:
-        verbose = os.environ.get("WARPFORGE_AUTOTUNE_VERBOSE", "0") == "1"
+        verbose = settings.current().autotune_verbose
         best, best_ms = None, float("inf")
         for cfg in candidates:
             try:

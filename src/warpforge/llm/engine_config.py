@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 
-from warpforge.kernels._env import env_flag
+from warpforge import settings
 
 # Decode batch sizes captured as CUDA graphs by default (nano-vllm's set): small sizes one by one
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
@@ -38,15 +37,13 @@ class EngineConfig:
     kv_cache_dtype          "auto" (the model's dtype) or "fp8" (e4m3 pages with per-head scales)
     async_scheduling        queue decode step n + 1 before reading step n's tokens (see LLMEngine.step)
     pdl                     programmatic dependent launch inside the decode CUDA graphs (Hopper and newer:
-                            each kernel launches while the one before it drains; kernels/_dispatch.py):
-                            True or "early" (the next kernel may launch once every program has waited),
-                            "late" (once every program is past its main loop), False. None: the
-                            WARPFORGE_PDL environment variable ("1"/"early", "late"), else off: "early"
-                            made the 1B batch-1 decode 9% slower on the H200 (benchmarks/NOTES.md)
+                            each kernel launches while the one before it drains, once every program of
+                            that one is past its main loop; kernels/_dispatch.py). None: the WARPFORGE_PDL
+                            setting, off by default until measured on the H200
     fused_norm              compute the RMSNorms before the qkv and gate_up projections inside those
                             projections' GEMVs (decode sizes; CausalLM.fuse_norms): two norm kernels per
-                            layer fewer. None: the WARPFORGE_FUSED_NORM environment variable ("1"), else
-                            off until measured on the H200
+                            layer fewer. None: the WARPFORGE_FUSED_NORM setting, off by default until
+                            measured on the H200
     seed                    seed of the unseeded sampling rows' random stream
     """
 
@@ -61,7 +58,7 @@ class EngineConfig:
     cuda_graph_batch_sizes: list[int] | None = field(default=None)
     kv_cache_dtype: str = "auto"
     async_scheduling: bool = True
-    pdl: bool | str | None = None
+    pdl: bool | None = None
     fused_norm: bool | None = None
     seed: int = 0
 
@@ -72,18 +69,15 @@ class EngineConfig:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("page_size", self.page_size, 1)
         if self.pdl is None:
-            env = os.environ.get("WARPFORGE_PDL", "0").strip().lower()
-            self.pdl = "late" if env == "late" else env in ("1", "on", "true", "yes", "early")
-        elif not (isinstance(self.pdl, bool) or self.pdl in ("early", "late")):
-            raise ValueError(f"pdl: expected True, False, 'early', 'late' or None, got {self.pdl!r}")
+            self.pdl = settings.current().pdl
         if self.fused_norm is None:
-            self.fused_norm = env_flag("WARPFORGE_FUSED_NORM")
+            self.fused_norm = settings.current().fused_norm
         if self.num_pages is not None:
             _check_int("num_pages", self.num_pages, 1)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: expected 0 < x <= 1, got {u!r}")
-        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling", "fused_norm"):
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling", "pdl", "fused_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

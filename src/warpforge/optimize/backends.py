@@ -206,9 +206,9 @@ INT8_OBSERVER = "max"
 
 def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: str = INT8_OBSERVER,
                  capture: str = "auto") -> Callable[..., Built]:
-    """``rebuild(keep_float={}, graph=True, bias_correction=None) -> Built``: warpforge-int8 on ``model``, with
+    """``rebuild(keep_float={}, graph=True, bias_correction=False) -> Built``: warpforge-int8 on ``model``, with
     the layers named in ``keep_float`` ({layer: why}) left in the candidate's float dtype (``bias_correction``:
-    quantize_model's; None reads WARPFORGE_INT8_BIAS_CORRECTION). The pipeline runs once, here; each
+    quantize_model's). The pipeline runs once, here; each
     rebuild quantizes a fresh copy of its graph (calibration sees the float model's activations, so a
     layer's scale does not depend on which others stay float). ``graph``: replay as a CUDA graph where
     the inputs allow it (the fallback's trials skip the capture). With no layer quantizable the build
@@ -221,13 +221,10 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
     calib_t = [_cast_floats(c, dtype) for c in calib]
 
     def rebuild(keep_float: dict[str, str] | None = None, graph: bool = True,
-                bias_correction: bool | None = None) -> Built:
-        from warpforge.kernels._env import env_flag
-        from warpforge.optimize.quant import BIAS_CORRECTION_ENV, quantize_model
+                bias_correction: bool = False) -> Built:
+        from warpforge.optimize.quant import quantize_model
 
         keep_float = dict(keep_float or {})
-        if bias_correction is None:
-            bias_correction = env_flag(BIAS_CORRECTION_ENV)
         gm, quant = quantize_model(copy.deepcopy(gm_float), calib_t, observer=observer, skip=tuple(keep_float),
                                    bias_correction=bias_correction)
         for k in quant.kept:  # quantize_model says "skipped by request": say why it was asked

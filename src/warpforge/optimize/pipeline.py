@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from warpforge.kernels._env import env_flag
 from warpforge.optimize.capture import capture as capture_model
 from warpforge.optimize.passes.attention import ReplaceAttention
 from warpforge.optimize.passes.base import Pass, PassContext, PassResult
@@ -32,20 +31,14 @@ def default_passes() -> list[Pass]:
             ReplaceAttention(cuda_only=True)]
 
 
-FUSE_NORM_ENV = "WARPFORGE_FUSE_NORM"
-
-
-def float_passes(fuse_norm: bool | None = None) -> list[Pass]:
+def float_passes() -> list[Pass]:
     """The float candidates' pipeline (warpforge-fp32/fp16/bf16): the defaults, then layer norms with the
-    residual adds before them onto the norm kernel (passes/fuse_norm.py; ``fuse_norm=False`` or
-    WARPFORGE_FUSE_NORM=0 leaves them to torch), then linears merged and fused into the matmul kernel
-    (passes/fuse_linear.py). On the H200 (2026-12-02) fuse_norm with the patch-embedding GEMM
-    (kernels/conv.py) took ViT-B/16 b32 from 3.18 to 2.78 ms (torch.compile 3.15) and the planner at b1 from
-    0.58 to 0.47 ms. Not the quantizing candidates' first step: int8, fp8 and weight-only passes replace
+    residual adds before them onto the norm kernel (passes/fuse_norm.py), then linears merged and fused into
+    the matmul kernel (passes/fuse_linear.py). On the H200 (2026-12-02) fuse_norm with the patch-embedding
+    GEMM (kernels/conv.py) took ViT-B/16 b32 from 3.18 to 2.78 ms (torch.compile 3.15) and the planner at b1
+    from 0.58 to 0.47 ms. Not the quantizing candidates' first step: int8, fp8 and weight-only passes replace
     Linear modules themselves."""
-    if fuse_norm is None:
-        fuse_norm = env_flag(FUSE_NORM_ENV, default=True)
-    return default_passes() + ([FuseNorm()] if fuse_norm else []) + [FuseLinear()]
+    return default_passes() + [FuseNorm(), FuseLinear()]
 
 
 class Pipeline:

@@ -35,8 +35,6 @@ import torch
 from torch import fx, nn
 
 from warpforge.kernels import reference
-from warpforge.kernels._env import env_flag
-from warpforge.kernels.conv import is_s2d_stem
 from warpforge.kernels.conv_int8 import MAX_K, conv2d_int8
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_int8 import INT8_MAX, matmul_int8
@@ -50,25 +48,6 @@ __all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Obser
            "quantize_model"]
 
 MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
-# quantize_model's int8_residual, on by default since measured on the H200 (2026-12-02, git 30c1e70): ResNet-50
-# b32 int8 forward 1.453 -> 1.417 ms in one run, the real MobileNetV2's top-1 0.9923 (>= 0.99) with it on.
-INT8_RESIDUAL_ENV = "WARPFORGE_INT8_RESIDUAL"
-BIAS_CORRECTION_ENV = "WARPFORGE_INT8_BIAS_CORRECTION"
-EQUALIZE_ENV = "WARPFORGE_INT8_EQUALIZE"
-# An image stem (stride 2 on <= 4 channels, 3x3 or more: conv2d_int8 runs it through space-to-depth and the
-# taps loop) quantized too, its input the network's image. Off until measured (accuracy and speed).
-INT8_STEM_ENV = "WARPFORGE_INT8_STEM"
-# A depthwise conv (kept float) reading int8 codes from the int8 conv before it (MobileNetV2's expand conv):
-# that conv stores int8 at the depthwise conv's calibrated input scale, half the bytes of the network's
-# largest tensors, and the depthwise kernel dequantizes in its fp32 sums (kernels.conv: x_scale). Off by
-# default: measured on the H200 (2026-12-04, git fdc0e24, real MobileNetV2 b32) it loses on both counts.
-# The int8-in depthwise kernel is not faster than the fp16-in one (17 convs: 322 against 296 us at the
-# default tiling, 281 against 263 at the best; converting codes costs more issue slots than the bytes
-# save), the expand convs gain 11 us, and the codes' error makes the accuracy fallback keep more layers
-# float (9 of 35 int8 instead of 14): int8 0.715 ms against 0.684 without it. A scale per channel (tried:
-# each channel's calibration max) was worse still: on 5 calibration photos the deep layers' channels clip
-# on other images (every layer int8: top-1 0.75 against 0.96).
-INT8_DW_INPUT_ENV = "WARPFORGE_INT8_DW_INPUT"
 
 
 def weight_bias_correction(q: nn.Module, w: torch.Tensor, groups: int, x_mean: torch.Tensor) -> torch.Tensor:
@@ -380,7 +359,6 @@ class KeptLayer:
     type: str
     reason: str
     int8_out: bool = False  # a float conv that stores int8 for the int8 layer it feeds
-    int8_in: bool = False  # a float depthwise conv that reads the int8 codes of the int8 conv before it
 
 
 @dataclass
@@ -389,7 +367,6 @@ class QuantReport:
     kept: list[KeptLayer] = field(default_factory=list)
     output_rel_err: float | None = None  # whole-model output vs the float model (tensor outputs only)
     output_cosine: float | None = None
-    equalized: list[dict] = field(default_factory=list)  # equalize=True: the streams rescaled (optimize/equalize.py)
 
     def __str__(self) -> str:
         rows = [f"{'layer':<30} {'type':<12} {'observer':<10} {'scale':>10} {'rel_err':>9} {'cosine':>9}"]
@@ -397,7 +374,7 @@ class QuantReport:
                  f"{r.cosine:>9.6f}{'  unsigned' if r.unsigned else ''}"
                  f"{'  -> float + int8 out' if r.dual_out else '  -> int8 out' if r.int8_out else ''}"
                  for r in self.layers]
-        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}{'  <- int8 in' if k.int8_in else ''}"
+        rows += [f"{k.name or '<model>':<30} {k.type:<12} kept float: {k.reason}"
                  f"{'  -> int8 out' if k.int8_out else ''}" for k in self.kept]
         if self.output_rel_err is not None:
             rows.append(f"model output: rel_err {self.output_rel_err:.2e}, cosine {self.output_cosine:.6f}")
@@ -406,8 +383,7 @@ class QuantReport:
     def as_dict(self) -> dict[str, Any]:
         return {"layers": [{"decision": "int8", **asdict(r)} for r in self.layers],
                 "kept": [{"decision": "float", **asdict(k)} for k in self.kept],
-                "output_rel_err": self.output_rel_err, "output_cosine": self.output_cosine,
-                **({"equalized": self.equalized} if self.equalized else {})}
+                "output_rel_err": self.output_rel_err, "output_cosine": self.output_cosine}
 
 
 class _ErrorStats:
@@ -447,15 +423,8 @@ def _kind(m: nn.Module) -> str | None:
     return None
 
 
-def _s2d_stem(m: nn.Module) -> bool:
-    """An image stem that conv2d_int8 runs on int8 tensor cores through space-to-depth."""
-    cout, cin_g, kh, kw = m.weight.shape
-    return is_s2d_stem(m.groups, m.stride, m.dilation, cin_g * m.groups, kh, kw)
-
-
-def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int, int8_stem: bool = False) -> str | None:
-    """Why layer ``m`` must stay float, or None when it can run int8. ``int8_stem``: an image stem
-    (:func:`_s2d_stem`) may run int8 despite its few channels."""
+def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int) -> str | None:
+    """Why layer ``m`` must stay float, or None when it can run int8."""
     if not m.weight.is_floating_point():
         return f"weight dtype {m.weight.dtype} is not floating point"
     if isinstance(parent, nn.MultiheadAttention):
@@ -468,11 +437,11 @@ def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int, int8_s
     if m.groups > 1 and cin_g == 1:
         return (f"depthwise ({m.groups} groups): memory-bound at {kh * kw} MACs per loaded value, int8 tensor "
                 "cores gain it little; stays on the float conv kernel")
-    if int8_stem and _s2d_stem(m):
-        return None
     if cin_g < min_channels:
         # MobileNetV2 (ImageNet weights): int8 on the stem's input alone moved the logits by 5% (relative),
-        # as much as any other single layer, for a conv with K = 27 that tensor cores barely serve.
+        # as much as any other single layer, for a conv with K = 27 that tensor cores barely serve. ResNet-50's
+        # 7x7/2 stem in int8 (space-to-depth on the codes) ran 69.7 -> 42.8 us on the H200, but the accuracy
+        # fallback put it back to fp16 in the suite's INT8 row (2026-12-02): it stays float.
         return (f"C/groups = {cin_g} < {min_channels} (an image stem): too few channels for int8 tensor cores to "
                 "pay, and quantizing the network's input costs accuracy")
     if cin_g * kh * kw > MAX_K:
@@ -514,18 +483,10 @@ def _float_reference(m: nn.Module, q: nn.Module, args: tuple) -> torch.Tensor:
                                       activation=q.activation, residual=r)
 
 
-def _int8_input_user(user: fx.Node, n: fx.Node, modules: dict) -> nn.Module | None:
-    """The QuantConv2d that ``user`` calls with n as its input x (and nowhere else), else None. Or a float
-    depthwise FusedConv2d given an input scale (:func:`quantize_model`'s ``int8_depthwise_input``) when n
-    is a QuantConv2d's output: the depthwise conv reads that layer's int8 codes, whose quantization error
-    the QuantConv2d's per-layer error then counts (and the fallback, keeping it float, removes)."""
+def _int8_input_user(user: fx.Node, n: fx.Node, modules: dict) -> QuantConv2d | None:
+    """The QuantConv2d that ``user`` calls with n as its input x (and nowhere else), else None."""
     b = modules.get(user.target) if user.op == "call_module" else None
-    if not (user.args and user.args[0] is n and n not in user.args[1:] and not user.kwargs):
-        return None
-    if isinstance(b, QuantConv2d):
-        return b
-    a = modules.get(n.target) if n.op == "call_module" else None
-    if isinstance(b, FusedConv2d) and getattr(b, "act_scale", None) is not None and isinstance(a, QuantConv2d):
+    if isinstance(b, QuantConv2d) and user.args and user.args[0] is n and n not in user.args[1:] and not user.kwargs:
         return b
     return None
 
@@ -682,10 +643,8 @@ def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
 
 def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", *, convs: bool = True,
                    linears: bool = True, skip=(), requant: bool = True, unsigned: bool = True,
-                   min_channels: int = 16, int8_residual: bool | None = None,
-                   bias_correction: bool | None = None, equalize: bool | None = None,
-                   int8_stem: bool | None = None,
-                   int8_depthwise_input: bool | None = None) -> tuple[nn.Module, QuantReport]:
+                   min_channels: int = 16, int8_residual: bool = True,
+                   bias_correction: bool = False) -> tuple[nn.Module, QuantReport]:
     """Calibrate the convs (nn.Conv2d, FusedConv2d) and nn.Linear layers of ``model`` on ``calib_inputs``
     (each a tuple of model arguments) and replace each by its int8 layer, in place.
 
@@ -693,33 +652,16 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     per group such as an RGB stem, layers named in ``skip``, layers no calibration input reaches, ...) are
     listed in ``report.kept`` with the reason. ``unsigned``: a conv whose input was never negative during
     calibration quantizes it on the unsigned grid (one more bit). ``requant`` (FX graphs): a quantized conv
-    feeding only another quantized conv's input stores int8 at that layer's scale. ``int8_residual``
-    (default: WARPFORGE_INT8_RESIDUAL, on; =0 turns it off): residual adds read int8 too, so a residual block's output is
-    stored once, as int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error.
-    ``bias_correction`` (default: WARPFORGE_INT8_BIAS_CORRECTION, off): each int8 layer's bias absorbs the
-    mean output shift of its weight rounding on the calibration inputs (:func:`weight_bias_correction`).
-    ``equalize`` (default: WARPFORGE_INT8_EQUALIZE, off): first even out the channel ranges of linear
-    residual streams (optimize/equalize.py; exact in float), for the per-tensor scales of their readers.
-    ``int8_stem`` (default: WARPFORGE_INT8_STEM, off): an image stem (stride 2 on <= 4 channels, 3x3+) runs
-    int8 too, its input (the image) quantized (kernels: space-to-depth, then the taps loop).
-    ``int8_depthwise_input`` (default: WARPFORGE_INT8_DW_INPUT, off; FX graphs with ``requant``): a depthwise
-    FusedConv2d, kept float, whose input an int8 conv produces reads it as int8 codes at the depthwise
-    conv's own calibrated input scale (the int8 conv's epilogue quantizing for it; the report's kept entry
-    says ``int8_in``).
+    feeding only another quantized conv's input stores int8 at that layer's scale. ``int8_residual`` (FX
+    graphs with ``requant``): residual adds read int8 too, so a residual block's output is stored once, as
+    int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error. On the H200
+    (ResNet-50 b32, 2026-12-02) the int8 forward went 1.453 -> 1.417 ms with it, the real MobileNetV2 kept
+    top-1 0.9923. ``bias_correction``: each int8 layer's bias absorbs the mean output shift of its weight
+    rounding on the calibration inputs (:func:`weight_bias_correction`; the int8 accuracy fallback tries it
+    on the layers its search keeps float, optimize.api.int8_fallback).
     Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
     runs in eval mode under no_grad; each module's mode is restored.
     """
-    if int8_residual is None:
-        int8_residual = env_flag(INT8_RESIDUAL_ENV, default=True)
-    if bias_correction is None:
-        bias_correction = env_flag(BIAS_CORRECTION_ENV)
-    if equalize is None:
-        equalize = env_flag(EQUALIZE_ENV)
-    if int8_stem is None:
-        int8_stem = env_flag(INT8_STEM_ENV)
-    if int8_depthwise_input is None:
-        int8_depthwise_input = env_flag(INT8_DW_INPUT_ENV)
-    int8_depthwise_input = int8_depthwise_input and requant and isinstance(model, fx.GraphModule)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected an nn.Module, got {type(model).__name__}")
     calib_inputs = _check_calib_inputs(calib_inputs)
@@ -727,27 +669,19 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     report = QuantReport()
     parents = {child: parent for parent in model.modules() for child in parent.children()}
     plan: dict[nn.Module, str] = {}
-    dw_plan: dict[nn.Module, str] = {}  # int8_depthwise_input: float depthwise convs whose input is observed
     seen: set[nn.Module] = set()
     for name, m in model.named_modules():  # named_modules yields a shared module once, under its first name
         kind = _kind(m)
         if kind is None or m in seen or (kind == "conv" and not convs) or (kind == "linear" and not linears):
             continue
         seen.add(m)
-        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m), min_channels, int8_stem)
+        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m), min_channels)
         if reason is None:
             plan[m] = name
         else:
             report.kept.append(KeptLayer(name, type(m).__name__, reason))
-            if (int8_depthwise_input and name not in skip and isinstance(m, FusedConv2d)
-                    and reason.startswith("depthwise")):
-                dw_plan[m] = name
     if not plan:
         return model, report
-    if equalize and isinstance(model, fx.GraphModule):
-        from warpforge.optimize.equalize import equalize_streams
-
-        report.equalized = equalize_streams(model, calib_inputs)
 
     at = [0]  # the calibration input being run
     modes = {m: m.training for m in model.modules()}  # restored module by module afterwards
@@ -756,7 +690,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     try:
         with torch.no_grad():
             # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
-            observers = {m: make_observer(observer) for m in (*plan, *dw_plan)}
+            observers = {m: make_observer(observer) for m in plan}
             called: set[nn.Module] = set()
             nonneg: dict[nn.Module, bool] = {}
             # the residual inputs too (int8_residual): a shortcut conv's output gets its scale from these
@@ -766,12 +700,9 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
             x_sums: dict[nn.Module, list] = {}  # bias_correction: per input channel [sum, count]
 
             def observe_hook(m, args):
-                x = _layer_input(plan.get(m, dw_plan.get(m)), m, args, at[0])
+                x = _layer_input(plan[m], m, args, at[0])
                 observers[m].observe(x)
                 called.add(m)
-                if m in dw_plan:  # a float depthwise conv: its input's scale and sign, nothing else
-                    nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
-                    return
                 if bias_correction:
                     xf = x.detach().float()
                     part = (xf.reshape(-1, xf.shape[-1]).sum(0), xf.numel() // xf.shape[-1]) if isinstance(
@@ -784,7 +715,7 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                     res_obs[m].observe(args[1])
                     res_nonneg[m] = res_nonneg.get(m, True) and bool((args[1] >= 0).all())
 
-            handles = [m.register_forward_pre_hook(observe_hook) for m in (*plan, *dw_plan)]
+            handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
             ref_outputs = _run(model, calib_inputs, at)
             for h in handles:
                 h.remove()
@@ -792,14 +723,10 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 report.kept.append(KeptLayer(plan.pop(m), type(m).__name__, "not called on the calibration inputs"))
 
             # 2. Build the int8 layers; swap them in wherever each layer is held; fuse requantization.
-            for m in (*plan, *dw_plan):
+            for m in plan:
                 if nonneg.get(m, False):
                     observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
             quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
-            for m in dw_plan:  # the input scale an int8 producer stores at (used only if one does)
-                if m in called:
-                    m.act_scale = torch.tensor([observers[m].scale()], dtype=torch.float32, device=m.weight.device)
-                    m.act_zero_point = -128 if nonneg.get(m, False) else 0
             for m, (total, count) in x_sums.items():
                 q = quant[m]
                 corr = weight_bias_correction(q, m.weight, getattr(m, "groups", 1), total / max(count, 1))
@@ -826,18 +753,8 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
                 y = (out.float() - q.out_zero_point) * q.out_scale if out.dtype == torch.int8 else out
                 stats[q].add(y, ref)
 
-            dw_int8: set[nn.Module] = set()  # the depthwise convs that read int8 codes in the int8 model
-
-            def dw_hook(m, args):
-                if args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.int8:
-                    dw_int8.add(m)
-
             handles = [q.register_forward_hook(error_hook) for q in quant.values()]
-            handles += [m.register_forward_pre_hook(dw_hook) for m in dw_plan]
             q_outputs = _run(new_model, calib_inputs, at)
-            for m in dw_plan:
-                if m not in dw_int8:  # its producer stayed float: no input scale to carry
-                    m.act_scale, m.act_zero_point = None, 0
     finally:
         for h in handles:
             h.remove()
@@ -848,7 +765,6 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
 
     for k in report.kept:
         k.int8_out = bool(k.name) and new_model.get_submodule(k.name) in int8_out
-        k.int8_in = bool(k.name) and new_model.get_submodule(k.name) in dw_int8
     for m, name in plan.items():
         q, obs = quant[m], observers[m]
         report.layers.append(LayerQuantReport(

@@ -345,7 +345,7 @@ def test_decode_fused_reduce_gpu(gen, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [False, True, "late"])
+@pytest.mark.parametrize("mode", [False, True])
 def test_decode_fused_reduce_graph_chain_with_pdl(gen, mode):
     # two fused launches back to back in one graph (the second reads the first's output and reuses its
     # counters), replayed for new lengths with and without programmatic dependent launch

@@ -1,7 +1,7 @@
 """Suite ``vision``'s wall-time case: ``warpforge.optimize`` end to end against torch.compile max-autotune.
 
 Each side runs in a fresh Python process with fresh, empty Inductor, Triton and warpforge caches, and
-without the autotune winners warpforge ships for known GPUs (``WARPFORGE_AUTOTUNE_SHIPPED=0``: a cold
+without the autotune winners warpforge ships for known GPUs (``WARPFORGE_AUTOTUNE=cold``: a cold
 start, what a first ``warpforge optimize`` of a model nobody tuned before pays), under a time limit: a side that does not
 finish is killed with its process group and recorded as an error saying how far it got. The time is
 taken inside the child around the call alone (model already built, imports done), and the child's whole
@@ -11,9 +11,9 @@ process time is recorded beside it.
   backends and precisions for the device, as ``warpforge optimize mobilenet_v2`` runs it;
 * peer: ``torch.compile(model.half(), mode="max-autotune")`` + its first call, device synchronized.
 
-Environment flags (the bench CLI has no per-suite options): ``WARPFORGE_BENCH_MAX_AUTOTUNE=0`` skips the
-peer; ``WARPFORGE_BENCH_WALL_LIMIT_S`` sets each side's limit (default 270 s on CUDA, so that both sides
-together stay within a 10-minute job; 120 s on CPU).
+Settings (the bench CLI has no per-suite options; docs/settings.md): ``WARPFORGE_BENCH_MAX_AUTOTUNE=0``
+skips the peer; ``WARPFORGE_BENCH_WALL_LIMIT_S`` sets each side's limit (default 270 s on CUDA, so that both
+sides together stay within a 10-minute job; 120 s on CPU).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from warpforge import settings
 from warpforge.bench.suite import Run
 
 RESULT = "WARPFORGE_WALL_RESULT "  # the child's last stdout line: this prefix + JSON
@@ -37,12 +38,11 @@ PEER = "torch.compile-max-autotune-fp16"
 
 
 def limit_s(device_is_cuda: bool) -> float:
-    env = os.environ.get("WARPFORGE_BENCH_WALL_LIMIT_S")
-    return float(env) if env else (270.0 if device_is_cuda else 120.0)
+    return settings.current().bench_wall_limit_s or (270.0 if device_is_cuda else 120.0)
 
 
 def max_autotune_enabled() -> bool:
-    return os.environ.get("WARPFORGE_BENCH_MAX_AUTOTUNE", "1").lower() not in ("0", "off", "false", "no")
+    return settings.current().bench_max_autotune
 
 
 def _src_root() -> str:
@@ -56,7 +56,8 @@ def _run_child(task: dict[str, Any], limit: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="wf-wall-") as tmp:
         env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor",
                    TRITON_CACHE_DIR=f"{tmp}/triton", WARPFORGE_CACHE_DIR=f"{tmp}/warpforge",
-                   WARPFORGE_AUTOTUNE_SHIPPED="0")  # cold: no winners shipped in warpforge/kernels/tuned/ either
+                   # cold: no winners shipped in warpforge/kernels/tuned/ either (unless tuning is off)
+                   WARPFORGE_AUTOTUNE="off" if settings.current().autotune == "off" else "cold")
         env["PYTHONPATH"] = os.pathsep.join([_src_root(), *filter(None, [os.environ.get("PYTHONPATH")])])
         code = "import sys; from warpforge.bench.suites._vision_wall import child; child(sys.argv[1])"
         t0 = time.perf_counter()

@@ -32,8 +32,6 @@ class FusedConv2d(nn.Module):
     With ``out_scale`` set (by optimize.quant when an int8 layer consumes this one's output) it returns
     int8 quantized at that scale and ``out_zero_point``, straight from the kernel's epilogue. An image
     stem on the space-to-depth path takes its input as given, fp32 included (kernels.conv.reads_image).
-    A depthwise conv also reads int8 x: codes at ``act_scale`` / ``act_zero_point`` (set by optimize.quant
-    when an int8 conv stores int8 for it), its weights and sums staying float.
     """
 
     def __init__(self, conv: nn.Conv2d, activation: str | None, has_residual: bool) -> None:
@@ -45,21 +43,9 @@ class FusedConv2d(nn.Module):
         self.has_residual = has_residual
         self.register_buffer("out_scale", None)  # [1] fp32: int8 out for the next (int8) layer
         self.out_zero_point = 0
-        self.register_buffer("act_scale", None)  # [1] fp32: the scale of an int8 x (depthwise convs only)
-        self.act_zero_point = 0
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         cl = torch.channels_last
-        if x.dtype == torch.int8:  # codes from an int8 producer's epilogue (getattr: modules pickled before)
-            x_scale = getattr(self, "act_scale", None)
-            if x_scale is None:
-                raise ValueError(f"x: int8 input reached a FusedConv2d with no act_scale ({self.extra_repr()})")
-            return conv2d(x.contiguous(memory_format=cl), self.weight, self.bias, stride=self.stride,
-                          padding=self.padding, dilation=self.dilation, groups=self.groups,
-                          activation=self.activation,
-                          residual=None if residual is None else residual.contiguous(memory_format=cl),
-                          out_scale=getattr(self, "out_scale", None), out_zero_point=getattr(self, "out_zero_point", 0),
-                          x_scale=x_scale, x_zero_point=getattr(self, "act_zero_point", 0))
         if not reads_image(x, self.weight, self.stride, self.dilation, self.groups):
             if x.dtype == torch.float32:  # an fp32 image the image_input pass handed on (else: no-op)
                 x = x.to(self.weight.dtype)
@@ -71,11 +57,8 @@ class FusedConv2d(nn.Module):
                       out_scale=getattr(self, "out_scale", None), out_zero_point=getattr(self, "out_zero_point", 0))
 
     def extra_repr(self) -> str:
-        x_scale = getattr(self, "act_scale", None)
         return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, groups={self.groups}, "
-                f"activation={self.activation}, residual={self.has_residual}"
-                + ("" if x_scale is None else f", int8 x at {float(x_scale):.4g}" if x_scale.numel() == 1
-                   else ", int8 x at a scale per channel"))
+                f"activation={self.activation}, residual={self.has_residual}")
 
 
 def _activation(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> str | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from warpforge.kernels.conv import is_s2d_stem, stem_s2d_enabled
+from warpforge.kernels.conv import is_s2d_stem
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
@@ -30,7 +30,7 @@ def image_stem(m: nn.Module | None) -> bool:
     """A 16-bit FusedConv2d on the space-to-depth path, without a residual: it reads any layout and fp32."""
     if not isinstance(m, FusedConv2d) or m.has_residual or m.weight.dtype not in (torch.float16, torch.bfloat16):
         return False
-    return stem_s2d_enabled() and is_s2d_stem(m.groups, m.stride, m.dilation, *m.weight.shape[1:2], *m.weight.shape[2:])
+    return is_s2d_stem(m.groups, m.stride, m.dilation, *m.weight.shape[1:2], *m.weight.shape[2:])
 
 
 def _is_entry_copy(node: fx.Node) -> bool:
