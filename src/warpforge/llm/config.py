@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from warpforge.llm.architectures import GGUF_ARCHITECTURES, check_architecture
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -124,13 +126,11 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], *, dtype: torch.dtype | str | None = None) -> ModelConfig:
         """From a parsed config.json (transformers 4.x ``rope_theta``/``rope_scaling`` or 5.x ``rope_parameters``)."""
-        from warpforge.llm.models import resolve  # lazy: the registry imports the model code
-
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError("config.json: no 'architectures' entry, cannot tell which model this is")
         arch = archs[0]
-        resolve(arch)  # unsupported architecture: ValueError naming it and the supported ones
+        check_architecture(arch)  # unsupported: ValueError naming it and the supported ones
         missing = [k for k in _HF_REQUIRED if cfg.get(k) is None]
         if missing:
             raise ValueError(f"config.json: missing {', '.join(missing)}")
@@ -198,13 +198,11 @@ class ModelConfig:
         What llama.cpp leaves out of the metadata is what its own loader hard-codes: Gemma 3's local rope
         base 10000, its sliding pattern (every 6th layer global) and its softmax scale.
         """
-        from warpforge.llm.models import GGUF_ARCHITECTURES, resolve
-
         name = meta.get("general.architecture")
         if name not in GGUF_ARCHITECTURES:
             raise ValueError(f"GGUF architecture {name!r} is not supported (supported: {sorted(GGUF_ARCHITECTURES)})")
         arch = GGUF_ARCHITECTURES[name]
-        resolve(arch)
+        check_architecture(arch)
 
         def key(suffix, default=None):
             return meta.get(f"{name}.{suffix}", default)

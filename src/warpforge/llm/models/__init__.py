@@ -1,8 +1,8 @@
 """Model registry: HF architecture name (config.json ``architectures[0]``) -> model class.
 
 ``build_model(config)`` makes the model with empty parameters on the current default device; the
-loader fills them. GGUF files name their architecture in ``general.architecture``; ``GGUF_ARCHITECTURES``
-maps those names to the HF ones (llama.cpp files Mistral under "llama").
+loader fills them. The names themselves (and ``GGUF_ARCHITECTURES``, llama.cpp's names for them) are in
+llm/architectures.py, below the config parsers that check them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from warpforge.llm.architectures import GGUF_ARCHITECTURES, check_architecture
 from warpforge.llm.config import ModelConfig
 from warpforge.llm.models.decoder import CausalLM
 from warpforge.llm.models.gemma3 import Gemma3ForCausalLM
@@ -22,21 +23,11 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
-GGUF_ARCHITECTURES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-}
-
 
 def resolve(architecture: str) -> type[nn.Module]:
     """The model class for an HF architecture name, or a ValueError naming it and the supported ones."""
-    try:
-        return MODEL_REGISTRY[architecture]
-    except KeyError:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
-                         f"{', '.join(sorted(MODEL_REGISTRY))}") from None
+    check_architecture(architecture)
+    return MODEL_REGISTRY[architecture]
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
