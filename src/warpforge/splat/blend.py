@@ -1,0 +1,304 @@
+"""Per-tile front-to-back alpha blending with early termination, forward and backward.
+
+Triton forward: one program per (camera, tile); its tile_size^2 pixels are one vector. The tile's sorted
+Gaussians come in chunks of CHUNK: their means, conics and opacities are gathered once per chunk through
+flatten_ids, alpha is evaluated as a [CHUNK, pixels] block, and each pixel's transmittance before every
+Gaussian of the chunk is one ``tl.cumprod`` of (1 - alpha) along the chunk axis. A scan keeps the work
+in registers and the compiler's hands (no per-Gaussian scalar loads in a dependent chain, which is what a
+sequential inner loop would be in Triton, where a register tensor cannot be indexed); the interpreter runs
+the same code. A pixel keeps a Gaussian while its transmittance after it stays above T_MIN, which is a
+prefix of the chunk since the product only falls; the tile stops once every pixel is done. Per pixel the
+final T and the index of the last Gaussian that contributed are stored for the backward.
+
+Triton backward: per tile, chunks from back to front starting at the tile's largest last index. Each
+pixel's T before a Gaussian is recovered from the stored final T by dividing by a reverse ``tl.cumprod``
+(gsplat does the same division one Gaussian at a time), the colour behind it by a reverse ``tl.cumsum``.
+Per-Gaussian gradients are reduced over the tile's pixels with ``tl.sum`` before one atomic add per
+Gaussian and field for the tile; ``absgrad`` sums |dL/dmeans2d| per pixel alongside.
+
+CPU: ``_blend_torch``, the same algorithm in torch over batches of tiles (forward and analytic backward);
+``reference.rasterize_to_pixels_reference`` is the plain-autograd ground truth both are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels._dispatch import use_triton
+from warpforge.splat import reference as ref
+from warpforge.splat._blend_torch import blend_backward, blend_forward
+
+CHUNK = 16  # Gaussians per step of the Triton kernels: a [CHUNK, tile_size^2] block of alphas
+NUM_WARPS = 8
+MAX_TILE = 32  # the Triton kernels keep a tile's pixels in one program
+
+
+@triton.jit
+def _pixels(pid, W, H, TW, TH, TILE: tl.constexpr, PB: tl.constexpr):
+    """The program's camera, tile pixels (x, y, flat index in [C*H*W]) and which of them are in the image."""
+    cam = pid // (TH * TW)
+    tile = pid % (TH * TW)
+    p = tl.arange(0, PB)
+    px = (tile % TW) * TILE + p % TILE
+    py = (tile // TW) * TILE + p // TILE
+    inside = (p < TILE * TILE) & (px < W) & (py < H)
+    pix = (cam.to(tl.int64) * H + py) * W + px
+    return cam, px.to(tl.float32) + 0.5, py.to(tl.float32) + 0.5, pix, inside
+
+
+@triton.jit
+def _gather(ids_ptr, means_ptr, conics_ptr, opac_ptr, j, jm):
+    """Gather one chunk of a tile's Gaussians (sorted positions j) in sorted order."""
+    g = tl.load(ids_ptr + j, mask=jm, other=0).to(tl.int64)
+    gx = tl.load(means_ptr + 2 * g, mask=jm, other=0.0)
+    gy = tl.load(means_ptr + 2 * g + 1, mask=jm, other=0.0)
+    ca = tl.load(conics_ptr + 3 * g, mask=jm, other=0.0)
+    cb = tl.load(conics_ptr + 3 * g + 1, mask=jm, other=0.0)
+    cc = tl.load(conics_ptr + 3 * g + 2, mask=jm, other=0.0)
+    op = tl.load(opac_ptr + g, mask=jm, other=0.0)
+    return g, gx, gy, ca, cb, cc, op
+
+
+@triton.jit
+def _blend_fwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offsets_ptr, ids_ptr,
+                      out_ptr, alpha_ptr, T_ptr, last_ptr,
+                      n_isects, n_tiles, W, H, TW, TH,
+                      D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr, CHUNK: tl.constexpr,
+                      HAS_BG: tl.constexpr, ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr, T_MIN: tl.constexpr):
+    # one program per (camera, tile), pid = camera-major tile index; out [C,H,W,D], alpha/T/last [C,H,W]
+    pid = tl.program_id(0)
+    cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
+    start = tl.load(offsets_ptr + pid)
+    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
+    dcol = tl.arange(0, DB)
+    T = tl.full([PB], 1.0, tl.float32)
+    done = inside == 0
+    last = tl.full([PB], -1, tl.int32)
+    acc = tl.zeros([PB, DB], tl.float32)
+    n_live = tl.sum(inside.to(tl.int32), axis=0)
+    i = start
+    while (i < end) & (n_live > 0):
+        j = i + tl.arange(0, CHUNK)
+        jm = j < end
+        g, gx, gy, ca, cb, cc, op = _gather(ids_ptr, means_ptr, conics_ptr, opac_ptr, j, jm)
+        dx = gx[:, None] - fx[None, :]  # [CHUNK, PB]
+        dy = gy[:, None] - fy[None, :]
+        sigma = 0.5 * (ca[:, None] * dx * dx + cc[:, None] * dy * dy) + cb[:, None] * dx * dy
+        alpha = tl.minimum(op[:, None] * tl.exp(-sigma), ALPHA_MAX)
+        alpha = tl.where((sigma >= 0) & (alpha >= ALPHA_MIN), alpha, 0.0)
+        t_incl = T[None, :] * tl.cumprod(1.0 - alpha, axis=0)  # T after each Gaussian
+        keep = (t_incl > T_MIN) & (done == 0)[None, :]
+        w = tl.where(keep, alpha * (t_incl / (1.0 - alpha)), 0.0)  # alpha * T before it
+        for d in tl.static_range(D):
+            cd = tl.load(colors_ptr + g * D + d, mask=jm, other=0.0)
+            acc += tl.where(dcol[None, :] == d, tl.sum(w * cd[:, None], axis=0)[:, None], 0.0)
+        last = tl.maximum(last, tl.max(tl.where(keep & (alpha > 0), j[:, None], -1), axis=0))
+        T = tl.min(tl.where(keep, t_incl, T[None, :]), axis=0)
+        done = done | (tl.max((t_incl <= T_MIN).to(tl.int32), axis=0) > 0)
+        n_live = tl.sum((done == 0).to(tl.int32), axis=0)
+        i += CHUNK
+    if HAS_BG:
+        bg = tl.load(bg_ptr + cam * D + dcol, mask=dcol < D, other=0.0)
+        acc += T[:, None] * bg[None, :]
+    tl.store(out_ptr + pix[:, None] * D + dcol[None, :], acc, mask=inside[:, None] & (dcol[None, :] < D))
+    tl.store(alpha_ptr + pix, 1.0 - T, mask=inside)
+    tl.store(T_ptr + pix, T, mask=inside)
+    tl.store(last_ptr + pix, last, mask=inside)
+
+
+@triton.jit
+def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offsets_ptr, ids_ptr,
+                      T_ptr, last_ptr, v_out_ptr, v_alpha_ptr,
+                      v_means_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, v_abs_ptr,
+                      n_isects, n_tiles, W, H, TW, TH,
+                      D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr, CHUNK: tl.constexpr,
+                      HAS_BG: tl.constexpr, ABSGRAD: tl.constexpr, ALPHA_MIN: tl.constexpr,
+                      ALPHA_MAX: tl.constexpr):
+    # one program per (camera, tile); gradients [C*N, ...] accumulated with one atomic per Gaussian per tile
+    pid = tl.program_id(0)
+    cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
+    start = tl.load(offsets_ptr + pid)
+    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
+    dcol = tl.arange(0, DB)
+    T = tl.load(T_ptr + pix, mask=inside, other=1.0)  # T after the pixel's last Gaussian, then walking back
+    last = tl.load(last_ptr + pix, mask=inside, other=-1)
+    v_c = tl.load(v_out_ptr + pix[:, None] * D + dcol[None, :], mask=inside[:, None] & (dcol[None, :] < D),
+                  other=0.0)  # [PB, DB]
+    v_a = tl.load(v_alpha_ptr + pix, mask=inside, other=0.0)
+    if HAS_BG:  # out = ... + T_final * bg: the same (1 - alpha)-chain as render_alpha = 1 - T_final
+        bg = tl.load(bg_ptr + cam * D + dcol, mask=dcol < D, other=0.0)
+        v_a = v_a - tl.sum(v_c * bg[None, :], axis=1)
+    fin = T * v_a  # d loss / d alpha_i = ... + fin / (1 - alpha_i)
+    behind_acc = tl.zeros([PB], tl.float32)  # sum over Gaussians behind of w * (colour . v_c)
+    hi = tl.minimum(end, tl.max(last, axis=0) + 1)
+    while hi > start:
+        j = hi - CHUNK + tl.arange(0, CHUNK)
+        jm = j >= start
+        g, gx, gy, ca, cb, cc, op = _gather(ids_ptr, means_ptr, conics_ptr, opac_ptr, j, jm)
+        dx = gx[:, None] - fx[None, :]
+        dy = gy[:, None] - fy[None, :]
+        sigma = 0.5 * (ca[:, None] * dx * dx + cc[:, None] * dy * dy) + cb[:, None] * dx * dy
+        vis = tl.exp(-sigma)
+        raw = op[:, None] * vis
+        alpha = tl.minimum(raw, ALPHA_MAX)
+        valid = jm[:, None] & (j[:, None] <= last[None, :]) & (sigma >= 0) & (alpha >= ALPHA_MIN)
+        a = tl.where(valid, alpha, 0.0)
+        r_incl = tl.cumprod(1.0 - a, axis=0, reverse=True)  # prod over this and the later ones in the chunk
+        t_excl = T[None, :] / r_incl  # T before each Gaussian
+        w = a * t_excl
+        gdot = tl.zeros([CHUNK, PB], tl.float32)  # colour . v_c
+        row_on = jm & (tl.max(valid.to(tl.int32), axis=1) > 0)
+        for d in tl.static_range(D):
+            cd = tl.load(colors_ptr + g * D + d, mask=jm, other=0.0)
+            vcd = tl.sum(tl.where(dcol[None, :] == d, v_c, 0.0), axis=1)
+            gdot += cd[:, None] * vcd[None, :]
+            tl.atomic_add(v_colors_ptr + g * D + d, tl.sum(w * vcd[None, :], axis=1), mask=row_on, sem="relaxed")
+        wg = w * gdot
+        behind = behind_acc[None, :] + (tl.cumsum(wg, axis=0, reverse=True) - wg)
+        ra = 1.0 / (1.0 - a)
+        v_alpha = gdot * t_excl - behind * ra + fin[None, :] * ra
+        on = valid & (raw <= ALPHA_MAX)  # the clamp passes no gradient
+        v_sigma = tl.where(on, -raw * v_alpha, 0.0)
+        vx = v_sigma * (ca[:, None] * dx + cb[:, None] * dy)
+        vy = v_sigma * (cb[:, None] * dx + cc[:, None] * dy)
+        tl.atomic_add(v_means_ptr + 2 * g, tl.sum(vx, axis=1), mask=row_on, sem="relaxed")
+        tl.atomic_add(v_means_ptr + 2 * g + 1, tl.sum(vy, axis=1), mask=row_on, sem="relaxed")
+        tl.atomic_add(v_conics_ptr + 3 * g, tl.sum(0.5 * v_sigma * dx * dx, axis=1), mask=row_on, sem="relaxed")
+        tl.atomic_add(v_conics_ptr + 3 * g + 1, tl.sum(v_sigma * dx * dy, axis=1), mask=row_on, sem="relaxed")
+        tl.atomic_add(v_conics_ptr + 3 * g + 2, tl.sum(0.5 * v_sigma * dy * dy, axis=1), mask=row_on,
+                      sem="relaxed")
+        tl.atomic_add(v_opac_ptr + g, tl.sum(tl.where(on, vis * v_alpha, 0.0), axis=1), mask=row_on,
+                      sem="relaxed")
+        if ABSGRAD:
+            tl.atomic_add(v_abs_ptr + 2 * g, tl.sum(tl.abs(vx), axis=1), mask=row_on, sem="relaxed")
+            tl.atomic_add(v_abs_ptr + 2 * g + 1, tl.sum(tl.abs(vy), axis=1), mask=row_on, sem="relaxed")
+        T = T / tl.min(r_incl, axis=0)  # the chunk's full product: T before its first Gaussian
+        behind_acc += tl.sum(wg, axis=0)
+        hi -= CHUNK
+
+
+def _launch_meta(colors: torch.Tensor, tile_size: int) -> dict:
+    D = colors.shape[-1]
+    return dict(D=D, DB=triton.next_power_of_2(D), TILE=tile_size, PB=triton.next_power_of_2(tile_size * tile_size),
+                CHUNK=CHUNK, ALPHA_MIN=ref.ALPHA_MIN, ALPHA_MAX=ref.ALPHA_MAX, num_warps=NUM_WARPS)
+
+
+def _alloc(shape, dtype, device) -> torch.Tensor:
+    """Uninitialized output buffer (the tests swap in NaN-filled ones: every element must be written)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _fwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets, flatten_ids):
+    C, N, D = colors.shape
+    th, tw = offsets.shape[1:]
+    dev = means2d.device
+    out = _alloc((C, height, width, D), torch.float32, dev)
+    alphas = _alloc((C, height, width, 1), torch.float32, dev)
+    T = _alloc((C, height, width), torch.float32, dev)
+    last = _alloc((C, height, width), torch.int32, dev)
+    n_tiles = C * th * tw
+    _blend_fwd_kernel[(n_tiles,)](
+        means2d, conics, colors, opacities, backgrounds if backgrounds is not None else out, offsets, flatten_ids,
+        out, alphas, T, last, flatten_ids.numel(), n_tiles, width, height, tw, th,
+        HAS_BG=backgrounds is not None, T_MIN=ref.T_MIN, **_launch_meta(colors, tile_size))
+    return out, alphas, T, last
+
+
+def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets, flatten_ids,
+                T, last, v_out, v_alphas, absgrad):
+    C, N, D = colors.shape
+    th, tw = offsets.shape[1:]
+    n_tiles = C * th * tw
+    grads = [torch.zeros_like(v) for v in (means2d, conics, colors, opacities)]
+    v_abs = torch.zeros_like(means2d) if absgrad else grads[0]
+    _blend_bwd_kernel[(n_tiles,)](
+        means2d, conics, colors, opacities, backgrounds if backgrounds is not None else v_out, offsets, flatten_ids,
+        T, last, v_out, v_alphas, *grads, v_abs, flatten_ids.numel(), n_tiles, width, height, tw, th,
+        HAS_BG=backgrounds is not None, ABSGRAD=absgrad, **_launch_meta(colors, tile_size))
+    return grads, (v_abs if absgrad else None)
+
+
+class _Blend(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets,
+                flatten_ids, absgrad, triton_path):
+        fwd = _fwd_triton if triton_path else blend_forward
+        out, alphas, T, last = fwd(means2d, conics, colors, opacities, backgrounds, width, height, tile_size,
+                                   offsets, flatten_ids)
+        ctx.save_for_backward(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, T, last)
+        ctx.cfg = (width, height, tile_size, absgrad, triton_path)
+        return out, alphas
+
+    @staticmethod
+    def backward(ctx, v_out, v_alphas):
+        means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, T, last = ctx.saved_tensors
+        width, height, tile_size, absgrad, triton_path = ctx.cfg
+        bwd = _bwd_triton if triton_path else blend_backward
+        grads, v_abs = bwd(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets,
+                           flatten_ids, T, last, v_out.contiguous(), v_alphas.contiguous(), absgrad)
+        if absgrad:
+            means2d.absgrad = v_abs
+        v_bg = None
+        if backgrounds is not None and ctx.needs_input_grad[4]:
+            v_bg = (v_out * T[..., None]).sum(dim=(1, 2))
+        return (*grads, v_bg, None, None, None, None, None, None, None)
+
+
+def _check(name: str, t, shape: tuple, dtype: torch.dtype, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} like means2d, got {t.device}")
+
+
+def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2]
+                        conics: torch.Tensor,  # [C, N, 3]
+                        colors: torch.Tensor,  # [C, N, D]
+                        opacities: torch.Tensor,  # [C, N]
+                        width: int, height: int, tile_size: int,
+                        tile_offsets: torch.Tensor,  # [C, tile_height, tile_width] int32
+                        flatten_ids: torch.Tensor,  # [M] int32, sorted by camera | tile | depth
+                        *, backgrounds: torch.Tensor | None = None,  # [C, D]
+                        absgrad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blend each tile's Gaussians front to back: render_colors [C,H,W,D], render_alphas [C,H,W,1].
+
+    Differentiable in means2d, conics, colors, opacities and backgrounds. With ``absgrad`` the backward
+    also sets ``means2d.absgrad`` [C,N,2]: the sum over pixels of |dL/dmeans2d| of each pixel's term
+    (what gsplat's densification reads).
+    """
+    if not isinstance(colors, torch.Tensor) or colors.dim() != 3:
+        raise ValueError("colors must be a [C, N, D] tensor, got "
+                         + (str(list(colors.shape)) if isinstance(colors, torch.Tensor) else type(colors).__name__))
+    C, N, D = colors.shape
+    if not isinstance(means2d, torch.Tensor):
+        raise ValueError(f"means2d must be a tensor, got {type(means2d).__name__}")
+    dev = means2d.device
+    for name, v in (("width", width), ("height", height), ("tile_size", tile_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if D < 1:
+        raise ValueError(f"colors must have at least one channel, got D={D}")
+    th, tw = -(-height // tile_size), -(-width // tile_size)
+    _check("means2d", means2d, (C, N, 2), torch.float32, dev)
+    _check("conics", conics, (C, N, 3), torch.float32, dev)
+    _check("colors", colors, (C, N, D), torch.float32, dev)
+    _check("opacities", opacities, (C, N), torch.float32, dev)
+    _check("tile_offsets", tile_offsets, (C, th, tw), torch.int32, dev)
+    if not isinstance(flatten_ids, torch.Tensor) or flatten_ids.dim() != 1 or flatten_ids.dtype != torch.int32:
+        raise ValueError("flatten_ids must be a 1-D int32 tensor")
+    _check("flatten_ids", flatten_ids, (flatten_ids.numel(),), torch.int32, dev)
+    if backgrounds is not None:
+        _check("backgrounds", backgrounds, (C, D), torch.float32, dev)
+    triton_path = use_triton(means2d)
+    if triton_path and tile_size > MAX_TILE:
+        raise ValueError(f"tile_size must be at most {MAX_TILE} for the Triton blend, got {tile_size}")
+    args = (means2d, conics, colors, opacities, backgrounds, width, height, tile_size, tile_offsets, flatten_ids)
+    args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+    return _Blend.apply(*args, bool(absgrad), triton_path)
