@@ -9,16 +9,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from warpforge.bench.timing import time_fn
-
-if TYPE_CHECKING:
-    from warpforge.hw.probe import ProbePlan
-
-MiB = 1 << 20
+from warpforge.hw.probe_plan import MiB, ProbePlan
 
 
 def burst_ms(fn: Callable[[], Any], *, k: int, warmup: int, rep: int, device: torch.device | None = None) -> float:
