@@ -202,3 +202,23 @@ def test_bad_input_names_the_argument():
         blend.rasterize_to_pixels(*args[:3], args[3].double(), W, H, ts, s["offsets"], s["flatten_ids"])
     with pytest.raises(ValueError, match="width must be an int >= 1"):
         blend.rasterize_to_pixels(*args, 0, H, ts, s["offsets"], s["flatten_ids"])
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_without_spills(tmp_path):
+    """What the interpreter cannot check: the kernels compile for the H200 and fit their registers
+    (8 warps of one pixel each: at most 2 blocks per SM forward, 1 backward at these counts)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "tests.splat._sm90_splat"], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(res) == 7
+    assert all(r["spill_bytes"] == 0 for r in res.values()), res
+    assert all(res[f"blend_fwd D{d}"]["regs"] <= 128 for d in (3, 4)), res
+    assert all(res[f"blend_bwd D{d}"]["regs"] <= 224 for d in (3, 4)), res
