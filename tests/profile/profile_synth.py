@@ -14,7 +14,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from warpforge.hw.roofline import Ceilings
-from warpforge.profile.attribute import module_annotation
+from warpforge.profile.events import module_annotation
 from warpforge.profile.events import ITER_ANNOTATION, GpuEvent, HostSpan, Trace
 from warpforge.profile.flops import Counts, OpCount
 

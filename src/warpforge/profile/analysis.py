@@ -7,36 +7,26 @@
   into host-bound and launch gaps, kernels shorter than the launch cost;
 * findings in plain words (``findings.py``).
 
+The rows and the Analysis it returns are defined in ``result.py``, which the findings read too.
+
 On a CPU run there are no device events: rows carry host time and the roofline is omitted.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from warpforge.hw.roofline import Ceilings, roofline
 from warpforge.profile.attribute import Attribution, Instance, attribute
 from warpforge.profile.events import Trace
+from warpforge.profile.findings import findings_for, verdict_for
 from warpforge.profile.flops import Counts
+from warpforge.profile.result import Analysis, LaunchCost, Row
 from warpforge.profile.timeline import TimeSplit, split_time
 
 DEFAULT_LAUNCH_US = 5.0
-
-
-@dataclass(frozen=True)
-class LaunchCost:
-    """Host cost of one eager kernel launch: kernels shorter than this cannot keep the GPU fed."""
-
-    us: float
-    source: str
-
-    def __post_init__(self) -> None:
-        if not (self.us > 0 and math.isfinite(self.us)):
-            raise ValueError(f"LaunchCost.us must be a finite number > 0, got {self.us!r}")
 
 
 def launch_cost(device_name: str | None = None) -> LaunchCost:
@@ -52,57 +42,6 @@ def launch_cost(device_name: str | None = None) -> LaunchCost:
         return LaunchCost(float(us), f"probe ({cached.get('time', 'cached')})")
     return LaunchCost(DEFAULT_LAUNCH_US, f"default {DEFAULT_LAUNCH_US:g} us (no probe cache for this device; "
                                          "run `warpforge probe`)")
-
-
-@dataclass
-class Row:
-    """One operator (module, op) or one kernel, per iteration of the window."""
-
-    name: str  # "layer3.1.conv2 / aten::conv2d" or the kernel's name
-    module: str | None
-    op: str
-    kind: str
-    calls: float
-    time_us: float  # device time on a GPU run, host time on a CPU run
-    share: float  # of all rows' time
-    host_us: float = 0.0
-    flops: float | None = None
-    bytes: float | None = None
-    ceiling: str | None = None
-    intensity: float | None = None  # FLOP per byte
-    tflops: float | None = None
-    GBps: float | None = None
-    floor_us: float | None = None
-    fraction: float | None = None  # floor / measured, of the roof that binds
-    bound: str | None = None  # "memory" | "compute"
-    graph: bool = False
-    launched: list[str] = field(default_factory=list)  # kernels (op rows) or operators (kernel rows)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Analysis:
-    device_type: str
-    iterations: int
-    ops: list[Row]
-    kernels: list[Row]
-    split: TimeSplit
-    totals: dict[str, Any]
-    launch: LaunchCost | None
-    ceilings: dict[str, Any] | None
-    findings: list[dict[str, Any]]
-    verdict: str
-    notes: list[str]
-    uncounted: dict[str, int]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"device_type": self.device_type, "iterations": self.iterations, "verdict": self.verdict,
-                "totals": self.totals, "split": self.split.as_dict(),
-                "launch": asdict(self.launch) if self.launch else None, "ceilings": self.ceilings,
-                "findings": self.findings, "ops": [r.as_dict() for r in self.ops],
-                "kernels": [r.as_dict() for r in self.kernels], "notes": self.notes, "uncounted": self.uncounted}
 
 
 def short_kernel_name(name: str, width: int = 80) -> str:
@@ -201,8 +140,6 @@ def _share(rows: list[Row]) -> list[Row]:
 def analyze(trace: Trace, counts: Counts | None = None, *, ceilings: Ceilings | None = None,
             launch: LaunchCost | None = None) -> Analysis:
     """The whole picture of one window. ``ceilings`` None (or a CPU trace): no roofline placement."""
-    from warpforge.profile.findings import findings_for, verdict_for
-
     counts = counts or Counts()
     att = attribute(trace, counts.records, counts.kernels_of)
     n = len(att.iterations)

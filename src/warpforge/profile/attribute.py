@@ -29,7 +29,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from warpforge.profile.events import ITER_ANNOTATION, MODULE_PREFIX, GpuEvent, HostSpan, Trace, is_launch, normalize
+from warpforge.profile.events import (ITER_ANNOTATION, GpuEvent, HostSpan, Trace, is_launch, module_of_annotation,
+                                      normalize)
 from warpforge.profile.flops import Counts, OpCount
 
 GRAPH_LABEL = "cuda_graph_replay"
@@ -73,18 +74,6 @@ class Attribution:
     launch_of: dict[int, HostSpan]  # correlation -> the launch call
     main_tid: int | str | None
     notes: list[str]
-
-
-def module_of_annotation(name: str) -> str | None:
-    """"module:layer1.0" -> "layer1.0"; "module:(ResNet)" (the root) -> ""; other names -> None."""
-    if not name.startswith(MODULE_PREFIX):
-        return None
-    path = name[len(MODULE_PREFIX):]
-    return "" if path.startswith("(") and path.endswith(")") else path
-
-
-def module_annotation(path: str, root_type: str) -> str:
-    return MODULE_PREFIX + (path or f"({root_type})")
 
 
 def _nest(spans: list[HostSpan]) -> tuple[list[HostSpan], list[int]]:

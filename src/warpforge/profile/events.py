@@ -27,6 +27,19 @@ _HOST_CATS = {"cpu_op": "op", "user_annotation": "annotation", "cuda_runtime": "
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 
 
+def module_annotation(path: str, root_type: str) -> str:
+    """The range a module's forward runs in: "module:layer1.0", the root "module:(ResNet)"."""
+    return MODULE_PREFIX + (path or f"({root_type})")
+
+
+def module_of_annotation(name: str) -> str | None:
+    """"module:layer1.0" -> "layer1.0"; "module:(ResNet)" (the root) -> ""; other names -> None."""
+    if not name.startswith(MODULE_PREFIX):
+        return None
+    path = name[len(MODULE_PREFIX):]
+    return "" if path.startswith("(") and path.endswith(")") else path
+
+
 @dataclass(frozen=True)
 class HostSpan:
     """A host-side range: an aten operator, a record_function annotation, or a runtime/driver call."""

@@ -6,13 +6,11 @@ time) a finding is about, so the list sorts by what is worth fixing first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from warpforge.profile.attribute import Attribution
 from warpforge.profile.events import Trace
-
-if TYPE_CHECKING:
-    from warpforge.profile.analysis import Analysis, Row
+from warpforge.profile.result import Analysis, Row
 
 # Launch-bound: most kernels are shorter than one launch, and they and the idle gaps before them
 # take at least half the window. Ten per iteration at least, so one tiny kernel is not a pattern.

@@ -14,8 +14,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from warpforge.profile.attribute import Attribution, module_of_annotation
-from warpforge.profile.events import ITER_ANNOTATION, GpuEvent, HostSpan, Trace, normalize
+from warpforge.profile.attribute import Attribution
+from warpforge.profile.events import ITER_ANNOTATION, GpuEvent, HostSpan, Trace, module_of_annotation, normalize
 
 STRIP_MAX = 4000  # intervals kept for the report's one-iteration timeline strip
 

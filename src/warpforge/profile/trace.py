@@ -45,8 +45,7 @@ from typing import Any
 
 import torch
 
-from warpforge.profile.attribute import module_annotation
-from warpforge.profile.events import ITER_ANNOTATION, Trace, parse_kineto
+from warpforge.profile.events import ITER_ANNOTATION, Trace, module_annotation, parse_kineto
 from warpforge.profile.scope import ModuleScope, fast_range, module_depth
 from warpforge.profile.window import fallback, transfer
 
