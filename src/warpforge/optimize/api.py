@@ -30,6 +30,7 @@ from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
 from warpforge.optimize.report import make_report
+from warpforge.optimize.saved import save as save_winner
 
 Progress = Callable[[str, int, int], None]  # (what is happening, steps done, steps in all)
 N_RANDOM_VAL = 3  # fresh random inputs added to example_inputs when no val set is given
@@ -83,9 +84,7 @@ class Optimized:
 
     def save(self, directory: str | Path) -> Path:
         """Write manifest.json, the model, a check set and report.json/report.html under ``directory``."""
-        from warpforge.optimize.saved import save
-
-        return save(self, directory)
+        return save_winner(self, directory)
 
     def __repr__(self) -> str:
         return f"Optimized({self.name!r}, report winner={self.report.get('winner')!r})"

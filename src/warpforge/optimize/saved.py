@@ -18,17 +18,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
 from warpforge.optimize import report as report_mod
+from warpforge.optimize.backends import Built
 from warpforge.optimize.gate import Budget, compare
 
-if TYPE_CHECKING:
-    from warpforge.optimize.api import Optimized
+
+class Winner(Protocol):
+    """What :func:`save` reads of a search's result (``warpforge.optimize.Optimized`` is one)."""
+
+    name: str
+    family: str
+    precision: str
+    kind: str
+    built: Built
+    report: dict[str, Any]  # the run's report (optimize's): settings, model, candidates
+    example_inputs: tuple
 
 FORMAT_VERSION = 1
 # Reload tolerance: a fresh process may pick other kernel tilings (autotuning) or cuDNN algorithms, whose
@@ -85,7 +95,7 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
     return "pickle", "model.pkl", note
 
 
-def save(opt: Optimized, directory: str | Path) -> Path:
+def save(opt: Winner, directory: str | Path) -> Path:
     """Write the winner of ``opt`` under ``directory`` (see the module docstring); returns the directory."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
