@@ -262,7 +262,7 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
     from rich.console import Console
     from rich.markup import escape
 
-    from warpforge._paths import default_store_url
+    from warpforge.settings import default_store_url
     from warpforge.bench.loadgen import ServerError, parse_goodput, parse_rates
     from warpforge.bench.record import now_iso, write_jsonl
 
