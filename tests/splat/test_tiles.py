@@ -59,6 +59,12 @@ def test_triton_intersections_equal_torch_path(C, N, W, H, ts, triton_on_cpu, po
     assert want[1].numel() > 4 * C
     for name, g, w in zip(("tiles_per_gauss", "isect_ids", "flatten_ids"), got, want):
         assert g.dtype == w.dtype and torch.equal(g, w), name
+    # unsorted (emission order: Gaussian-major, rows top-down, tiles left-right) and sorted apart
+    unsorted = tiles.intersect_tiles(*_args(s), ts, tw, th, sort=False)
+    for g, w in zip(unsorted, ref.intersect_tiles_reference(*_args(s), ts, tw, th, sort=False)):
+        assert torch.equal(g, w)
+    assert torch.all(unsorted[2][1:] >= unsorted[2][:-1])
+    assert all(torch.equal(g, w) for g, w in zip(tiles.sort_intersections(*unsorted[1:]), want[1:]))
     offsets = tiles.tile_offsets(got[1], C, tw, th)
     assert torch.equal(offsets, ref.tile_offsets_reference(want[1], C, tw, th))
 

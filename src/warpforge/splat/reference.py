@@ -91,9 +91,9 @@ def gaussian_tile_setup(means2d, radii, conics, opacities, tile_size, tile_width
 
 
 def intersect_tiles_reference(means2d, radii, depths, conics, opacities, tile_size: int, tile_width: int,
-                              tile_height: int):
+                              tile_height: int, sort: bool = True):
     """Reference of ``tiles.intersect_tiles``: every (Gaussian, tile) pair that passes the exact test,
-    emitted Gaussian-major and row-major, then stably sorted by the key camera | tile | depth.
+    emitted Gaussian-major and row-major, then (``sort``) stably sorted by the key camera | tile | depth.
     Returns tiles_per_gauss [C,N] int32, isect_ids [M] int64, flatten_ids [M] int32."""
     C, N = depths.shape
     dev = means2d.device
@@ -118,6 +118,8 @@ def intersect_tiles_reference(means2d, radii, depths, conics, opacities, tile_si
     tile_bits, _ = isect_bits(C, tile_width, tile_height)
     depth_bits = flat(depths).contiguous().view(torch.int32).long() & 0xFFFFFFFF
     keys = ((g // N) << (32 + tile_bits)) | (tile << 32) | depth_bits[g]
+    if not sort:
+        return tiles_per_gauss.int().view(C, N), keys, g.int()
     isect_ids, order = torch.sort(keys, stable=True)
     return tiles_per_gauss.int().view(C, N), isect_ids, g[order].int()
 

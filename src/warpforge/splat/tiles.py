@@ -178,12 +178,13 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
                     depths: torch.Tensor,  # [C, N]
                     conics: torch.Tensor,  # [C, N, 3]
                     opacities: torch.Tensor,  # [C, N]
-                    tile_size: int, tile_width: int, tile_height: int):
+                    tile_size: int, tile_width: int, tile_height: int, *, sort: bool = True):
     """The (Gaussian, tile) pairs to blend, sorted by camera | tile | depth.
 
     Returns tiles_per_gauss [C, N] int32, isect_ids [M] int64 (camera << (32 + tile_bits) | tile_id << 32 |
     depth's float32 bits, tile_id = ty * tile_width + tx), flatten_ids [M] int32 (index into the flattened
-    [C * N] Gaussians). Pairs of equal key keep the order of their flattened index.
+    [C * N] Gaussians). Pairs of equal key keep the order of their flattened index. ``sort=False`` returns
+    the pairs as emitted (Gaussian-major; ``sort_intersections`` sorts them), for timing the two apart.
     """
     if not isinstance(means2d, torch.Tensor) or means2d.dim() != 3 or means2d.shape[-1] != 2:
         raise ValueError(f"means2d must be a [C, N, 2] tensor, got "
@@ -201,7 +202,7 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     tile_bits = _check_bits(C, tile_width, tile_height)
     if not use_triton(means2d):
         return ref.intersect_tiles_reference(means2d, radii, depths, conics, opacities, tile_size, tile_width,
-                                             tile_height)
+                                             tile_height, sort=sort)
     total = C * N
     if total >= 2**31:
         raise ValueError(f"C * N must be below 2^31 (flatten_ids are int32), got {total}")
@@ -224,10 +225,17 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
         _isect_emit_kernel[grid](means2d, radii, conics, opacities, depths, counts, cum, keys, ids, total, N,
                                  tile_width, tile_height, tile_bits, **consts)
     del cum
-    isect_ids, order = torch.sort(keys, stable=True)
-    del keys
-    flatten_ids = ids[order]
-    return counts.view(C, N), isect_ids, flatten_ids
+    if not sort:
+        return counts.view(C, N), keys, ids
+    return (counts.view(C, N), *sort_intersections(keys, ids))
+
+
+def sort_intersections(isect_ids: torch.Tensor,  # [M] int64 keys, camera | tile | depth
+                       flatten_ids: torch.Tensor,  # [M] int32
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One stable sort of the keys, ids carried along: equal keys keep their emission order."""
+    keys, order = torch.sort(isect_ids, stable=True)
+    return keys, flatten_ids[order]
 
 
 def tile_offsets(isect_ids: torch.Tensor,  # [M] int64, sorted
