@@ -220,17 +220,17 @@ def run_sweep(*, url: str, model: str | None, endpoint: str, rates: list[float],
             specs = make_requests(num_requests, length_mix, seed, tokenizer=tok, text_seed=seed + 1 + i)
             times = arrival_times(num_requests, rate, arrivals=arrivals, burstiness=burstiness, seed=seed + i)
             task = bar.add_task(f"{rate_label(rate)} req/s", total=num_requests, status="")
-            state = {"sent": 0, "done": 0, "failed": 0, "tokens": 0}
+            state = {"sent": 0, "done": 0, "failed": 0, "events": 0}
 
             def sent(state=state) -> None:
                 state["sent"] += 1
 
-            def finished(res, state=state, task=task) -> None:
+            def finished(res, state=state, task=task) -> None:  # the stream is parsed after the run
                 state["done"] += 1
-                state["failed"] += not res.ok
-                state["tokens"] += res.output_tokens or res.chunks
+                state["failed"] += res.error is not None
+                state["events"] += len(res.events or ())
                 bar.update(task, advance=1, status=f"in flight {state['sent'] - state['done']}  "
-                                                   f"errors {state['failed']}  {state['tokens']:,} tokens")
+                                                   f"errors {state['failed']}  {state['events']:,} SSE events")
 
             run = asyncio.run(run_load(target, specs, times, max_concurrency=max_concurrency,
                                        on_result=finished, on_send=sent))

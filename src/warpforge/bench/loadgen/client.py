@@ -3,8 +3,10 @@
 One asyncio loop sends every request at its scheduled time (``run_load``), each as a streaming POST to
 ``/v1/completions`` or ``/v1/chat/completions`` with ``stream_options.include_usage``. The hot loop only
 reads bytes, splits server-sent events and stamps each with ``time.perf_counter()``; the JSON is parsed
-after the stream ends, so the client's own parsing never delays the timestamps of later chunks. (The
-``openai`` client is not used here: its per-chunk overhead would be measured as the server's.)
+after the whole run, so the client's own parsing never delays another stream's timestamps. Requests are
+spread over several httpx clients (``POOL`` in flight each): one pool of a thousand connections costs
+httpcore quadratic time. (The ``openai`` client is not used: its per-chunk overhead would be measured as
+the server's.)
 
 Timing follows vLLM's ``bench serve``, so figures compare: TTFT is the first chunk that carries a choice,
 ITL the gaps between successive such chunks, E2E the time until the stream closes.
@@ -13,6 +15,7 @@ ITL the gaps between successive such chunks, E2E the time until the stream close
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -96,6 +99,15 @@ class RequestResult:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # from the server's usage, when it sent one
     output_tokens: int | None = None
+    # The stream as received, (arrival time, event bytes), until ``finish`` parses it (after the run: the
+    # client's JSON parsing never competes with other streams' reads while anything is timed).
+    events: list[tuple[float, bytes]] | None = field(default=None, repr=False)
+
+    def finish(self, chat: bool) -> RequestResult:
+        if self.events is not None:
+            parse_events(self.events, self, chat)
+            self.events = None
+        return self
 
 
 def _error_body(raw: bytes) -> str:
@@ -156,7 +168,8 @@ def parse_events(events: Sequence[tuple[float, bytes]], res: RequestResult, chat
 
 
 async def send(client: Any, target: Target, spec: RequestSpec) -> RequestResult:
-    """One streaming request; never raises for a failed request (the result says what went wrong)."""
+    """One streaming request, its events kept unparsed (``RequestResult.finish`` parses them); never
+    raises for a failed request (the result says what went wrong)."""
     import httpx
 
     res = RequestResult(index=spec.index, max_tokens=spec.max_tokens)
@@ -188,7 +201,7 @@ async def send(client: Any, target: Target, spec: RequestSpec) -> RequestResult:
         res.error = type(e).__name__
         res.text = str(e)[:200]
         return res
-    parse_events(events, res, chat=target.endpoint == "chat")
+    res.events = events
     return res
 
 
@@ -201,14 +214,17 @@ class LoadRun:
     client_cpu_s: float
 
 
-def _client(target: Target, connections: int) -> Any:
+POOL = 16  # requests in flight per httpx client, on average
+
+
+def _client(target: Target, ssl: Any = None) -> Any:
     import httpx
 
     timeout = httpx.Timeout(target.timeout_s, connect=min(30.0, target.timeout_s))
-    # One connection per request in flight: a pool smaller than the concurrency would queue requests
-    # in the client and the wait would be measured as the server's.
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return httpx.AsyncClient(timeout=timeout, limits=limits)
+    # No connection limit: a pool smaller than the concurrency would queue requests in the client, and
+    # the wait would be measured as the server's.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, verify=True if ssl is None else ssl)
 
 
 async def run_load(target: Target, specs: Sequence[RequestSpec], times: Sequence[float], *,
@@ -220,10 +236,19 @@ async def run_load(target: Target, specs: Sequence[RequestSpec], times: Sequence
     if len(specs) != len(times):
         raise ValueError(f"times: expected one per request ({len(specs)}), got {len(times)}")
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    async with _client(target, max_concurrency or len(specs)) as client:
+    # Several clients, requests dealt round-robin: httpcore scans its whole pool whenever a request starts
+    # or ends, so one pool of a thousand connections costs the client quadratic time (measured: most of
+    # its CPU at 200 concurrent streams).
+    n_clients = max(1, -(-min(max_concurrency or len(specs), len(specs)) // POOL))
+    import httpx
+
+    ssl = httpx.create_ssl_context()  # one for all clients: each would load the CA bundle again (~20 ms)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(_client(target, ssl)) for _ in range(n_clients)]
         cpu0, start = time.process_time(), time.perf_counter()
 
         async def one(spec: RequestSpec, at: float) -> RequestResult:
+            client = clients[spec.index % n_clients]
             delay = start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -242,7 +267,7 @@ async def run_load(target: Target, specs: Sequence[RequestSpec], times: Sequence
 
         results = await asyncio.gather(*(one(s, t) for s, t in zip(specs, times)))
         duration, cpu = time.perf_counter() - start, time.process_time() - cpu0
-    return LoadRun(list(results), duration, cpu)
+    return LoadRun([r.finish(target.endpoint == "chat") for r in results], duration, cpu)
 
 
 async def served_models(target: Target) -> list[str]:
@@ -264,8 +289,8 @@ async def served_models(target: Target) -> list[str]:
 
 async def check_request(target: Target, spec: RequestSpec) -> RequestResult:
     """One request before the timed runs (it also warms the server): ServerError when it fails."""
-    async with _client(target, 1) as client:
-        res = await send(client, target, spec)
+    async with _client(target) as client:
+        res = (await send(client, target, spec)).finish(target.endpoint == "chat")
     if not res.ok:
         detail = f": {res.text}" if res.text and not res.ok else ""
         raise ServerError(f"a test request to {target.base}{ENDPOINTS[target.endpoint]} failed "
