@@ -10,7 +10,7 @@ optimizer's candidates use:
 * ``f16>q8`` fp16 in, int8 out (a depthwise conv feeding an int8 projection, its quantizer fused here);
 
 under a grid of DepthwiseConfig tilings (block_p x block_c pixels x channels per program, warps), and the
-default tiling (conv2d's own choice, conv.depthwise_config) with the weights' precision flipped
+default tiling (conv2d's own choice, conv_depthwise.depthwise_config) with the weights' precision flipped
 (``flip-f32w``: the fp32 weight copy where conv2d reads the 16-bit weight, or back). Every result is checked
 against the fp32 reference in the same run (fp16: relative error; int8: at most one code apart). Times: CUDA
 graph, L2 flushed, median; GB/s counts the input read once and the output written once. The summary weighs
@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.timing import time_fn  # noqa: E402
-from warpforge.kernels import conv as conv_mod  # noqa: E402
+from warpforge.kernels import conv_depthwise  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
+from warpforge.kernels._dispatch import INTERPRET  # noqa: E402
 from warpforge.kernels.conv import DepthwiseConfig, conv2d, depthwise_config  # noqa: E402
 
 # MobileNetV2's depthwise 3x3 convs: (channels, input side, stride, how many of the 17)
@@ -54,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="three tilings instead of seven")
     ap.add_argument("--rep", type=int, default=30)
     a = ap.parse_args(argv)
-    interp = conv_mod.INTERPRET  # (a smoke run on CPU: TRITON_INTERPRET=1 ... --batch 1 --quick --rep 1)
+    interp = INTERPRET  # (a smoke run on CPU: TRITON_INTERPRET=1 ... --batch 1 --quick --rep 1)
     if not torch.cuda.is_available() and not interp:
         ap.error("needs a GPU (or TRITON_INTERPRET=1 for a smoke run)")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator(device=dev).manual_seed(0)
     scale = torch.tensor([6.0 / 255], device=dev)  # unsigned codes of [0, 6] (a ReLU6), zero point -128
     rows, bad = [], []
-    real_f32w = conv_mod._dw_fp32_weights
+    real_f32w = conv_depthwise._dw_fp32_weights
     for c, hw, s, count in SHAPES:
         n = a.batch
         x = torch.randn(n, c, hw, hw, device=dev, generator=gen).clamp(0, 6).half().to(memory_format=torch.channels_last)
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             out_b = n * oh * oh * c * (1 if mode.endswith("q8") else 2)
             for vname, cfg, flip in variants:
                 if flip:  # the fp32 weight copy where the default skips it, or back
-                    conv_mod._dw_fp32_weights = lambda int8_out: not real_f32w(int8_out)
+                    conv_depthwise._dw_fp32_weights = lambda int8_out: not real_f32w(int8_out)
                 try:
                     fn = run(mode, cfg)
                     got = fn()
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                         bad.append(f"{label} {mode} {vname}: error {err:.3g} > {tol}")
                     us = time_fn(fn, cuda_graph=True, device=dev, warmup=5, rep=a.rep).median_ms * 1e3
                 finally:
-                    conv_mod._dw_fp32_weights = real_f32w
+                    conv_depthwise._dw_fp32_weights = real_f32w
                 used = cfg or depthwise_config(c)
                 rows.append({"shape": label, "c": c, "hw": hw, "stride": s, "count": count, "mode": mode,
                              "variant": vname, "config": [used.block_p, used.block_c, used.num_warps], "us": us,
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if conv_mod.INTERPRET and not torch.cuda.is_available():
+    if INTERPRET and not torch.cuda.is_available():
         from warpforge.kernels._dispatch import force_triton
 
         with force_triton():

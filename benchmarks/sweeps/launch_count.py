@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {}
     for name, m in built.items():
         with record_launches():
-            m(x)  # warm-up: the depthwise weights' one-time repack (conv._prepared) is not per forward
+            m(x)  # warm-up: the depthwise weights' one-time repack (conv_common._prepared) is not per forward
         with record_launches() as log:
             m(x)
         res[name] = log.summary()

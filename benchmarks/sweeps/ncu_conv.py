@@ -33,7 +33,7 @@ from conv_int8_sweep import inputs  # noqa: E402
 
 from warpforge.bench.suites._kernels_fused import RESNET50  # noqa: E402
 from warpforge.bench.timing import time_fn  # noqa: E402
-from warpforge.kernels import conv as conv_mod  # noqa: E402
+from warpforge.kernels import conv_depthwise, conv_gemm, conv_pointwise, conv_tuning  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.conv import conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import conv2d_int8  # noqa: E402
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         us = time_fn(fn, cuda_graph=True, device=dev, warmup=10, rep=50).median_ms * 1e3
         m = a.batch * (la.hw // la.stride) ** 2
         flop = 2.0 * m * la.cout * la.cin * la.k ** 2 / getattr(la, "groups", 1)
-        chosen = [str(v) for k, v in conv_mod._CHOSEN.items() if k[0].endswith("int8_gemm") == name.startswith("int8")
+        chosen = [str(v) for k, v in conv_tuning._CHOSEN.items() if k[0].endswith("int8_gemm") == name.startswith("int8")
                   and k[2][5] == la.k and k[2][4] == la.cin and k[2][3] == la.cout]
         rows.append({"case": name, "us": us, "max_diff": diff, "tflops": flop / us / 1e6, "config": chosen})
         print(f"{name:28s} {us:8.1f} us  {flop / us / 1e6:6.0f} TFLOP/s  diff {diff}  {chosen}", flush=True)
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     kinfo = []
-    for jit in (conv_mod._conv_gemm_kernel, conv_mod._conv_pointwise_persistent_kernel,
-                conv_mod._conv_depthwise_kernel):
+    for jit in (conv_gemm._conv_gemm_kernel, conv_pointwise._conv_pointwise_persistent_kernel,
+                conv_depthwise._conv_depthwise_kernel):
         for dev_cache in getattr(jit, "device_caches", {}).values():
             for key, k in dev_cache[0].items():
                 md = k.metadata

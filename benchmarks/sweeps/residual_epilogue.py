@@ -8,7 +8,7 @@ showed layer1's three 1x1 64->256 @56 convs with an int8 residual at 38-40 us ea
 the same conv without a residual and 41-42 us for fp16's with one: int8 moves half the bytes and was 5-8%
 faster. Offline (sm_90 TTGIR, triton 3.6) the int8 residual crossed shared memory as fp32 (64 KB a
 128x128 tile) into the accumulator's layout, and the tile's per-element int64 addresses held ~128
-registers a thread (254 in all: one block per SM). The TMA epilogue (kernels/conv.py, TMA_EPI) has no
+registers a thread (254 in all: one block per SM). The TMA epilogue (kernels/conv_pointwise.py, TMA_EPI) has no
 per-element addresses (171 registers offline) and hoists the per-channel factors out of the tile loop.
 Measured (H200, git 23aa851): TMA on / off, int8 64->256 @56 best tiling 43.1 / 40.5 us, 128->512 @28
 23.4 / 26.8 us (benchmarks/results/h200/sweeps/residual_epilogue_resnet50_b32.txt).
@@ -36,13 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
-from warpforge.kernels import conv as conv_mod  # noqa: E402
-from warpforge.kernels.conv import CONV_CONFIGS, RESIDUAL_TILINGS, _fits, conv2d  # noqa: E402
+from warpforge.kernels import conv_pointwise  # noqa: E402
+from warpforge.kernels.conv import conv2d  # noqa: E402
+from warpforge.kernels.conv_tuning import CONV_CONFIGS, RESIDUAL_TILINGS, _fits  # noqa: E402
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, conv2d_int8  # noqa: E402
 from warpforge.kernels.tolerance import rel_err, tolerance  # noqa: E402
 
 CL = torch.channels_last
-# --occupancy: the residual tuner's extra persistent tilings (16 warps per SM instead of 8; kernels/conv.py
+# --occupancy: the residual tuner's extra persistent tilings (16 warps per SM instead of 8; kernels/conv_tuning.py
 # RESIDUAL_TILINGS and kernels/conv_int8.py INT8_RESIDUAL_TILINGS), pinned as configs.
 OCCUPANCY_TILINGS = {"int8": INT8_RESIDUAL_TILINGS, "fp16": RESIDUAL_TILINGS}
 LAYERS = [(64, 56, 256), (128, 28, 512), (256, 14, 1024), (512, 7, 2048)]  # (C, hw, Cout), stride 1
@@ -97,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         bytes16 = 2 * (m * c + 2 * m * cout + cout * c)
         row = {"layer": f"1x1 {c}->{cout} @{hw} +res", "m": m, "bytes_int8": bytes8, "bytes_fp16": bytes16,
                "points": {}}
-        def fitting(cfgs):  # the persistent tilings the tuner would offer this conv (conv._fits)
+        def fitting(cfgs):  # the persistent tilings the tuner would offer this conv (conv_tuning._fits)
             return [cf for cf in cfgs if cf.persistent and _fits(cf, m, cout, c, 1, CONV_CONFIGS[0], pointwise=True)]
 
         cfgs8 = [None] + fitting(INT8_CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["int8"]) if a.occupancy else [])
         cfgs16 = [None] + fitting(CONV_CONFIGS) + (fitting(OCCUPANCY_TILINGS["fp16"]) if a.occupancy else [])
-        real_tma = conv_mod._tma_epilogue
+        real_tma = conv_pointwise._tma_epilogue
         for flag, dot in ((*sp.split(":"), "0")[:2] for sp in a.settings.split(",")):
-            conv_mod._tma_epilogue = real_tma if flag == "1" else (lambda *_a: {})
+            conv_pointwise._tma_epilogue = real_tma if flag == "1" else (lambda *_a: {})
             for kind, cfgs in (("int8", cfgs8), ("fp16", cfgs16)):
                 for cf in cfgs:
                     if dot == "1":
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                         row["points"][name] = {"us": us, "err": err, "ok": ok, "tb_s": nbytes / us / 1e6}
                     except Exception as e:  # noqa: BLE001  (a tiling that does not compile is a data point)
                         row["points"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        conv_mod._tma_epilogue = real_tma
+        conv_pointwise._tma_epilogue = real_tma
         rows.append(row)
         print(f"== {row['layer']}  (int8 {bytes8 / 1e6:.1f} MB, fp16 {bytes16 / 1e6:.1f} MB)")
         for name, p in row["points"].items():

@@ -39,6 +39,10 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from warpforge.kernels import activation, conv, conv_int8, gemv, matmul, matmul_fp8, matmul_int8  # noqa: E402
+from warpforge.kernels import conv_depthwise as dw_mod  # noqa: E402
+from warpforge.kernels import conv_gemm as gemm_mod  # noqa: E402
+from warpforge.kernels import conv_pointwise as pw_mod  # noqa: E402
+from warpforge.kernels import conv_tuning  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
@@ -252,7 +256,7 @@ def conv_gemm(cfg, mode: int, dt="fp16", out="fp16", int8=False, quant_out=False
            OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma, RES_INT8=res_int8,
            RES_ZERO=zero if res_int8 else 0)
     odd = ("M", "OH", "OW", "H", "W", "SPLIT_STRIDE", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
-    return compile_sm90(conv._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
+    return compile_sm90(gemm_mod._conv_gemm_kernel, sig, consts, cfg.num_warps, cfg.num_stages, odd)
 
 
 def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero=0, dual=False,
@@ -285,15 +289,15 @@ def conv_pointwise(cfg, dt="fp16", out="fp16", int8=False, quant_out=False, zero
            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INT_ACC=int8, QUANT_OUT=quant_out,
            X_ZERO=zero, OUT_ZERO=zero if quant_out or dual else 0, DUAL_OUT=dual, F16_MMA=cfg.f16_mma,
            RES_INT8=res_int8, RES_ZERO=zero if res_int8 else 0, RES_DOT=res_dot)
-    return compile_sm90(conv._conv_pointwise_persistent_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
+    return compile_sm90(pw_mod._conv_pointwise_persistent_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
                         ("M", "OH", "OW", "stride_h", "stride_w"))
 
 
 def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
-    """The depthwise conv (fp16, bias + relu6) at conv.depthwise_config(cout); quant_out: int8 out, unsigned
+    """The depthwise conv (fp16, bias + relu6) at dw_mod.depthwise_config(cout); quant_out: int8 out, unsigned
     (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate)."""
-    cfg = conv.depthwise_config(cout)
-    sig = {"x_ptr": "*fp16", "w_ptr": "*fp32" if conv._dw_fp32_weights(quant_out) else "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
+    cfg = dw_mod.depthwise_config(cout)
+    sig = {"x_ptr": "*fp16", "w_ptr": "*fp32" if dw_mod._dw_fp32_weights(quant_out) else "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
            else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
                                                                    "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
                                                                    "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
@@ -309,7 +313,7 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
     _flags(sig, consts, KH=k, KW=k, HAS_BIAS=True, HAS_RES=False, ACT=5, BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c,
            QUANT_OUT=quant_out, OUT_ZERO=-128 if quant_out else 0)
     odd = ("M", "OH", "OW", "H", "W", "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")
-    return compile_sm90(conv._conv_depthwise_kernel, sig, consts, cfg.num_warps, 3, odd)  # the launch default
+    return compile_sm90(dw_mod._conv_depthwise_kernel, sig, consts, cfg.num_warps, 3, odd)  # the launch default
 
 
 def rowwise(cfg, op: str, dt: str = "bf16") -> dict:
@@ -383,13 +387,13 @@ def jobs(every: bool) -> list[tuple[str, object]]:
             out.append((f"conv int8 pointwise int8-res fold {cfg}", lambda cfg=cfg:
                         conv_pointwise(cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True,
                                        fold=True)))
-        # The residual tuner's extra candidates (conv.residual_candidates): the 16-warps-per-SM tilings and the
+        # The residual tuner's extra candidates (conv_tuning.residual_candidates): the 16-warps-per-SM tilings and the
         # res_dot twins, with the int8 residual and the folded int8 out (int8) or the fp16 residual.
         for cfg in (c for c in conv_int8._RES_TUNER.configs if c.persistent and (c.res_dot or
                                                                                  c in conv_int8.INT8_RESIDUAL_TILINGS)):
             out.append((f"conv int8 pointwise int8-res fold residual-tuner {cfg}", lambda cfg=cfg: conv_pointwise(
                 cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True, fold=True, res_dot=cfg.res_dot)))
-        for cfg in (c for c in conv._RES_TUNER.configs if c.persistent and (c.res_dot or c in conv.RESIDUAL_TILINGS)):
+        for cfg in (c for c in conv_tuning._RES_TUNER.configs if c.persistent and (c.res_dot or c in conv_tuning.RESIDUAL_TILINGS)):
             out.append((f"conv fp16 pointwise residual-tuner {cfg}",
                         lambda cfg=cfg: conv_pointwise(cfg, res_dot=cfg.res_dot)))
         for cfg in (c for c in conv.CONV_CONFIGS if c.persistent):

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from warpforge.kernels import conv as conv_mod
+from warpforge.kernels import conv_common, conv_stem
 from warpforge.kernels import reference as ref
 from warpforge.kernels.conv import ConvConfig, DepthwiseConfig, conv2d, prepare_conv_weight
 from warpforge.kernels.tolerance import rel_err, tolerance
@@ -158,7 +159,7 @@ def test_split_k_grouped(device):
 
 
 def test_split_k_candidates_only_for_few_tiles():
-    from warpforge.kernels.conv import CONV_CONFIGS, _fits
+    from warpforge.kernels.conv_tuning import CONV_CONFIGS, _fits
 
     split = [c for c in CONV_CONFIGS if c.split_k > 1]
     assert split and all(_fits(c, 49, 512, 4608, 1) for c in split)  # batch 1, 7x7, 3x3 512->512
@@ -172,20 +173,20 @@ def test_weight_layouts_and_repack_cache(device):
     w_nchw = torch.randn(8, 16, 3, 3, device=device)  # torch's default layout: repacked once, cached
     want = ref.conv2d_reference(x, w_nchw, padding=1, compute_dtype=F64)
     assert rel_err(conv2d(x, w_nchw, padding=1), want) <= tol(torch.float32)
-    packed = conv_mod._PREPARED[id(w_nchw)][2]
+    packed = conv_common._PREPARED[id(w_nchw)][2]
     conv2d(x, w_nchw, padding=1)
-    assert conv_mod._PREPARED[id(w_nchw)][2] is packed  # cache hit: no second repack
+    assert conv_common._PREPARED[id(w_nchw)][2] is packed  # cache hit: no second repack
     with torch.no_grad():
         w_nchw.mul_(2)  # in-place change bumps the version: the cache must not serve stale values
     assert rel_err(conv2d(x, w_nchw, padding=1), 2 * want) <= tol(torch.float32)
     # prepare_conv_weight keeps shape and values; the kernels read it without a copy; F.conv2d accepts it.
     wp = prepare_conv_weight(w_nchw)
     assert wp.shape == w_nchw.shape and torch.equal(wp, w_nchw) and wp.is_contiguous(memory_format=CL)
-    assert conv_mod._prepared(wp, 1, False) is wp
+    assert conv_common._prepared(wp, 1, False) is wp
     dw = torch.randn(16, 1, 3, 3, device=device)
     dwp = prepare_conv_weight(dw, groups=16)
     assert torch.equal(dwp, dw) and (dwp.stride(0), dwp.stride(2), dwp.stride(3)) == (1, 48, 16)
-    assert conv_mod._prepared(dwp, 16, True) is dwp
+    assert conv_common._prepared(dwp, 16, True) is dwp
     assert torch.allclose(F.conv2d(x, dwp, padding=1, groups=16), F.conv2d(x, dw, padding=1, groups=16), atol=1e-5)
     got = conv2d(x, dwp, padding=1, groups=16)
     assert rel_err(got, ref.conv2d_reference(x, dw, padding=1, groups=16, compute_dtype=F64)) <= tol(torch.float32)
@@ -193,7 +194,7 @@ def test_weight_layouts_and_repack_cache(device):
     import gc
 
     gc.collect()
-    assert not any(v[0]() is None for v in conv_mod._PREPARED.values())  # freed weights leave the cache
+    assert not any(v[0]() is None for v in conv_common._PREPARED.values())  # freed weights leave the cache
 
 
 def test_validation(device):
@@ -287,7 +288,7 @@ def test_gpu_grouped_and_odd_shapes():
 
 def test_taps_mode_drops_k_steps_wider_than_the_channels():
     """MODE_TAPS: one K step never straddles two taps, so block_k above C/groups only multiplies zeros."""
-    from warpforge.kernels.conv import ConvConfig, _fits
+    from warpforge.kernels.conv_tuning import ConvConfig, _fits
     from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS
 
     wide, narrow = ConvConfig(128, 128, 128, 8, 8, 4), ConvConfig(128, 128, 64, 8, 8, 4)
@@ -383,7 +384,7 @@ def test_s2d_weight_is_the_same_conv():
     n, c, hp, wp = xp.shape
     s2d = xp.reshape(n, c, hp // 2, 2, wp // 2, 2).permute(0, 3, 5, 1, 2, 4).reshape(n, 4 * c, hp // 2, wp // 2)
     s2d = F.pad(s2d, (0, 0, 0, 0, 0, 16 - 4 * c))  # channel (2a + b) * C + c, zero-padded to 16
-    w2 = conv_mod.s2d_weight(w)  # [Cout, 16 * 4, 4, 1]: kernel row kh2 reads 4 adjacent s2d pixels
+    w2 = conv_stem.s2d_weight(w)  # [Cout, 16 * 4, 4, 1]: kernel row kh2 reads 4 adjacent s2d pixels
     assert w2.shape == (5, 64, 4, 1) and w2.is_contiguous(memory_format=CL)
     w4 = w2.reshape(5, 4, 16, 4).permute(0, 2, 3, 1)  # [Cout, 16, kh2, kw2]
     got = F.conv2d(s2d, w4)[:, :, :want.shape[2], :want.shape[3]]
@@ -429,7 +430,8 @@ def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
     winners serve) first, then the residual tuner under the key + the residual's dtype + the base, offered
     the base and the persistent tilings that fit (res_dot twins only for a 16-bit or int8 residual).
     A conv that is not pointwise: the base alone."""
-    from warpforge.kernels import conv as cm
+    from warpforge.kernels import conv_tuning as cm
+    from warpforge.kernels.conv_common import MODE_PLAIN, MODE_TAPS, _geometry
 
     monkeypatch.setattr(cm, "INTERPRET", False)
     monkeypatch.setattr(cm, "_CHOSEN", {})
@@ -437,12 +439,12 @@ def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
     x = torch.randn(32, 64, 56, 56).to(memory_format=CL)  # 100352 pixels: persistent tilings qualify
     out = torch.empty(32, 256, 56, 56).to(memory_format=CL)
     r = torch.empty(32, 256, 56, 56, dtype=res_dtype).to(memory_format=CL)
-    g = cm._geometry(x, torch.randn(256, 64, 1, 1), None, 1, 0, 1, 1, None)
+    g = _geometry(x, torch.randn(256, 64, 1, 1), None, 1, 0, 1, 1, None)
     base = cm.CONV_CONFIGS[0]
     main = _FakeTuner("t", cm.CONV_CONFIGS, lambda kept: base)
     res = _FakeTuner("t_res", cm.residual_candidates(cm.CONV_CONFIGS, cm.RESIDUAL_TILINGS), lambda kept: kept[-1])
-    got = cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res)
-    plain = ("torch.float32", cm.MODE_PLAIN, 131072, 256, 64, 1, 1, 1, 1)
+    got = cm.choose_gemm_config(None, main, None, x, g, MODE_PLAIN, out, r, lambda c, d: None, res)
+    plain = ("torch.float32", MODE_PLAIN, 131072, 256, 64, 1, 1, 1, 1)
     assert main.asked[0][0] == plain
     (key, kept), = res.asked
     assert key[:9] == plain and key[9] == f"res:{str(res_dtype).removeprefix('torch.')}" and key[10].startswith("base:")
@@ -452,11 +454,11 @@ def test_residual_tuner_after_the_base(monkeypatch, res_dtype):
     assert any(c.res_dot for c in kept) == (res_dtype == torch.float16)
     assert any(c in cm.RESIDUAL_TILINGS for c in kept)
     assert got == kept[-1]
-    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res) == got
+    assert cm.choose_gemm_config(None, main, None, x, g, MODE_PLAIN, out, r, lambda c, d: None, res) == got
     assert len(res.asked) == 1  # remembered for the process
 
-    g3 = cm._geometry(x, torch.randn(256, 64, 3, 3), None, 1, 1, 1, 1, None)  # a 3x3: not pointwise
-    assert cm.choose_gemm_config(None, main, None, x, g3, cm.MODE_TAPS, out, r, lambda c, d: None, res) == base
+    g3 = _geometry(x, torch.randn(256, 64, 3, 3), None, 1, 1, 1, 1, None)  # a 3x3: not pointwise
+    assert cm.choose_gemm_config(None, main, None, x, g3, MODE_TAPS, out, r, lambda c, d: None, res) == base
     assert len(res.asked) == 1
 
 
@@ -466,7 +468,8 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     the base and the narrow tilings that fit (persistent ones only where the whole K fits one tile); the
     residual tuner is not asked. A conv wider than NARROW_COUT, or one with fewer than NARROW_MIN_M output
     pixels: not asked."""
-    from warpforge.kernels import conv as cm
+    from warpforge.kernels import conv_tuning as cm
+    from warpforge.kernels.conv_common import MODE_PLAIN, _geometry
 
     monkeypatch.setattr(cm, "INTERPRET", False)
     monkeypatch.setattr(cm, "_CHOSEN", {})
@@ -474,13 +477,13 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     x = torch.randn(32, 144, 56, 56).to(memory_format=CL)
     out = torch.empty(32, 24, 56, 56, dtype=torch.float16).to(memory_format=CL)
     r = torch.empty(32, 24, 56, 56, dtype=torch.float16).to(memory_format=CL)
-    g = cm._geometry(x, torch.randn(24, 144, 1, 1), None, 1, 0, 1, 1, None)
+    g = _geometry(x, torch.randn(24, 144, 1, 1), None, 1, 0, 1, 1, None)
     base = cm.CONV_CONFIGS[0]
     main = _FakeTuner("t", cm.CONV_CONFIGS, lambda kept: kept[0])
     res = _FakeTuner("t_res", cm.residual_candidates(cm.CONV_CONFIGS, cm.RESIDUAL_TILINGS), lambda kept: kept[-1])
     narrow = _FakeTuner("t_narrow", [base] + cm.NARROW_TILINGS, lambda kept: kept[-1])
-    got = cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow)
-    plain = ("torch.float32", cm.MODE_PLAIN, 131072, 24, 144, 1, 1, 1, 1)
+    got = cm.choose_gemm_config(None, main, None, x, g, MODE_PLAIN, out, r, lambda c, d: None, res, narrow)
+    plain = ("torch.float32", MODE_PLAIN, 131072, 24, 144, 1, 1, 1, 1)
     (bucket, main_kept), = main.asked
     assert bucket == plain and main_kept == [base]  # nothing but the default is narrow enough
     (key, kept), = narrow.asked
@@ -488,19 +491,19 @@ def test_narrow_tuner_after_the_base(monkeypatch):
     assert kept[0] == base and all(c.block_n <= 32 for c in kept[1:])
     assert kept[1:] == [c for c in cm.NARROW_TILINGS if not c.persistent]  # K = 144 fits no persistent tile
     assert got == kept[-1]
-    assert cm.choose_gemm_config(None, main, None, x, g, cm.MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == got
+    assert cm.choose_gemm_config(None, main, None, x, g, MODE_PLAIN, out, r, lambda c, d: None, res, narrow) == got
     assert len(narrow.asked) == 1  # remembered for the process
 
-    wide = cm._geometry(x, torch.randn(64, 144, 1, 1), None, 1, 0, 1, 1, None)
-    cm.choose_gemm_config(None, main, None, x, wide, cm.MODE_PLAIN, out, None, lambda c, d: None, res, narrow)
+    wide = _geometry(x, torch.randn(64, 144, 1, 1), None, 1, 0, 1, 1, None)
+    cm.choose_gemm_config(None, main, None, x, wide, MODE_PLAIN, out, None, lambda c, d: None, res, narrow)
     assert len(narrow.asked) == 1
     # 32->16 @112 at batch 32: K = 32 fits the persistent tile; at batch 1 (12544 pixels < NARROW_MIN_M) the
     # forward is launch-bound and the narrow tuner is not asked
     for n, asked in ((32, 2), (1, 2)):
         x1 = torch.randn(n, 32, 112, 112).to(memory_format=CL)
         o1 = torch.empty(n, 16, 112, 112, dtype=torch.float16).to(memory_format=CL)
-        g1 = cm._geometry(x1, torch.randn(16, 32, 1, 1), None, 1, 0, 1, 1, None)
-        cm.choose_gemm_config(None, main, None, x1, g1, cm.MODE_PLAIN, o1, None, lambda c, d: None, res, narrow)
+        g1 = _geometry(x1, torch.randn(16, 32, 1, 1), None, 1, 0, 1, 1, None)
+        cm.choose_gemm_config(None, main, None, x1, g1, MODE_PLAIN, o1, None, lambda c, d: None, res, narrow)
         assert len(narrow.asked) == asked
     (key1, kept1) = narrow.asked[1]
     assert key1[-2] == "res:None" and any(c.persistent for c in kept1)

@@ -119,7 +119,7 @@ def test_conv_int8_unsigned_x(triton_on_cpu, device, gen, case, out_kind):
     run_case(gen, device, case, out_kind, x_zero=-128, out_zero=-128 if out_kind == "int8" else 0)
 
 
-# Unsigned x in the two loops that load it without a masked ``other`` (kernels/conv.py): the taps loop, whose
+# Unsigned x in the two loops that load it without a masked ``other`` (kernels/conv_gemm.py): the taps loop, whose
 # padded pixels read a row of -128s, and the plain 1x1 loop, whose masked rows and channels zero-fill.
 UNSIGNED_CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, residual
     (2, 48, 7, 9, 33, 3, 1, 1, 1, 1, "relu", True),  # taps, padded borders, channel tail (48 % 32), residual
@@ -133,13 +133,14 @@ UNSIGNED_CASES = [  # n, cin, h, w, cout, k, stride, pad, dil, groups, act, resi
 
 def test_conv_int8_strided_1x1_runs_plain(triton_on_cpu, device, gen, monkeypatch):
     """A strided 1x1 conv runs MODE_PLAIN (no tap arithmetic) over the subsampled view of x, exact still."""
-    from warpforge.kernels import conv as conv_mod
+    from warpforge.kernels import conv_gemm
     from warpforge.kernels import conv_int8 as ci
+    from warpforge.kernels.conv_common import MODE_PLAIN
 
-    modes, real = [], conv_mod.launch_gemm
+    modes, real = [], conv_gemm.launch_gemm
     monkeypatch.setattr(ci, "launch_gemm", lambda *a, **k: (modes.append((a[6], a[5].stride)), real(*a, **k))[1])
     run_case(gen, device, (2, 40, 7, 8, 19, 1, 3, 0, 1, 1, "relu", True), "int8", x_zero=-128, out_zero=-128)
-    assert modes and all(m == (conv_mod.MODE_PLAIN, (1, 1)) for m in modes)
+    assert modes and all(m == (MODE_PLAIN, (1, 1)) for m in modes)
 
 
 @pytest.mark.parametrize("out_kind", ["float32", "int8"])
@@ -516,11 +517,11 @@ S2D_CASES = [  # image stems: stride 2 on <= 4 channels, 3x3+ (space-to-depth th
 def test_conv_int8_stem_space_to_depth(triton_on_cpu, device, gen, monkeypatch, case, zero, out_kind):
     """An int8 image stem runs as conv2d does it (space-to-depth pack padded with x's zero point, then the
     taps loop) and matches the int8 reference."""
-    from warpforge.kernels import conv as conv_mod
+    from warpforge.kernels import conv_stem
 
     calls = []
-    real = conv_mod._s2d_pack_kernel
-    monkeypatch.setattr(conv_mod, "_s2d_pack_kernel", _Spy(real, calls))
+    real = conv_stem._s2d_pack_kernel
+    monkeypatch.setattr(conv_stem, "_s2d_pack_kernel", _Spy(real, calls))
     run_case(gen, device, case, out_kind, x_zero=zero, out_zero=zero if out_kind == "int8" else 0)
     assert len(calls) == 1
 

@@ -2,7 +2,7 @@
 is one tile, each program walking many M tiles, against the references of conv2d (float64) and
 conv2d_int8 (exact int32 accumulation, then the fp32 epilogue: bit for bit on the interpreter).
 
-The interpreter's "SM count" is 2 (kernels/conv.py, _sm_count), so with a few dozen M tiles every
+The interpreter's "SM count" is 2 (kernels/conv_pointwise.py, _sm_count), so with a few dozen M tiles every
 program walks several of them, and programs sharing output channels interleave: a wrong tile stride, a
 tile visited twice or never, or weights loaded for the wrong channel block all show. Odd sizes everywhere:
 M not a multiple of the tile, C below the pow2 K tile (masked channels), Cout not a multiple of BN.
@@ -15,9 +15,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from warpforge.kernels import conv as conv_mod
+from warpforge.kernels import conv_pointwise
 from warpforge.kernels import reference as ref
-from warpforge.kernels.conv import CONV_CONFIGS, ConvConfig, _fits, _tma_epilogue, conv2d
+from warpforge.kernels.conv import CONV_CONFIGS, ConvConfig, conv2d
+from warpforge.kernels.conv_pointwise import _tma_epilogue
+from warpforge.kernels.conv_tuning import _fits
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8
 from warpforge.kernels.tolerance import rel_err, tolerance
 
@@ -161,9 +163,9 @@ def test_pointwise_epilogues_agree(triton_on_cpu, device, gen, monkeypatch, conf
     EPILOGUES, and the reference's."""
     x, wq, xs, ws, bias, shape, r_q, rs, r_f, os_, geo = _int8_residual_problem(gen, device, (2, 40, 7, 9, 48),
                                                                                 res_zero)
-    outs, real = {}, conv_mod._tma_epilogue
+    outs, real = {}, conv_pointwise._tma_epilogue
     for name, (tma, dot) in EPILOGUES.items():
-        monkeypatch.setattr(conv_mod, "_tma_epilogue", real if tma else lambda *a: {})
+        monkeypatch.setattr(conv_pointwise, "_tma_epilogue", real if tma else lambda *a: {})
         cfg = replace(config, res_dot=dot)
         out = _poisoned(shape, torch.int8, device).fill_(77)
         conv2d_int8(x, wq, xs, ws, bias, residual=r_q, residual_scale=rs, residual_zero_point=res_zero,

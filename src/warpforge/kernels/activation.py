@@ -9,7 +9,7 @@ candidate of each list is the heuristic default. softmax has four kernels: whole
 (one read), the same on a persistent grid, rows streamed in chunks (two reads; the second should
 hit L2), and streamed rows on a persistent grid, which bounds the rows in flight so that it does.
 
-The ``apply_activation`` jit helper is shared with the conv epilogue (kernels/conv.py).
+The ``apply_activation`` jit helper is shared with the conv epilogue (kernels/conv_epilogue.py).
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ one more bit for data >= 0 such as a ReLU's output). w_q is int8 [Cout, C/groups
 output channel (symmetric, w_scale [Cout]). With zero point -128 the kernel reads padding as -128 (x = 0)
 and subtracts -128 * sum(w_q[co]) (``w_sum``) from the accumulator, so the conv of (x_q + 128) stays exact.
 
-It launches the implicit-GEMM kernel of kernels/conv.py with ``INT_ACC=True``: int8 tiles into
+It launches the implicit-GEMM kernel of kernels/conv_gemm.py with ``INT_ACC=True``: int8 tiles into
 ``tl.dot`` with an int32 accumulator (exact: the s8 tensor-core MMA on the GPU), converted to fp32 once,
 in the epilogue. ``out_scale`` fuses the next int8 layer's input quantization into this
 epilogue: an int8 activation is half the bytes of an fp16 one, for this store and the next layer's loads.
 With int8 out and no activation, ReLU or ReLU6, the epilogue folds every per-channel factor into one FMA
-per element and takes the activation as the clamp's bounds (``kernels.conv._epilogue_factors``): the same
+per element and takes the activation as the clamp's bounds (``kernels.conv_epilogue._epilogue_factors``): the same
 codes as dequantize -> activation -> requantize up to a rounding tie (H200, ResNet-50 b32: the fold took
 its int8 convs from 907 to 864 us).
 
@@ -33,16 +33,18 @@ from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
-from warpforge.kernels.conv import (MODE_TAPS, ConvConfig, _check_out, _geometry, _is_depthwise, _prepared,
-                                    _s2d_ok, _shares_storage, _space_to_depth, choose_gemm_config, gemm_mode,
-                                    launch_gemm, residual_candidates, strided_pointwise)
+from warpforge.kernels.conv_common import (MODE_TAPS, _check_out, _geometry, _is_depthwise, _prepared, _shares_storage,
+                                           gemm_mode, strided_pointwise)
+from warpforge.kernels.conv_gemm import launch_gemm
+from warpforge.kernels.conv_stem import _s2d_ok, _space_to_depth
+from warpforge.kernels.conv_tuning import ConvConfig, choose_gemm_config, residual_candidates
 from warpforge.kernels.quantize import check_scale, check_zero_point
 
 FLOAT_OUT = (torch.float16, torch.bfloat16, torch.float32)
 # |conv(x_q - zero_point, w_q)| <= K * 255 * 128 must stay below 2^31: K = KH * KW * C/groups up to 65793.
 MAX_K = (2 ** 31 - 1) // (255 * 128)
 # What a padded pixel of unsigned x (zero point -128) reads in the taps loop: one row of -128s, at least
-# C/groups long (C/groups <= MAX_K), made once per device (kernels/conv.py, MODE_TAPS).
+# C/groups long (C/groups <= MAX_K), made once per device (kernels/conv_gemm.py, MODE_TAPS).
 PAD_ROW_LEN = -(-MAX_K // 16) * 16
 _PAD_ROWS: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -59,7 +61,7 @@ def _pad_row(device: torch.device, zero_point: int) -> torch.Tensor:
         _PAD_ROWS[key] = row
     return row
 
-# int8 is half fp16's bytes: the fp16 candidates (kernels/conv.py) with block_k doubled to 128, the same
+# int8 is half fp16's bytes: the fp16 candidates (kernels/conv_tuning.py) with block_k doubled to 128, the same
 # shared memory per stage. Every block_k is >= 32, the K of the s8 MMA instruction. Compiled for sm_90
 # (tests/kernels/sm90_compile.py --all, triton 3.6, 2026-12-01; bias + residual + silu epilogue, fp16 out,
 # and int8 out): none spills, all fit shared memory (<= 131 KB), all but the BM=32 split-K tile reach
@@ -77,7 +79,7 @@ INT8_CONV_CONFIGS = [
     ConvConfig(64, 64, 128, 8, 4, 4),
     ConvConfig(64, 64, 32, 8, 4, 5),  # small Cout and short K (the RGB stem: K = 27)
     # block_k 64 twins for C/groups <= 64 (ResNet-50's layer1, MobileNetV2's 1x1s): a 128-wide K step
-    # there is half zeros in as many steps (the tuner drops it for those layers, see conv._fits).
+    # there is half zeros in as many steps (the tuner drops it for those layers, see conv_tuning._fits).
     ConvConfig(128, 128, 64, 8, 8, 4),
     ConvConfig(128, 64, 64, 8, 4, 4),
     ConvConfig(64, 128, 64, 8, 4, 4),
@@ -117,7 +119,7 @@ _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_residual", residual_cand
     INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, no_dot=(ConvConfig(64, 128, 256, 8, 4, 3, persistent=2),)), ConvConfig)
 
 # Narrow int8 convs (Cout/groups <= conv.NARROW_COUT: MobileNetV2's projections): 32- and 16-wide tilings, K
-# tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv.py. H200, b32
+# tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv_tuning.py. H200, b32
 # (6bba348): 144->24 + skip @56 12.5-13.5 us, 32->16 @112 11.3 us (85.1 on the default tile). The six that
 # won a bucket there, of nine tried (128x32x128 and two deeper persistent ones never won).
 INT8_NARROW_TILINGS = [

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import use_triton
-from warpforge.kernels.conv import _pair
+from warpforge.kernels.conv_common import _pair
 
 
 @triton.jit

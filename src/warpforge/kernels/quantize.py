@@ -18,7 +18,7 @@ scale is a device tensor read by the kernel, never by the host, so a quantized m
 graph. x may be any dense layout (contiguous, channels_last, ...): the kernel walks the storage, and q
 gets x's strides.
 
-``round_to_int8`` is the jit helper shared with the conv epilogue (kernels/conv.py, ``out_scale=``).
+``round_to_int8`` is the jit helper shared with the conv epilogue (kernels/conv_epilogue.py, ``out_scale=``).
 """
 
 from __future__ import annotations

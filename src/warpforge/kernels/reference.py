@@ -155,7 +155,7 @@ def activation_reference(y: torch.Tensor, activation: str | None) -> torch.Tenso
 def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                      stride=1, padding=0, dilation=1, groups: int = 1, activation: str | None = None,
                      residual: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Reference for ``_conv_gemm_kernel`` and ``_conv_depthwise_kernel`` (kernels/conv.py).
+    """Reference for ``_conv_gemm_kernel`` and ``_conv_depthwise_kernel`` (kernels/conv_gemm.py, conv_depthwise.py).
 
     ``act(conv2d(x, weight) + bias + residual)`` in ``compute_dtype`` (x [N, C, H, W], weight
     [Cout, C/groups, KH, KW], residual [N, Cout, OH, OW]).
@@ -170,7 +170,7 @@ def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def conv2d_int8_acc_reference(x_q: torch.Tensor, w_q: torch.Tensor, *, stride=1, padding=0, dilation=1,
                               groups: int = 1, x_zero_point: int = 0) -> torch.Tensor:
-    """The exact int32 accumulator of ``_conv_gemm_kernel`` with INT_ACC (kernels/conv.py): conv2d of
+    """The exact int32 accumulator of ``_conv_gemm_kernel`` with INT_ACC (kernels/conv_gemm.py): conv2d of
     (x_q - x_zero_point) [N, C, H, W] (zero padding: the padded x is 0) and int8 w_q [Cout, C/groups, KH, KW]
     as int32 [N, Cout, OH, OW]. float64 holds every sum exactly (|sum| <= K * 255 * 128 < 2^53; the
     launcher bounds K so that it fits int32 too)."""
@@ -184,7 +184,7 @@ def conv2d_int8_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.T
                           activation: str | None = None, residual: torch.Tensor | None = None,
                           out_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
                           x_zero_point: int = 0, out_zero_point: int = 0) -> torch.Tensor:
-    """Reference for ``_conv_gemm_kernel`` with INT_ACC (kernels/conv.py), launched by ``conv2d_int8``
+    """Reference for ``_conv_gemm_kernel`` with INT_ACC (kernels/conv_gemm.py), launched by ``conv2d_int8``
     (kernels/conv_int8.py), in the kernel's order of fp32 operations:
 
     y = act(fp32(acc) * (x_scale * w_scale[co]) + bias + residual), acc the exact int32 conv of

@@ -13,7 +13,7 @@ instead of run (its outputs are left as allocated: values are garbage, shapes an
 which is all the launchers' control flow reads). Torch ops that would launch a CUDA kernel (not views,
 not allocations) are recorded through a ``TorchDispatchMode``, wherever they are called from. The
 tuner does not run (no GPU: the interpreter's fixed tiling), so a split-K tiling the GPU would pick
-shows as one launch here; at batch 32 the conv tuner never allows split-K (conv._fits).
+shows as one launch here; at batch 32 the conv tuner never allows split-K (conv_tuning._fits).
 
 ``bytes`` per launch is the size of every tensor argument, each counted once (inputs read once,
 outputs written once): the compulsory HBM traffic, not a measurement.

@@ -1,6 +1,6 @@
 """Put a model's 4-D weights and its 4-D inputs in channels_last (NHWC in memory, NCHW shape).
 
-Why: the conv kernels read and write channels_last (kernels/conv.py), and cuDNN's fast paths on sm_90
+Why: the conv kernels read and write channels_last (kernels/conv*.py), and cuDNN's fast paths on sm_90
 prefer it too; converting once up front avoids a transpose around every conv. On a graph the pass also
 converts each 4-D input on entry, so callers can keep passing NCHW-contiguous tensors.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from warpforge.kernels.conv import is_s2d_stem
+from warpforge.kernels.conv_stem import is_s2d_stem
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
 from warpforge.optimize.passes.fuse_conv import FusedConv2d
