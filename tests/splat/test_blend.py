@@ -188,6 +188,26 @@ def test_no_gaussians_renders_the_background(path, request):
     _close(grads[4], s["v_out"].sum(dim=(1, 2)))
 
 
+@pytest.mark.parametrize("path", ["triton", "cpu"])
+def test_absgrad_lands_on_the_means2d_passed_in(path, request):
+    """A non-contiguous means2d (a view, as a caller may hand over) gets its gradient and .absgrad itself."""
+    if path == "triton":
+        request.getfixturevalue("triton_on_cpu")
+    C, N, W, H, ts, D = 1, 40, 24, 20, 16, 3
+    s = _scene(C, N, W, H, ts, D, seed=8)
+    store = s["means2d"].transpose(1, 2).contiguous().requires_grad_()  # [C, 2, N]
+    means2d = store.transpose(1, 2)  # [C, N, 2], not contiguous
+    means2d.retain_grad()
+    out, alpha = blend.rasterize_to_pixels(means2d, s["conics"], s["colors"], s["opacities"], W, H, ts,
+                                           s["offsets"], s["flatten_ids"], absgrad=True)
+    ((out * s["v_out"]).sum() + (alpha * s["v_alpha"]).sum()).backward()
+    assert not means2d.is_contiguous() and means2d.absgrad.shape == (C, N, 2)
+    brute, _ = _brute_absgrad(s, W, H, False)
+    _close(means2d.absgrad, brute)
+    _close(store.grad.transpose(1, 2), means2d.grad)
+    assert means2d.grad.abs().sum() > 0
+
+
 def test_bad_input_names_the_argument():
     C, N, W, H, ts, D = 1, 10, 20, 20, 16, 3
     s = _scene(C, N, W, H, ts, D, seed=1)

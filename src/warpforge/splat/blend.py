@@ -228,13 +228,19 @@ def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     return grads, (v_abs if absgrad else None)
 
 
+def _dense(*tensors):
+    return tuple(t.contiguous() if t is not None else None for t in tensors)
+
+
 class _Blend(torch.autograd.Function):
+    # Inputs arrive as the caller passed them (``absgrad`` is set on that means2d object, which the render
+    # hands out as meta["means2d"]); the kernels get contiguous copies where they are not already.
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets,
                 flatten_ids, absgrad, triton_path):
         fwd = _fwd_triton if triton_path else blend_forward
-        out, alphas, T, last = fwd(means2d, conics, colors, opacities, backgrounds, width, height, tile_size,
-                                   offsets, flatten_ids)
+        out, alphas, T, last = fwd(*_dense(means2d, conics, colors, opacities, backgrounds), width, height,
+                                   tile_size, *_dense(offsets, flatten_ids))
         ctx.save_for_backward(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, T, last)
         ctx.cfg = (width, height, tile_size, absgrad, triton_path)
         return out, alphas
@@ -244,8 +250,9 @@ class _Blend(torch.autograd.Function):
         means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, T, last = ctx.saved_tensors
         width, height, tile_size, absgrad, triton_path = ctx.cfg
         bwd = _bwd_triton if triton_path else blend_backward
-        grads, v_abs = bwd(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets,
-                           flatten_ids, T, last, v_out.contiguous(), v_alphas.contiguous(), absgrad)
+        grads, v_abs = bwd(*_dense(means2d, conics, colors, opacities, backgrounds), width, height, tile_size,
+                           *_dense(offsets, flatten_ids), T, last, v_out.contiguous(), v_alphas.contiguous(),
+                           absgrad)
         if absgrad:
             means2d.absgrad = v_abs
         v_bg = None
@@ -306,6 +313,5 @@ def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2]
     triton_path = use_triton(means2d)
     if triton_path and tile_size > MAX_TILE:
         raise ValueError(f"tile_size must be at most {MAX_TILE} for the Triton blend, got {tile_size}")
-    args = (means2d, conics, colors, opacities, backgrounds, width, height, tile_size, tile_offsets, flatten_ids)
-    args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
-    return _Blend.apply(*args, bool(absgrad), triton_path)
+    return _Blend.apply(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, tile_offsets,
+                        flatten_ids, bool(absgrad), triton_path)
