@@ -226,8 +226,7 @@ def test_bad_input_names_the_argument():
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills(tmp_path):
-    """What the interpreter cannot check: the kernels compile for the H200 and fit their registers
-    (8 warps of one pixel each: at most 2 blocks per SM forward, 1 backward at these counts)."""
+    """What the interpreter cannot check: the kernels compile for the H200 and fit their registers."""
     import json
     import os
     import subprocess
@@ -240,5 +239,4 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(res) == 7
     assert all(r["spill_bytes"] == 0 for r in res.values()), res
-    assert all(res[f"blend_fwd D{d}"]["regs"] <= 128 for d in (3, 4)), res
-    assert all(res[f"blend_bwd D{d}"]["regs"] <= 224 for d in (3, 4)), res
+    assert all(res[f"blend_fwd D{d}"]["regs"] <= 168 for d in (3, 4)), res  # >= 3 blocks of 4 warps a SM

@@ -3,10 +3,11 @@
 Triton forward: one program per (camera, tile); its tile_size^2 pixels are one vector. The tile's sorted
 Gaussians come in chunks of CHUNK: their means, conics and opacities are gathered once per chunk through
 flatten_ids, alpha is evaluated as a [CHUNK, pixels] block, and each pixel's transmittance before every
-Gaussian of the chunk is one ``tl.cumprod`` of (1 - alpha) along the chunk axis. A scan keeps the work
-in registers and the compiler's hands (no per-Gaussian scalar loads in a dependent chain, which is what a
-sequential inner loop would be in Triton, where a register tensor cannot be indexed); the interpreter runs
-the same code. A pixel keeps a Gaussian while its transmittance after it stays above T_MIN, which is a
+Gaussian of the chunk is one ``tl.cumprod`` of (1 - alpha) along the chunk axis. Each thread holds its
+pixels' whole chunk, so the scan and the reductions over the chunk run in its registers; a sequential inner
+loop would instead need per-Gaussian scalar loads in a dependent chain (a Triton register tensor cannot be
+indexed). The interpreter runs the same code, with plain exp2 and division where the GPU takes the fast
+forms (``_exp2``, ``_div``). A pixel keeps a Gaussian while its transmittance after it stays above T_MIN, a
 prefix of the chunk since the product only falls; the tile stops once every pixel is done. Per pixel the
 final T and the index of the last Gaussian that contributed are stored for the backward.
 
@@ -25,18 +26,22 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import use_triton
 from warpforge.splat import reference as ref
 from warpforge.splat._blend_torch import blend_backward, blend_forward
 
-# Triton tiling. One pixel per thread (8 warps, 16x16 tiles) and CHUNK Gaussians per step: the forward checks
-# the tile's early exit every FWD_STEPS chunks. Offline sm_90 compiles (ptxas), D=3: CHUNK 8 takes 94
-# registers forward and 193 backward, no spills; CHUNK 16 takes 128 (24 B spilled) and 255 (148 B spilled).
+# Triton tiling: 16x16 tiles, CHUNK Gaussians per step, 4 warps (2 pixels a thread: every thread gathers every
+# Gaussian of the chunk, and the backward reduces every per-Gaussian sum over the pixels, so 2 pixels a thread
+# halve both). Offline sm_90 compiles (ptxas, D=3), SASS instructions per (pixel, Gaussian) in the loops:
+# forward 57 (128 registers; 75 at 8 warps), backward 167 (243 registers, the same 8 warps a SM as 8 warps at
+# 186 registers, which take 256 a pair: more than half of it the shuffles of the per-Gaussian sums).
+# No spills; CHUNK 16 spills.
 CHUNK = 8
-FWD_STEPS = 2
-NUM_WARPS = 8
+FWD_WARPS = 4
+BWD_WARPS = 4
 MAX_TILE = 32  # the Triton kernels keep a tile's pixels in one program
 
 
@@ -51,6 +56,42 @@ def _pixels(pid, W, H, TW, TH, TILE: tl.constexpr, PB: tl.constexpr):
     inside = (p < TILE * TILE) & (px < W) & (py < H)
     pix = (cam.to(tl.int64) * H + py) * W + px
     return cam, px.to(tl.float32) + 0.5, py.to(tl.float32) + 0.5, pix, inside
+
+
+# GPU math for the per-(pixel, Gaussian) work, by offline sm_90 SASS counts of the forward loop: libdevice's
+# exp2, which flush-to-zero makes a bare ex2.approx.ftz (tl.exp2 adds a denormal fix-up), and the approximate
+# division (IEEE division's fix-ups cost ~10 instructions a pair). The interpreter has no libdevice: there the
+# plain operations run (the same values up to rounding).
+_GPU_MATH: tl.constexpr = tl.constexpr(not _dispatch.INTERPRET)
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp2(x):
+    if _GPU_MATH:
+        return libdevice.exp2(x)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _div(x, y):
+    """x / y for y in [0.01, 1] (1 - alpha): the approximate division on the GPU (2 instructions against
+    about 12 for IEEE division's range fix-ups; within 2 ulp)."""
+    if _GPU_MATH:
+        return libdevice.fast_dividef(x, y)
+    else:
+        return x / y
+
+
+@triton.jit
+def _power2(dx, dy, ca, cb, cc):
+    """log2 of exp(power) at [CHUNK, PB] offsets: (qa dx + qb dy) dx + qc dy^2, the conic scaled once per
+    Gaussian (5 instructions a pair, then one ex2)."""
+    qa = (-0.5 * LOG2E) * ca
+    qb = -LOG2E * cb
+    qc = (-0.5 * LOG2E) * cc
+    return (qa[:, None] * dx + qb[:, None] * dy) * dx + qc[:, None] * dy * dy
 
 
 @triton.jit
@@ -71,7 +112,7 @@ def _blend_fwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
                       out_ptr, alpha_ptr, T_ptr, last_ptr,
                       n_isects, n_tiles, W, H, TW, TH,
                       D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr, CHUNK: tl.constexpr,
-                      STEPS: tl.constexpr, HAS_BG: tl.constexpr, ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr,
+                      HAS_BG: tl.constexpr, ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr,
                       T_MIN: tl.constexpr):
     # one program per (camera, tile), pid = camera-major tile index; out [C,H,W,D], alpha/T/last [C,H,W]
     pid = tl.program_id(0)
@@ -86,27 +127,25 @@ def _blend_fwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
     n_live = tl.sum(inside.to(tl.int32), axis=0)
     i = start
     while (i < end) & (n_live > 0):
-        # STEPS chunks between two checks of the whole tile (a block-wide reduction)
-        for step in tl.static_range(STEPS):
-            j = i + step * CHUNK + tl.arange(0, CHUNK)
-            jm = j < end
-            g, gx, gy, ca, cb, cc, op = _gather(ids_ptr, means_ptr, conics_ptr, opac_ptr, j, jm)
-            dx = gx[:, None] - fx[None, :]  # [CHUNK, PB]: each thread holds its pixels' whole chunk,
-            dy = gy[:, None] - fy[None, :]  # so the scan and the reductions over the chunk stay in registers
-            sigma = 0.5 * (ca[:, None] * dx * dx + cc[:, None] * dy * dy) + cb[:, None] * dx * dy
-            alpha = tl.minimum(op[:, None] * tl.exp(-sigma), ALPHA_MAX)
-            alpha = tl.where((sigma >= 0) & (alpha >= ALPHA_MIN), alpha, 0.0)
-            t_incl = T[None, :] * tl.cumprod(1.0 - alpha, axis=0)  # T after each Gaussian
-            keep = (t_incl > T_MIN) & (done == 0)[None, :]
-            w = tl.where(keep, alpha * (t_incl / (1.0 - alpha)), 0.0)  # alpha * T before it
-            for d in tl.static_range(D):
-                cd = tl.load(colors_ptr + g * D + d, mask=jm, other=0.0)
-                acc += tl.where(dcol[None, :] == d, tl.sum(w * cd[:, None], axis=0)[:, None], 0.0)
-            last = tl.maximum(last, tl.max(tl.where(keep & (alpha > 0), j[:, None], -1), axis=0))
-            T = tl.min(tl.where(keep, t_incl, T[None, :]), axis=0)
-            done = done | (tl.max((t_incl <= T_MIN).to(tl.int32), axis=0) > 0)
-        n_live = tl.sum((done == 0).to(tl.int32), axis=0)
-        i += STEPS * CHUNK
+        j = i + tl.arange(0, CHUNK)
+        jm = j < end
+        g, gx, gy, ca, cb, cc, op = _gather(ids_ptr, means_ptr, conics_ptr, opac_ptr, j, jm)
+        dx = gx[:, None] - fx[None, :]  # [CHUNK, PB]: each thread holds its pixels' whole chunk,
+        dy = gy[:, None] - fy[None, :]  # so the scan and the reductions over the chunk stay in registers
+        p2 = _power2(dx, dy, ca, cb, cc)
+        alpha = tl.minimum(op[:, None] * _exp2(p2), ALPHA_MAX)
+        alpha = tl.where((p2 <= 0) & (alpha >= ALPHA_MIN), alpha, 0.0)
+        t_incl = T[None, :] * tl.cumprod(1.0 - alpha, axis=0)  # T after each Gaussian
+        keep = (t_incl > T_MIN) & (done == 0)[None, :]
+        w = tl.where(keep, alpha * _div(t_incl, 1.0 - alpha), 0.0)  # alpha * T before it
+        for d in tl.static_range(D):
+            cd = tl.load(colors_ptr + g * D + d, mask=jm, other=0.0)
+            acc += tl.where(dcol[None, :] == d, tl.sum(w * cd[:, None], axis=0)[:, None], 0.0)
+        last = tl.maximum(last, tl.max(tl.where(keep & (alpha > 0), j[:, None], -1), axis=0))
+        T = tl.min(tl.where(keep, t_incl, T[None, :]), axis=0)
+        done = done | (tl.max((t_incl <= T_MIN).to(tl.int32), axis=0) > 0)
+        n_live = tl.sum((done == 0).to(tl.int32), axis=0)  # the tile's early exit: a block-wide reduction
+        i += CHUNK
     if HAS_BG:
         bg = tl.load(bg_ptr + cam * D + dcol, mask=dcol < D, other=0.0)
         acc += T[:, None] * bg[None, :]
@@ -147,14 +186,14 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
         g, gx, gy, ca, cb, cc, op = _gather(ids_ptr, means_ptr, conics_ptr, opac_ptr, j, jm)
         dx = gx[:, None] - fx[None, :]
         dy = gy[:, None] - fy[None, :]
-        sigma = 0.5 * (ca[:, None] * dx * dx + cc[:, None] * dy * dy) + cb[:, None] * dx * dy
-        vis = tl.exp(-sigma)
+        p2 = _power2(dx, dy, ca, cb, cc)
+        vis = _exp2(p2)
         raw = op[:, None] * vis
         alpha = tl.minimum(raw, ALPHA_MAX)
-        valid = jm[:, None] & (j[:, None] <= last[None, :]) & (sigma >= 0) & (alpha >= ALPHA_MIN)
+        valid = jm[:, None] & (j[:, None] <= last[None, :]) & (p2 <= 0) & (alpha >= ALPHA_MIN)
         a = tl.where(valid, alpha, 0.0)
         r_incl = tl.cumprod(1.0 - a, axis=0, reverse=True)  # prod over this and the later ones in the chunk
-        t_excl = T[None, :] / r_incl  # T before each Gaussian
+        t_excl = _div(T[None, :], r_incl)  # T before each Gaussian
         w = a * t_excl
         gdot = tl.zeros([CHUNK, PB], tl.float32)  # colour . v_c
         row_on = jm & (tl.max(valid.to(tl.int32), axis=1) > 0)
@@ -165,7 +204,7 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
             tl.atomic_add(v_colors_ptr + g * D + d, tl.sum(w * vcd[None, :], axis=1), mask=row_on, sem="relaxed")
         wg = w * gdot
         behind = behind_acc[None, :] + (tl.cumsum(wg, axis=0, reverse=True) - wg)
-        ra = 1.0 / (1.0 - a)
+        ra = _div(1.0, 1.0 - a)
         v_alpha = gdot * t_excl - behind * ra + fin[None, :] * ra
         on = valid & (raw <= ALPHA_MAX)  # the clamp passes no gradient
         v_sigma = tl.where(on, -raw * v_alpha, 0.0)
@@ -187,10 +226,10 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
         hi -= CHUNK
 
 
-def _launch_meta(colors: torch.Tensor, tile_size: int) -> dict:
+def _launch_meta(colors: torch.Tensor, tile_size: int, num_warps: int) -> dict:
     D = colors.shape[-1]
     return dict(D=D, DB=triton.next_power_of_2(D), TILE=tile_size, PB=triton.next_power_of_2(tile_size * tile_size),
-                CHUNK=CHUNK, ALPHA_MIN=ref.ALPHA_MIN, ALPHA_MAX=ref.ALPHA_MAX, num_warps=NUM_WARPS)
+                CHUNK=CHUNK, ALPHA_MIN=ref.ALPHA_MIN, ALPHA_MAX=ref.ALPHA_MAX, num_warps=num_warps)
 
 
 def _alloc(shape, dtype, device) -> torch.Tensor:
@@ -210,7 +249,7 @@ def _fwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     _blend_fwd_kernel[(n_tiles,)](
         means2d, conics, colors, opacities, backgrounds if backgrounds is not None else out, offsets, flatten_ids,
         out, alphas, T, last, flatten_ids.numel(), n_tiles, width, height, tw, th,
-        STEPS=FWD_STEPS, HAS_BG=backgrounds is not None, T_MIN=ref.T_MIN, **_launch_meta(colors, tile_size))
+        HAS_BG=backgrounds is not None, T_MIN=ref.T_MIN, **_launch_meta(colors, tile_size, FWD_WARPS))
     return out, alphas, T, last
 
 
@@ -224,7 +263,7 @@ def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     _blend_bwd_kernel[(n_tiles,)](
         means2d, conics, colors, opacities, backgrounds if backgrounds is not None else v_out, offsets, flatten_ids,
         T, last, v_out, v_alphas, *grads, v_abs, flatten_ids.numel(), n_tiles, width, height, tw, th,
-        HAS_BG=backgrounds is not None, ABSGRAD=absgrad, **_launch_meta(colors, tile_size))
+        HAS_BG=backgrounds is not None, ABSGRAD=absgrad, **_launch_meta(colors, tile_size, BWD_WARPS))
     return grads, (v_abs if absgrad else None)
 
 
