@@ -180,3 +180,11 @@ def test_bad_input_names_the_argument():
         tiles.intersect_tiles(*_args(s), 16, 2**16, 2**15)
     with pytest.raises(ValueError, match="isect_ids must be a 1-D int64"):
         tiles.tile_offsets(torch.zeros(3, dtype=torch.int32), 1, 2, 2)
+
+
+def test_inputs_that_require_grad_build_no_graph():
+    s = splats_2d(1, 40, 40, 30, seed=6)
+    args = [v.requires_grad_() if v.is_floating_point() else v for v in _args(s)]
+    tpg, keys, fids = tiles.intersect_tiles(*args, 16, 3, 2)
+    assert not any(t.requires_grad for t in (tpg, keys, fids))
+    assert torch.equal(keys, ref.intersect_tiles_reference(*(a.detach() for a in args), 16, 3, 2)[1])

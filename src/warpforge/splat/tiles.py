@@ -201,12 +201,14 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     _check_int("tile_height", tile_height)
     tile_bits = _check_bits(C, tile_width, tile_height)
     if not use_triton(means2d):
-        return ref.intersect_tiles_reference(means2d, radii, depths, conics, opacities, tile_size, tile_width,
-                                             tile_height, sort=sort)
+        with torch.no_grad():  # integer outputs: no graph through the (differentiable) inputs
+            return ref.intersect_tiles_reference(means2d.detach(), radii, depths.detach(), conics.detach(),
+                                                 opacities.detach(), tile_size, tile_width, tile_height, sort=sort)
     total = C * N
     if total >= 2**31:
         raise ValueError(f"C * N must be below 2^31 (flatten_ids are int32), got {total}")
-    means2d, radii, depths, conics, opacities = (t.contiguous() for t in (means2d, radii, depths, conics, opacities))
+    means2d, radii, depths, conics, opacities = (t.detach().contiguous()
+                                                 for t in (means2d, radii, depths, conics, opacities))
     counts = _alloc(total, torch.int32, dev)
     consts = dict(TILE=tile_size, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, MIN_DET=ref.MIN_DET_RATIO,
                   BLOCK=BLOCK_GAUSS)
