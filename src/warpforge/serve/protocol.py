@@ -130,9 +130,24 @@ def parse(model: type[_Body], body: dict) -> Any:
         return model.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
-        got = "" if err["type"] == "missing" else f", got {err.get('input')!r}"[:120]
-        raise bad_request(f"{loc}: {err['msg'].lower()}{got}", param=loc.split("[")[0].split(".")[0]) from None
+        # pydantic names the member of a union that failed ("prompt.list[int]"): report the field instead
+        union = any(isinstance(p, str) and p in _UNION_MEMBERS for p in err["loc"])
+        parts = [p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_MEMBERS)]
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in parts).replace(".[", "[")
+        field = str(parts[-1]) if parts else ""
+        got = "" if err["type"] == "missing" else f", got {_short(err.get('input'))}"
+        msg = f"expected {_EXPECTED[field]}" if union and field in _EXPECTED else err["msg"].lower()
+        raise bad_request(f"{loc}: {msg}{got}", param=str(parts[0]) if parts else None) from None
+
+
+_UNION_MEMBERS = {"str", "int", "list[str]", "list[int]", "list[list[int]]", "list[TextPart]"}
+_EXPECTED = {"prompt": "a text, a list of texts, a list of token ids, or a list of token-id lists",
+             "stop": "a string or a list of strings", "content": "a string or a list of text parts"}
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 # ---- what a body asks the engine for -------------------------------------------------------------

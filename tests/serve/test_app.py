@@ -1,0 +1,149 @@
+"""The app in-process (httpx's ASGI transport, no sockets) where a real server cannot easily get into the
+state: a model without a chat template, an engine whose step fails; plus ServeConfig's checks and the
+command's bad-usage errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from warpforge.serve.config import ServeConfig
+
+
+@pytest.fixture(scope="module")
+def engine_parts(tiny_model):
+    import torch
+
+    from warpforge.llm.loader import load
+
+    torch.set_num_threads(1)
+    return load(tiny_model, dtype=torch.float32, device="cpu")
+
+
+def make_llm(engine_parts):
+    from warpforge.llm import AsyncLLM, EngineConfig, LLMEngine
+
+    return AsyncLLM(LLMEngine(engine_parts, EngineConfig(max_model_len=128, num_pages=64, page_size=4)))
+
+
+def run_app(llm, config: ServeConfig, requests) -> list[httpx.Response]:
+    """Send ``requests`` [(method, path, json)] in order to a fresh app over ``llm``; -> the responses."""
+    from warpforge.serve.app import create_app
+
+    async def main():
+        app = create_app(llm, config)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            out = [await client.request(method, path, json=body) for method, path, body in requests]
+        await llm.shutdown()
+        return out
+
+    return asyncio.run(main())
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMPLETION = {"model": "tiny", "prompt": "To be", "max_tokens": 2}
+
+
+def test_chat_without_a_template_is_a_clear_400(engine_parts):
+    llm = make_llm(engine_parts)
+    saved = llm.tokenizer.chat_template
+    llm.tokenizer.chat_template = None
+    try:
+        chat, completion = run_app(llm, ServeConfig(served_model_name="tiny"),
+                                   [("POST", "/v1/chat/completions", CHAT), ("POST", "/v1/completions", COMPLETION)])
+    finally:
+        llm.tokenizer.chat_template = saved
+        llm.tokenizer.__dict__.pop("_template", None)
+    err = chat.json()["error"]
+    assert chat.status_code == 400 and err["code"] == "no_chat_template" and "--chat-template" in err["message"]
+    assert completion.status_code == 200  # completions need no template
+
+
+def test_a_failed_engine_answers_500_then_health_503(engine_parts):
+    llm = make_llm(engine_parts)
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    llm.engine.step = broken_step
+    first, health, after, models = run_app(llm, ServeConfig(served_model_name="tiny"), [
+        ("POST", "/v1/completions", COMPLETION), ("GET", "/health", None), ("POST", "/v1/chat/completions", CHAT),
+        ("GET", "/v1/models", None)])
+    assert first.status_code == 500 and first.json()["error"]["code"] == "engine_failed"
+    assert "device lost" in first.json()["error"]["message"]
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed"
+    assert after.status_code == 503 and models.status_code == 200
+
+
+def test_each_app_has_its_own_metrics(engine_parts):
+    from warpforge.serve.app import create_app
+
+    llm = make_llm(engine_parts)
+    a, b = create_app(llm, ServeConfig(served_model_name="a")), create_app(llm, ServeConfig(served_model_name="b"))
+    a.state.server.metrics.requests.labels("/health", "ok").inc()
+    assert b'endpoint="/health",outcome="ok"} 1.0' in a.state.server.metrics.render()
+    assert b'endpoint="/health"' not in b.state.server.metrics.render()
+
+
+def test_preemptions_reach_the_counter(engine_parts):
+    """Too few KV pages for the batch: the scheduler preempts, and /metrics counts it."""
+    from warpforge.llm import AsyncLLM, EngineConfig, LLMEngine, SamplingParams
+    from warpforge.serve.metrics import ServerMetrics
+
+    # 12 pages of 4 tokens for 4 sequences that grow to 20 tokens each
+    engine = LLMEngine(engine_parts, EngineConfig(max_model_len=40, num_pages=12, page_size=4))
+    for _ in range(4):
+        engine.add_request([5, 6, 7, 8, 9, 10], SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
+    done = []
+    while engine.has_unfinished():
+        done += [o for o in engine.step() if o.finished]
+    assert [len(o.token_ids) for o in done] == [14] * 4
+    text = ServerMetrics(AsyncLLM(engine)).render().decode()
+    count = float(next(line.split()[-1] for line in text.splitlines()
+                       if line.startswith("warpforge_num_preemptions_total")))
+    assert count == engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("kw,says", [
+    (dict(model=""), "model"), (dict(port=70000), "port"), (dict(max_queue=-1), "max_queue"),
+    (dict(max_num_seqs=0), "max_num_seqs"), (dict(dtype="fp4"), "dtype"), (dict(kv_cache_dtype="int4"), "kv_cache_dtype"),
+    (dict(api_key=""), "api_key"), (dict(shutdown_grace_s=-1), "shutdown_grace_s"), (dict(max_model_len=1), "max_model_len"),
+    (dict(served_model_name=" "), "served_model_name"), (dict(chat_template=""), "chat_template"),
+])
+def test_serve_config_names_the_bad_setting(kw, says):
+    with pytest.raises(ValueError, match=f"^{says}: "):
+        ServeConfig(**{"model": "m", **kw})
+
+
+def test_serve_config_never_shows_the_key():
+    c = ServeConfig(model="m", api_key="hunter2")
+    assert "hunter2" not in repr(c) and c.model_name == "m" and c.max_in_flight == 256 + 1024
+
+
+def test_cli_bad_usage_is_one_line_and_exit_2(tiny_model, tmp_path):
+    from warpforge.cli import main
+
+    def run(*args):
+        out = CliRunner().invoke(main, ["serve", *args])
+        assert out.exit_code == 2, out.output
+        lines = [line for line in out.output.splitlines() if line.strip()]
+        assert "Traceback" not in out.output
+        return lines[-1]
+
+    assert "no such file or directory" in run(str(tmp_path / "missing"))
+    assert "--chat-template" in run(str(tiny_model), "--chat-template", str(tmp_path / "nope.jinja"))
+    assert "port" in run(str(tiny_model), "--port", "70000").lower()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert f"cannot listen on 127.0.0.1:{port}" in run(str(tiny_model), "--port", str(port))
+    broken = shutil.copytree(tiny_model, tmp_path / "broken")
+    (broken / "config.json").write_text(json.dumps({"model_type": "nonsense"}))
+    run(str(broken))  # a checkpoint the loader refuses: one line, exit 2
