@@ -35,14 +35,18 @@ def _scene(C, N, W, H, ts, D, seed, tweak=None, **kw):
     return s
 
 
-def _run(fn, s, W, H, ts, bg, **kw):
-    """Render with fn, backprop a random linear loss; returns (colours, alphas, grads, absgrad)."""
-    leaves = [s[k].clone().requires_grad_() for k in PARAMS]
-    bgl = s["bg"].clone().requires_grad_() if bg else None
-    out, alpha = fn(*leaves, W, H, ts, s["offsets"], s["flatten_ids"], backgrounds=bgl, **kw)
-    ((out * s["v_out"]).sum() + (alpha * s["v_alpha"]).sum()).backward()
+def _run(fn, s, W, H, ts, bg, device="cpu", **kw):
+    """Render with fn on ``device``, backprop a random linear loss; returns (colours, alphas, grads, absgrad)
+    on the CPU."""
+    d = {k: v.to(device) for k, v in s.items()}
+    leaves = [d[k].clone().requires_grad_() for k in PARAMS]
+    bgl = d["bg"].clone().requires_grad_() if bg else None
+    out, alpha = fn(*leaves, W, H, ts, d["offsets"], d["flatten_ids"], backgrounds=bgl, **kw)
+    ((out * d["v_out"]).sum() + (alpha * d["v_alpha"]).sum()).backward()
     grads = [v.grad for v in leaves] + ([bgl.grad] if bg else [])
-    return out.detach(), alpha.detach(), grads, getattr(leaves[0], "absgrad", None)
+    absgrad = getattr(leaves[0], "absgrad", None)
+    return (out.detach().cpu(), alpha.detach().cpu(), [g.cpu() for g in grads],
+            absgrad.cpu() if absgrad is not None else None)
 
 
 def _reference(s, W, H, ts, bg):
@@ -72,9 +76,22 @@ def _brute_absgrad(s, W, H, bg):
     return absgrad, imgs
 
 
-def _close(got, want, rel=2e-4):
+# On the GPU the kernels take exp2 and division in their fast forms and contract to FMAs: a few pixels whose
+# alpha or T sits within rounding of a threshold may blend one Gaussian more or less than the reference.
+IMAGE_TOL, GRAD_TOL = (1e-4, 1e-3) if torch.cuda.is_available() else (1e-5, 2e-4)
+
+
+def _close(got, want, rel=GRAD_TOL):
     scale = float(want.abs().max()) or 1.0
     torch.testing.assert_close(got, want, rtol=rel, atol=rel * scale)
+
+
+def _device(path, request):
+    """The Triton path runs where the kernel tests run (the GPU when present, else the interpreter)."""
+    if path != "triton":
+        return "cpu"
+    request.getfixturevalue("triton_on_cpu")
+    return request.getfixturevalue("device")
 
 
 @pytest.fixture
@@ -88,21 +105,22 @@ def _check_against_reference(s, W, H, ts, bg, got):
     out, alpha, grads, absgrad = got
     r_out, r_alpha, r_grads, _ = _reference(s, W, H, ts, bg)
     assert torch.isfinite(out).all() and torch.isfinite(alpha).all()
-    _close(out, r_out, 1e-5)
-    _close(alpha, r_alpha, 1e-5)
+    _close(out, r_out, IMAGE_TOL)
+    _close(alpha, r_alpha, IMAGE_TOL)
     for name, g, r in zip(PARAMS + ("backgrounds",), grads, r_grads):
         assert g is not None and torch.isfinite(g).all(), name
         _close(g, r), name
     brute, dense = _brute_absgrad(s, W, H, bg)
     _close(absgrad, brute)
-    _close(out, dense, 1e-5)  # tiles + tight culling + sort + offsets == every Gaussian at every pixel
+    _close(out, dense, IMAGE_TOL)  # tiles + tight culling + sort + offsets == every Gaussian at every pixel
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_triton_blend_matches_reference(case, triton_on_cpu, poisoned):
+def test_triton_blend_matches_reference(case, triton_on_cpu, device, poisoned):
     C, N, W, H, ts, D, bg = case
     s = _scene(C, N, W, H, ts, D, seed=N + D)
-    _check_against_reference(s, W, H, ts, bg, _run(blend.rasterize_to_pixels, s, W, H, ts, bg, absgrad=True))
+    _check_against_reference(s, W, H, ts, bg, _run(blend.rasterize_to_pixels, s, W, H, ts, bg, device,
+                                                   absgrad=True))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -116,11 +134,10 @@ def test_cpu_path_matches_reference(case):
 def test_dense_opaque_scene_terminates_early(path, request):
     """Many large opaque Gaussians: pixels saturate, so early termination, the last-index bookkeeping and
     the backward's T recovery by division all run (several chunks per tile, tile-wide early exit)."""
-    if path == "triton":
-        request.getfixturevalue("triton_on_cpu")
+    dev = _device(path, request)
     C, N, W, H, ts, D = 1, 160, 35, 20, 16, 3
     s = _scene(C, N, W, H, ts, D, seed=11, scale=(2.0, 10.0), culled=0.0, min_opacity=0.6)
-    got = _run(blend.rasterize_to_pixels, s, W, H, ts, True, absgrad=True)
+    got = _run(blend.rasterize_to_pixels, s, W, H, ts, True, dev, absgrad=True)
     T = 1 - got[1]
     assert float((T <= 2 * ref.T_MIN).float().mean()) > 0.5, "most pixels should saturate"
     assert got[2][0].abs().sum() > 0
@@ -157,8 +174,7 @@ def _sequential(s, W, H):
 
 @pytest.mark.parametrize("path", ["triton", "cpu"])
 def test_follows_gsplats_per_pixel_rules(path, request):
-    if path == "triton":
-        request.getfixturevalue("triton_on_cpu")
+    dev = _device(path, request)
     C, N, W, H, ts, D = 1, 50, 19, 13, 8, 2
 
     def tweak(s):  # three Gaussians clamped to ALPHA_MAX at their centres, which sit on pixel centres
@@ -167,21 +183,20 @@ def test_follows_gsplats_per_pixel_rules(path, request):
         s["radii"] = opacity_aware_radii(s["conics"], s["opacities"])
 
     s = _scene(C, N, W, H, ts, D, seed=4, tweak=tweak, scale=(1.0, 6.0), culled=0.0)
-    out, alpha = blend.rasterize_to_pixels(*(s[k] for k in PARAMS), W, H, ts, s["offsets"], s["flatten_ids"])
+    out, alpha, _, _ = _run(blend.rasterize_to_pixels, s, W, H, ts, False, dev)
     want_out, want_alpha = _sequential(s, W, H)
-    _close(out, want_out, 1e-5)
-    _close(alpha, want_alpha, 1e-5)
+    _close(out, want_out, IMAGE_TOL)
+    _close(alpha, want_alpha, IMAGE_TOL)
 
 
 @pytest.mark.parametrize("path", ["triton", "cpu"])
 def test_no_gaussians_renders_the_background(path, request):
-    if path == "triton":
-        request.getfixturevalue("triton_on_cpu")
+    dev = _device(path, request)
     C, N, W, H, ts, D = 2, 20, 23, 17, 16, 3
     s = _scene(C, N, W, H, ts, D, seed=9)
     s["flatten_ids"] = s["flatten_ids"][:0]
     s["offsets"] = torch.zeros_like(s["offsets"])
-    out, alpha, grads, absgrad = _run(blend.rasterize_to_pixels, s, W, H, ts, True, absgrad=True)
+    out, alpha, grads, absgrad = _run(blend.rasterize_to_pixels, s, W, H, ts, True, dev, absgrad=True)
     assert torch.equal(out, s["bg"][:, None, None, :].expand(C, H, W, D))
     assert torch.equal(alpha, torch.zeros(C, H, W, 1))
     assert all(int(g.count_nonzero()) == 0 for g in grads[:4]) and int(absgrad.count_nonzero()) == 0
@@ -191,19 +206,19 @@ def test_no_gaussians_renders_the_background(path, request):
 @pytest.mark.parametrize("path", ["triton", "cpu"])
 def test_absgrad_lands_on_the_means2d_passed_in(path, request):
     """A non-contiguous means2d (a view, as a caller may hand over) gets its gradient and .absgrad itself."""
-    if path == "triton":
-        request.getfixturevalue("triton_on_cpu")
+    dev = _device(path, request)
     C, N, W, H, ts, D = 1, 40, 24, 20, 16, 3
     s = _scene(C, N, W, H, ts, D, seed=8)
-    store = s["means2d"].transpose(1, 2).contiguous().requires_grad_()  # [C, 2, N]
+    d = {k: v.to(dev) for k, v in s.items()}
+    store = d["means2d"].transpose(1, 2).contiguous().requires_grad_()  # [C, 2, N]
     means2d = store.transpose(1, 2)  # [C, N, 2], not contiguous
     means2d.retain_grad()
-    out, alpha = blend.rasterize_to_pixels(means2d, s["conics"], s["colors"], s["opacities"], W, H, ts,
-                                           s["offsets"], s["flatten_ids"], absgrad=True)
-    ((out * s["v_out"]).sum() + (alpha * s["v_alpha"]).sum()).backward()
+    out, alpha = blend.rasterize_to_pixels(means2d, d["conics"], d["colors"], d["opacities"], W, H, ts,
+                                           d["offsets"], d["flatten_ids"], absgrad=True)
+    ((out * d["v_out"]).sum() + (alpha * d["v_alpha"]).sum()).backward()
     assert not means2d.is_contiguous() and means2d.absgrad.shape == (C, N, 2)
     brute, _ = _brute_absgrad(s, W, H, False)
-    _close(means2d.absgrad, brute)
+    _close(means2d.absgrad.cpu(), brute)
     _close(store.grad.transpose(1, 2), means2d.grad)
     assert means2d.grad.abs().sum() > 0
 

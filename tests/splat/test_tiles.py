@@ -50,23 +50,38 @@ def poisoned(monkeypatch):
         shape if isinstance(shape, tuple) else (shape,), -7, dtype=dtype, device=device))
 
 
+def _on(s, device):
+    return {k: v.to(device) for k, v in s.items()}
+
+
+def _pairs(keys, fids, tile_bits):
+    return set(zip(fids.tolist(), ((keys >> 32) & ((1 << tile_bits) - 1)).tolist()))
+
+
 @pytest.mark.parametrize("C,N,W,H,ts", [(2, 150, 45, 37, 16), (3, 60, 50, 17, 16), (1, 200, 33, 20, 8)])
-def test_triton_intersections_equal_torch_path(C, N, W, H, ts, triton_on_cpu, poisoned):
+def test_triton_intersections_equal_torch_path(C, N, W, H, ts, triton_on_cpu, device, poisoned):
     s = _with_border_gaussians(splats_2d(C, N, W, H, seed=C * N), ts)
     tw, th = _grid(W, H, ts)
-    got = tiles.intersect_tiles(*_args(s), ts, tw, th)
+    d = _on(s, device)
+    got = [t.cpu() for t in tiles.intersect_tiles(*_args(d), ts, tw, th)]
     want = ref.intersect_tiles_reference(*_args(s), ts, tw, th)
     assert want[1].numel() > 4 * C
-    for name, g, w in zip(("tiles_per_gauss", "isect_ids", "flatten_ids"), got, want):
-        assert g.dtype == w.dtype and torch.equal(g, w), name
+    unsorted = [t.cpu() for t in tiles.intersect_tiles(*_args(d), ts, tw, th, sort=False)]
+    if device.type == "cpu":  # the interpreter repeats the torch path's float32 operations exactly
+        for name, g, w in zip(("tiles_per_gauss", "isect_ids", "flatten_ids"), got, want):
+            assert g.dtype == w.dtype and torch.equal(g, w), name
+        for g, w in zip(unsorted, ref.intersect_tiles_reference(*_args(s), ts, tw, th, sort=False)):
+            assert torch.equal(g, w)
+    else:  # the GPU contracts to FMAs and takes fast sqrt/division: a tile at the ellipse's edge may differ
+        tile_bits, _ = ref.isect_bits(C, tw, th)
+        a, b = _pairs(*got[1:], tile_bits), _pairs(*want[1:], tile_bits)
+        assert len(a ^ b) <= 0.01 * len(b), (len(a ^ b), len(b))
+        assert torch.all(got[1][1:] >= got[1][:-1])
     # unsorted (emission order: Gaussian-major, rows top-down, tiles left-right) and sorted apart
-    unsorted = tiles.intersect_tiles(*_args(s), ts, tw, th, sort=False)
-    for g, w in zip(unsorted, ref.intersect_tiles_reference(*_args(s), ts, tw, th, sort=False)):
-        assert torch.equal(g, w)
     assert torch.all(unsorted[2][1:] >= unsorted[2][:-1])
-    assert all(torch.equal(g, w) for g, w in zip(tiles.sort_intersections(*unsorted[1:]), want[1:]))
-    offsets = tiles.tile_offsets(got[1], C, tw, th)
-    assert torch.equal(offsets, ref.tile_offsets_reference(want[1], C, tw, th))
+    assert all(torch.equal(g, w) for g, w in zip(tiles.sort_intersections(*unsorted[1:]), got[1:]))
+    offsets = tiles.tile_offsets(got[1].to(device), C, tw, th).cpu()
+    assert torch.equal(offsets, ref.tile_offsets_reference(got[1], C, tw, th))
 
 
 def test_keys_are_camera_tile_depth_sorted_and_ties_keep_index_order():
@@ -142,13 +157,14 @@ def test_degenerate_conic_keeps_its_whole_box():
     assert int(tpg[0, 0]) == 4  # (20 +- 9) / 16 spans tiles 0..1 in x and y
 
 
-def test_offsets_bound_each_tile_and_empty_tiles_are_empty(triton_on_cpu, poisoned):
+def test_offsets_bound_each_tile_and_empty_tiles_are_empty(triton_on_cpu, device, poisoned):
     C, W, H, ts = 2, 70, 50, 16
     s = splats_2d(C, 40, W, H, seed=5)
     s["means2d"] = s["means2d"] * 0.3  # everything in the top-left corner: most tiles stay empty
     tw, th = _grid(W, H, ts)
-    _, keys, _ = tiles.intersect_tiles(*_args(s), ts, tw, th)
-    offsets = tiles.tile_offsets(keys, C, tw, th)
+    _, keys, _ = tiles.intersect_tiles(*_args(_on(s, device)), ts, tw, th)
+    offsets = tiles.tile_offsets(keys, C, tw, th).cpu()
+    keys = keys.cpu()
     assert torch.equal(offsets, ref.tile_offsets_reference(keys, C, tw, th))
     tile_bits, _ = ref.isect_bits(C, tw, th)
     bounds = offsets.reshape(-1).tolist() + [keys.numel()]
@@ -160,12 +176,12 @@ def test_offsets_bound_each_tile_and_empty_tiles_are_empty(triton_on_cpu, poison
     assert empty > C * th * tw // 2
 
 
-def test_no_visible_gaussian_gives_no_intersections(triton_on_cpu, poisoned):
+def test_no_visible_gaussian_gives_no_intersections(triton_on_cpu, device, poisoned):
     s = splats_2d(2, 30, 40, 30, seed=2)
     s["radii"].zero_()
-    tpg, keys, fids = tiles.intersect_tiles(*_args(s), 16, 3, 2)
+    tpg, keys, fids = tiles.intersect_tiles(*_args(_on(s, device)), 16, 3, 2)
     assert keys.numel() == 0 and fids.numel() == 0 and int(tpg.abs().sum()) == 0
-    assert torch.equal(tiles.tile_offsets(keys, 2, 3, 2), torch.zeros(2, 2, 3, dtype=torch.int32))
+    assert torch.equal(tiles.tile_offsets(keys, 2, 3, 2).cpu(), torch.zeros(2, 2, 3, dtype=torch.int32))
 
 
 def test_bad_input_names_the_argument():
