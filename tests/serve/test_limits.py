@@ -51,6 +51,8 @@ def test_the_right_key_works_and_is_never_logged(limited):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=limited.base_url, api_key="wrong", max_retries=0).models.list()
     assert limited.client().models.list().data[0].id == limited.model
+    lower = httpx.get(limited.base_url + "/models", headers={"Authorization": f"bearer {KEY}"}, timeout=10)
+    assert lower.status_code == 200  # the scheme is case-insensitive (RFC 7235)
     assert httpx.get(limited.root + "/metrics", headers=limited.headers, timeout=10).status_code == 200
     assert KEY not in limited.output()
 

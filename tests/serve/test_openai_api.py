@@ -213,3 +213,13 @@ def test_greedy_text_equals_offline_generate(server):
     r = server.client().chat.completions.create(model=server.model, messages=[{"role": "user", "content": PROMPTS[0]}],
                                                 max_tokens=16, **GREEDY, **ECHO_FREE)
     assert r.choices[0].message.content == chat.text
+
+
+def test_continuous_usage_stats_count_up_in_every_chunk(server):
+    """vLLM's stream_options.continuous_usage_stats (guidellm asks for it): the usage so far in each chunk."""
+    chunks = list(server.client().completions.create(
+        model=server.model, prompt=PROMPTS[0], max_tokens=6, stream=True, **GREEDY, **ECHO_FREE,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [ch.usage.completion_tokens for ch in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6 and len(set(counts)) > 2
+    assert len({ch.usage.prompt_tokens for ch in chunks}) == 1

@@ -20,6 +20,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from warpforge.serve.config import ServeConfig
 from warpforge.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -155,10 +156,15 @@ def _sampling(kw: dict, names: dict[str, str]) -> dict:
     return kw
 
 
-def _stream_flags(req) -> bool:
-    if req.stream_options is not None and not req.stream:
+def _stream_flags(req) -> dict:
+    """Job keywords from ``stream_options`` (only with ``stream``)."""
+    opts = req.stream_options
+    if opts is not None and not req.stream:
         raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
-    return bool(req.stream and req.stream_options is not None and req.stream_options.include_usage)
+    if opts is None:
+        return {}
+    return {"include_usage": opts.include_usage or opts.continuous_usage_stats,
+            "continuous_usage": opts.continuous_usage_stats}
 
 
 def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
@@ -168,12 +174,12 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     if req.echo and req.logprobs is not None:
         raise bad_request("echo: not supported together with logprobs (prompt logprobs are not computed)",
                           param="echo", code="unsupported_field")
-    include_usage = _stream_flags(req)
+    stream_flags = _stream_flags(req)
     prompts = state.completion_prompts(req.prompt)
     max_tokens = state.max_tokens(prompts, req.max_tokens, "max_tokens", default=16)
     params = _sampling(sampling_kwargs(req, max_tokens, req.logprobs), {})
     job = Job.build(state, "/v1/completions", state.config.model_name, prompts, req.n, params, chat=False,
-                    logprobs=req.logprobs, echo=req.echo, include_usage=include_usage)
+                    logprobs=req.logprobs, echo=req.echo, **stream_flags)
     return job, req.stream
 
 
@@ -185,7 +191,7 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     check_n(req.n)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
-    include_usage = _stream_flags(req)
+    stream_flags = _stream_flags(req)
     messages = chat_messages(req)
     if state.tokenizer.chat_template is None:
         raise bad_request("messages: this model has no chat template; start the server with --chat-template FILE "
@@ -202,7 +208,7 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(sampling_kwargs(req, max_tokens, logprobs), {"max_tokens": name, "logprobs": "top_logprobs"})
     job = Job.build(state, "/v1/chat/completions", state.config.model_name, [prompt], req.n, params, chat=True,
-                    logprobs=logprobs, include_usage=include_usage)
+                    logprobs=logprobs, **stream_flags)
     return job, req.stream
 
 
@@ -284,12 +290,14 @@ class _APIKey:
     constant time; the key is never logged or echoed)."""
 
     def __init__(self, app, key: str, metrics: ServerMetrics):
-        self.app, self.key, self.metrics = app, b"Bearer " + key.encode(), metrics
+        self.app, self.key, self.metrics = app, key.encode(), metrics
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health":
             got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(got, self.key):
+            scheme, _, token = got.partition(b" ")
+            # compare_digest's time depends on the lengths only, never on where the bytes differ
+            if not (hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"):
                 self.metrics.requests.labels(_endpoint(scope["path"]), "unauthorized").inc()
                 e = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                              code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -331,6 +339,9 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
         except APIError as e:
             m.requests.labels(endpoint, _OUTCOMES.get(e.status, "bad_request")).inc()
             return error_response(e)
+        except ClientDisconnect:  # gone while sending the body
+            m.requests.labels(endpoint, "disconnected").inc()
+            return Response(status_code=499)
         if stream:
             return SSEResponse(job)
         try:

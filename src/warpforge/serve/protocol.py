@@ -45,7 +45,8 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the usage, after every choice finished
+    continuous_usage_stats: bool = False  # vLLM: the usage so far in every chunk too
 
 
 class _Sampling(_Body):

@@ -59,6 +59,7 @@ class Job:
     logprobs: int | None = None
     echo: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's continuous_usage_stats)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.perf_counter)
@@ -199,7 +200,9 @@ class Job:
                   "finish_reason": finish_reason}
         body = {"id": self.id, "object": self._object(True), "created": self.created, "model": self.model,
                 "choices": [choice]}
-        if self.include_usage:
+        if self.continuous_usage:
+            body["usage"] = self._usage()
+        elif self.include_usage:
             body["usage"] = None  # as OpenAI: only the last chunk carries usage
         return body
 
