@@ -42,6 +42,12 @@ def start_requests(server, *, max_tokens: int, streams: int = 3):
     for t in threads:
         t.start()
     started.wait(30)  # every stream has its first token
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # and the non-streamed request is in the engine too
+        m = server.metrics()
+        if m["warpforge_num_requests_running"] + m["warpforge_num_requests_waiting"] >= streams + 4:
+            break
+        time.sleep(0.02)
     return threads, results
 
 
