@@ -28,13 +28,15 @@ from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter 
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
+from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.matmul import (
     FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _shares_storage, _store, activation_code,
     check_epilogue_operands, check_tensor, matmul,
 )
 from warpforge.kernels.norm import rms_norm
-from warpforge.kernels.quant_linear import FMT_DENSE, FMT_FP8, FMT_INT4, FMT_INT8, QuantizedWeight, _load_weight_tile
+from warpforge.kernels.quant_linear import (FMT_DENSE, FMT_FP8, FMT_INT4, FMT_INT8, FORMAT_NAMES, QuantizedWeight,
+                                            _load_weight_tile)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -555,7 +557,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
         raise ValueError(f"config: block_k {config.block_k} must be a multiple of the quantization group {group}")
     elif config.words and not (words and M == 1):
         raise ValueError("config: words=True serves one row (M == 1) of int8 weights with K % 4 == 0 or int4 "
-                         f"weights; got M={M} and a {'dense fp8 int8 int4'.split()[fmt]} weight with K={K}")
+                         f"weights; got M={M} and a {FORMAT_NAMES[fmt]} weight with K={K}")
     run(config)
 
 
@@ -620,6 +622,7 @@ def gemv(
         ref = reference.linear_ref(xin, weight, bias, activation, x.dtype)
         y = out.copy_(ref) if out is not None else ref
         return (y, residual_out) if residual is not None else y
+    refuse_interpreted_bf16("gemv", x, weight)
     if out is None:
         out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
     nl = None
@@ -698,6 +701,7 @@ def _quantized(x: torch.Tensor, qw: QuantizedWeight, bias, activation, out, conf
     if not use_triton(x, qw.data, bias, out):
         ref = reference.linear_ref(x, qw.dequantize(), bias, activation, x.dtype)
         return out.copy_(ref) if out is not None else ref
+    refuse_interpreted_bf16("linear", x)
     if out is None:
         out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
     data = qw.data.view(torch.uint8) if qw.format == FMT_FP8 else qw.data  # see _load_weight_tile

@@ -27,6 +27,7 @@ import torch
 from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter before any @jit)
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
+from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 
 import triton  # noqa: E402  (after _dispatch)
@@ -483,6 +484,7 @@ def matmul(
     if not use_triton(a, b, bias, residual, out):
         ref = reference.matmul_ref(a, b, bias, activation, residual, out_dtype)
         return out.copy_(ref) if out is not None else ref
+    refuse_interpreted_bf16("matmul", a, b)
     if out is None:
         out = torch.empty((M, N), device=device, dtype=out_dtype)
     launch_gemm(a, b, out, bias=bias, activation=act, residual=residual, config=config)

@@ -36,6 +36,7 @@ import triton.language as tl  # noqa: E402
 SCHEMES = ("int8", "int4_g32", "int4_g64", "int4_g128", "fp8")
 # Weight formats as the kernel sees them (constexpr FORMAT).
 FMT_DENSE, FMT_INT8, FMT_INT4, FMT_FP8 = 0, 1, 2, 3
+FORMAT_NAMES = {FMT_DENSE: "dense", FMT_INT8: "int8", FMT_INT4: "int4", FMT_FP8: "fp8"}
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 

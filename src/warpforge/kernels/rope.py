@@ -6,8 +6,11 @@ dims of each head rotate (partial rotary when R < D); the rest are left untouche
 
 The cache is vLLM's layout: ``cos_sin_cache`` [max_pos, R], cos in the first R/2 columns and sin in
 the last R/2; or pass ``(cos, sin)``, each [max_pos, R/2]. ``neox`` layout rotates pairs
-(i, i + R/2) (GPT-NeoX, Llama); ``interleaved`` rotates pairs (2i, 2i + 1) (GPT-J). Positions are
-not range-checked on the GPU (that would synchronize): they must be < max_pos.
+(i, i + R/2) (GPT-NeoX, Llama); ``interleaved`` rotates pairs (2i, 2i + 1) (GPT-J). Positions must
+be in [0, max_pos): the kernel reads the cache row at each, so :func:`rope` checks them
+(``check_values``; one host sync on the GPU, skipped during CUDA-graph capture). The LLM engine
+passes ``check_values=False`` on the GPU: its positions come from sequence lengths it has already
+bounded by max_model_len <= max_pos.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
+from warpforge.kernels._checks import resolve_check_values
 from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention.kv_cache import check_store, store_token_rows
 
@@ -164,7 +168,8 @@ def _split_cache(cache, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
 def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_sin_cache, *,
          layout: str = "neox", rotary_dim: int | None = None,
          config: RopeConfig | None = None, v: torch.Tensor | None = None, cache=None,
-         slot_mapping: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+         slot_mapping: torch.Tensor | None = None,
+         check_values: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place by ``positions`` [T]; returns (q, k).
 
     ``cos_sin_cache``: [max_pos, R] (cos | sin halves, as :func:`rope_cache` builds) or ``(cos, sin)``
@@ -172,6 +177,7 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
     With ``cache`` (an attention ``PagedKVCache``), ``v`` [T, Hk, D] and ``slot_mapping`` [T], the same
     launch also stores the rotated k and v at their slots, exactly as ``cache.store(k, v, slot_mapping)``
     would after the rotation (-1 skips a token; fp8 pages quantized with the cache's scales).
+    ``check_values`` (default: yes, except during CUDA-graph capture): positions in [0, max_pos).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -202,9 +208,11 @@ def rope(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_s
     elif v is not None or slot_mapping is not None:
         raise ValueError("v and slot_mapping are only used with cache= (the fused KV store)")
 
+    if resolve_check_values(check_values, q.device) and positions.numel():
+        lo, hi = torch.aminmax(positions)
+        if int(lo) < 0 or int(hi) >= cos.shape[0]:
+            raise ValueError(f"positions must be in [0, max_pos={cos.shape[0]}), got min {int(lo)} max {int(hi)}")
     if not use_triton(q):
-        if positions.numel() and int(positions.max()) >= cos.shape[0]:
-            raise ValueError(f"positions must be < max_pos={cos.shape[0]}, got max {int(positions.max())}")
         q_rot, k_rot = ref.rope_reference(q[..., :rot], None if k is None else k[..., :rot], positions, cos, sin,
                                           layout=layout)
         q[..., :rot].copy_(q_rot)

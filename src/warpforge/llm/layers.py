@@ -106,7 +106,9 @@ class Rotary(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, **store) -> None:
         """q [T, Hq, D], k [T, Hkv, D] rotated in place; ``store`` (v=, cache=, slot_mapping=): the same
         launch writes the rotated k and v into the paged KV cache (see kernels.rope.rope)."""
-        rope(q, k, positions, self.cos_sin, **store)
+        # The runner builds positions from lengths bounded by max_model_len <= the cache's rows: checked on
+        # CPU (where tests run the engine), trusted on the GPU where a check is a host sync per layer.
+        rope(q, k, positions, self.cos_sin, check_values=not q.is_cuda, **store)
 
 
 class Attention(nn.Module):
@@ -148,6 +150,8 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
         kw = {"scale": self.scale, "window": self.window, "softcap": self.softcap}
+        # The block manager's page tables: checked on CPU (engine tests), trusted on the GPU (a host sync).
+        checked = {"check_values": not q.is_cuda}
         if self.cache is None:
             # No KV cache bound yet (a profiling run before the cache is sized): causal attention over
             # this step's tokens alone, which is right only when nothing is cached.
@@ -155,9 +159,10 @@ class Attention(nn.Module):
                                    cu_seqlens_k=ctx.cu_seqlens_q, max_seqlen_q=ctx.max_seqlen_q, **kw)
         # This step's k and v are in the cache already: forward stored them with the rotation.
         if ctx.decode_only:
-            return paged_decode(q, self.cache, ctx.block_tables, ctx.seq_lens, max_seq_len=ctx.max_seq_len, **kw)
+            return paged_decode(q, self.cache, ctx.block_tables, ctx.seq_lens, max_seq_len=ctx.max_seq_len,
+                                **kw, **checked)
         return chunked_prefill(q, self.cache, ctx.block_tables, ctx.seq_lens, ctx.cu_seqlens_q,
-                               max_seqlen_q=ctx.max_seqlen_q, **kw)
+                               max_seqlen_q=ctx.max_seqlen_q, **kw, **checked)
 
 
 class GatedMLP(nn.Module):

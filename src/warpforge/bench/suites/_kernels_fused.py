@@ -262,7 +262,7 @@ def _rope_cases(gpu: bool) -> list[Case]:
         cases.append(Case(
             name=f"rope neox bf16 T{t} q{hq} k{hk} d{d}",
             params={"op": "rope", "dtype": _name(dtype), "T": t, "Hq": hq, "Hk": hk, "D": d, "layout": "neox"},
-            make_inputs=inputs, ours=lambda q, k, pos, cache: rope(q, k, pos, cache),
+            make_inputs=inputs, ours=lambda q, k, pos, cache: rope(q, k, pos, cache, check_values=False),
             peers=_peers(_rope_eager, gpu), reference=reference,
             flops=6.0 * t * (hq + hk) * d // 2,
             bytes=2 * t * (hq + hk) * d * dtype.itemsize + t * d * 4 + t * 8,  # q, k in + out; cos/sin; positions

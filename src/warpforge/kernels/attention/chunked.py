@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from warpforge.kernels._checks import refuse_interpreted_bf16, resolve_check_values
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
@@ -127,9 +128,7 @@ def chunked_prefill(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Te
     if (not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32
             or cu_seqlens_q.shape != (B + 1,) or cu_seqlens_q.device != q.device):
         raise ValueError(f"cu_seqlens_q: expected int32 [{B + 1}] (B + 1 for B block-table rows) on {q.device}")
-    if check_values is None:
-        check_values = not q.is_cuda
-    if max_seqlen_q is None or check_values:
+    if max_seqlen_q is None or resolve_check_values(check_values, q.device):
         longest = _check_query_lengths(cu_seqlens_q, seq_lens, q.shape[0])
         max_seqlen_q = longest if max_seqlen_q is None else max_seqlen_q
         if longest > max_seqlen_q:
@@ -142,6 +141,7 @@ def chunked_prefill(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Te
                                       scale=scale, softcap=softcap, window=window,
                                       k_scale=cache.k_scale, v_scale=cache.v_scale))
         return out
+    refuse_interpreted_bf16("chunked_prefill", q, cache.k_cache)
     if q.shape[0] == 0 or B == 0 or max_seqlen_q == 0:
         return out
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.attention._qk_fp8 import attend_span_qk8, quantize_rows_e4m3
@@ -360,6 +361,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
         out.copy_(paged_decode_ref(q, cache.k_cache, cache.v_cache, block_tables, seq_lens, scale=scale,
                                    softcap=softcap, window=window, k_scale=cache.k_scale, v_scale=cache.v_scale))
         return out
+    refuse_interpreted_bf16("paged_decode", q, cache.k_cache)
 
     B, Hq, D = q.shape
     Hkv, group = cache.num_kv_heads, q.shape[1] // cache.num_kv_heads

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from warpforge.kernels._checks import resolve_check_values
 from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.reference import store_kv_ref
 
@@ -251,9 +252,11 @@ def check_paged_inputs(q: torch.Tensor, cache: PagedKVCache, block_tables: torch
                        seq_lens: torch.Tensor, *, check_values: bool | None = None) -> None:
     """Shape/dtype/device checks shared by the paged attention launchers.
 
-    q [.., Hq, D]; block_tables int32 [B, max_pages]; seq_lens int32 [B]. ``check_values`` (default:
-    on for CPU tensors, off on the GPU where it costs a host sync and breaks CUDA-graph capture)
-    also checks seq_lens <= max_pages * page_size and that every used page index is in range.
+    q [.., Hq, D]; block_tables int32 [B, max_pages]; seq_lens int32 [B]. ``check_values`` also checks
+    seq_lens <= max_pages * page_size and that every used page index is a page of the cache: the
+    kernels read K/V at those indices, so a bad one would read outside the cache. Default: checked,
+    except while a CUDA graph is being captured (one host sync on the GPU). The LLM engine passes
+    False on the GPU: it builds the tables from its own block manager, tested against these checks on CPU.
     """
     if not isinstance(cache, PagedKVCache):
         raise ValueError(f"cache: expected a PagedKVCache, got {type(cache).__name__}")
@@ -277,9 +280,7 @@ def check_paged_inputs(q: torch.Tensor, cache: PagedKVCache, block_tables: torch
     if (not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.shape != (B,)
             or seq_lens.device != cache.device):
         raise ValueError(f"seq_lens: expected int32 [{B}] (one per block-table row) on {cache.device}")
-    if check_values is None:
-        check_values = not cache.device.type == "cuda"
-    if check_values:
+    if resolve_check_values(check_values, cache.device):
         check_page_tables(block_tables, seq_lens, cache.num_pages, cache.page_size)
 
 

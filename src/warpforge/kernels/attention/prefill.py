@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.attention._online_softmax import LOG2E, NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.reference import attention_window, flash_attention_ref
@@ -297,6 +298,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         out = torch.empty_like(q) if out is None else out
         out.copy_(o_ref)
         return (out, lse) if return_lse else out
+    refuse_interpreted_bf16("flash_attention", q, k, v)
 
     H, D = q.shape[-2], q.shape[-1]
     Hkv = k.shape[-2]
