@@ -466,15 +466,15 @@ def street_scene(config: StreetConfig | None = None, **overrides) -> StreetScene
                     sh0=rgb_to_sh(torch.from_numpy(rgb).float())[:, None, :], shN=torch.from_numpy(shn).float())
     # cameras: aerial ring, then the drive (forward on one lane, back on the other), yaw swaying to see facades
     t = torch.arange(cfg.n_ring, dtype=torch.float64) / max(cfg.n_ring, 1) * 2 * math.pi
-    ring_eye = torch.stack([30.0 * torch.cos(t), 30.0 * torch.sin(t), torch.full_like(t, 18.0)], 1)
+    ring_eye = torch.stack([26.0 * torch.cos(t), 26.0 * torch.sin(t), torch.full_like(t, 32.0)], 1)
     ring_at = torch.tensor([0.0, 0.0, 2.0]).double().expand_as(ring_eye)
     k = torch.arange(cfg.n_drive, dtype=torch.float64)
     back = k >= (cfg.n_drive + 1) // 2
     s = torch.where(back, k - (cfg.n_drive + 1) // 2, k) / max((cfg.n_drive + 1) // 2 - 1, 1)
     dirn = torch.where(back, -1.0, 1.0).double()
-    drive_eye = torch.stack([dirn * (-25.0 + 50.0 * s), -1.5 * dirn, torch.full_like(s, 1.6)], 1)
-    yaw = 0.45 * torch.sin(k * 1.7)
-    drive_at = drive_eye + torch.stack([10.0 * dirn * torch.cos(yaw), 10.0 * torch.sin(yaw), torch.full_like(s, 0.8)], 1)
+    drive_eye = torch.stack([dirn * (-25.0 + 50.0 * s), -1.0 * dirn, torch.full_like(s, 1.6)], 1)
+    yaw = 0.3 * torch.sin(k * 1.7)
+    drive_at = drive_eye + torch.stack([10.0 * dirn * torch.cos(yaw), 10.0 * torch.sin(yaw), torch.full_like(s, 0.5)], 1)
     eyes, ats = torch.cat([ring_eye, drive_eye]), torch.cat([ring_at, drive_at])
     c = eyes.shape[0]
     names = [f"ring{i:03d}" for i in range(cfg.n_ring)] + [f"drive{i:03d}" for i in range(cfg.n_drive)]

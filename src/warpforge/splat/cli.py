@@ -1,0 +1,277 @@
+"""`warpforge splat train` and `warpforge splat render`: what the click group in warpforge/cli.py runs.
+
+Each returns an exit status: 0 done, 2 bad input (one line on stderr naming the argument).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STREET = "street"
+
+
+class UsageError(ValueError):
+    """Bad input from the command line; printed as one line, exit status 2."""
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--size: expected WIDTHxHEIGHT such as 960x540, got {text!r}") from None
+    if w < 16 or h < 16 or w > 16384 or h > 16384:
+        raise UsageError(f"--size: each side must be in 16..16384, got {text!r}")
+    return w, h
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def load_scene(scene: str, *, gaussians: int, size: tuple[int, int], downscale: int, test_every: int, seed: int,
+               device: torch.device):
+    """SCENE: ``street`` (the built-in procedural street) or a COLMAP folder with images."""
+    from warpforge.splat.colmap import ColmapError, load_colmap
+    from warpforge.splat.scene import street_scene
+
+    if scene == STREET:
+        street = street_scene(n=gaussians, width=size[0], height=size[1], test_every=test_every, seed=seed)
+        return street.posed_images(device)
+    path = Path(scene)
+    if not path.is_dir():
+        raise UsageError(f"SCENE: expected '{STREET}' or a COLMAP folder (images/ and sparse/0/), got {scene!r}")
+    try:
+        return load_colmap(path, downscale=downscale, test_every=test_every, device=device)
+    except ColmapError as e:
+        raise UsageError(f"SCENE: {e}") from None
+
+
+def _held_out_views(trainer, limit: int = 8) -> list[dict]:
+    """Renders of up to ``limit`` held-out cameras beside their ground truth, for the report."""
+    from warpforge.splat.metrics import psnr
+    from warpforge.splat.scene import render
+
+    out = []
+    splats = trainer.splats
+    for i in (trainer.data.test or trainer.data.train)[:limit]:
+        v = trainer.views.subset([i])
+        with torch.no_grad():
+            img, _, _ = render(splats, v.viewmats, v.Ks, v.width, v.height, sh_degree=trainer.sh_degree_now(),
+                               background=trainer.background, tile_size=trainer.cfg.tile_size)
+        gt = trainer.data.batch([i], trainer.device)
+        img = img.clamp(0, 1)
+        out.append({"name": v.names[0], "render": img[0].cpu().numpy(), "truth": gt[0].cpu().numpy(),
+                    "psnr": float(psnr(img, gt)[0])})
+    return out
+
+
+def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, size: str, downscale: int,
+              sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
+              seed: int, quiet: bool = False) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from warpforge.splat import distributed
+    from warpforge.splat.report import write_report
+    from warpforge.splat.train import TrainConfig, Trainer
+
+    try:
+        import plyfile  # noqa: F401  (checked before hours of training, not at the export)
+    except ImportError:
+        return _fail("splat training writes a PLY and needs plyfile: pip install 'warpforge[splat]'")
+    try:
+        wh = parse_size(size)
+        for name, value, low in (("--steps", steps, 1), ("--batch", batch, 1), ("--gaussians", gaussians, 200),
+                                 ("--downscale", downscale, 1), ("--test-every", test_every, 2),
+                                 ("--eval-every", eval_every, 1), ("--ckpt-every", ckpt_every, 0)):
+            if value < low:
+                raise UsageError(f"{name}: must be >= {low}, got {value}")
+        dev = _device(device)
+        world = distributed.init_world("cuda" if dev.type == "cuda" else "cpu")
+        dev = world.device if world is not None else dev
+        cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every)
+        data = load_scene(scene, gaussians=gaussians, size=wh, downscale=downscale, test_every=test_every,
+                          seed=seed, device=dev)
+    except (UsageError, ValueError) as e:
+        return _fail(str(e))
+    rank0 = world is None or world.rank == 0
+    console = Console(stderr=False, quiet=quiet or not rank0)
+    out_dir = Path(out)
+    ckpt = out_dir / "ckpt" / "last.pt"
+    trainer = Trainer(data, cfg, device=dev, world=world)
+    if resume:
+        if not ckpt.is_file():
+            return _fail(f"--resume: no checkpoint at {ckpt}")
+        trainer.resume(ckpt)
+        console.print(f"resumed from {ckpt} at step {trainer.step}")
+    where = f"{dev}" + (f", {world.size} ranks" if world is not None else "")
+    console.print(f"training {data.name}: {len(data.train)} cameras ({len(data.test)} held out), "
+                  f"{data.views.width}x{data.views.height}, {trainer.n:,} initial Gaussians, {steps} steps on {where}")
+    t0, start = time.perf_counter(), trainer.step
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console,
+                  disable=quiet or not rank0) as bar:
+        task = bar.add_task("train", total=steps, completed=trainer.step, info="")
+
+        def on_step(row: dict) -> None:
+            bar.update(task, completed=row["step"] + 1,
+                       info=f"loss {row['loss']:.4f}  psnr {row['psnr']:.2f}  N {row['n']:,}")
+            if ckpt_every and (row["step"] + 1) % ckpt_every == 0 and rank0:
+                trainer.save(ckpt)
+
+        def on_eval(ev: dict) -> None:
+            bar.console.print(f"step {ev['step']:>6}: {'held-out' if ev['held_out'] else 'train'} PSNR "
+                              f"{ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f}, {ev['n']:,} Gaussians")
+
+        trainer.fit(on_step=on_step, on_eval=on_eval)
+    wall = time.perf_counter() - t0
+    if world is not None:
+        world.barrier()
+    if rank0:
+        from warpforge.splat.ply import save_ply
+
+        trainer.save(ckpt)
+        ply = save_ply(trainer.splats, out_dir / "point_cloud.ply")
+        ev = trainer.evals[-1]
+        rate = (trainer.step - start) / wall if wall > 0 else None
+        stage_ms = {k: v / max(trainer.stage_steps, 1) for k, v in trainer.stage_ms.items()}
+        summary = {"scene": data.name, "device": where, "steps": trainer.step, "n": trainer.n,
+                   "steps_per_s": rate, "wall_s": trainer.wall_s, "held_out_psnr": ev["psnr"],
+                   "held_out_ssim": ev["ssim"], "stage_ms": stage_ms,
+                   "config_line": f"batch {batch} x {trainer.world_size} rank(s), SH degree {sh_degree}"}
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        report = write_report({**summary, "history": trainer.history, "evals": trainer.evals,
+                               "stage_steps": trainer.stage_steps, "views": _held_out_views(trainer)},
+                              out_dir / "report.html")
+        console.print(f"held-out PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f}, {trainer.n:,} Gaussians, "
+                      f"{rate:.2f} steps/s, {wall:.1f} s")
+        console.print(f"wrote {ckpt}, {ply}, {report}")
+    distributed.shutdown()
+    return 0
+
+
+# ---- render -----------------------------------------------------------------------------------------------
+
+def _parse_vec(text: str, what: str) -> list[float]:
+    try:
+        v = [float(x) for x in text.split(",")]
+    except ValueError:
+        v = []
+    if len(v) != 3:
+        raise UsageError(f"{what}: expected three numbers separated by commas, got {text!r}")
+    return v
+
+
+def resolve_cameras(specs: tuple[str, ...], views, split: dict[str, list[int]] | None, *,
+                    size: tuple[int, int] | None, fov: float):
+    """--camera values -> (names, Views). A spec is ``EYE@TARGET`` ("x,y,z@x,y,z", pinhole, --size/--fov), or
+    for a checkpoint a camera name, ``train:I``, ``test:I``, ``test`` (all held out) or ``all``."""
+    from warpforge.splat.scene import Views, intrinsics, look_at
+
+    names, mats, ks = [], [], []
+    w, h = size or ((views.width, views.height) if views is not None else (960, 540))
+    for spec in specs:
+        if "@" in spec:
+            eye, at = spec.split("@", 1)
+            e, a = torch.tensor([_parse_vec(eye, "--camera EYE")]), torch.tensor([_parse_vec(at, "--camera TARGET")])
+            try:
+                mats.append(look_at(e, a)[0])
+            except ValueError as err:
+                raise UsageError(f"--camera {spec!r}: {err}") from None
+            ks.append(intrinsics(w, h, fov)[0])
+            names.append(f"camera{len(names)}")
+            continue
+        if views is None:
+            raise UsageError(f"--camera {spec!r}: a PLY has no cameras; give EYE@TARGET, e.g. 0,-20,10@0,0,0")
+        if spec in ("all", "test", "train"):
+            idx = list(range(len(views))) if spec == "all" else list(split[spec])
+        elif spec.startswith(("train:", "test:")):
+            part, _, i = spec.partition(":")
+            part_idx = split[part]
+            if not i.isdigit() or int(i) >= len(part_idx):
+                raise UsageError(f"--camera {spec!r}: index must be in 0..{len(part_idx) - 1}")
+            idx = [part_idx[int(i)]]
+        elif spec in views.names:
+            idx = [views.names.index(spec)]
+        else:
+            raise UsageError(f"--camera {spec!r}: not a camera of the checkpoint (names like {views.names[0]!r}, "
+                             "or train:I, test:I, test, all, EYE@TARGET)")
+        for i in idx:
+            names.append(views.names[i])
+            mats.append(views.viewmats[i])
+            k = views.Ks[i].clone()
+            if size is not None:  # another resolution of the same camera
+                k[0] *= w / views.width
+                k[1] *= h / views.height
+            ks.append(k)
+    return names, Views(torch.stack(mats), torch.stack(ks), w, h, names)
+
+
+def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | None, fov: float,
+               sh_degree: int | None, device: str, background: str | None) -> int:
+    from warpforge.splat.report import write_png
+    from warpforge.splat.scene import Splats, Views, render
+
+    try:
+        dev = _device(device)
+        wh = parse_size(size) if size else None
+        if not 1.0 <= fov < 179.0:
+            raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
+        src = Path(source)
+        if not src.is_file():
+            raise UsageError(f"CKPT_OR_PLY: no such file: {source!r}")
+        views, split, bg = None, None, torch.zeros(3)
+        if src.suffix.lower() == ".ply":
+            from warpforge.splat.ply import load_ply
+
+            splats = load_ply(src)
+        else:
+            from warpforge.splat.train import load_checkpoint
+
+            d = load_checkpoint(src)
+            splats = Splats.from_dict(d["params"])
+            v = d["views"]
+            views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
+            split = {"train": v["train"], "test": v["test"]}
+            bg = d["background"]
+        if background is not None:
+            bg = torch.tensor(_parse_vec(background, "--background"))
+            if not all(0.0 <= x <= 1.0 for x in bg.tolist()):
+                raise UsageError(f"--background: expected r,g,b in [0, 1], got {background!r}")
+        if not cameras:
+            raise UsageError("--camera: give at least one (a checkpoint's camera name, test:0, or EYE@TARGET)")
+        names, cams = resolve_cameras(cameras, views, split, size=wh, fov=fov)
+        if sh_degree is not None and not 0 <= sh_degree <= 3:
+            raise UsageError(f"--sh-degree: 0..3, got {sh_degree}")
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    out_path = Path(out)
+    single = len(names) == 1 and out_path.suffix.lower() == ".png"
+    splats, cams, bg = splats.to(dev), cams.to(dev), bg.to(dev)
+    t0 = time.perf_counter()
+    written = []
+    for i, name in enumerate(names):
+        c = cams.subset([i])
+        with torch.no_grad():
+            img, _, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree, background=bg)
+        path = out_path if single else out_path / f"{name.replace('/', '_').rsplit('.', 1)[0]}.png"
+        written.append(write_png(img[0].clamp(0, 1).cpu().numpy().astype(np.float32), path))
+    dt = time.perf_counter() - t0
+    print(f"rendered {len(written)} view(s) of {splats.n:,} Gaussians at {cams.width}x{cams.height} in {dt:.2f} s: "
+          + (str(written[0]) if single else f"{out_path}/"))
+    return 0
