@@ -9,27 +9,34 @@ import sys
 
 import click
 
+from warpforge._cli_support import AliasChoice, WarpforgeGroup, make_console
+
 # optimize.gate.PRECISIONS, spelled out so `--help` does not import torch (a test keeps them equal)
 OPTIMIZE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
 
 NOT_BUILT: dict[str, str] = {}
+# One spelling is documented (fp32, fp16, bf16, as in --precision); torch's names are accepted too.
+DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 
 
-def _console():
-    from rich.console import Console
-
-    return Console()
+def _console(*, stderr: bool = False):
+    return make_console(stderr=stderr)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=WarpforgeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="warpforge")
-def main() -> None:
+@click.option("--verbose", is_flag=True,
+              help="Show other libraries' warnings and logs (kept in the cache dir's logs/last-run.log otherwise) "
+                   "and the traceback of an error. Accepted anywhere on the command line.")
+def main(verbose: bool) -> None:
     """warpforge: fast inference on NVIDIA GPUs, measured.
 
     \b
     Start with `warpforge probe` (the machine's real ceilings), then
     `warpforge bench SUITE` (ours against peers, same run, recorded) and
     `warpforge results list|show|compare` (the results store).
+
+    Errors go to stderr: exit 2 for bad input, 1 for a failure.
     """
 
 
@@ -156,9 +163,8 @@ def demo(store_url: str | None) -> None:
 @click.option("--top-k", default=-1, show_default=True, type=int, help="Keep the k most likely tokens (-1: off).")
 @click.option("--seed", default=None, type=int, help="Seed of this request's sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
-@click.option("--dtype", default="auto", show_default=True,
-              type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
-              help="Weights and activations (auto: bfloat16 on a GPU, float32 on CPU).")
+@click.option("--dtype", default="auto", show_default=True, type=AliasChoice(["auto", "fp32", "fp16", "bf16"], DTYPE_ALIASES),
+              help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--max-model-len", default=None, type=int,
               help="Longest prompt + output in tokens (default: the model's context).")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
@@ -343,7 +349,7 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
               help="Batch size of the example inputs (zoo models; factories that take `batch`).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where to optimize and measure (auto: cuda when available).")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(list(OPTIMIZE_PRECISIONS)),
+@click.option("--precision", "precisions", multiple=True, type=AliasChoice(list(OPTIMIZE_PRECISIONS), DTYPE_ALIASES),
               help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA). Only when "
                    "named: int8 (W8A8 convs and linears, calibrated on the validation inputs), fp8 (e4m3 linears, "
                    "compute capability >= 8.9), w8 / w4 (weight-only int8 / int4-g128 linears, for planners).")

@@ -74,3 +74,27 @@ def test_generate_gemma3_270m_from_the_bundled_gguf():
     r = invoke("gemma3-270m", "To be, or not to be", "--max-tokens", 3, "--max-model-len", 64)
     assert r.exit_code == 0, r.output
     assert "decode: 3 tokens" in r.stdout
+
+
+def test_load_time_is_reported_apart_from_ttft_and_dtype_spellings_agree():
+    a = invoke(checkpoint("llama"), "To be", "--max-tokens", 3, "--dtype", "fp32", "--max-model-len", 64)
+    b = invoke(checkpoint("llama"), "To be", "--max-tokens", 3, "--dtype", "float32", "--max-model-len", 64)
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert a.stdout.split("\n")[0] == b.stdout.split("\n")[0]  # the same text either way
+    stats = a.stdout.rstrip("\n").split("\n")[-1]
+    assert " | TTFT " in stats and " | load " in stats and stats.index("TTFT") < stats.index("load")
+    assert a.stderr.startswith(f"loaded {checkpoint('llama')} in ") and "LlamaForCausalLM, float32, cpu" in a.stderr
+
+
+def test_chat_says_when_the_template_is_a_fallback(tmp_path, monkeypatch):
+    """A Gemma GGUF without a chat template (the bundled 270M's case) gets Gemma 3's, and --chat says so."""
+    gguf = pytest.importorskip("gguf")
+    from warpforge.llm.testing import write_gguf
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_chat_template", lambda self, template: None)
+    path = write_gguf(checkpoint("gemma3"), tmp_path / "g.gguf")
+    r = invoke(path, "Who's there?", "--chat", "--max-tokens", 2, "--max-model-len", 64)
+    assert r.exit_code == 0, r.output
+    assert "note: " in r.stderr and "carries no chat template: using Gemma 3's published one" in r.stderr
+    plain = invoke(path, "Who's there?", "--max-tokens", 2, "--max-model-len", 64)
+    assert "chat template" not in plain.stderr  # only said when a chat prompt is formed

@@ -122,3 +122,16 @@ def test_bf16_perplexity_on_the_gpu_within_1_percent_of_hf_fp32(hf):
           f"({100 * (ppl / ref_ppl - 1):+.2f}%)")
     assert abs(ppl - ref_ppl) <= 1e-2 * ref_ppl, f"perplexity ours bf16 {ppl:.4f} vs HF fp32 {ref_ppl:.4f}"
     assert 1.5 < ref_ppl < 100
+
+
+def test_chat_prompt_matches_hf(ours, hf):
+    """The bundled GGUF has no chat template; the fallback gives transformers' prompt token for token."""
+    from warpforge.llm.tokenizer import GEMMA_CHAT_TEMPLATE
+
+    tok, _ = hf
+    msgs = [{"role": "system", "content": "You are Horatio."}, {"role": "user", "content": "Who's there?"},
+            {"role": "assistant", "content": "Friends to this ground."}, {"role": "user", "content": "Stand, ho!"}]
+    want = tok.apply_chat_template(msgs, chat_template=GEMMA_CHAT_TEMPLATE, tokenize=True,
+                                   add_generation_prompt=True, return_dict=False)
+    assert ours.tokenizer.chat_template == GEMMA_CHAT_TEMPLATE and ours.tokenizer.chat_template_note
+    assert ours.tokenizer.encode_chat(msgs) == list(want)

@@ -128,6 +128,38 @@ def test_spm_merges_order_matches_transformers():
     assert spm_merges(tokens, rank) == utils.generate_merges({t: i for i, t in enumerate(tokens)}, rank)
 
 
+def test_gemma_chat_prompt_is_token_for_token_transformers(spm_vocab):
+    """The fallback a Gemma GGUF without a template gets is Gemma 3's published template: rendered and
+    tokenized, the prompt equals transformers' apply_chat_template with that template, token for token,
+    on a Gemma-style vocabulary (system prompt folded into the first turn, contents trimmed, content
+    given as a list of parts, generation prompt on and off); and the user is told it is a fallback."""
+    conv = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    tokens, types = spm_vocab
+    meta = {**_meta(tokens, types, "gemma3"), "general.name": "Tiny Gemma"}
+    ours = Tokenizer.from_gguf(meta)
+    assert ours.chat_template == GEMMA_CHAT_TEMPLATE
+    assert ours.chat_template_note.startswith("Tiny Gemma carries no chat template: using Gemma 3's published one")
+    hf_dict = {"tokenizer_type": "llama", "tokens": tokens, "scores": meta["tokenizer.ggml.scores"],
+               "token_type": types, "bos_token_id": 2, "eos_token_id": 1, "unk_token_id": 3, "pad_token_id": 0,
+               "add_prefix_space": False}
+    backend, _ = conv.convert_gguf_tokenizer("gemma3", hf_dict)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>")
+    conversations = [
+        MESSAGES,
+        [{"role": "user", "content": "  Who's there?\n"}],
+        [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+         {"role": "user", "content": [{"type": "text", "text": " Stand, ho! "}]}],
+    ]
+    for messages in conversations:
+        for gen in (True, False):
+            want = hf.apply_chat_template(messages, chat_template=GEMMA_CHAT_TEMPLATE, tokenize=True,
+                                          add_generation_prompt=gen, return_dict=False)
+            assert ours.encode_chat(messages, add_generation_prompt=gen) == list(want)
+            assert want[0] == 2 and list(want).count(2) == 1  # one <bos>, written by the template
+    with_template = Tokenizer.from_gguf({**meta, "tokenizer.chat_template": "{{ messages[0]['content'] }}"})
+    assert with_template.chat_template_note is None  # the file's own template: nothing to say
+
+
 def test_gemma_template_renders_gemma_turns():
     tok = Tokenizer(Tokenizer.from_gguf({"general.architecture": "gemma3", "tokenizer.ggml.model": "gpt2",
                                          "tokenizer.ggml.tokens": ["<bos>", "a"], "tokenizer.ggml.merges": [],

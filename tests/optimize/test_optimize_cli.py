@@ -146,3 +146,43 @@ def test_rebatch_keeps_every_sample_in_order():
     assert rebatch(odd, 4) is odd
     with pytest.raises(ValueError, match="val_batch"):
         rebatch(val, 0)
+
+
+def test_errors_go_to_stderr_and_results_to_stdout(tmp_path):
+    res = CliRunner().invoke(main, ["optimize", "no_such_model", *FAST])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.startswith("warpforge optimize: unknown model 'no_such_model'")
+
+
+def test_cpu_skips_say_why_in_cli_terms_and_dtype_spellings_are_both_accepted(tmp_path):
+    """fp16 spelled float16 works; the skip reasons name CLI flags, not Python; in the HTML report the
+    skipped candidates are one row (reasons on hover and as footnotes), not one row each."""
+    path = _write(tmp_path, NET)
+    out = tmp_path / "o"
+    res = CliRunner().invoke(main, ["optimize", f"{path}:factory", "--precision", "fp32", "--precision", "float16",
+                                    "--precision", "bfloat16", "--out", str(out), *FAST])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((out / "report.json").read_text())
+    by = {r["name"]: r for r in rep["candidates"]}
+    assert by["eager-fp16"]["status"] == "skipped" and by["eager-bf16"]["status"] == "skipped"
+    assert "convolutions" not in by["eager-fp16"]["reason"]  # the model's kind does not matter
+    assert "--backend torch.compile" in by["torch.compile-fp32"]["reason"]
+    page = (out / "report.html").read_text()
+    skipped = [r["name"] for r in rep["candidates"] if r["status"] == "skipped"]
+    assert len(skipped) >= 4 and page.count('<tr class="skipped">') == 1
+    assert all(page.count(f"<code>{n}</code>") == 0 for n in skipped)  # no row of their own
+    assert all(f'">{n}</code><sup>' in page for n in skipped) and 'title="fp16 on CPU:' in page
+    assert '<ol class="muted footnotes">' in page
+
+
+def test_latency_chart_is_scaled_to_the_p50s():
+    import re
+
+    from warpforge.optimize.report import _latency_svg
+
+    cands = [{"name": "a", "latency": {"p50_ms": 1.0, "p99_ms": 1.1}},
+             {"name": "b", "latency": {"p50_ms": 1.2, "p99_ms": 100.0}}]  # one noisy tail
+    svg = _latency_svg({"candidates": cands, "winner": "a"})
+    widths = [float(w) for w in re.findall(r'class="p50" x="[\d.]+" y="[\d.]+" width="([\d.]+)"', svg)]
+    assert len(widths) == 2 and widths[1] >= 0.75 * 560 and widths[0] / widths[1] == pytest.approx(1 / 1.2, rel=1e-2)
+    assert "<path" in svg and "(p99 100)" in svg  # the clipped whisker ends in an arrow, its figure still shown

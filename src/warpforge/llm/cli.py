@@ -42,10 +42,22 @@ def resolve_model(model: str) -> str:
     return str(path)
 
 
+DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
                  seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> int:
-    """Run the command; -> exit status (2: bad input, said in one line on stderr)."""
+    """Run the command; -> exit status (2: bad input, said in one line on stderr).
+
+    Loading shows a spinner on a terminal's stderr and then one line with the load time; the stats
+    line after the text reports the load apart from TTFT, which counts from the request's arrival."""
+    import time
+
     import torch
+
+    from warpforge._cli_support import make_console
+
+    err = make_console(stderr=True)
 
     def fail(msg: str) -> int:
         click.echo(f"warpforge generate: {msg}", err=True)
@@ -57,9 +69,25 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
         from warpforge.llm.sampling import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        engine = LLMEngine(resolve_model(model), EngineConfig(max_model_len=max_model_len),
-                           dtype=None if dtype == "auto" else dtype)
-        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+        config = EngineConfig(max_model_len=max_model_len)
+        if not prompt:
+            return fail("PROMPT: empty prompt (give the text to continue)")
+        t0 = time.perf_counter()
+        with err.status(f"loading {model}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else ""),
+                        spinner="dots"):
+            path = resolve_model(model)
+            engine = LLMEngine(path, config, dtype=DTYPES.get(dtype, dtype))
+        load_s = time.perf_counter() - t0
+        err.print(f"loaded {model} in {load_s:.1f} s ({engine.model_config.architecture}, "
+                  f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device})",
+                  highlight=False, markup=False, soft_wrap=True)
+        if chat:
+            note = getattr(engine.tokenizer, "chat_template_note", None)
+            if note:
+                err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+            text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        else:
+            text = prompt
         req = engine.make_request(text, params, stream=True, add_special_tokens=not chat)
     except ModuleNotFoundError as e:
         return fail(f"{e.name} is missing: install the llm extra (pip install 'warpforge[llm]')")
@@ -84,6 +112,6 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
     prefill = f"{m.prefill_tokens_per_s:,.1f} tok/s" if m.prefill_tokens_per_s else "n/a"
     decode = f"{m.decode_tokens_per_s:,.1f} tok/s" if m.decode_tokens_per_s else "n/a (one token)"
     click.echo(f"prefill: {m.num_prompt_tokens} tokens, {prefill} | decode: {m.num_output_tokens} tokens, {decode} | "
-               f"TTFT {m.ttft * 1e3:,.1f} ms | finish: {last.finish_reason} | {engine.device.type} "
-               f"{engine.model_config.dtype}".replace("torch.", ""))
+               f"TTFT {m.ttft * 1e3:,.1f} ms | load {load_s:.1f} s | finish: {last.finish_reason} | "
+               f"{engine.device.type} {engine.model_config.dtype}".replace("torch.", ""))
     return 0

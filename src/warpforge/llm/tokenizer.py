@@ -37,16 +37,50 @@ GGUF_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": 
 # (its tokenizer.json: "ignore_merges": true; llama.cpp sets the same for these pre-tokenizers).
 IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe"}
 
-# Gemma GGUFs often carry no template; this is Gemma 3's own (text-only messages).
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + '\n\n' %}"
-    "{% set loop_messages = messages[1:] %}{% else %}{% set prefix = '' %}{% set loop_messages = messages %}"
-    "{% endif %}{% for m in loop_messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + "
-    "(prefix if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
-)
+# Gemma 3's chat template as Google publishes it with the instruction-tuned checkpoints (their
+# tokenizer_config.json); Gemma GGUFs often carry none. Multimodal parts other than text are skipped
+# here: the engine serves text.
+GEMMA_CHAT_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
 
 
 class Tokenizer:
@@ -54,8 +88,10 @@ class Tokenizer:
 
     def __init__(self, backend: Backend, *, bos_token: str | None = None, eos_token: str | None = None,
                  chat_template: str | None = None, clean_up_spaces: bool = False,
-                 extra_eos_token_ids: Sequence[int] = ()):
+                 extra_eos_token_ids: Sequence[int] = (), chat_template_note: str | None = None):
         self.backend = backend
+        # Said to the user when a chat prompt is formed: set when the template is not the checkpoint's own.
+        self.chat_template_note = chat_template_note
         self.bos_token, self.eos_token = bos_token, eos_token
         self.chat_template = chat_template
         self.clean_up_spaces = clean_up_spaces
@@ -113,12 +149,17 @@ class Tokenizer:
         bos, eos = tok("bos_token_id"), tok("eos_token_id")
         _set_template(backend, bos if add_bos else None, eos if meta.get("tokenizer.ggml.add_eos_token") else None)
         template = meta.get("tokenizer.chat_template")
-        extra = []
+        extra, note = [], None
         if arch.startswith("gemma"):
-            template = template or GEMMA_CHAT_TEMPLATE
+            if not template:
+                template = GEMMA_CHAT_TEMPLATE
+                name = meta.get("general.name") or "this GGUF"
+                note = (f"{name} carries no chat template: using Gemma 3's published one. A pre-trained (not "
+                        f"instruction-tuned) model answers chat turns poorly whatever the template.")
             if "<end_of_turn>" in tokens:
                 extra.append(backend.token_to_id("<end_of_turn>"))  # ends a chat turn (llama.cpp: EOG)
-        return cls(backend, bos_token=bos, eos_token=eos, chat_template=template, extra_eos_token_ids=extra)
+        return cls(backend, bos_token=bos, eos_token=eos, chat_template=template, extra_eos_token_ids=extra,
+                   chat_template_note=note)
 
     # ---- the API -----------------------------------------------------------------------------
 

@@ -590,17 +590,18 @@ def _skip_reason(c: Candidate, device: torch.device, named: bool) -> str | None:
     if c.needs_package and not c.name.startswith(f"{c.family}-"):
         return f"{c.needs_package} has no execution provider for {device.type}"
     if c.needs_cuda and device.type != "cuda":
-        return (f"{c.precision} on CPU: half-precision convolutions there are slow or unsupported; "
-                "this candidate runs on CUDA only")
+        return (f"{c.precision} on CPU: torch's half-precision CPU kernels are slow or missing for many "
+                "operators; this candidate runs on CUDA only")
     if c.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16 support"
     if c.precision == "int8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return "int8 tensor-core kernels need compute capability >= 8.0"
     if c.cpu_opt_in and device.type == "cpu" and not named:
-        return "torch.compile on CPU is slow to compile; ask for it with backends=['torch.compile']"
+        return ("torch.compile on CPU is slow to compile; ask for it with --backend torch.compile "
+                "(Python: backends=['torch.compile'])")
     if c.opt_in and not named:
-        return (f"{c.name} takes minutes to compile (its autotuning benchmarks every kernel); ask for it by name "
-                "or with backends=['torch.compile']")
+        return (f"{c.name} takes minutes to compile (its autotuning benchmarks every kernel); ask for it with "
+                f"--backend {c.name} or --backend torch.compile (Python: backends=['{c.name}'])")
     return None
 
 

@@ -152,7 +152,10 @@ def print_table(report: dict[str, Any], console) -> None:
 
 
 def _err(console, msg: str) -> int:
-    console.print(f"[bold red]warpforge optimize:[/] {msg}", highlight=False, soft_wrap=True)
+    """One line on ``console`` (stderr) for bad input; -> exit status 2."""
+    from rich.markup import escape
+
+    console.print(f"[bold red]warpforge optimize:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     return 2
 
 
@@ -183,7 +186,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
 
     console = console or Console()
-    err_console = Console(stderr=True) if json_out else console
+    err_console = Console(stderr=True, width=console.width)  # errors on stderr, whatever stdout carries
     if device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:

@@ -124,7 +124,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:5px 8px;border-bottom:1px solid #e6e9ef;text-align:right;vertical-align:top}
 th{background:#f4f6f9;font-weight:600}td.l,th.l{text-align:left}tr.win td{background:#f2f8f2;font-weight:600}
 .s-passed{color:#1f7a1f}.s-rejected{color:#b35c00}.s-failed{color:#b00020}.s-skipped{color:#777}
-.muted{color:#6b7280}code{background:#f4f6f9;padding:1px 4px;border-radius:3px}
+.muted{color:#6b7280}tr.skipped td{font-weight:400}.footnotes{margin:4px 0;font-size:12px}code{background:#f4f6f9;padding:1px 4px;border-radius:3px}
 """
 
 
@@ -153,26 +153,53 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1, row_class: lis
 
 
 def _latency_svg(report: dict[str, Any]) -> str:
-    """Inline SVG: one bar per timed candidate from p50 to p99 (whisker), p50 marked; the winner green."""
+    """Inline SVG: one bar per timed candidate to its p50, a whisker on to p99; the winner green.
+
+    The axis is scaled to the p50s (the figure that picks the winner), not to the slowest p99: one
+    noisy tail would otherwise squash every bar into a stub. A whisker past the axis ends in an arrow;
+    the label gives both figures."""
     rows = [r for r in report.get("candidates", []) if r.get("latency")]
     if not rows:
         return ""
-    top = max(r["latency"]["p99_ms"] for r in rows) or 1.0
+    top = 1.25 * max(r["latency"]["p50_ms"] for r in rows) or 1.0
     label_w, bar_w, h = 260, 560, 22
-    out = [f'<svg width="{label_w + bar_w + 120}" height="{h * len(rows) + 24}" '
+    end = label_w + bar_w
+    out = [f'<svg width="{end + 170}" height="{h * len(rows) + 24}" '
            'font-family="system-ui,sans-serif" font-size="12">']
     for i, r in enumerate(rows):
         lat, y = r["latency"], 8 + i * h
-        x50, x99 = label_w + bar_w * lat["p50_ms"] / top, label_w + bar_w * lat["p99_ms"] / top
+        x50 = label_w + bar_w * min(lat["p50_ms"] / top, 1.0)
+        x99 = label_w + bar_w * min(lat["p99_ms"] / top, 1.0)
+        clipped = lat["p99_ms"] > top
         color = "#3c9a3c" if r["name"] == report.get("winner") else "#7a8aa6"
+        mid = y + h / 2 - 1
+        tip = (f'<path d="M{end:.1f},{mid - 4} L{end + 6:.1f},{mid} L{end:.1f},{mid + 4} z" fill="#333"/>' if clipped
+               else f'<line x1="{x99:.1f}" x2="{x99:.1f}" y1="{y + 6}" y2="{y + h - 8}" stroke="#333"/>')
         out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end">{html.escape(r["name"])}</text>'
-                   f'<rect x="{label_w}" y="{y + 3}" width="{x50 - label_w:.1f}" height="{h - 8}" fill="{color}"/>'
-                   f'<line x1="{x50:.1f}" x2="{x99:.1f}" y1="{y + h / 2 - 1}" y2="{y + h / 2 - 1}" stroke="#333"/>'
-                   f'<line x1="{x99:.1f}" x2="{x99:.1f}" y1="{y + 6}" y2="{y + h - 8}" stroke="#333"/>'
-                   f'<text x="{x99 + 6:.1f}" y="{y + 14}">{lat["p50_ms"]:.4g} ms (p99 {lat["p99_ms"]:.4g})</text>')
-    out.append(f'<text x="{label_w}" y="{h * len(rows) + 20}" fill="#6b7280">bar: p50, whisker: to p99; '
-               "lower is better</text></svg>")
+                   f'<rect class="p50" x="{label_w}" y="{y + 3}" width="{x50 - label_w:.1f}" height="{h - 8}" '
+                   f'fill="{color}"/>'
+                   f'<line x1="{x50:.1f}" x2="{x99:.1f}" y1="{mid}" y2="{mid}" stroke="#333"/>{tip}'
+                   f'<text x="{max(x99, x50) + (14 if clipped else 6):.1f}" y="{y + 14}">{lat["p50_ms"]:.4g} ms '
+                   f'(p99 {lat["p99_ms"]:.4g})</text>')
+    out.append(f'<text x="{label_w}" y="{h * len(rows) + 20}" fill="#6b7280">bar: p50, whisker: to p99 (an arrow: '
+               f"beyond the axis, which ends at 1.25x the slowest p50); lower is better</text></svg>")
     return "".join(out)
+
+
+def _skipped_row(skipped: list[dict[str, Any]], columns: int) -> tuple[str, str]:
+    """The skipped candidates as one table row (each name carries its reason on hover and a footnote
+    number) and the footnotes, one per distinct reason."""
+    e = html.escape
+    reasons: list[str] = []
+    for r in skipped:
+        if str(r.get("reason", "")) not in reasons:
+            reasons.append(str(r.get("reason", "")))
+    names = ", ".join(f'<code title="{e(str(r.get("reason", "")), quote=True)}">{e(r["name"])}</code>'
+                      f'<sup>{reasons.index(str(r.get("reason", ""))) + 1}</sup>' for r in skipped)
+    row = (f'<tr class="skipped"><td class="l" colspan="{columns}"><span class="s-skipped">skipped '
+           f"({len(skipped)})</span>: {names}</td></tr>")
+    notes = "".join(f'<li>{e(reason)}</li>' for reason in reasons)
+    return row, f'<ol class="muted footnotes">{notes}</ol>'
 
 
 def _capture_html(cap: dict[str, Any], graph_of: Any) -> str:
@@ -205,7 +232,10 @@ def to_html(report: dict[str, Any]) -> str:
     e = html.escape
     m, env = report.get("model", {}), report.get("environment", {})
     rows, classes = [], []
+    skipped = [r for r in report.get("candidates", []) if r["status"] == "skipped"]
     for r in report.get("candidates", []):
+        if r["status"] == "skipped":  # one line for all of them, below
+            continue
         lat, acc, thr = r.get("latency", {}), r.get("accuracy", {}), r.get("throughput", {})
         rows.append([f"<code>{e(r['name'])}</code>", r["precision"],
                      f'<span class="s-{r["status"]}">{r["status"]}</span>',
@@ -228,7 +258,12 @@ def to_html(report: dict[str, Any]) -> str:
     for n in report.get("notes", []):
         parts.append(f'<div class="muted">note: {e(n)}</div>')
     s = report.get("settings", {})
-    parts.append("<h2>Candidates</h2>" + _table(head, rows, left=1, row_class=classes)
+    table = _table(head, rows, left=1, row_class=classes)
+    footnotes = ""
+    if skipped:
+        row, footnotes = _skipped_row(skipped, len(head))
+        table = table.replace("</tbody></table>", row + "</tbody></table>")
+    parts.append("<h2>Candidates</h2>" + table + footnotes
                  + f'<p class="muted">Single stream: {s.get("queries")} back-to-back queries after {s.get("warmup")} '
                    f'warm-up, each synchronized; offline: {s.get("offline_calls")} calls at the inputs\' batch. '
                    f'Validation: {e(str(s.get("val", "")))}. Speedups are p50 ratios (above 1: faster). '

@@ -1,0 +1,215 @@
+"""What every ``warpforge`` command shares: where output goes and how a command fails.
+
+* Tables and reports go to stdout, at full width when stdout is not a terminal (a pipe or a log file
+  gets whole rows, not rows cut at 80 columns).
+* Errors go to stderr: a bad input is one line and exit 2; anything else is one line naming the
+  exception, exit 1, with the traceback in the run's log file.
+* Other libraries' noise (warnings, log records, tqdm bars, native prints of the profiler) goes to
+  the log file, ``<cache dir>/logs/last-run.log``; ``--verbose`` shows it, and tracebacks, on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+WIDE = 1000  # columns for a console that is not a terminal: rich tables then take their natural width
+
+_state = {"verbose": False, "log": None}
+
+
+def verbose() -> bool:
+    return bool(_state["verbose"])
+
+
+def log_path() -> Path:
+    from warpforge import settings
+
+    return settings.cache_dir() / "logs" / "last-run.log"
+
+
+def make_console(*, stderr: bool = False):
+    """A rich Console on stdout (or stderr): the terminal's width on a terminal, whole rows elsewhere."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    columns = os.environ.get("COLUMNS", "")
+    width = None if tty or columns.isdigit() else WIDE
+    return Console(stderr=stderr, width=width)
+
+
+class AliasChoice(click.Choice):
+    """A choice with accepted alternative spellings (``float16`` for ``fp16``), given to the command as
+    the documented spelling; ``--help`` lists only the documented ones."""
+
+    def __init__(self, choices, aliases: dict[str, str]):
+        super().__init__(choices)
+        self.aliases = aliases
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.lower() in self.aliases:
+            value = self.aliases[value.lower()]
+        return super().convert(value, param, ctx)
+
+
+class _Router(io.TextIOBase):
+    """sys.stderr while a command runs: what other libraries emit through logging, warnings or tqdm
+    goes to the log file (and on to stderr with --verbose); everything else, including warpforge's own
+    warnings and log records, is written to stderr as usual."""
+
+    def __init__(self, stream, log, show_all: bool):
+        self.stream, self.log, self.show_all = stream, log, show_all
+
+    def _noise(self) -> bool:
+        frame = sys._getframe(2)  # the caller of write()
+        module = frame.f_globals.get("__name__", "")
+        if module == "logging":
+            record = frame.f_locals.get("record")
+            return not (record is not None and str(getattr(record, "name", "")).startswith("warpforge"))
+        if module == "warnings":
+            msg = frame.f_locals.get("msg")
+            return not str(getattr(msg, "filename", "")).startswith(PACKAGE_DIR)
+        return module.startswith("tqdm")
+
+    def write(self, s: str) -> int:
+        if self._noise():
+            self.log.write(s)
+            self.log.flush()
+            if not self.show_all:
+                return len(s)
+        return self.stream.write(s)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self):  # noqa: D401 - mirrors the wrapped stream
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+@contextlib.contextmanager
+def routed_output(show_all: bool) -> Iterator[None]:
+    """Install the stderr router and the log file for one command (restored afterwards)."""
+    path = log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "w", encoding="utf-8")
+    log.write(f"warpforge {' '.join(sys.argv[1:])}\n")
+    saved = sys.stderr, _state["log"], _state["verbose"]
+    sys.stderr = _Router(sys.stderr, log, show_all)
+    _state["log"], _state["verbose"] = log, show_all
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr) if show_all else logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    if show_all:
+        root.setLevel(min(level or logging.WARNING, logging.INFO))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        sys.stderr, _state["log"], _state["verbose"] = saved
+        log.close()
+
+
+@contextlib.contextmanager
+def native_output_to_log() -> Iterator[None]:
+    """Send what native code prints to file descriptors 1 and 2 (the profiler's ``USDT:`` lines, CUPTI
+    notices) to the log file for the duration; a no-op with --verbose or outside a command."""
+    log = _state["log"]
+    if verbose() or log is None:
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    log.flush()
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # no real descriptors (an embedding host): nothing to redirect
+        yield
+        return
+    try:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def report_failure(command: str, exc: BaseException) -> int:
+    """One line on stderr for an exception no command handled; the traceback to the log (and to stderr
+    with --verbose). -> exit status: 2 for bad input, 1 for anything else."""
+    tb = "".join(traceback.format_exception(exc))
+    log = _state["log"]
+    if log is not None:
+        log.write(tb)
+        log.flush()
+    if verbose():
+        click.echo(tb.rstrip("\n"), err=True)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, BAD_INPUT):
+        click.echo(f"warpforge {command}: {first or type(exc).__name__}", err=True)
+        return 2
+    where = "" if verbose() else f"; the traceback is in {log_path()} (--verbose prints it)"
+    click.echo(f"warpforge {command}: internal error: {type(exc).__name__}: {first}{where}", err=True)
+    return 1
+
+
+class WarpforgeGroup(click.Group):
+    """The top-level group: ``--verbose`` anywhere on the line, output routing, and one line for any
+    exception a command lets through."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # --verbose is a global flag users put at the end as often as at the start: take it anywhere
+        # before a "--" (no sub-command has an option of that name).
+        cut = args.index("--") if "--" in args else len(args)
+        if "--verbose" in args[:cut]:
+            args = [a for a in args[:cut] if a != "--verbose"] + args[cut:]
+            args.insert(0, "--verbose")
+        return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        ctx.meta["warpforge.command"] = name
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context):
+        show_all = bool(ctx.params.get("verbose"))
+        with routed_output(show_all):
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
+                    SystemExit, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001 - the one place an unhandled error becomes one line
+                sys.exit(report_failure(ctx.meta.get("warpforge.command", "?"), e))
+
+
+__all__ = ["AliasChoice", "WarpforgeGroup", "log_path", "make_console", "native_output_to_log", "report_failure",
+           "routed_output", "verbose"]
