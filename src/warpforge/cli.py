@@ -310,9 +310,12 @@ def splat_render(source: str, cameras: tuple[str, ...], out: str, size: str | No
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0), help="Untimed calls first.")
 @click.option("--iters", default=20, show_default=True, type=click.IntRange(min=1), help="Measured iterations.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Directory for profile.json and profile.html (default: out/profile/<target>).")
-@click.option("--compare", "compare_paths", nargs=2, type=click.Path(), default=None, metavar="A.json B.json",
-              help="Show what moved between two profiles instead of profiling.")
+              help="Directory for report.json and report.html (default: out/profile/<target>).")
+@click.option("--compare", "compare_paths", nargs=2, type=click.Path(), default=None, metavar="A B",
+              help="Show what moved from profile A to profile B (each a report.json or the --out directory "
+                   "holding it) instead of profiling.")
+@click.option("--json", "json_out", is_flag=True, help="Print the profile (or the comparison) as JSON on stdout; "
+                                                        "the summary goes to stderr.")
 @click.option("--trace", is_flag=True, help="Also write the Kineto trace as trace.json.gz (Perfetto, chrome://tracing).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where the model runs (auto: cuda when available).")
@@ -325,8 +328,8 @@ def splat_render(source: str, cameras: tuple[str, ...], out: str, size: str | No
               help="CUDA: 'light' times a window under CUPTI's device activity alone and takes operator names "
                    "from a separate detail window (low overhead); 'full' times the detail window itself.")
 def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iters: int, out: str | None,
-            compare_paths: tuple[str, str] | None, trace: bool, device: str, top: int, batch: int | None,
-            prompt_len: int | None, window: str) -> None:
+            compare_paths: tuple[str, str] | None, json_out: bool, trace: bool, device: str, top: int,
+            batch: int | None, prompt_len: int | None, window: str) -> None:
     """Where TARGET's time goes, against the roofline of the measured ceilings.
 
     TARGET is `path/file.py:factory` or `package.module:factory` (the factory returns a model, or
@@ -340,7 +343,7 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
 
     sys.exit(cli_profile(target, input_shapes=input_shapes, warmup=warmup, iters=iters, out=out,
                          compare_paths=compare_paths, trace=trace, device=device, top=top, batch=batch,
-                         prompt_len=prompt_len, window=window, console=_console()))
+                         prompt_len=prompt_len, window=window, json_out=json_out, console=_console()))
 
 
 @main.command()

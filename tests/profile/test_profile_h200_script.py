@@ -64,22 +64,22 @@ def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path, capsys
                "llm-tiny-decode-b1": "llm decode: batch 1,",
                "llm-tiny-decode-b8": "llm decode: batch 8,", "llm-tiny-prefill-b1x16": "llm prefill: batch 1 x 16"}
     for folder, target in targets.items():
-        d = json.loads((reports / folder / "profile.json").read_text())
+        d = json.loads((reports / folder / "report.json").read_text())
         assert d["tool"] == "warpforge.profile" and d["target"].startswith(target), (folder, d["target"])
         assert d["counts"]["flops"] > 0 and not d["counts"]["error"]
-        assert (reports / folder / "profile.html").read_text().startswith("<!DOCTYPE html>")
-    # Each report's summary is a line of the JSONL too, with what its profile.json says.
+        assert (reports / folder / "report.html").read_text().startswith("<!DOCTYPE html>")
+    # Each report's summary is a line of the JSONL too, with what its report.json says.
     reported = {line["case"]: line for line in every if line["case"].startswith("report/")}
     assert list(reported) == [f"report/{folder}" for folder in targets]
     for folder in targets:
-        line, d = reported[f"report/{folder}"], json.loads((reports / folder / "profile.json").read_text())
+        line, d = reported[f"report/{folder}"], json.loads((reports / folder / "report.json").read_text())
         r, t = line["report"], d["timing"]
         assert line["suite"] == "profile" and line["device"]["name"] == "cpu" and line["target"] == d["target"]
         assert r["verdict"] == d["verdict"] and r["window_ms"] == t["window_ms"] and r["plain_ms"] == t["plain_ms"]
         assert r["overhead"] == pytest.approx(r["window_ms"] / r["plain_ms"] - 1)
         assert r["overhead_parts"] is None and r["window"] == "full"  # the halves are timed on CUDA only
         assert line["overhead_ok"] == (r["overhead"] < script.OVERHEAD)
-    resnet = json.loads((reports / "resnet50-eager-fp32-b1" / "profile.json").read_text())
+    resnet = json.loads((reports / "resnet50-eager-fp32-b1" / "report.json").read_text())
     assert resnet["meta"]["tf32"] == {"matmul": False, "cudnn": False}  # fp32 means no TF32
 
 

@@ -39,7 +39,7 @@ def test_engine_step_profiles(ckpt, tmp_path, form, unit):
     r = CliRunner().invoke(main, ["profile", f"{form}:{ckpt}", "--batch", "2", "--prompt-len", "12", "--iters", "2",
                                   "--warmup", "1", "--out", str(out)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    d = json.loads((out / "profile.json").read_text())
+    d = json.loads((out / "report.json").read_text())
     assert d["target"].startswith(f"llm {unit}: batch 2")
     assert d["counts"]["flops"] > 0 and not d["counts"]["error"]
     modules = {row["module"] for row in d["ops"]}

@@ -93,7 +93,8 @@ class Profile:
         }
 
     def write(self, out_dir: str | Path, *, trace: bool = False) -> dict[str, Path]:
-        """profile.json, profile.html (self-contained) and, with ``trace``, trace.json.gz in ``out_dir``."""
+        """report.json, report.html (self-contained) and, with ``trace``, trace.json.gz in ``out_dir`` (the
+        names every warpforge command uses in its --out directory)."""
         import json
 
         from warpforge.profile.report import render_html
@@ -105,9 +106,9 @@ class Profile:
         if trace and self.raw_trace is not None:
             paths["trace"] = write_trace(self.raw_trace, out / "trace.json.gz")
             d["trace_file"] = paths["trace"].name
-        paths["json"] = out / "profile.json"
+        paths["json"] = out / "report.json"
         paths["json"].write_text(json.dumps(d, indent=1, default=_json_default))
-        paths["html"] = out / "profile.html"
+        paths["html"] = out / "report.html"
         paths["html"].write_text(render_html(d), encoding="utf-8")
         return paths
 

@@ -1,20 +1,28 @@
 """The ``warpforge profile`` command: resolve the target, profile it, print the picture, write the report.
 
 Exit codes: 0 done; 2 bad input (unknown target, a model that fails, an empty window, unreadable
-profiles to compare), with one clear line on stderr.
+profiles to compare), with one clear line on stderr. ``--json`` prints the profile (or the comparison)
+as JSON on stdout and everything else on stderr.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import click
 from typing import Any
 
 import torch
 
 
-def _err(console, msg: str) -> int:
-    console.print(f"[bold red]warpforge profile:[/] {msg}", highlight=False, soft_wrap=True)
+def _err(msg: str) -> int:
+    """One line on stderr for bad input; -> exit status 2."""
+    from rich.markup import escape
+
+    from warpforge._cli_support import make_console
+
+    make_console(stderr=True).print(f"[bold red]warpforge profile:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     return 2
 
 
@@ -25,14 +33,16 @@ def _slug(name: str) -> str:
 def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmup: int = 5, iters: int = 20,
                 out: str | None = None, compare_paths: tuple[str, str] | None = None, trace: bool = False,
                 device: str = "auto", top: int = 15, batch: int | None = None, prompt_len: int | None = None,
-                window: str = "light", console=None) -> int:
-    from rich.console import Console
+                window: str = "light", json_out: bool = False, console=None) -> int:
+    from warpforge._cli_support import make_console, native_output_to_log
 
-    console = console or Console(stderr=False)
+    console = console or make_console()
+    if json_out:  # stdout carries the JSON alone
+        console = make_console(stderr=True)
     if compare_paths:
-        return _compare(compare_paths, console, top)
+        return _compare(compare_paths, console, top, json_out)
     if not target:
-        return _err(console, "give a TARGET to profile, or --compare A.json B.json")
+        return _err("give a TARGET to profile, or --compare A.json B.json")
     from warpforge.profile.api import profile
     from warpforge.profile.targets import TargetError, parse_shape, resolve
     from warpforge.profile.trace import ProfileError
@@ -42,24 +52,27 @@ def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmu
     else:
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
-            return _err(console, "--device cuda: CUDA is not available on this machine")
+            return _err("--device cuda: CUDA is not available on this machine")
     try:
         shapes = [parse_shape(s) for s in input_shapes]
         t = resolve(target, input_shapes=shapes or None, device=dev, batch=batch, prompt_len=prompt_len)
     except TargetError as e:
-        return _err(console, str(e))
+        return _err(str(e))
     console.print(f"profiling [bold]{t.name}[/] on {dev}: {warmup} warm-up, {iters} measured iterations",
                   highlight=False)
     try:
-        p = profile(t.fn, *t.inputs, module=t.module, count_fn=t.count_fn, warmup=warmup, iters=iters,
-                    name=t.name, work=t.work, window=window)
+        with native_output_to_log():  # the profiler's own prints (CUPTI, USDT probes) go to the log file
+            p = profile(t.fn, *t.inputs, module=t.module, count_fn=t.count_fn, warmup=warmup, iters=iters,
+                        name=t.name, work=t.work, window=window)
     except ProfileError as e:
-        return _err(console, str(e))
+        return _err(str(e))
     except ValueError as e:  # bad settings (iters < 1, ...)
-        return _err(console, str(e))
+        return _err(str(e))
     p.analysis.notes[:0] = t.notes
     out_dir = Path(out) if out else Path("out") / "profile" / _slug(target)
     paths = p.write(out_dir, trace=trace)
+    if json_out:
+        click.echo(paths["json"].read_text())
     print_summary(p.as_dict(), console, top)
     console.print(f"\nreport: {paths['html']}\njson:   {paths['json']}"
                   + (f"\ntrace:  {paths['trace']}" if "trace" in paths else ""), highlight=False)
@@ -104,7 +117,8 @@ def print_summary(d: dict[str, Any], console, top: int = 15) -> None:
                       f"{s['idle_host_us']:.1f} µs, launch gaps {s['idle_launch_us']:.1f} µs", highlight=False)
 
 
-def _compare(paths: tuple[str, str], console, top: int) -> int:
+def _compare(paths: tuple[str, str], console, top: int, json_out: bool = False) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from warpforge.profile.compare import compare
@@ -112,11 +126,16 @@ def _compare(paths: tuple[str, str], console, top: int) -> int:
     try:
         c = compare(paths[0], paths[1], top=top)
     except ValueError as e:
-        return _err(console, str(e))
+        return _err(str(e))
+    if json_out:
+        import json
+
+        click.echo(json.dumps(c, indent=1, default=str))
     console.print(f"A: {c['a']['target']} ({c['a']['device']}, {c['a']['time']})\n"
-                  f"B: {c['b']['target']} ({c['b']['device']}, {c['b']['time']})", highlight=False)
+                  f"B: {c['b']['target']} ({c['b']['device']}, {c['b']['time']})", highlight=False, markup=False)
     for line in c["summary"]:
-        console.print(f"  • {line}", highlight=False)
+        style = "[yellow]" if line.startswith("warning:") else ""
+        console.print(f"  • {style}{escape(line)}{'[/]' if style else ''}", highlight=False)
     split = Table(title="time split per iteration (B / A)", title_justify="left")
     for col in ("", "A", "B", "B/A", "change"):
         split.add_column(col, justify="left" if not col or col == "change" else "right")

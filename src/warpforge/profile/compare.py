@@ -1,8 +1,10 @@
 """``warpforge profile --compare A.json B.json``: what moved between two profiles.
 
 Operators are matched by (module, op), kernels by their full name, the time split field by field.
-Ratios are B over A for times (below 1: B is faster). A single profile carries no run-to-run spread,
-so changes under ``NOISE`` (3%) are marked as within noise rather than claimed.
+``ratio`` is B's time over A's (below 1: B is faster); the ``change`` labels say it in words ("B 1.09x
+faster", "removed in B", "added in B"). A single profile carries no run-to-run spread, so changes under
+``NOISE`` (3%) are marked as within noise rather than claimed. Profiles of different targets are
+compared all the same (matched by name), with a warning first.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ SPLIT_KEYS = ("window_us", "busy_us", "compute_us", "memory_us", "comm_us", "idl
 
 
 def load(p: Any) -> dict[str, Any]:
-    """A profile dict from a path to profile.json, a Profile, or a dict already loaded."""
+    """A profile dict from a report.json (or an older profile.json) or the --out directory holding it, a
+    Profile, or a dict already loaded."""
     if isinstance(p, dict):
         d = p
     elif hasattr(p, "as_dict"):
@@ -25,11 +28,11 @@ def load(p: Any) -> dict[str, Any]:
     else:
         path = Path(p)
         if path.is_dir():
-            path = path / "profile.json"
+            path = next((path / n for n in ("report.json", "profile.json") if (path / n).is_file()), path / "report.json")
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ValueError(f"{path}: no such profile (expected a profile.json written by warpforge profile)") from None
+            raise ValueError(f"{path}: no such profile (expected the report.json warpforge profile writes)") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
     if not isinstance(d, dict) or d.get("tool") != "warpforge.profile":
@@ -42,12 +45,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _change(a: float | None, b: float | None) -> str:
+    """B against A in words: "B 1.09x faster" (A's time over B's), "B 1.30x slower", "removed in B", "added in B"."""
+    if not a or not b:
+        return "added in B" if b else ("removed in B" if a else "—")
     r = _ratio(a, b)
-    if r is None:
-        return "new" if not a and b else ("gone" if a and not b else "—")
     if abs(r - 1) < NOISE:
         return "within noise"
-    return f"{r:.2f}x " + ("slower" if r > 1 else "faster")
+    return f"B {1 / r:.2f}x faster" if r < 1 else f"B {r:.2f}x slower"
 
 
 def _rows(a: list[dict], b: list[dict], key) -> list[dict[str, Any]]:
@@ -85,6 +89,7 @@ def compare(a: Any, b: Any, *, top: int = 15) -> dict[str, Any]:
         "window": {"a_ms": wa, "b_ms": wb, "ratio": _ratio(wa, wb), "change": _change(wa, wb)},
         "split": split, "ops": ops[:top], "kernels": kernels[:top],
         "findings": {"new": sorted(fb - fa), "gone": sorted(fa - fb)},
+        "same_target": da.get("target") == db.get("target"),
     }
     out["summary"] = _summary(out, da, db)
     return out
@@ -92,7 +97,11 @@ def compare(a: Any, b: Any, *, top: int = 15) -> dict[str, Any]:
 
 def _summary(c: dict[str, Any], da: dict, db: dict) -> list[str]:
     w = c["window"]
-    lines = [f"window: {w['a_ms']:.3f} ms -> {w['b_ms']:.3f} ms per iteration ({w['change']})"]
+    lines = []
+    if da.get("target") != db.get("target"):
+        lines.append(f"warning: A and B profile different targets ({da.get('target')} vs {db.get('target')}); "
+                     "operators are matched by module and name only")
+    lines.append(f"window: {w['a_ms']:.3f} ms -> {w['b_ms']:.3f} ms per iteration ({w['change']})")
     if da["meta"].get("device") != db["meta"].get("device"):
         lines.append(f"different devices: {da['meta'].get('device')} vs {db['meta'].get('device')}")
     if c["a"]["verdict"] != c["b"]["verdict"]:

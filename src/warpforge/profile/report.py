@@ -238,7 +238,7 @@ def _modules(d: dict[str, Any]) -> str:
 
 
 def render_html(d: dict[str, Any]) -> str:
-    """The report for one profile dict (``Profile.as_dict()`` or a loaded profile.json)."""
+    """The report for one profile dict (``Profile.as_dict()`` or a loaded report.json)."""
     m = d["meta"]
     title = f"warpforge profile — {d['target']}"
     sub = (f'{m["device"]} · torch {m["torch"]} · {m["time"]} · {m["iters"]} measured iterations after '
@@ -262,6 +262,6 @@ def render_html(d: dict[str, Any]) -> str:
 <h2>Top operators</h2>{_op_table(d)}
 {_kernel_table(d)}
 <h2>Notes</h2><ul class="notes">{notes}</ul>
-<p class="sub">warpforge profile · schema {d.get("schema")} · machine-readable: profile.json</p>
+<p class="sub">warpforge profile · schema {d.get("schema")} · machine-readable: report.json</p>
 </main></body></html>
 """

@@ -70,6 +70,10 @@ def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, dev
     """The callable, inputs and module for TARGET (see the module docstring). ``quick`` (``optimized:NAME``
     only): the search times each candidate with a short protocol (a dry run's; the gate is the same)."""
     dev = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    is_factory = ":" in spec and not spec.startswith(("bench:", "llm:", "llm-prefill:", "optimized:"))
+    if input_shapes and not is_factory:  # it would be silently ignored
+        raise TargetError(f"--input-shape: applies to path/file.py:factory targets only, not {spec!r} "
+                          "(zoo and optimized: models take --batch, llm targets --batch and --prompt-len)")
     if spec.startswith("bench:"):
         return _bench(spec[len("bench:"):], dev)
     for prefix, phase in (("llm:", "decode"), ("llm-prefill:", "prefill")):
@@ -161,6 +165,10 @@ def _from_factory(spec: str, factory: Callable, shapes: list[tuple[int, ...]] | 
         out = factory(**kwargs)
     except Exception as e:
         raise TargetError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    if shapes and "input_shape" not in kwargs and not (callable(out) and not isinstance(out, (tuple, dict))):
+        raise TargetError(f"--input-shape: {spec}'s factory takes no input_shape argument and returns its own "
+                          "inputs, so the shape would be ignored; drop --input-shape, or give the factory an "
+                          "input_shape parameter (or return the model alone)")
     if isinstance(out, dict):
         if not callable(out.get("fn")):
             raise TargetError(f"{spec}: a factory dict needs a callable under 'fn'")
