@@ -8,8 +8,238 @@ compare each Triton kernel with the reference of its stage, and the whole tiled 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from warpforge.splat.camera import Projection, camera_centers
 
 # ---- projection, spherical harmonics, dense whole-pipeline render -----------------------------------
+#
+# A Gaussian is a mean, a rotation (quaternion w, x, y, z, normalized here), per-axis scales and an opacity;
+# its world covariance is R S S^T R^T. Projection (EWA splatting, as gsplat): the camera-space covariance
+# W Sigma W^T goes through the camera model's Jacobian J at the centre, Sigma2d = J W Sigma W^T J^T, and eps2d
+# is added on the diagonal (gsplat's low-pass filter: every splat covers about a pixel). The conic is
+# Sigma2d^-1; the blend's alpha is opacity * exp(-q / 2), q = d^T conic d, so alpha >= ALPHA_MIN on the
+# ellipse q <= 2 ln(255 opacity): its axis-aligned box, half-extents sqrt(t * Sigma2d_xx) and
+# sqrt(t * Sigma2d_yy), is the Gaussian's radii (gsplat's opacity-aware bound; the same widened cutoff as
+# the tile test, so the box always holds the tiles the test keeps).
+
+FISHEYE_EPS = 1e-7  # gsplat's fisheye_proj keeps the ray's length off 0 by this much
+CLAMP_FOV = 0.3  # the pinhole Jacobian is taken at the centre clamped to 1.3x the half field of view
+MAX_RADIUS = float(2**30)  # radii are int32; larger half-extents (far past any image) are clamped
+SH_C0 = 0.28209479177387814  # real spherical harmonics, gsplat's (and the Inria rasterizer's) constants
+SH_C1 = 0.4886025119029199
+SH_C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005, -1.0925484305920792, 0.5462742152960396)
+SH_C3 = (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154, -0.4570457994644658,
+         1.445305721320277, -0.5900435899266435)
+RENDER_MODES = ("RGB", "D", "ED", "RGB+ED")
+
+
+def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:  # [..., 4] (w, x, y, z), any norm -> [..., 3, 3]
+    w, x, y, z = F.normalize(quats, dim=-1).unbind(-1)
+    R = torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+                     2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+                     2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)
+    return R.reshape(*quats.shape[:-1], 3, 3)
+
+
+def covariance_3d(quats: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:  # [N, 4], [N, 3] -> [N, 3, 3]
+    M = quat_to_rotmat(quats) * scales[..., None, :]  # R S
+    return M @ M.transpose(-1, -2)
+
+
+def pinhole_projection(p: torch.Tensor,  # [C, N, 3] camera-space points, z > 0
+                       Ks: torch.Tensor, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Projected points [C, N, 2] and the projection's Jacobian [C, N, 2, 3]. As gsplat, the Jacobian is taken
+    at the point clamped to 1.3x the field of view, so a Gaussian far outside the image keeps a sane footprint."""
+    x, y, z = p.unbind(-1)
+    fx, fy, cx, cy = Ks[:, 0, 0, None], Ks[:, 1, 1, None], Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], -1)
+    tan_x, tan_y = 0.5 * width / fx, 0.5 * height / fy
+    u = torch.clamp(x / z, min=-(cx / fx + CLAMP_FOV * tan_x), max=(width - cx) / fx + CLAMP_FOV * tan_x)
+    v = torch.clamp(y / z, min=-(cy / fy + CLAMP_FOV * tan_y), max=(height - cy) / fy + CLAMP_FOV * tan_y)
+    zero = torch.zeros_like(z)
+    J = torch.stack([fx / z, zero, -fx * u / z, zero, fy / z, -fy * v / z], -1)
+    return means2d, J.reshape(*z.shape, 2, 3)
+
+
+def fisheye_projection(p: torch.Tensor,  # [C, N, 3]
+                       Ks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equidistant fisheye (gsplat's ``fisheye_proj``): a ray at angle theta from the axis lands at radius
+    f * theta. Projected points [C, N, 2] and the Jacobian [C, N, 2, 3]."""
+    x, y, z = p.unbind(-1)
+    fx, fy, cx, cy = Ks[:, 0, 0, None], Ks[:, 1, 1, None], Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    eps = FISHEYE_EPS
+    r = torch.sqrt(torch.clamp(x * x + y * y, min=1e-30)) + eps  # (the clamp keeps sqrt's gradient finite at 0)
+    theta = torch.atan2(r, z + eps)
+    means2d = torch.stack([fx * x * theta / r + cx, fy * y * theta / r + cy], -1)
+    x2, y2, xy = x * x + eps, y * y, x * y
+    s = x2 + y2
+    inv = 1.0 / (s + z * z)
+    b = torch.atan2(r, z) / r / s
+    a = z * inv / s
+    J = torch.stack([fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * inv,
+                     fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * inv], -1)
+    return means2d, J.reshape(*z.shape, 2, 3)
+
+
+def project_reference(means: torch.Tensor,  # [N, 3]
+                      quats: torch.Tensor,  # [N, 4]
+                      scales: torch.Tensor,  # [N, 3]
+                      opacities: torch.Tensor,  # [N]
+                      viewmats: torch.Tensor,  # [C, 4, 4]
+                      Ks: torch.Tensor,  # [C, 3, 3]
+                      width: int, height: int, near: float = 0.01, far: float = 1e10, eps2d: float = 0.3,
+                      camera_model: str = "pinhole") -> Projection:
+    """Reference of ``project.project``, differentiable by autograd. Culled (camera, Gaussian) pairs (centre
+    nearer than ``near`` or beyond ``far``, opacity below ALPHA_MIN, a non-positive determinant, a box that
+    misses the image) get radii 0, zeros elsewhere and no gradient."""
+    C, N = viewmats.shape[0], means.shape[0]
+    R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
+    p = torch.einsum("cij,nj->cni", R, means) + t[:, None, :]  # [C, N, 3] camera-space centres
+    cov = R[:, None] @ covariance_3d(quats, scales)[None] @ R.transpose(-1, -2)[:, None]  # [C, N, 3, 3]
+    z = p[..., 2]
+    in_range = (z >= near) & (z <= far)
+    # culled centres get a stand-in in front of the camera: no inf or NaN reaches anyone's gradient
+    p_safe = torch.where(in_range[..., None], p, p.new_tensor([0.0, 0.0, 1.0]))
+    if camera_model == "pinhole":
+        means2d, J = pinhole_projection(p_safe, Ks, width, height)
+    elif camera_model == "fisheye":
+        means2d, J = fisheye_projection(p_safe, Ks)
+    else:
+        raise ValueError(f"camera_model must be 'pinhole' or 'fisheye', got {camera_model!r}")
+    cov2d = J @ cov @ J.transpose(-1, -2)
+    a, b, c = cov2d[..., 0, 0] + eps2d, cov2d[..., 0, 1], cov2d[..., 1, 1] + eps2d
+    det = a * c - b * b
+    ok = in_range & (det > 0)
+    det = torch.where(ok, det, torch.ones_like(det))
+    conics = torch.stack([c / det, -b / det, a / det], -1)
+    opac = opacities[None].expand(C, N)
+    with torch.no_grad():
+        cut = torch.clamp(alpha_cutoff(opac), min=0.0)  # q at which alpha falls to ALPHA_MIN
+        rx = torch.ceil(torch.sqrt(cut * a))
+        ry = torch.ceil(torch.sqrt(cut * c))
+        mx, my = means2d[..., 0], means2d[..., 1]
+        on_screen = (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height)
+        keep = ok & (opac >= ALPHA_MIN) & on_screen
+        radii = torch.where(keep[..., None], torch.stack([rx, ry], -1).clamp(max=MAX_RADIUS), 0.0).int()
+    zero = lambda v: torch.where(keep.view(*keep.shape, *[1] * (v.dim() - 2)), v, torch.zeros_like(v))  # noqa: E731
+    return Projection(zero(means2d), zero(conics), zero(z), radii, opac)
+
+
+def sh_basis(degree: int, d: torch.Tensor) -> torch.Tensor:  # unit dirs [..., 3] -> [..., (degree + 1)^2]
+    """Real spherical harmonics up to ``degree`` (0..3) at unit directions, gsplat's order and signs."""
+    x, y, z = d.unbind(-1)
+    out = [torch.full_like(x, SH_C0)]
+    if degree >= 1:
+        out += [-SH_C1 * y, SH_C1 * z, -SH_C1 * x]
+    if degree >= 2:
+        xx, yy, zz = x * x, y * y, z * z
+        out += [SH_C2[0] * x * y, SH_C2[1] * y * z, SH_C2[2] * (2 * zz - xx - yy), SH_C2[3] * x * z,
+                SH_C2[4] * (xx - yy)]
+    if degree >= 3:
+        out += [SH_C3[0] * y * (3 * xx - yy), SH_C3[1] * x * y * z, SH_C3[2] * y * (4 * zz - xx - yy),
+                SH_C3[3] * z * (2 * zz - 3 * xx - 3 * yy), SH_C3[4] * x * (4 * zz - xx - yy),
+                SH_C3[5] * z * (xx - yy), SH_C3[6] * x * (xx - 3 * yy)]
+    return torch.stack(out, -1)
+
+
+def sh_reference(degree: int, dirs: torch.Tensor,  # [..., 3] view directions, any length
+                 coeffs: torch.Tensor,  # [..., K, 3], K >= (degree + 1)^2
+                 ) -> torch.Tensor:  # [..., 3]
+    """Reference of ``sh.spherical_harmonics``: colour = sum_k basis_k(dir / |dir|) * coeffs_k."""
+    n = (degree + 1) ** 2
+    return (sh_basis(degree, F.normalize(dirs, dim=-1))[..., None] * coeffs[..., :n, :]).sum(-2)
+
+
+def view_colors(colors: torch.Tensor, means: torch.Tensor, viewmats: torch.Tensor,
+                sh_degree: int | None) -> torch.Tensor:  # [C, N, D]
+    """Per-camera colours: features ([N, D] or [C, N, D]) as given, or SH ([N, K, 3] or [C, N, K, 3]) evaluated
+    along mean - camera centre, plus 0.5, clamped at 0 (gsplat's rasterization())."""
+    C = viewmats.shape[0]
+    if sh_degree is None:
+        return colors if colors.dim() == 3 else colors[None].expand(C, *colors.shape)
+    coeffs = colors if colors.dim() == 4 else colors[None].expand(C, *colors.shape)
+    dirs = means[None] - camera_centers(viewmats)[:, None]
+    return torch.clamp_min(sh_reference(sh_degree, dirs, coeffs) + 0.5, 0.0)
+
+
+def blend_dense(means2d: torch.Tensor,  # [N, 2], or [P, N, 2]: one copy per pixel (for per-pixel gradients)
+                conics: torch.Tensor,  # [N, 3]
+                colors: torch.Tensor,  # [N, D]
+                opacities: torch.Tensor,  # [N]
+                depths: torch.Tensor,  # [N]
+                visible: torch.Tensor,  # [N] bool
+                width: int, height: int,
+                background: torch.Tensor | None = None,  # [D]
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # [H, W, D], [H, W, 1]
+    """One camera, every visible Gaussian at every pixel, nearest first, one Gaussian at a time: gsplat's
+    per-pixel loop with the whole image as the vector. A pixel skips a Gaussian where power > 0 or
+    alpha < ALPHA_MIN and stops before the first one that would take its transmittance to T_MIN or below;
+    those choices carry no gradient, the blend of the rest is plain autograd."""
+    order = torch.nonzero(visible).squeeze(1)
+    order = order[torch.argsort(depths[order], stable=True)]
+    dev, D = colors.device, colors.shape[-1]
+    py, px = torch.meshgrid(torch.arange(height, device=dev), torch.arange(width, device=dev), indexing="ij")
+    px = px.reshape(-1).to(colors.dtype) + 0.5
+    py = py.reshape(-1).to(colors.dtype) + 0.5
+    out = colors.new_zeros(px.shape[0], D)
+    T = colors.new_ones(px.shape[0])
+    done = torch.zeros(px.shape[0], dtype=torch.bool, device=dev)
+    for i in order.tolist():
+        dx = means2d[..., i, 0] - px
+        dy = means2d[..., i, 1] - py
+        a, b, c = conics[i].unbind(-1)
+        power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
+        alpha = torch.clamp(opacities[i] * torch.exp(power), max=ALPHA_MAX)
+        with torch.no_grad():
+            skip = (power > 0) | (alpha < ALPHA_MIN) | done
+            stop = ~skip & (T * (1.0 - alpha) <= T_MIN)
+            done = done | stop
+        alpha = torch.where(skip | stop, torch.zeros_like(alpha), alpha)
+        out = out + (alpha * T)[:, None] * colors[i]
+        T = T * (1.0 - alpha)
+        if bool(done.all()):
+            break
+    if background is not None:
+        out = out + T[:, None] * background
+    return out.reshape(height, width, D), (1.0 - T).reshape(height, width, 1)
+
+
+def render_reference(means, quats, scales, opacities, colors, viewmats, Ks, width: int, height: int, *,
+                     sh_degree: int | None = None, near: float = 0.01, far: float = 1e10, tile_size: int = 16,
+                     background: torch.Tensor | None = None, render_mode: str = "RGB",
+                     camera_model: str = "pinhole", absgrad: bool = False, eps2d: float = 0.3):
+    """The whole pipeline with no tiles (``render.rasterize``'s signature and outputs): project, colours,
+    then every visible Gaussian blended at every pixel of each camera, nearest first (``blend_dense``).
+    Differentiable by autograd in every float input; ``tile_size`` and ``absgrad`` are accepted and unused.
+    Modes: "RGB" the colours, "D" accumulated depth, "ED" expected depth (D / alpha), "RGB+ED" both. The
+    background ([D] or [C, D]) is behind the colour channels; depth channels have none (gsplat's rule)."""
+    if render_mode not in RENDER_MODES:
+        raise ValueError(f"render_mode must be one of {RENDER_MODES}, got {render_mode!r}")
+    C = viewmats.shape[0]
+    proj = project_reference(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
+                             camera_model)
+    feats, bg = [], None
+    if render_mode in ("RGB", "RGB+ED"):
+        feats.append(view_colors(colors, means, viewmats, sh_degree))
+        if background is not None:
+            bg = background.expand(C, -1) if background.dim() == 1 else background
+    if render_mode != "RGB":
+        feats.append(proj.depths[..., None])
+        if bg is not None:
+            bg = torch.cat([bg, bg.new_zeros(C, 1)], -1)
+    feats = torch.cat(feats, -1)
+    visible = (proj.radii > 0).all(-1)
+    renders = [blend_dense(proj.means2d[i], proj.conics[i], feats[i], proj.opacities[i], proj.depths[i],
+                           visible[i], width, height, None if bg is None else bg[i]) for i in range(C)]
+    images = torch.stack([r[0] for r in renders])
+    alphas = torch.stack([r[1] for r in renders])
+    if render_mode in ("ED", "RGB+ED"):
+        images = torch.cat([images[..., :-1], images[..., -1:] / alphas.clamp_min(1e-10)], -1)
+    meta = {"radii": proj.radii, "means2d": proj.means2d, "depths": proj.depths, "conics": proj.conics,
+            "opacities": proj.opacities, "colors": feats, "width": width, "height": height, "n_cameras": C,
+            "gaussian_ids": None}
+    return images, alphas, meta
 
 
 # ---- tile intersection, key sort, per-tile blending ------------------------------------------------

@@ -1,0 +1,71 @@
+"""Cameras as the splat pipeline takes them, gsplat's conventions, and what a camera sees of each Gaussian.
+
+- ``viewmats`` [C, 4, 4]: world -> camera (OpenCV axes: x right, y down, z forward), rows ``[R | t]``.
+- ``Ks`` [C, 3, 3]: pinhole intrinsics ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`` in pixels; pixel (i, j) covers
+  [i, i + 1) x [j, j + 1), its centre at (i + 0.5, j + 0.5).
+- ``camera_model``: "pinhole" (perspective) or "fisheye" (equidistant: a ray at angle theta from the optical
+  axis lands at radius f * theta from the principal point, gsplat's ``fisheye_proj``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+CAMERA_MODELS = ("pinhole", "fisheye")
+
+
+class Projection(NamedTuple):
+    """The projected Gaussians, one row per (camera, Gaussian). Culled ones have radii (0, 0) and zeros in
+    means2d, conics and depths (and no gradient)."""
+
+    means2d: torch.Tensor  # [C, N, 2] pixel coordinates of the projected centre
+    conics: torch.Tensor  # [C, N, 3] (a, b, c) of the inverse 2D covariance (eps2d added first)
+    depths: torch.Tensor  # [C, N] camera-space z
+    radii: torch.Tensor  # [C, N, 2] int32 half-extents of the opacity-aware bound, (0, 0) = culled
+    opacities: torch.Tensor  # [C, N] the opacity each camera blends with
+
+
+def camera_model_code(camera_model: str) -> int:
+    """0 for "pinhole", 1 for "fisheye" (the kernels' constexpr); anything else is a ValueError."""
+    if camera_model not in CAMERA_MODELS:
+        raise ValueError(f"camera_model must be one of {', '.join(map(repr, CAMERA_MODELS))}, got {camera_model!r}")
+    return CAMERA_MODELS.index(camera_model)
+
+
+def camera_centers(viewmats: torch.Tensor) -> torch.Tensor:  # [C, 4, 4] -> [C, 3]
+    """World position of each camera (as gsplat: the translation of the inverse view matrix)."""
+    return torch.linalg.inv(viewmats)[:, :3, 3]
+
+
+def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
+    """Validate [C,4,4] view matrices and [C,3,3] intrinsics (finite, positive focal lengths); returns C."""
+    for name, t, tail in (("viewmats", viewmats, (4, 4)), ("Ks", Ks, (3, 3))):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape[1:]) != tail:
+            raise ValueError(f"{name} must have shape [C, {tail[0]}, {tail[1]}], got {list(t.shape)}")
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name} must be on {device} like means, got {t.device}")
+    if viewmats.shape[0] != Ks.shape[0]:
+        raise ValueError(f"viewmats and Ks must have the same number of cameras, got {viewmats.shape[0]} "
+                         f"and {Ks.shape[0]}")
+    if viewmats.shape[0] == 0:
+        raise ValueError("viewmats must hold at least one camera, got C=0")
+    for name, t in (("viewmats", viewmats), ("Ks", Ks)):
+        bad = ~torch.isfinite(t.detach())
+        if bool(bad.any()):
+            raise ValueError(f"{name} has a non-finite value at index {_first(bad)}")
+    f = torch.stack([Ks[:, 0, 0], Ks[:, 1, 1]], -1).detach()
+    if bool((f <= 0).any()):
+        c = int((f <= 0).any(-1).nonzero()[0, 0])
+        raise ValueError(f"Ks[{c}] must have positive focal lengths fx, fy, got {f[c].tolist()}")
+    return viewmats.shape[0]
+
+
+def _first(mask: torch.Tensor) -> list[int]:
+    """Index of the first True of a boolean tensor, as a list."""
+    return mask.nonzero()[0].tolist()
