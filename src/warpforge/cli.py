@@ -36,14 +36,16 @@ def main(verbose: bool) -> None:
     `warpforge bench SUITE` (ours against peers, same run, recorded) and
     `warpforge results list|show|compare` (the results store).
 
-    Errors go to stderr: exit 2 for bad input, 1 for a failure.
+    Errors go to stderr: exit 2 for bad input, 1 for a failure. Commands that print a table take
+    --json (JSON on stdout, the rest on stderr); --out names a directory (report.html and
+    report.json in it; bench writes SUITE.jsonl there).
     """
 
 
 @main.command()
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats (under 20 s on a GPU).")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True),
-              help="Also write the full result as JSON to this file.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="The full result as JSON: alone, on stdout (the table goes to stderr); with FILE, also to FILE.")
 @click.option("--no-cache", is_flag=True, help="Do not write the per-device cache the roofline reads.")
 def probe(quick: bool, json_out: str | None, no_cache: bool) -> None:
     """Measure the GPU's ceilings: HBM and cache bandwidth, latency, matrix TFLOP/s, launch cost, PCIe.
@@ -86,10 +88,12 @@ class _BenchCommand(click.Command):
               help="Results store: an SQLAlchemy URL or a path to an SQLite file (default: $WARPFORGE_STORE "
                    "or ~/.local/share/warpforge/results.sqlite).")
 @click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
-@click.option("--out", "out", type=click.Path(dir_okay=False, writable=True),
-              help="Also write the records as JSON lines to this file.")
+@click.option("--out", "out", type=click.Path(), default=None,
+              help="Also write the records as JSON lines: a directory gets SUITE.jsonl; a path ending in .jsonl "
+                   "is that file.")
+@click.option("--json", "json_out", is_flag=True, help="Print the records as JSON on stdout (the table goes to stderr).")
 def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
-          no_store: bool, out: str | None) -> None:
+          no_store: bool, out: str | None, json_out: bool) -> None:
     """Run a benchmark SUITE: ours and each peer on the same inputs, checked and recorded.
 
     Every case prints time, a hardware figure (TFLOP/s or GB/s), the ratio against each peer
@@ -101,7 +105,7 @@ def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | 
     from warpforge.bench.cli import cli_bench
 
     sys.exit(cli_bench(suite=suite, list_suites=list_suites, quick=quick, case_filter=case_filter,
-                       store_url=store_url, no_store=no_store, out=out, console=_console()))
+                       store_url=store_url, no_store=no_store, out=out, console=_console(), json_out=json_out))
 
 
 @main.group()
@@ -109,6 +113,7 @@ def results() -> None:
     """The results store: every bench run, queryable and comparable."""
 
 
+_json_option = click.option("--json", "json_out", is_flag=True, help="Print JSON on stdout instead of the table.")
 _store_option = click.option("--store", "store_url", default=None,
                              help="SQLAlchemy URL or SQLite path (default: $WARPFORGE_STORE or the user data dir).")
 
@@ -117,32 +122,36 @@ _store_option = click.option("--store", "store_url", default=None,
 @_store_option
 @click.option("--suite", default=None, help="Only runs of this suite.")
 @click.option("--limit", default=20, show_default=True, help="How many runs, newest first.")
-def results_list(store_url: str | None, suite: str | None, limit: int) -> None:
+@_json_option
+def results_list(store_url: str | None, suite: str | None, limit: int, json_out: bool) -> None:
     """List the stored runs, newest first."""
     from warpforge.bench.cli import cli_results_list
 
-    sys.exit(cli_results_list(store_url=store_url, suite=suite, limit=limit, console=_console()))
+    sys.exit(cli_results_list(store_url=store_url, suite=suite, limit=limit, console=_console(), json_out=json_out))
 
 
 @results.command("show")
 @click.argument("run")
 @_store_option
-def results_show(run: str, store_url: str | None) -> None:
+@_json_option
+def results_show(run: str, store_url: str | None, json_out: bool) -> None:
     """Show every record of RUN (an id from `results list`, or `latest`)."""
     from warpforge.bench.cli import cli_results_show
 
-    sys.exit(cli_results_show(run=run, store_url=store_url, console=_console()))
+    sys.exit(cli_results_show(run=run, store_url=store_url, console=_console(), json_out=json_out))
 
 
 @results.command("compare")
 @click.argument("run_a")
 @click.argument("run_b")
 @_store_option
-def results_compare(run_a: str, run_b: str, store_url: str | None) -> None:
+@_json_option
+def results_compare(run_a: str, run_b: str, store_url: str | None, json_out: bool) -> None:
     """Per-case ratio of RUN_B against RUN_A; flags changes beyond the run-to-run spread."""
     from warpforge.bench.cli import cli_results_compare
 
-    sys.exit(cli_results_compare(run_a=run_a, run_b=run_b, store_url=store_url, console=_console()))
+    sys.exit(cli_results_compare(run_a=run_a, run_b=run_b, store_url=store_url, console=_console(),
+                                 json_out=json_out))
 
 
 @main.command()

@@ -46,6 +46,8 @@ def test_bench_memory_quick_then_results(cli, tmp_path):
     assert all(set(r["peers"]) == {"torch"} for r in recs)  # no compile peers on CPU
     assert "reference-path figures" in out.output and "stored as run 1" in out.output
     assert "copy fp32 4MiB" in out.output and "vs torch" in out.output
+    # What the probe caches on a CPU is not what is missing here: no "run warpforge probe" hint.
+    assert "roofline: not computed for CPU runs" in out.output and "warpforge probe" not in out.output
 
     out = cli("bench", "memory", "--quick", "-k", "sum", "--store", str(store))
     assert out.exit_code == 0 and "stored as run 2" in out.output
@@ -58,7 +60,29 @@ def test_bench_memory_quick_then_results(cli, tmp_path):
     out = cli("results", "compare", "1", "2", "--store", str(store))
     assert out.exit_code == 0 and "only in A" in out.output and "sum bf16 4MiB" in out.output
     out = cli("results", "show", "9", "--store", str(store))
-    assert out.exit_code == 2 and "no run 9" in out.output
+    assert out.exit_code == 2 and "no run 9" in out.stderr and out.stdout == ""
+
+    import json
+
+    runs = json.loads(cli("results", "list", "--store", str(store), "--json").stdout)
+    assert [r["id"] for r in runs] == [2, 1] and runs[0]["suite"] == "memory"
+    shown = json.loads(cli("results", "show", "1", "--store", str(store), "--json").stdout)
+    assert shown["run"]["id"] == 1 and len(shown["records"]) == 6
+    compared = json.loads(cli("results", "compare", "1", "2", "--store", str(store), "--json").stdout)
+    assert {c["case"] for c in compared["cases"]} >= {"sum fp32 4MiB"}
+
+
+def test_bench_json_and_out_directory(cli, tmp_path):
+    """--json: the records alone on stdout; --out DIR writes DIR/<suite>.jsonl (a .jsonl path stays a file)."""
+    import json
+
+    out = cli("bench", "memory", "--quick", "-k", "fill fp32", "--no-store", "--json", "--out", str(tmp_path / "d"))
+    assert out.exit_code == 0, out.output
+    recs = json.loads(out.stdout)
+    assert [r["case"] for r in recs] == [r["case"] for r in read_jsonl(tmp_path / "d" / "memory.jsonl")]
+    assert recs and "fill fp32" in out.stderr  # the table, on stderr
+    bad = cli("bench", "memory", "-k", "nothing like this", "--no-store")
+    assert bad.exit_code == 2 and "no case of memory matches" in bad.stderr and bad.stderr.count("\n") == 1
 
 
 def test_failing_ours_exits_1_after_storing(cli, tmp_path, monkeypatch):

@@ -43,6 +43,16 @@ def test_cli_probe_cpu_quick_json(tmp_path, no_cuda):
     assert c.source.startswith("probe (CPU") and c.hbm_GBps == pytest.approx(data["cpu"]["memcpy_GBps"])
 
 
+def test_cli_probe_json_alone_on_stdout(no_cuda):
+    """--json without a file: the result on stdout, the table on stderr; on a CPU the cache line does
+    not promise a roofline that bench and profile compute for GPU runs only."""
+    res = CliRunner().invoke(main, ["probe", "--quick", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["device"]["kind"] == "cpu" and "host memory copy" in res.stderr
+    assert "roofline for GPU runs only" in res.stderr and "cached for the roofline" not in res.stderr
+
+
 def test_cli_probe_no_cache(no_cuda):
     res = CliRunner().invoke(main, ["probe", "--quick", "--no-cache"])
     assert res.exit_code == 0, res.output

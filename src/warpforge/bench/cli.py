@@ -1,7 +1,8 @@
 """`warpforge bench` and `warpforge results`: the terminal side of the bench part.
 
 Each function returns the exit code: 0 fine, 1 a correctness check of ours failed (the run is still
-stored and written), 2 a usage or store problem (unknown suite, unusable results store).
+stored and written), 2 a usage or store problem (unknown suite, unusable results store), said on stderr.
+With ``json_out`` the records (or runs) go to stdout as JSON and everything else to stderr.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from rich.table import Table
 from warpforge.settings import default_store_url
 
 UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
-CPU_NOTE = ("No CUDA device: 'ours' ran the torch reference path on the CPU (DESIGN.md \"Dispatch\"), "
-            "so these are reference-path figures, not Triton-kernel figures.")
+CPU_NOTE = ("No CUDA device: 'ours' ran the torch reference path on the CPU, so these are reference-path "
+            "figures, not Triton-kernel figures.")
 
 
 # ---- formatting --------------------------------------------------------------------------------
@@ -114,16 +115,45 @@ def _environment(records: list[dict[str, Any]], console: Console) -> None:
     sources = {r["roofline"].get("ceilings") for r in records if r["roofline"]}
     if sources:
         console.print(f"[dim]roofline against: {escape('; '.join(sorted(str(x) for x in sources)))}[/]")
+    elif d["name"] == "cpu":
+        # `warpforge probe` caches this CPU's figures all the same; they are not the reason.
+        console.print("[dim]roofline: not computed for CPU runs (the cases run the torch reference at "
+                      "cache-resident sizes, where a DRAM roofline fraction would mean nothing)[/]")
     else:
-        console.print("[dim]roofline: none (no measured or datasheet ceilings for this device; "
-                      "`warpforge probe` measures them)[/]")
+        console.print("[dim]roofline: none (no probe cache and no datasheet for this GPU; "
+                      "`warpforge probe` measures its ceilings)[/]")
     if d["name"] == "cpu":
         console.print(f"[yellow]{CPU_NOTE}[/]")
 
 
-def _store_error(e: Exception, console: Console) -> int:
-    console.print(f"[bold red]results store error:[/] {escape(str(e))}")
+def _err(msg: str) -> int:
+    """One line on stderr for a usage or store problem; -> exit status 2."""
+    from warpforge._cli_support import make_console
+
+    make_console(stderr=True).print(f"[bold red]warpforge:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     return 2
+
+
+def _store_error(e: Exception, console: Console | None = None) -> int:
+    return _err(f"results store error: {e}")
+
+
+def _print_json(data: Any) -> None:
+    import json
+
+    print(json.dumps(data, indent=1, default=str))
+
+
+def out_file(out: str, suite: str) -> str:
+    """Where ``--out`` puts a suite's records: a directory gets ``<suite>.jsonl`` (the committed records'
+    layout, benchmarks/results/<device>/<suite>.jsonl); a path ending in .jsonl or .json is that file."""
+    from pathlib import Path
+
+    path = Path(out)
+    if path.suffix in (".jsonl", ".json") or path.is_file():
+        return str(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path / f"{suite}.jsonl")
 
 
 # ---- warpforge bench -----------------------------------------------------------------------------
@@ -156,20 +186,24 @@ def _main_thread() -> bool:
 
 
 def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
-              no_store: bool, out: str | None, console: Console) -> int:
+              no_store: bool, out: str | None, console: Console, json_out: bool = False) -> int:
     from warpforge.bench.record import now_iso, write_jsonl
     from warpforge.bench.runner import UnknownSuiteError, default_device, list_suites as _names, load_suite, run_suite
 
+    if json_out:  # stdout carries the records alone
+        from warpforge._cli_support import make_console
+
+        console = make_console(stderr=True)
     if list_suites:
         return _list(console, quick)
     if not suite:
-        console.print(f"[red]name a suite:[/] warpforge bench SUITE (available: {', '.join(_names()) or 'none'})")
-        return 2
+        return _err(f"name a suite: warpforge bench SUITE (available: {', '.join(_names()) or 'none'})")
     try:
         s = load_suite(suite)
     except UnknownSuiteError as e:
-        console.print(f"[red]{escape(str(e))}[/]")
-        return 2
+        return _err(str(e))
+    if out:
+        out = out_file(out, s.name)
     device = default_device()
     if device.type == "cpu":
         console.print(f"[yellow]{CPU_NOTE}[/]")
@@ -205,8 +239,9 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
     if not records:
         if interrupted:
             return 130
-        console.print(f"[red]no case of {s.name} matches -k {case_filter!r}[/]")
-        return 2
+        return _err(f"-k {case_filter!r}: no case of {s.name} matches (warpforge bench --list shows them)")
+    if json_out:
+        _print_json(records)
     console.print(records_table(records, title=f"{s.name}" + (" (quick)" if quick else "")))
     _print_errors(records, console)
     _environment(records, console)
@@ -241,18 +276,34 @@ def _open(store_url: str | None) -> Any:
     return Store(store_url or default_store_url(), create=False)
 
 
-def cli_results_list(store_url: str | None, suite: str | None, limit: int, console: Console) -> int:
+def _json_console(console: Console, json_out: bool) -> Console:
+    """The console for everything but the JSON: stderr when stdout carries JSON."""
+    if not json_out:
+        return console
+    from warpforge._cli_support import make_console
+
+    return make_console(stderr=True)
+
+
+def cli_results_list(store_url: str | None, suite: str | None, limit: int, console: Console,
+                     json_out: bool = False) -> int:
     from warpforge.bench.store import StoreError, StoreMissing
 
+    console = _json_console(console, json_out)
     try:
         with _open(store_url) as store:
             runs = store.list_runs(suite=suite, limit=limit)
             where = store.where
     except StoreMissing as e:
         console.print(str(e))
+        if json_out:
+            _print_json([])
         return 0
     except StoreError as e:
         return _store_error(e, console)
+    if json_out:
+        _print_json(runs)
+        return 0
     if not runs:
         console.print(f"no runs{f' of suite {suite}' if suite else ''} in {escape(where)}")
         return 0
@@ -268,14 +319,18 @@ def cli_results_list(store_url: str | None, suite: str | None, limit: int, conso
     return 0
 
 
-def cli_results_show(run: str, store_url: str | None, console: Console) -> int:
+def cli_results_show(run: str, store_url: str | None, console: Console, json_out: bool = False) -> int:
     from warpforge.bench.store import StoreError
 
+    console = _json_console(console, json_out)
     try:
         with _open(store_url) as store:
             got = store.get_run(run)
     except StoreError as e:
         return _store_error(e, console)
+    if json_out:
+        _print_json(got)
+        return 0
     meta, records = got["run"], got["records"]
     console.print(f"[bold]run {meta['id']}[/]: suite {escape(meta['suite'])}, {meta['started']} -> {meta['finished']}, "
                   f"host {escape(meta['host'] or '?')}, warpforge {meta['warpforge_version']}")
@@ -290,15 +345,20 @@ def cli_results_show(run: str, store_url: str | None, console: Console) -> int:
     return 0
 
 
-def cli_results_compare(run_a: str, run_b: str, store_url: str | None, console: Console) -> int:
+def cli_results_compare(run_a: str, run_b: str, store_url: str | None, console: Console,
+                        json_out: bool = False) -> int:
     from warpforge.bench.store import FLAG_FLOOR, StoreError, compare_records
 
+    console = _json_console(console, json_out)
     try:
         with _open(store_url) as store:
             a, b = store.get_run(run_a), store.get_run(run_b)
     except StoreError as e:
         return _store_error(e, console)
     ra, rb = a["run"], b["run"]
+    if json_out:
+        _print_json({"a": ra, "b": rb, "cases": compare_records(a["records"], b["records"])})
+        return 0
     console.print(f"A = run {ra['id']} ({escape(ra['suite'])}, {escape(ra['device'])}, {ra['started']}, "
                   f"git {(ra['git'] or '—')[:12]})")
     console.print(f"B = run {rb['id']} ({escape(rb['suite'])}, {escape(rb['device'])}, {rb['started']}, "

@@ -311,10 +311,18 @@ def render(result: dict[str, Any], console) -> None:
 
 
 def cli_probe(quick: bool, json_out: str | None, use_cache: bool, console) -> int:
-    """What ``warpforge probe`` runs: measure with a progress bar, print the table, cache, exit 0."""
+    """What ``warpforge probe`` runs: measure with a progress bar, print the table, cache, exit 0.
+
+    ``json_out``: a file to write the result to as well, or "-" for the JSON alone on stdout (the rest
+    then goes to stderr)."""
     from rich.progress import BarColumn, Progress as RichProgress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    if not torch.cuda.is_available():
+    if json_out == "-":
+        from warpforge._cli_support import make_console
+
+        console = make_console(stderr=True)
+    gpu = torch.cuda.is_available()
+    if not gpu:
         console.print("no CUDA GPU: measuring CPU-side figures only")
     with RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
@@ -326,8 +334,16 @@ def cli_probe(quick: bool, json_out: str | None, use_cache: bool, console) -> in
         result = run_probe(quick=quick, progress=progress)
     render(result, console)
     if use_cache:
-        console.print(f"cached for the roofline: {save_cache(result)}")
-    if json_out:
-        Path(json_out).write_text(json.dumps(result, indent=1, allow_nan=False))
+        path = save_cache(result)
+        if gpu:
+            console.print(f"cached for the roofline of bench and profile on this GPU: {path}")
+        else:  # bench and profile compute no roofline on CPU runs: do not suggest they will use it
+            console.print(f"cached: {path} (this CPU's figures; bench and profile compute a roofline for GPU "
+                          "runs only)")
+    text = json.dumps(result, indent=1, allow_nan=False)
+    if json_out == "-":
+        print(text)
+    elif json_out:
+        Path(json_out).write_text(text)
         console.print(f"wrote {json_out}")
     return 0
