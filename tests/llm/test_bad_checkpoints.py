@@ -122,3 +122,16 @@ def test_unreadable_json_names_the_file(files, tmp_path, name, text):
     shutil.copytree(hf, bad)
     (bad / name).write_text(text, encoding="latin-1")
     _named(bad / name, lambda: load(bad))
+
+
+def test_the_cli_says_it_in_one_line_and_exits_2(files, tmp_path):
+    from click.testing import CliRunner
+
+    from warpforge.cli import main
+
+    _, good = files
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(good.read_bytes()[:200])
+    r = CliRunner().invoke(main, ["generate", str(p), "hi"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"warpforge generate: {p}")
+    assert "Traceback" not in r.output
