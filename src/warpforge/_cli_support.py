@@ -22,6 +22,9 @@ from pathlib import Path
 import click
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
+# Log records shown on stderr as usual: warpforge's own, and the web server's (`warpforge serve` exists
+# to run it: its startup, bind errors and the access log a user asked for are the output).
+SHOWN_LOGGERS = ("warpforge", "uvicorn")
 WIDE = 1000  # columns for a console that is not a terminal: rich tables then take their natural width
 
 _state = {"verbose": False, "log": None}
@@ -75,7 +78,7 @@ class _Router(io.TextIOBase):
         module = frame.f_globals.get("__name__", "")
         if module == "logging":
             record = frame.f_locals.get("record")
-            return not (record is not None and str(getattr(record, "name", "")).startswith("warpforge"))
+            return not (record is not None and str(getattr(record, "name", "")).startswith(SHOWN_LOGGERS))
         if module == "warnings":
             msg = frame.f_locals.get("msg")
             return not str(getattr(msg, "filename", "")).startswith(PACKAGE_DIR)
@@ -101,6 +104,11 @@ class _Router(io.TextIOBase):
     @property
     def encoding(self):  # noqa: D401 - mirrors the wrapped stream
         return getattr(self.stream, "encoding", "utf-8")
+
+    def __getattr__(self, name: str):  # buffer, errors, ...: the wrapped stream's
+        if name == "stream":
+            raise AttributeError(name)
+        return getattr(self.stream, name)
 
 
 @contextlib.contextmanager
