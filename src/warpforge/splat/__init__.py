@@ -1,0 +1,38 @@
+"""warpforge.splat: a differentiable 3D Gaussian Splatting rasterizer (Triton on CUDA, torch on CPU).
+
+>>> from warpforge.splat import rasterize
+>>> images, alphas, meta = rasterize(means, quats, scales, opacities, sh, viewmats, Ks, 1920, 1080, sh_degree=3)
+
+``rasterize`` takes gsplat's ``rasterization()`` arguments and conventions; the stages it runs (``project``,
+``spherical_harmonics``, ``intersect_tiles``, ``tile_offsets``, ``rasterize_to_pixels``) are public too, and
+``render_reference`` is the dense torch render the tests hold it to. Names load on first use, so
+``import warpforge.splat`` stays cheap (no torch, no Triton until a name is touched).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "rasterize": "render",
+    "project": "project", "Projection": "camera",
+    "spherical_harmonics": "sh",
+    "intersect_tiles": "tiles", "tile_offsets": "tiles",
+    "rasterize_to_pixels": "blend",
+    "render_reference": "reference",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"warpforge.splat.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'warpforge.splat' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
