@@ -362,7 +362,8 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where to optimize and measure (auto: cuda when available).")
 @click.option("--precision", "precisions", multiple=True, type=AliasChoice(list(OPTIMIZE_PRECISIONS), DTYPE_ALIASES),
-              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA). Only when "
+              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA; torch's names such as "
+                   "float16 work too). Only when "
                    "named: int8 (W8A8 convs and linears, calibrated on the validation inputs), fp8 (e4m3 linears, "
                    "compute capability >= 8.9), w8 / w4 (weight-only int8 / int4-g128 linears, for planners).")
 @click.option("--backend", "backends", multiple=True, metavar="NAME",
