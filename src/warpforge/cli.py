@@ -204,8 +204,8 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
               help="Sequences the engine runs at once.")
 @click.option("--max-queue", default=1024, show_default=True, type=click.IntRange(min=0),
               help="Sequences that may wait beyond the running ones; past that, requests get 429 + Retry-After.")
-@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
-              help="Weights and activations (auto: bfloat16 on a GPU, float32 on CPU).")
+@click.option("--dtype", default="auto", show_default=True, type=AliasChoice(["auto", "fp32", "fp16", "bf16"], DTYPE_ALIASES),
+              help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, type=click.Choice(["auto", "fp8"]),
               help="KV-cache pages: the model's dtype, or fp8 (e4m3 with per-head scales).")
 @click.option("--chat-template", default=None, metavar="FILE",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from warpforge.kernels import reference as ref
+from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
 from warpforge.kernels.conv_common import (CONV_ACTIVATIONS, CONV_DTYPES, MODE_FLAT, MODE_PLAIN, MODE_TAPS,
@@ -91,6 +92,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                                  groups=groups, activation=activation, residual=residual)
         out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
         return out
+    refuse_interpreted_bf16("conv2d", x, weight)
     m = g.n * g.oh * g.ow
     if m == 0 or g.cout == 0:
         return out

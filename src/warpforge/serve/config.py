@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "fp32", "fp16", "bf16")  # the CLI also takes the torch spellings (DTYPE_ALIASES)
+TORCH_DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 KV_CACHE_DTYPES = ("auto", "fp8")  # llm.engine_config.KV_CACHE_DTYPES, spelled out: this module stays torch-free
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this gets 413 (a 100k-token prompt as JSON is ~0.5 MB)
 
@@ -29,7 +30,7 @@ class ServeConfig:
     max_num_seqs        sequences the engine runs at once
     max_queue           sequences allowed to wait beyond the max_num_seqs running ones; a request that
                         would exceed running + waiting = max_num_seqs + max_queue gets 429 + Retry-After
-    dtype               weights and activations: auto (bfloat16 on a GPU, float32 on CPU) or a torch dtype name
+    dtype               weights and activations: auto (bf16 on a GPU, fp32 on CPU), fp32, fp16 or bf16
     kv_cache_dtype      auto (the model's dtype) or fp8
     chat_template       jinja text replacing the model's chat template (None: the model's own)
     max_body_bytes      request bodies beyond this get 413

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from warpforge.serve.config import ServeConfig
+from warpforge.serve.config import TORCH_DTYPES, ServeConfig
 
 
 def say(msg: str) -> None:
@@ -48,7 +48,7 @@ def build_llm(config: ServeConfig):
     say(f"loading {config.model} (dtype {config.dtype}, kv cache {config.kv_cache_dtype}) ...")
     t0 = time.perf_counter()
     with Console(stderr=True).status(f"loading {config.model}", spinner="dots"):
-        llm = AsyncLLM(path, dtype=None if config.dtype == "auto" else config.dtype,
+        llm = AsyncLLM(path, dtype=TORCH_DTYPES[config.dtype],
                        max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                        kv_cache_dtype=config.kv_cache_dtype)
     e, mc = llm.engine, llm.engine.model_config
