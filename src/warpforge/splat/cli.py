@@ -138,6 +138,8 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
             bar.console.print(f"step {ev['step']:>6}: {'held-out' if ev['held_out'] else 'train'} PSNR "
                               f"{ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f}, {ev['n']:,} Gaussians")
 
+        if rank0 and not trainer.evals:
+            on_eval(trainer.evaluate())  # where the held-out PSNR starts
         trainer.fit(on_step=on_step, on_eval=on_eval)
     wall = time.perf_counter() - t0
     if world is not None:

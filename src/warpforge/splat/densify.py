@@ -171,7 +171,10 @@ class Densifier:
             self.radii = self.radii[index]
 
     def state_dict(self) -> dict:
-        return {"grad2d": self.grad2d, "count": self.count, "radii": self.radii,
+        def snap(t: Tensor | None) -> Tensor | None:  # the statistics grow in place
+            return None if t is None else t.detach().clone()
+
+        return {"grad2d": snap(self.grad2d), "count": snap(self.count), "radii": snap(self.radii),
                 "generator": self.generator.get_state(), "scene_scale": self.scene_scale}
 
     def load_state_dict(self, d: dict) -> None:

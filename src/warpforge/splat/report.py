@@ -24,7 +24,8 @@ h1{font-size:22px;margin:8px 0 2px} h2{font-size:17px;margin:28px 0 8px;border-b
 .figs{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
 .fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:110px;flex:1 1 0}
 .fig b{display:block;font-size:18px} .fig span{font-size:12px;color:#4a5568}
-.chart{max-width:100%;height:auto;background:#fff;border:1px solid #e2e8f0;border-radius:6px}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:10px}
+.chart{width:100%;height:auto;background:#fff;border:1px solid #e2e8f0;border-radius:6px}
 table{border-collapse:collapse;background:#fff;font-size:13px}
 th,td{border-bottom:1px solid #edf2f7;padding:4px 10px;text-align:right} th{background:#edf2f7} td.l,th.l{text-align:left}
 .bar{display:inline-block;height:9px;background:#2b6cb0;vertical-align:middle}
@@ -182,7 +183,7 @@ def render_html(d: dict[str, Any]) -> str:
 <body><main>
 <h1>Gaussian-splat training</h1><div class="sub">{meta}</div>
 <div class="figs" id="headline">{head}</div>
-<h2>Curves</h2>{loss} {psnr} {count}
+<h2>Curves</h2><div class="charts">{loss}{psnr}{count}</div>
 <h2>Time per stage of a step</h2>
 <table id="stages"><tr><th class="l">stage</th><th>ms / step</th><th>share</th><th class="l"></th></tr>{rows}</table>
 <div class="sub">Mean over the timed steps ({d.get('stage_steps', 0)}); on a GPU every 10th step is timed with a

@@ -472,7 +472,7 @@ def street_scene(config: StreetConfig | None = None, **overrides) -> StreetScene
     back = k >= (cfg.n_drive + 1) // 2
     s = torch.where(back, k - (cfg.n_drive + 1) // 2, k) / max((cfg.n_drive + 1) // 2 - 1, 1)
     dirn = torch.where(back, -1.0, 1.0).double()
-    drive_eye = torch.stack([dirn * (-25.0 + 50.0 * s), -1.0 * dirn, torch.full_like(s, 1.6)], 1)
+    drive_eye = torch.stack([dirn * (-28.0 + 40.0 * s), -1.0 * dirn, torch.full_like(s, 1.6)], 1)  # 18 m+ ahead
     yaw = 0.3 * torch.sin(k * 1.7)
     drive_at = drive_eye + torch.stack([10.0 * dirn * torch.cos(yaw), 10.0 * torch.sin(yaw), torch.full_like(s, 0.5)], 1)
     eyes, ats = torch.cat([ring_eye, drive_eye]), torch.cat([ring_at, drive_at])

@@ -169,9 +169,7 @@ class Trainer:
             self.world.average_grads(self.params)
             visible = self.world.any_(visible)
         clock.lap("backward")
-        self.opt.lrs["means"] = self.base_lrs["means"] * 0.01 ** (step / cfg.steps)
-        self.opt.step(visible)
-        self.opt.zero_grad()
+        self.update(visible)
         clock.lap("optimizer")
         m2d = meta["means2d"]
         g2d = getattr(m2d, "absgrad", None) if cfg.densify.absgrad else m2d.grad
@@ -190,6 +188,12 @@ class Trainer:
         if step % cfg.log_every == 0 or edits or self.step == cfg.steps:
             self.history.append(row)
         return row
+
+    def update(self, visible: Tensor) -> None:  # visible: [N] bool
+        """Selective Adam on the (rank-averaged) gradients; the means' learning rate decays 100x over the run."""
+        self.opt.lrs["means"] = self.base_lrs["means"] * 0.01 ** (self.step / self.cfg.steps)
+        self.opt.step(visible)
+        self.opt.zero_grad()
 
     @property
     def n(self) -> int:
@@ -234,7 +238,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         return {"format": "warpforge.splat.ckpt/1", "config": asdict(self.cfg), "step": self.step,
-                "params": {k: v.detach().cpu() for k, v in self.params.items()},
+                "params": {k: v.detach().to("cpu", copy=True) for k, v in self.params.items()},  # a snapshot
                 "optimizer": self.opt.state_dict(), "densify": self.densifier.state_dict(),
                 "camera_gen": self.camera_gen.get_state(), "order": list(self.order),
                 "torch_rng": torch.get_rng_state(),
