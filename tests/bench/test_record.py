@@ -31,7 +31,8 @@ def test_produced_record_has_design_keys():
     for k in ("suite", "case", "params", "device", "git", "time", "ours", "peers", "ratio", "roofline", "correct"):
         assert k in r
     assert r["device"]["name"] == "cpu" and r["device"]["torch"] == torch.__version__
-    assert set(r["ours"]) == {"ms", "p20_ms", "p80_ms", "iqr_ms", "GBps"}
+    assert set(r["ours"]) == {"ms", "p20_ms", "p80_ms", "iqr_ms", "GBps", "rounds_ms"}
+    assert len(r["ours"]["rounds_ms"]) == 3 and r["stability"]["rounds"] == 3
     assert r["ours"]["GBps"] == pytest.approx(8000 / (r["ours"]["ms"] * 1e-3) / 1e9)
     assert r["ratio"]["torch"] == pytest.approx(r["peers"]["torch"]["ms"] / r["ours"]["ms"])
     assert r["roofline"] is None  # no ceilings given: null, never a guess

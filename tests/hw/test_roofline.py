@@ -106,17 +106,39 @@ def _gpu_result(name: str, matmul: dict, hbm: dict | None = None) -> dict:
             "matmul": matmul}
 
 
-def test_ceilings_from_fake_probe_cache_with_datasheet_fill():
+def test_ceilings_are_the_larger_of_probe_and_datasheet():
+    """A probed cuBLAS rate is what cuBLAS reached, not the chip's ceiling: below the datasheet the
+    datasheet is the ceiling; a measurement above the datasheet (a part clocked higher) wins."""
     mm = {"fp32": {"tflops": 50.6}, "tf32": {"tflops": 397.0}, "fp16": {"tflops": 755.7},
-          "bf16": {"tflops": 765.0}, "fp8": {"tflops": 1408.0}, "int8": {"error": "RuntimeError: no"}}
+          "bf16": {"tflops": 765.0}, "fp8": {"tflops": 2100.0}, "int8": {"error": "RuntimeError: no"}}
     path = probe.save_cache(_gpu_result("NVIDIA H200", mm))
     assert path.name == "nvidia-h200.json"
     c = ceilings("NVIDIA H200")
-    assert c.hbm_GBps == 4248.0  # the best measured HBM figure
-    assert c.tflops["bf16"] == 765.0 and c.tflops["fp8"] == 1408.0 and c.tflops["fp32"] == 50.6
-    assert c.tflops["int8"] == 1979.0  # not measured: the H200 datasheet fills it
+    assert c.hbm_GBps == 4800.0  # measured 4248 at best: the datasheet's 4.8 TB/s is the ceiling
+    assert c.tflops["bf16"] == 989.5 and c.tflops["fp32"] == 67.0  # datasheet above the probe
+    assert c.tflops["fp8"] == 2100.0  # measured above the datasheet's 1979
+    assert c.tflops["int8"] == 1979.0  # not measured: the datasheet
     assert c.l2_GBps == 10000.0
-    assert c.source.startswith("probe") and "datasheet for int8" in c.source
+    assert c.source.startswith("probe") and "datasheet H200 where higher" in c.source and "hbm" in c.source
+    assert "fp8" not in c.source.split("where higher:")[1]
+    probe.save_cache(_gpu_result("NVIDIA H200", mm, hbm={"copy_GBps": 5000.0}))
+    assert ceilings("NVIDIA H200").hbm_GBps == 5000.0
+
+
+def test_a_fraction_above_one_raises_only_when_strict():
+    """1.094 of the fp8 roof against a probed 1,377 TFLOP/s was stored as a figure; strict, it raises."""
+    from warpforge.hw.roofline import CeilingError, check_fraction
+
+    ceil = Ceilings(device="x", hbm_GBps=1000.0, tflops=TF, source="probe x")
+    flops = 2 * 8192 ** 3
+    ms = flops / (TF["fp8"] * 1e12) * 1e3 / 1.094  # 9.4% faster than the ceiling allows
+    assert roofline(flops, 1e6, "fp8", ms, ceil)["fraction"] == pytest.approx(1.094)  # the profiler's per-op use
+    with pytest.raises(CeilingError, match=r"roofline fraction 1.094 > 1 against probe x"):
+        roofline(flops, 1e6, "fp8", ms, ceil, strict=True)
+    assert roofline(flops, 1e6, "fp8", ms * 1.094, ceil, strict=True)["fraction"] == pytest.approx(1.0)
+    assert check_fraction(0.5, "mfu", "x") == 0.5
+    with pytest.raises(CeilingError, match="mfu 9.73 > 1"):
+        check_fraction(9.73, "mfu", "x")
 
 
 def test_ceilings_unknown_gpu_cache_fills_by_rules():

@@ -5,10 +5,12 @@ Order of work for a case:
 2. ours and then each peer run once, each on its OWN fresh draw from the same seed: identical values,
    but output buffers are newly poisoned, so a callable that leaves elements unwritten cannot pass
    on what a previous callable wrote; each result is checked against the reference right away;
-3. everything that ran is timed round-robin (``time_interleaved``) on one shared input set.
+3. everything that ran is timed round-robin on one shared input set, under the stability rule
+   (``time_stable``: rounds that disagree, or a wide p80/p20, are re-timed, then marked noisy).
 
 A peer that raises (torch.compile unavailable, an unsupported dtype) is recorded as an error and
-left out of the ratios; it never stops the run. If ours raises, the case is recorded as failed.
+gets no ratio; it never stops the run. If ours raises, the case is recorded as failed. Ratios come
+from ``bench.record.same_work_ratio`` only: a peer that fails its check is shown, never a baseline.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 
 import torch
 
+from warpforge.bench.record import Side, check_note, same_work_ratio
 from warpforge.bench.suite import Case
-from warpforge.bench.timing import Timing, time_fn, time_interleaved
+from warpforge.bench.timing import Stable, Timing, time_stable
 from warpforge.kernels.tolerance import check, tolerance
 
 OURS = "ours"
@@ -35,6 +38,15 @@ class Outcome:
     timing: Timing | None = None
     correct: dict[str, Any] | None = None  # {"rel_err", "tol", "ok", "against"}
     error: str | None = None  # set when the callable raised; timing is then None
+    rounds_ms: list[float] = field(default_factory=list)  # per-round medians (the ratio's interval)
+
+    def side(self) -> Side:
+        """This outcome as the ratio rule sees it."""
+        if self.error is not None or self.timing is None:
+            return Side(error=self.error or "not timed")
+        ok = self.correct.get("ok") if self.correct is not None else None
+        return Side(ms=self.timing.median_ms, ok=ok if isinstance(ok, bool) else None,
+                    rounds_ms=tuple(self.rounds_ms), check=check_note(self.correct))
 
 
 @dataclass
@@ -47,14 +59,14 @@ class CaseResult:
     warmup: int = 0
     rep: int = 0
     interleaved: bool = True  # False when interleaved timing failed and each was timed alone
+    stability: dict[str, Any] | None = None  # the record's "stability" block (Stable.as_dict)
 
     @property
     def ratio(self) -> dict[str, float]:
-        """peer_ms / ours_ms for each peer that ran (above 1: ours is faster)."""
-        if self.ours.timing is None:
-            return {}
-        return {n: o.timing.median_ms / self.ours.timing.median_ms
-                for n, o in self.peers.items() if o.timing is not None and self.ours.timing.median_ms > 0}
+        """peer_ms / ours_ms for each peer the ratio rule allows (above 1: ours is faster)."""
+        ours = self.ours.side()
+        got = {n: same_work_ratio(ours, o.side()) for n, o in self.peers.items()}
+        return {n: r.value for n, r in got.items() if r.value is not None}
 
 
 def case_seed(suite: str, case: str) -> int:
@@ -142,18 +154,34 @@ def compare_case(case: Case, *, suite: str, device: torch.device, warmup: int, r
         fns = {n: _bind(case.ours if n == OURS else case.peers[n], inputs) for n in runnable}
         opts = dict(warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=case.cuda_graph, device=device)
         try:
-            timings = time_interleaved(fns, **opts)
+            stable = time_stable(fns, **opts)
         except Exception:  # noqa: BLE001 - find who fails (e.g. graph capture) and time the rest alone
             result.interleaved = False
-            timings = {}
+            alone: dict[str, Stable] = {}
             for n, fn in fns.items():
                 try:
-                    timings[n] = time_fn(fn, **opts)
+                    alone[n] = time_stable({n: fn}, **opts)
                 except Exception as e:  # noqa: BLE001
                     (ours if n == OURS else peers[n]).error = f"timing failed: {_short(e)}"
-        for n, t in timings.items():
-            (ours if n == OURS else peers[n]).timing = t
+            stable = _merge(alone)
+        if stable is not None:
+            for n, t in stable.timings.items():
+                o = ours if n == OURS else peers[n]
+                o.timing, o.rounds_ms = t, stable.rounds_ms[n]
+            result.stability = stable.as_dict()
     return result
+
+
+def _merge(alone: dict[str, Stable]) -> Stable | None:
+    """Callables timed one by one, as one :class:`Stable` (noisy if any was)."""
+    if not alone:
+        return None
+    first = next(iter(alone.values()))
+    return Stable(timings={n: s.timings[n] for n, s in alone.items()},
+                  rounds_ms={n: s.rounds_ms[n] for n, s in alone.items()},
+                  spread={n: s.spread[n] for n, s in alone.items()},
+                  attempts=max(s.attempts for s in alone.values()), noisy=any(s.noisy for s in alone.values()),
+                  bound=first.bound)
 
 
 def _bind(fn: Callable[..., Any], inputs: tuple) -> Callable[[], Any]:

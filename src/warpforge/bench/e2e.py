@@ -6,10 +6,18 @@ same run on the outputs of the first timed run (``case.check``). The record keep
 keys (ours / peers / ratio / roofline / correct) and adds per-callable figures: ``tokens``,
 ``mbu`` (bytes the run read / wall time / the HBM read bandwidth), ``mfu`` (flops / wall time / the
 compute ceiling of ``case.dtype``), and whatever the run reports (``ttft_ms``, ``peak_mem_GB``, ...).
-For "tok/s" the ratio is ours / peer, so that above 1 still means ours is better (DESIGN.md).
-A peer is the baseline (``correct.ok`` by definition) unless its runs carry their own check in
-``Run.extra["correct"]``; ``case.timing`` replaces the record's wall-clock timing note when the callables
-measure ``Run.ms`` another way (e.g. the bench harness, interleaved).
+Ratios come from ``bench.record.same_work_ratio`` only: peer ms / ours ms when both ran the same work
+(the same ``Run.ran`` and the same output tokens) and both passed their check; for "tok/s" that is ours /
+peer, so above 1 still means ours is better (DESIGN.md). Otherwise the ratio is null and ``ratio_null``
+says why, and a peer that ran other work carries ``ran`` (ours too). A peer is the baseline
+(``correct.ok`` by definition) unless its runs carry their own check in ``Run.extra["correct"]``;
+``case.timing`` replaces the record's wall-clock timing note when the callables measure ``Run.ms`` another
+way (e.g. the bench harness, interleaved).
+
+Each run is a round: the runs' spread (max / min, p80 / p20) against ``bench.timing.NOISE_BOUND`` marks the
+case noisy (whole runs are not re-timed here; a callable that re-times itself says so in
+``Run.extra["attempts"]``). An mfu, mbu or roofline fraction above 1.0 is not stored: the record's
+``figure_errors`` says which, and ``warpforge bench`` fails the run.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from typing import Any
 import torch
 
 from warpforge.bench.compare import _short, case_seed
-from warpforge.bench.record import _correct, _finite, now_iso, validate_record
+from warpforge.bench.record import Side, _correct, _finite, check_note, now_iso, put_ratio, same_work_ratio, \
+    validate_record
 from warpforge.bench.suite import EndToEndCase, Run
-from warpforge.bench.timing import summarize
+from warpforge.bench.timing import NOISE_BOUND, spread_of, summarize
 
 METHOD = "wall"  # device-synchronized perf_counter around each whole run
 
@@ -54,7 +63,24 @@ def _median_run(runs: list[Run], median_ms: float) -> Run:
     return min(runs, key=lambda r: abs(r.ms - median_ms))
 
 
-def _timed(case: EndToEndCase, runs: list[Run], ceil: Any) -> dict[str, Any]:
+def _utilisation(what: str, value: float, ceil: Any, errors: list[str] | None) -> float | None:
+    """value when it is a finite fraction <= 1; above 1 it is a bug (a ceiling or a work count): noted
+    in ``errors`` and not stored."""
+    from warpforge.hw.roofline import CeilingError, check_fraction
+
+    v = _finite(value)
+    if v is None:
+        return None
+    try:
+        return check_fraction(v, what, getattr(ceil, "source", None) or "the device's ceilings")
+    except CeilingError as e:
+        if errors is not None:
+            errors.append(str(e))
+        return None
+
+
+def _timed(case: EndToEndCase, runs: list[Run], ceil: Any, errors: list[str] | None = None,
+           who: str = "ours") -> dict[str, Any]:
     if not runs:
         raise ValueError("a run callable returned no runs")
     for r in runs:
@@ -65,30 +91,59 @@ def _timed(case: EndToEndCase, runs: list[Run], ceil: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms,
                            case.metric: case.figure(t.median_ms, mid.tokens), "tokens": mid.tokens,
                            "mbu": None, "mfu": None}
+    if len(runs) >= 2:
+        out["rounds_ms"] = [r.ms for r in runs]
     if ceil is not None and mid.work:
         wall = mid.extra.get("wall_ms") or mid.ms  # utilisation over the whole run, even when ms is a TTFT
-        out["mbu"] = _finite(mbu(mid.work["bytes"], wall, ceil.hbm_GBps)) if mid.work.get("bytes") else None
+        if mid.work.get("bytes"):
+            out["mbu"] = _utilisation(f"{who} mbu", mbu(mid.work["bytes"], wall, ceil.hbm_GBps), ceil, errors)
         peak = ceil.tflops.get(_dtype_key(case.dtype))
-        out["mfu"] = _finite(mfu(mid.work["flops"], wall, peak)) if mid.work.get("flops") and peak else None
+        if mid.work.get("flops") and peak:
+            out["mfu"] = _utilisation(f"{who} mfu", mfu(mid.work["flops"], wall, peak), ceil, errors)
     for k, v in mid.extra.items():
         out[k] = _finite(v) if isinstance(v, float) else v
     return out
 
 
-def _roofline(case: EndToEndCase, runs: list[Run], median_ms: float, ceil: Any) -> dict[str, Any] | None:
+def _roofline(case: EndToEndCase, runs: list[Run], median_ms: float, ceil: Any,
+              errors: list[str] | None = None) -> dict[str, Any] | None:
     mid = _median_run(runs, median_ms)
     if ceil is None or not mid.work or case.metric != "tok/s":
         return None
     try:
-        from warpforge.hw.roofline import roofline
+        from warpforge.hw.roofline import CeilingError, roofline
 
-        r = roofline(mid.work.get("flops", 0.0), mid.work.get("bytes", 0.0), case.dtype, mid.ms, ceil)
+        r = roofline(mid.work.get("flops", 0.0), mid.work.get("bytes", 0.0), case.dtype, mid.ms, ceil, strict=True)
+    except CeilingError as e:  # a fraction above 1.0: reported as a bug, never stored
+        if errors is not None:
+            errors.append(str(e))
+        return None
     except Exception:  # noqa: BLE001 - unknown ceiling: null, never a guess
         return None
     out = {k: r[k] for k in ("floor_ms", "fraction", "bound", "compute_ms", "memory_ms") if k in r}
     if not all(isinstance(out.get(k), (int, float)) and math.isfinite(out[k]) for k in ("floor_ms", "fraction")):
         return None
     out["ceilings"] = getattr(ceil, "source", None)
+    return out
+
+
+def stability(entries: dict[str, dict[str, Any]], attempts: int = 1, bound: float = NOISE_BOUND) -> dict[str, Any]:
+    """The record's ``stability`` block from each timed entry's runs (``rounds_ms``): noisy when any
+    callable's runs spread beyond ``bound``; with one run each there is no spread to judge."""
+    spread: dict[str, Any] = {}
+    noisy = False
+    for name, e in entries.items():
+        rounds = e.get("rounds_ms")
+        if "error" in e or not rounds:
+            continue
+        sp, _ = spread_of(rounds, len(rounds))
+        spread[name] = sp.as_dict()
+        noisy = noisy or not sp.within(bound)
+    out: dict[str, Any] = {"bound": bound, "rounds": max((len(e.get("rounds_ms") or [1]) for e in entries.values()
+                                                          if "error" not in e), default=0),
+                           "attempts": attempts, "noisy": noisy, "spread": spread}
+    if not spread:
+        out["note"] = "one run per callable: no spread measured"
     return out
 
 
@@ -138,7 +193,7 @@ def _peer_correct(own: Any) -> dict[str, Any]:
 
 
 def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_device: dict[str, Any],
-                   git: str | None, ceil: Any = None) -> dict[str, Any]:
+                   git: str | None, ceil: Any = None, host: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ours and every peer, check, and return the case's validated record."""
     results: dict[str, list[Run] | str] = {}
     broken: str | None = None  # a sticky CUDA error: every later CUDA call on this context fails too
@@ -161,11 +216,12 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
                 if not isinstance(results[name], str):
                     results[name] = broken
     ours_runs = results["ours"]
+    errors: list[str] = []
     if isinstance(ours_runs, str):
         ours: dict[str, Any] = {"error": ours_runs}
         correct = {"rel_err": None, "ok": False, "note": "ours failed to run"}
     else:
-        ours = _timed(case, ours_runs, ceil)
+        ours = _timed(case, ours_runs, ceil, errors)
         if case.check_against is None:
             correct = _check(case, ours_runs[0].output, None, "self")
         elif isinstance(results[case.check_against], str):
@@ -174,31 +230,56 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
         else:
             correct = _check(case, ours_runs[0].output, results[case.check_against][0].output,  # type: ignore[index]
                              f"peer:{case.check_against}")
+    ours_ran = None if isinstance(ours_runs, str) else _median_run(ours_runs, ours["ms"]).ran
+    ours_side = _side(ours, correct, ours_ran)
     peers: dict[str, Any] = {}
-    ratio: dict[str, float] = {}
+    ran: dict[str, Any] = {}
+    rec: dict[str, Any] = {"ratio": {}}
     for name in case.peers:
         got = results[name]
         if isinstance(got, str):
             peers[name] = {"error": got}
+            put_ratio(rec, name, same_work_ratio(ours_side, Side(error=got)))
             continue
-        timed = _timed(case, got, ceil)
+        timed = _timed(case, got, ceil, errors, who=name)
         timed["correct"] = _peer_correct(timed.pop("correct", None))
         peers[name] = timed
-        if "error" not in ours:
-            a, b = ours[case.metric], peers[name][case.metric]
-            r = (a / b) if case.metric == "tok/s" else (b / a)
-            if math.isfinite(r) and r > 0:
-                ratio[name] = r
+        ran[name] = _median_run(got, timed["ms"]).ran
+        put_ratio(rec, name, same_work_ratio(ours_side, _side(timed, timed["correct"], ran[name])))
+    if any(r != ours_ran for r in ran.values()):  # what each ran, beside ours, where any differs
+        for name, r in [("ours", ours_ran), *ran.items()]:
+            entry = ours if name == "ours" else peers[name]
+            if "error" not in entry:
+                entry["ran"] = r if r is not None else "the case's workload"
+    ratio = rec["ratio"]
+    runs_all = [r for v in results.values() if not isinstance(v, str) for r in v]
+    attempts = max((int(r.extra.get("attempts", 1)) for r in runs_all), default=1)
+    roof = None if isinstance(ours_runs, str) else _roofline(case, ours_runs, ours["ms"], ceil, errors)
     rec = {
         "suite": suite, "case": case.name, "params": case.params, "device": env_device, "git": git,
         "time": now_iso(), "ours": ours, "peers": peers, "ratio": ratio,
-        "roofline": None if isinstance(ours_runs, str) else _roofline(case, ours_runs, ours["ms"], ceil),
+        **{k: rec[k] for k in ("ratio_null", "ratio_interval") if k in rec},
+        "roofline": roof,
         "correct": correct, "metric": case.metric, "baseline": case.baseline, "target": case.target,
         "meets": meets_target(case.target, ours, ratio),
         "work": {"dtype": str(case.dtype).removeprefix("torch."),
                  **({} if isinstance(ours_runs, str) else _median_run(ours_runs, ours["ms"]).work)},
         "seed": case_seed(suite, case.name),
         "timing": case.timing or {"method": METHOD, "warmup": 1, "rep": case.rep, "interleaved": False},
+        "stability": stability({"ours": ours, **peers}, attempts),
     }
-    validate_record(rec)
+    if host is not None:
+        rec["host"] = host
+    if errors:
+        rec["figure_errors"] = errors
+    validate_record(rec, figures=True)
     return rec
+
+
+def _side(entry: dict[str, Any], correct: dict[str, Any], ran: Any) -> Side:
+    """An end-to-end entry as the ratio rule sees it: its time, its check, what it ran, its tokens."""
+    if "error" in entry:
+        return Side(error=entry["error"])
+    ok = correct.get("ok")
+    return Side(ms=entry["ms"], ok=ok if isinstance(ok, bool) else None, ran=ran,
+                rounds_ms=tuple(entry.get("rounds_ms") or ()), check=check_note(correct), tokens=entry.get("tokens"))

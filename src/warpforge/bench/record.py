@@ -1,9 +1,17 @@
-"""Benchmark records in DESIGN.md's format: build, validate, read and write JSON lines.
+"""Benchmark records in DESIGN.md's format: build, validate, read and write JSON lines; the one ratio rule.
 
 A record (one per case) carries the keys DESIGN.md shows, plus a few that make it self-describing:
-``metric``, ``work`` (the explicit flop and byte counts), ``seed`` (the per-case input draw) and
-``timing`` (method, warm-up, repeats). Non-finite numbers never enter a record: a NaN/Inf output
-gives ``rel_err: null`` with ``ok: false``, so every record is strict JSON.
+``metric``, ``work`` (the explicit flop and byte counts), ``seed`` (the per-case input draw),
+``timing`` (method, warm-up, repeats), ``stability`` (rounds, spreads, ``noisy``), ``host`` (the machine's
+load when it was timed) and, per peer, ``ran`` when it ran other work than ours. Non-finite numbers never
+enter a record: a NaN/Inf output gives ``rel_err: null`` with ``ok: false``, so every record is strict JSON.
+
+**Ratios.** Every ratio in a record comes from :func:`same_work_ratio`: ``peer_ms / ours_ms`` when both ran
+the same work and both passed their correctness check, else no ratio and the reason, in ``ratio_null``.
+``ratio_interval`` gives the lowest and highest per-round ratio (rounds are paired: the same round of
+ours and of the peer). :func:`figure_violations` lists what in a record breaks these rules (and a roofline
+fraction or a utilisation above 1.0, which is a bug in a ceiling or a work count, never a result);
+records built here are checked with it.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +42,107 @@ BOUNDS = ("compute", "memory")
 
 class RecordError(ValueError):
     """A record that does not follow the schema; the message lists every problem found."""
+
+
+# ---- the ratio rule: the one function that takes a ratio -------------------------------------------
+
+RATIO_RTOL = 1e-6  # a stored ratio must equal peer ms / ours ms to this relative precision
+FRACTION_MAX = 1.0 + 1e-9  # a roofline fraction or a utilisation above this is a bug (float slack only)
+
+
+@dataclass(frozen=True)
+class Side:
+    """Ours or one peer, as the ratio rule sees it."""
+
+    ms: float | None = None  # the median time of its work; None when it did not run or was not timed
+    ok: bool | None = None  # its own correctness check; None: never checked (then it is no baseline)
+    error: str | None = None  # why it did not run or was not timed
+    ran: Any = None  # what it ran, when that is not simply the case's workload (JSON-able, compared by ==)
+    rounds_ms: Sequence[float] = ()  # per-round medians, paired by position with the other side's
+    check: str = ""  # what its check found, for the reason (e.g. "rel_err 0.4 > tol 0.02")
+    tokens: int | None = None  # output tokens a throughput figure counts (end-to-end runs): part of the work
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``value`` = peer ms / ours ms (above 1: ours is faster), or None and ``why``."""
+
+    value: float | None
+    why: str | None = None
+    interval: tuple[float, float] | None = None  # lowest and highest per-round ratio (None: one round)
+
+
+def same_work_ratio(ours: Side, peer: Side) -> Ratio:
+    """The only way a ratio enters a record: ``peer.ms / ours.ms`` when both ran, both passed their
+    correctness check and both ran the same work; otherwise no ratio and the reason.
+
+    A throughput figure inverts to the same number on the same work (tokens over time, same tokens), so
+    this is also "ours tok/s over the peer's". The interval pairs rounds by position (round i of ours
+    with round i of the peer: the same drift hits both); the ratio of the medians lies inside it (some
+    round is at or below both medians' ratio and some at or above), it is widened to hold it anyway.
+    """
+    if ours.error is not None or ours.ms is None:
+        return Ratio(None, f"ours did not run: {ours.error or 'not timed'}")
+    if peer.error is not None or peer.ms is None:
+        return Ratio(None, f"the peer did not run: {peer.error or 'not timed'}")
+    if ours.ok is not True:
+        return Ratio(None, "ours failed its correctness check" + (f" ({ours.check})" if ours.check else "")
+                     if ours.ok is False else "ours was not checked")
+    if peer.ok is not True:
+        return Ratio(None, ("the peer failed its correctness check" + (f" ({peer.check})" if peer.check else "")
+                            if peer.ok is False else "the peer was not checked") + ": it is no baseline")
+    if ours.ran != peer.ran:
+        return Ratio(None, f"different work: the peer ran {_show(peer.ran)}, ours {_show(ours.ran)}")
+    if ours.tokens is not None and peer.tokens is not None and ours.tokens != peer.tokens:
+        return Ratio(None, f"different work: the peer produced {peer.tokens:,} tokens, ours {ours.tokens:,}")
+    if not (math.isfinite(ours.ms) and math.isfinite(peer.ms) and ours.ms > 0 and peer.ms > 0):
+        return Ratio(None, f"no positive finite times (ours {ours.ms!r} ms, peer {peer.ms!r} ms)")
+    value = peer.ms / ours.ms
+    interval = None
+    pairs = [(p, o) for p, o in zip(peer.rounds_ms, ours.rounds_ms) if o > 0 and p > 0]
+    if len(pairs) >= 2 and len(peer.rounds_ms) == len(ours.rounds_ms):
+        per_round = [p / o for p, o in pairs]
+        interval = (min(min(per_round), value), max(max(per_round), value))
+    return Ratio(value, None, interval)
+
+
+def _show(ran: Any) -> str:
+    if ran is None:
+        return "the case's workload"
+    return json.dumps(ran, sort_keys=True, default=str) if not isinstance(ran, str) else ran
+
+
+def put_ratio(rec: dict[str, Any], name: str, r: Ratio) -> None:
+    """Write one peer's :class:`Ratio` into a record's ``ratio`` / ``ratio_interval`` / ``ratio_null``."""
+    if r.value is None:
+        rec.setdefault("ratio_null", {})[name] = r.why or "no ratio"
+        return
+    rec.setdefault("ratio", {})[name] = r.value
+    if r.interval is not None:
+        rec.setdefault("ratio_interval", {})[name] = [r.interval[0], r.interval[1]]
+
+
+def check_note(c: dict[str, Any] | None) -> str:
+    """A correctness block in a few words, for a ratio's reason."""
+    if not isinstance(c, dict):
+        return ""
+    if c.get("note"):
+        return str(c["note"])
+    err, tol = c.get("rel_err"), c.get("tol")
+    if isinstance(err, (int, float)):
+        return f"rel_err {err:.3g}" + (f" > tol {tol:.3g}" if isinstance(tol, (int, float)) else "")
+    return ""
+
+
+def entry_side(entry: dict[str, Any], correct: dict[str, Any] | None) -> Side:
+    """A record entry (ours or a peer) and its correctness block as a :class:`Side`."""
+    if "error" in entry:
+        return Side(error=entry["error"])
+    ok = correct.get("ok") if isinstance(correct, dict) else None
+    tokens = entry.get("tokens")
+    return Side(ms=entry.get("ms"), ok=ok if isinstance(ok, bool) else None, ran=entry.get("ran"),
+                rounds_ms=tuple(entry.get("rounds_ms") or ()), check=check_note(correct),
+                tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None)
 
 
 # ---- environment: device, git, time --------------------------------------------------------------
@@ -125,8 +235,11 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _timed(t: Timing, figure: float, metric: str) -> dict[str, Any]:
-    return {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms, metric: figure}
+def _timed(t: Timing, figure: float, metric: str, rounds_ms: Sequence[float] = ()) -> dict[str, Any]:
+    out = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms, metric: figure}
+    if rounds_ms:
+        out["rounds_ms"] = [float(x) for x in rounds_ms]
+    return out
 
 
 def _correct(c: dict[str, Any] | None) -> dict[str, Any]:
@@ -141,18 +254,24 @@ def _correct(c: dict[str, Any] | None) -> dict[str, Any]:
 def _peer(o: Outcome, result: CaseResult) -> dict[str, Any]:
     if o.error is not None or o.timing is None:
         return {"error": o.error or "not timed"}
-    return {**_timed(o.timing, result.case.figure(o.timing.median_ms), result.case.metric),
+    return {**_timed(o.timing, result.case.figure(o.timing.median_ms), result.case.metric, o.rounds_ms),
             "correct": _correct(o.correct)}
 
 
 def roofline_for(result: CaseResult, ceil: Any) -> dict[str, Any] | None:
-    """Floor over measured time against the device's ceilings; None when either is unknown."""
+    """Floor over measured time against the device's ceilings; None when either is unknown. A fraction
+    above 1.0 raises :class:`warpforge.hw.roofline.CeilingError` (a bug: reported, never stored)."""
     if ceil is None or result.ours.timing is None:
         return None
     try:
-        from warpforge.hw.roofline import roofline
-
-        r = roofline(result.case.flops, result.case.bytes, result.case.dtype, result.ours.timing.median_ms, ceil)
+        from warpforge.hw.roofline import CeilingError, roofline
+    except ImportError:
+        return None
+    try:
+        r = roofline(result.case.flops, result.case.bytes, result.case.dtype, result.ours.timing.median_ms, ceil,
+                     strict=True)
+    except CeilingError:
+        raise
     except Exception:  # noqa: BLE001 - an unknown ceiling for this dtype: record null, never a guess
         return None
     keys = ("floor_ms", "fraction", "bound", "compute_ms", "memory_ms")
@@ -164,23 +283,31 @@ def roofline_for(result: CaseResult, ceil: Any) -> dict[str, Any] | None:
 
 
 def build_record(result: CaseResult, *, suite: str, device: dict[str, Any], git: str | None,
-                 ceil: Any = None, time: str | None = None) -> dict[str, Any]:
-    """One record for one case result (see the module docstring for the keys)."""
+                 ceil: Any = None, time: str | None = None, host: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One record for one case result (see the module docstring for the keys); ``host``: the
+    :func:`warpforge.bench.host.check_host` state the case was timed under."""
     case = result.case
     if result.ours.error is not None or result.ours.timing is None:
         ours: dict[str, Any] = {"error": result.ours.error or "not timed"}
         correct = {"rel_err": None, "ok": False, "note": "ours failed to run"}
     else:
-        ours = _timed(result.ours.timing, case.figure(result.ours.timing.median_ms), case.metric)
+        ours = _timed(result.ours.timing, case.figure(result.ours.timing.median_ms), case.metric,
+                      result.ours.rounds_ms)
         correct = _correct(result.ours.correct)
     timings = [o.timing for o in [result.ours, *result.peers.values()] if o.timing is not None]
-    rec = {
+    figure_errors: list[str] = []
+    try:
+        roof = roofline_for(result, ceil)
+    except ValueError as e:  # CeilingError: a fraction above 1.0
+        roof = None
+        figure_errors.append(str(e))
+    rec: dict[str, Any] = {
         "suite": suite, "case": case.name, "params": case.params, "device": device, "git": git,
         "time": time or now_iso(),
         "ours": ours,
         "peers": {name: _peer(o, result) for name, o in result.peers.items()},
-        "ratio": result.ratio,
-        "roofline": roofline_for(result, ceil),
+        "ratio": {},
+        "roofline": roof,
         "correct": correct,
         "metric": case.metric,
         "work": {"flops": case.flops, "bytes": case.bytes, "dtype": str(case.dtype).removeprefix("torch.")},
@@ -188,7 +315,16 @@ def build_record(result: CaseResult, *, suite: str, device: dict[str, Any], git:
         "timing": {"method": timings[0].method if timings else None, "warmup": result.warmup, "rep": result.rep,
                    "interleaved": result.interleaved},
     }
-    validate_record(rec)
+    ours_side = entry_side(ours, correct)
+    for name, entry in rec["peers"].items():
+        put_ratio(rec, name, same_work_ratio(ours_side, entry_side(entry, entry.get("correct"))))
+    if result.stability is not None:
+        rec["stability"] = result.stability
+    if host is not None:
+        rec["host"] = host
+    if figure_errors:
+        rec["figure_errors"] = figure_errors
+    validate_record(rec, figures=True)
     return rec
 
 
@@ -223,8 +359,76 @@ def _check_correct(c: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: ok is true without a rel_err")
 
 
-def validate_record(d: Any) -> None:
-    """Raise RecordError listing every way ``d`` departs from the record schema."""
+def _check_extras(d: dict[str, Any], peers: dict[str, Any], problems: list[str]) -> None:
+    """The optional keys: ratio_null, ratio_interval, rounds_ms, ran, stability, host, figure_errors."""
+    nulls = d.get("ratio_null", {})
+    ratio = d["ratio"] if isinstance(d["ratio"], dict) else {}
+    if not isinstance(nulls, dict) or not all(isinstance(v, str) and v for v in nulls.values()):
+        problems.append("ratio_null: expected an object peer -> reason (a non-empty string)")
+    else:
+        problems.extend(f"ratio_null.{n}: no peer of that name" for n in nulls if n not in peers)
+        problems.extend(f"ratio.{n}: also in ratio_null" for n in nulls if n in ratio)
+    intervals = d.get("ratio_interval", {})
+    if not isinstance(intervals, dict):
+        problems.append("ratio_interval: expected an object")
+        intervals = {}
+    for n, iv in intervals.items():
+        if not (isinstance(iv, list) and len(iv) == 2 and all(_num(x) and x > 0 for x in iv) and iv[0] <= iv[1]):
+            problems.append(f"ratio_interval.{n}: expected [low, high] of positive numbers, low <= high")
+        elif n not in ratio:
+            problems.append(f"ratio_interval.{n}: no ratio of that name")
+    for where, e in [("ours", d["ours"]), *((f"peers.{n}", p) for n, p in peers.items())]:
+        if isinstance(e, dict) and "rounds_ms" in e:
+            r = e["rounds_ms"]
+            if not (isinstance(r, list) and r and all(_num(x) and x >= 0 for x in r)):
+                problems.append(f"{where}.rounds_ms: expected a non-empty list of finite numbers >= 0")
+    stab = d.get("stability")
+    if stab is not None and not (isinstance(stab, dict) and isinstance(stab.get("noisy"), bool)
+                                 and _num(stab.get("bound"))):
+        problems.append("stability: expected an object with a boolean 'noisy' and a numeric 'bound'")
+    host = d.get("host")
+    if host is not None and not (isinstance(host, dict) and isinstance(host.get("busy"), bool)):
+        problems.append("host: expected an object with a boolean 'busy'")
+    errs = d.get("figure_errors")
+    if errs is not None and not (isinstance(errs, list) and all(isinstance(x, str) and x for x in errs)):
+        problems.append("figure_errors: expected a list of messages")
+
+
+def figure_violations(d: dict[str, Any]) -> list[str]:
+    """What in a (schema-valid) record breaks the rules for a figure (DESIGN.md "Rules for a figure"):
+    a ratio that :func:`same_work_ratio` would not give (a failed or unchecked side, different work, a
+    value that is not peer ms / ours ms), a peer with neither a ratio nor a reason, a roofline fraction or
+    an mfu/mbu above 1.0. Empty when the record is clean."""
+    out: list[str] = []
+    ours, peers, ratio = d["ours"], d["peers"], d["ratio"]
+    nulls = d.get("ratio_null") if isinstance(d.get("ratio_null"), dict) else {}
+    ours_side = entry_side(ours, d["correct"]) if isinstance(ours, dict) else Side(error="malformed")
+    for name, value in ratio.items():
+        p = peers.get(name)
+        if not isinstance(p, dict):
+            continue  # the schema check reports it
+        want = same_work_ratio(ours_side, entry_side(p, p.get("correct")))
+        if want.value is None:
+            out.append(f"ratio.{name}: {want.why}")
+        elif _num(value) and not math.isclose(value, want.value, rel_tol=RATIO_RTOL):
+            out.append(f"ratio.{name}: {value:.6g} is not peer ms / ours ms ({want.value:.6g})")
+    out.extend(f"peers.{n}: neither a ratio nor a reason in ratio_null" for n in peers
+               if n not in ratio and n not in nulls)
+    roof = d.get("roofline")
+    if isinstance(roof, dict) and _num(roof.get("fraction")) and roof["fraction"] > FRACTION_MAX:
+        out.append(f"roofline.fraction: {roof['fraction']:.4g} > 1")
+    for where, e in [("ours", ours), *((f"peers.{n}", p) for n, p in peers.items())]:
+        for k in ("mfu", "mbu"):
+            v = e.get(k) if isinstance(e, dict) else None
+            if _num(v) and v > FRACTION_MAX:
+                out.append(f"{where}.{k}: {v:.4g} > 1")
+    return out
+
+
+def validate_record(d: Any, *, figures: bool = False) -> None:
+    """Raise RecordError listing every way ``d`` departs from the record schema; with ``figures`` also every
+    rule for a figure it breaks (:func:`figure_violations`: what records built here are held to; stored
+    records of older runs are read with the schema alone)."""
     if not isinstance(d, dict):
         raise RecordError(f"a record is a JSON object, got {type(d).__name__}")
     problems = [f"missing key {k!r}" for k in REQUIRED if k not in d]
@@ -274,10 +478,13 @@ def validate_record(d: Any) -> None:
     _check_correct(d["correct"], "correct", problems)
     if isinstance(d["ours"], dict) and "error" in d["ours"] and isinstance(d["correct"], dict) and d["correct"].get("ok"):
         problems.append("correct.ok: cannot be true when ours failed")
+    _check_extras(d, peers, problems)
     try:
         json.dumps(d, allow_nan=False)
     except (TypeError, ValueError) as e:
         problems.append(f"not strict JSON: {e}")
+    if figures and not problems:
+        problems.extend(figure_violations(d))
     if problems:
         raise RecordError(f"record {d.get('suite')!r}/{d.get('case')!r}: " + "; ".join(problems))
 

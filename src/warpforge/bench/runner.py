@@ -1,7 +1,8 @@
 """Find suites, run their cases side by side, and emit one record per case.
 
 The hot path is ``run_suite``: build the cases, then for each one ``compare_case`` (check, time)
-and ``build_record``. Device facts, the git version and the roofline ceilings are gathered once.
+and ``build_record``. Device facts, the git version and the roofline ceilings are gathered once; the
+host's load (``bench.host.check_host``) before each case, and kept in its record.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from warpforge.bench import suites as _suites_pkg
 from warpforge.bench.compare import CaseResult, Outcome, case_seed, compare_case
+from warpforge.bench.host import check_host
 from warpforge.bench.record import build_record, device_info, git_version
 from warpforge.bench.suite import EndToEndCase, Suite
 
@@ -102,11 +104,12 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
     for i, case in enumerate(cases):
         if progress is not None:
             progress(i, len(cases), case.name)
+        host = check_host(dev).as_dict()
         if isinstance(case, EndToEndCase):  # whole runs, timed by wall clock with their own figures
             from warpforge.bench.e2e import run_end_to_end
 
             add(run_end_to_end(case, suite=suite.name, device=dev, env_device=env["device"],
-                               git=env["git"], ceil=env["ceil"]))
+                               git=env["git"], ceil=env["ceil"], host=host))
             continue
         try:
             result = compare_case(case, suite=suite.name, device=dev, warmup=warmup, rep=rep)
@@ -114,7 +117,7 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
             result = CaseResult(case=case, seed=case_seed(suite.name, case.name), device=dev,
                                 ours=Outcome(error=f"case failed before timing: {type(e).__name__}: {str(e)[:400]}"),
                                 warmup=warmup, rep=rep, interleaved=False)
-        add(build_record(result, **env))
+        add(build_record(result, **env, host=host))
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # the next case's 1 GiB inputs should not fight this one's cache
     if progress is not None:

@@ -129,6 +129,9 @@ class Run:
     output: Any = None  # what the correctness check compares (e.g. greedy ids of request 0); not recorded
     extra: dict[str, Any] = field(default_factory=dict)  # JSON-able: ttft_ms, peak_mem_GB, wall_ms, ...
     work: dict[str, float] = field(default_factory=dict)  # {"flops", "bytes"} of the whole run (MFU, MBU)
+    # What the run did, when a case's callables may run different work (e.g. {"requests": 64, ...}): the
+    # ratio rule compares it (with the tokens) between ours and each peer; different work gets no ratio.
+    ran: dict[str, Any] | None = None
 
 
 RunFn = Callable[[torch.device, int], list[Run]]  # (device, rep) -> rep timed runs; loads, warms up, frees

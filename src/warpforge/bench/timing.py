@@ -20,6 +20,13 @@ IQR, never a mean (one preempted repeat would drag it). On the GPU:
   a captured decode step sees.
 
 On CPU the host clock (``time.perf_counter_ns``) times each call; there is no flush.
+
+**Stability** (:func:`time_stable`, what the suites use): the interleaved samples of each callable are
+cut into ``rounds`` consecutive rounds (every round holds every callable, round-robin). A callable is
+stable when its round medians agree within ``NOISE_BOUND`` (max / min) and its p80 / p20 is within it
+too. If any callable is not, everything is timed again (``retries`` times); if that does not settle it,
+the result says ``noisy`` and keeps the spreads, so a reader sees how far to trust it. The per-round
+medians also give each ratio its interval (``bench.record.same_work_ratio``).
 """
 
 from __future__ import annotations
@@ -37,6 +44,12 @@ import torch
 _FALLBACK_FLUSH_BYTES = 256 << 20
 # Calls captured per graph: amortizes the graph-launch cost (~a few us) over several calls.
 GRAPH_CALLS = 10
+# The stated bound for a timing to count as stable: round medians within 10% of each other (max / min)
+# and p80 / p20 within 10%. On an idle H200 kernel timings spread 1-3%; host-bound calls on a busy host
+# spread 2x (a compiled model's calls at 0.89 and 1.77 ms within one block), which is what it catches.
+NOISE_BOUND = 1.10
+ROUNDS = 3
+RETRIES = 1
 
 _flush_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # (2x L2 of zeros, the sum's output)
 
@@ -181,22 +194,10 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int, call
     return graph
 
 
-def time_interleaved(
-    fns: dict[str, Callable[[], Any]],
-    *,
-    warmup: int = 10,
-    rep: int = 50,
-    flush_l2: bool = True,
-    cuda_graph: bool = False,
-    device: torch.device | str | int | None = None,
-    graph_calls: int = GRAPH_CALLS,
-    hide_host: bool = True,
-) -> dict[str, Timing]:
-    """Time several callables round-robin so clock and thermal drift hit each alike.
-
-    Repeat i runs every callable once, starting at a rotating position so none always runs right
-    after the flush or right after a particular neighbour. Returns one Timing per name.
-    """
+def _samples(fns: dict[str, Callable[[], Any]], *, warmup: int, rep: int, flush_l2: bool, cuda_graph: bool,
+             device: torch.device | str | int | None, graph_calls: int, hide_host: bool
+             ) -> tuple[dict[str, list[float]], str]:
+    """Per-call samples (ms) of every callable in the order they were taken, and the method."""
     if not fns:
         raise ValueError("time_interleaved needs at least one callable")
     _check_counts(warmup, rep)
@@ -213,7 +214,7 @@ def time_interleaved(
             t0 = time.perf_counter_ns()
             fns[name]()
             samples[name].append((time.perf_counter_ns() - t0) / 1e6)
-        return {n: summarize(samples[n], "host") for n in names}
+        return samples, "host"
 
     if graph_calls < 1:
         raise ValueError(f"graph_calls must be >= 1, got {graph_calls}")
@@ -243,7 +244,135 @@ def time_interleaved(
             samples[name].append(start.elapsed_time(end) / per_sample)
     method = ("cuda_graph" if cuda_graph else "cuda_event") + ("+l2flush-read" if flush_l2 else "") + \
         ("+hostpad" if pad else "")
-    return {n: summarize(samples[n], method) for n in names}
+    return samples, method
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    warmup: int = 10,
+    rep: int = 50,
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+    device: torch.device | str | int | None = None,
+    graph_calls: int = GRAPH_CALLS,
+    hide_host: bool = True,
+) -> dict[str, Timing]:
+    """Time several callables round-robin so clock and thermal drift hit each alike.
+
+    Repeat i runs every callable once, starting at a rotating position so none always runs right
+    after the flush or right after a particular neighbour. Returns one Timing per name.
+    """
+    samples, method = _samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
+                               device=device, graph_calls=graph_calls, hide_host=hide_host)
+    return {n: summarize(v, method) for n, v in samples.items()}
+
+
+# ---- stability: rounds, spreads, re-timing ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Spread:
+    """How far one callable's samples disagree: across rounds and within them."""
+
+    rounds: float  # max / min of the round medians (1.0 with one round)
+    p80_p20: float  # p80 / p20 of all its samples
+
+    def within(self, bound: float) -> bool:
+        return self.rounds <= bound and self.p80_p20 <= bound
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"rounds": _ratio_or_none(self.rounds), "p80_p20": _ratio_or_none(self.p80_p20)}
+
+
+def _ratio_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # a zero p20 or round median: unbounded, stored as null
+
+
+def _over(hi: float, lo: float) -> float:
+    if lo > 0:
+        return hi / lo
+    return 1.0 if hi <= 0 else math.inf
+
+
+def round_medians(samples: Sequence[float], rounds: int) -> list[float]:
+    """Medians of ``rounds`` consecutive, near-equal chunks of samples (in the order taken)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    n = len(samples)
+    if n == 0:
+        raise ValueError("round_medians of an empty sample list")
+    k = min(rounds, n)
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [percentile(sorted(samples[a:b]), 0.5) for a, b in zip(bounds, bounds[1:])]
+
+
+def spread_of(samples: Sequence[float], rounds: int) -> tuple[Spread, list[float]]:
+    """The spread of one callable's samples (in the order taken) and its round medians."""
+    meds = round_medians(samples, rounds)
+    s = sorted(samples)
+    return Spread(rounds=_over(max(meds), min(meds)), p80_p20=_over(percentile(s, 0.8), percentile(s, 0.2))), meds
+
+
+@dataclass(frozen=True)
+class Stable:
+    """Timings that passed the stability rule, or were re-timed and are marked noisy."""
+
+    timings: dict[str, Timing]
+    rounds_ms: dict[str, list[float]]  # per-round medians, paired by position across callables
+    spread: dict[str, Spread]
+    attempts: int  # 1: stable at once; more: re-timed
+    noisy: bool
+    bound: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record's ``stability`` block."""
+        return {"bound": self.bound, "rounds": max((len(v) for v in self.rounds_ms.values()), default=0),
+                "attempts": self.attempts, "noisy": self.noisy,
+                "spread": {n: s.as_dict() for n, s in self.spread.items()}}
+
+
+def stabilize(measure: Callable[[], tuple[dict[str, list[float]], str]], *, rounds: int = ROUNDS,
+              bound: float = NOISE_BOUND, retries: int = RETRIES) -> Stable:
+    """Call ``measure`` (per-callable samples in the order taken, and the method) until every callable's
+    :class:`Spread` is within ``bound``, at most ``1 + retries`` times; the last attempt is kept, marked
+    noisy when it still is not."""
+    if not bound >= 1.0:
+        raise ValueError(f"bound must be >= 1.0 (a ratio of times), got {bound}")
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    attempts = 0
+    while True:
+        attempts += 1
+        samples, method = measure()
+        spreads, meds = {}, {}
+        for n, v in samples.items():
+            spreads[n], meds[n] = spread_of(v, rounds)
+        settled = all(sp.within(bound) for sp in spreads.values())
+        if settled or attempts > retries:
+            return Stable(timings={n: summarize(v, method) for n, v in samples.items()}, rounds_ms=meds,
+                          spread=spreads, attempts=attempts, noisy=not settled, bound=bound)
+
+
+def time_stable(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    warmup: int = 10,
+    rep: int = 50,
+    rounds: int = ROUNDS,
+    bound: float = NOISE_BOUND,
+    retries: int = RETRIES,
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+    device: torch.device | str | int | None = None,
+    graph_calls: int = GRAPH_CALLS,
+    hide_host: bool = True,
+) -> Stable:
+    """:func:`time_interleaved` under the stability rule (see the module docstring): ``rep`` interleaved
+    repeats cut into ``rounds`` rounds, re-timed up to ``retries`` times when a spread exceeds ``bound``."""
+    def measure() -> tuple[dict[str, list[float]], str]:
+        return _samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph, device=device,
+                        graph_calls=graph_calls, hide_host=hide_host)
+    return stabilize(measure, rounds=rounds, bound=bound, retries=retries)
 
 
 def _host_pad_cycles(calls: dict[str, Callable[[], Any]], names: list[str], dev: torch.device) -> int:

@@ -5,7 +5,8 @@
 the probe and its kernels load only when used.
 """
 
-from warpforge.hw.roofline import Ceilings, ceilings, dtype_key, roofline
+from warpforge.hw.roofline import CeilingError, Ceilings, ceilings, check_fraction, dtype_key, roofline
 from warpforge.hw.specs import SPECS, DeviceSpec, spec_for
 
-__all__ = ["SPECS", "Ceilings", "DeviceSpec", "ceilings", "dtype_key", "roofline", "spec_for"]
+__all__ = ["SPECS", "CeilingError", "Ceilings", "DeviceSpec", "ceilings", "check_fraction", "dtype_key", "roofline",
+           "spec_for"]

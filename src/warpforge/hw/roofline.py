@@ -1,11 +1,16 @@
 """Roofline math: the floor time of a piece of work under the device's ceilings, and how close we got.
 
 floor = max(flops / peak[dtype], bytes / bandwidth); the larger term names the bound; the fraction
-achieved is floor / measured. Ceilings come, in order of preference, from
+achieved is floor / measured. A ceiling must be one: nothing may run above it. So where both exist,
+each ceiling (every precision's peak and the HBM bandwidth) is the LARGER of the datasheet's dense
+figure and the probe's measurement: a probed cuBLAS rate is what cuBLAS reached, not what the chip can
+do (a kernel beating it read "109% of the roof" against it). A fraction above 1.0 is then a bug in a
+ceiling or in a work count, and ``roofline(..., strict=True)`` raises :class:`CeilingError` for it.
+Ceilings come, in order of preference, from
 
-1. the probe cache of the device (``warpforge probe`` measured them: source ``"probe ..."``);
-   precisions the probe could not measure (no fp8 tensor cores, an error) fall back to the
-   datasheet, else to the rules in :func:`_fill_missing`;
+1. the probe cache of the device (``warpforge probe`` measured them: source ``"probe ..."``), each
+   raised to the datasheet's figure where that is higher; precisions the probe could not measure (no
+   fp8 tensor cores, an error) take the datasheet's, else the rules in :func:`_fill_missing`;
 2. the datasheet (:mod:`warpforge.hw.specs`: source ``"datasheet ..."``);
 3. for the CPU with no probe cache, a fixed nominal estimate (source says so); deliberately not
    measured here, because ceilings() is called per benchmark record and must be cheap and
@@ -45,6 +50,10 @@ _STR_ALIASES = {
     "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
     "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "uint8": "int8",
 }
+
+
+class CeilingError(ValueError):
+    """A roofline fraction (or a utilisation) above 1.0: the ceiling or the work count is wrong."""
 
 
 def dtype_key(dtype: torch.dtype | str) -> str:
@@ -128,20 +137,26 @@ def ceilings_from_probe(result: dict[str, Any]) -> Ceilings:
         raise ValueError("probe result has no HBM bandwidth figure")
     measured = {k: v.get("tflops") for k, v in result.get("matmul", {}).items() if isinstance(v, dict)}
     spec = spec_for(name)
-    used_sheet = []
-    tf: dict[str, float | None] = {k: measured.get(k) for k in PRECISIONS}
+    sheet = spec.tflops if spec is not None else {}
+    tf: dict[str, float | None] = {}
+    raised: list[str] = []  # precisions where the datasheet is above what the probe measured
     for k in PRECISIONS:
-        if not tf[k] and spec is not None and spec.tflops[k]:
-            tf[k] = spec.tflops[k]
-            used_sheet.append(k)
+        m, d = measured.get(k) or None, sheet.get(k) or None
+        tf[k] = max(x for x in (m, d) if x) if (m or d) else None
+        if d and (not m or d > m):
+            raised.append(k)
     if not tf["fp32"]:
         raise ValueError("probe result has no fp32 matmul figure and the device has no datasheet")
+    hbm_bw = max(bw)
+    if spec is not None and spec.hbm_GBps > hbm_bw:
+        hbm_bw = float(spec.hbm_GBps)
+        raised.append("hbm")
     source = f"probe (measured {where})"
-    if used_sheet:
-        source += f"; datasheet for {', '.join(used_sheet)}"
+    if raised:
+        source += f"; datasheet {spec.name} where higher: {', '.join(raised)}"  # type: ignore[union-attr]
     sweep = result.get("sweep")
     l2 = sweep.get("plateau_GBps") if isinstance(sweep, dict) else None
-    return Ceilings(device=name, hbm_GBps=max(bw), tflops=_fill_missing(tf),
+    return Ceilings(device=name, hbm_GBps=hbm_bw, tflops=_fill_missing(tf),
                     l2_GBps=float(l2) if l2 else None, source=source)
 
 
@@ -194,7 +209,7 @@ def ceilings(device: torch.device | str | int | None = None) -> Ceilings:
 
 
 def roofline(flops: float, bytes_moved: float, dtype: torch.dtype | str, measured_ms: float | None,
-             ceil: Ceilings | None = None) -> dict[str, Any]:
+             ceil: Ceilings | None = None, *, strict: bool = False) -> dict[str, Any]:
     """Floor time of work doing ``flops`` in ``dtype`` and moving ``bytes_moved`` through device memory.
 
     Returns {"floor_ms", "fraction", "bound", "compute_ms", "memory_ms"}:
@@ -202,6 +217,10 @@ def roofline(flops: float, bytes_moved: float, dtype: torch.dtype | str, measure
     bound = "compute" when compute_ms > memory_ms else "memory" (a tie counts as memory-bound),
     fraction = floor_ms / measured_ms (None when measured_ms is None). With flops == 0 the
     precision is not looked up (integer copies have no compute ceiling).
+
+    ``strict``: a fraction above 1.0 raises :class:`CeilingError` (the benchmark records: a figure above
+    its ceiling is a bug, never a result). Left off, it is returned as is: the profiler places single
+    operators whose operands may sit in L2, above the HBM roof.
     """
     for label, v in (("flops", flops), ("bytes_moved", bytes_moved)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -213,10 +232,22 @@ def roofline(flops: float, bytes_moved: float, dtype: torch.dtype | str, measure
     compute_ms = flops / (c.tflops[dtype_key(dtype)] * 1e12) * 1e3 if flops > 0 else 0.0
     memory_ms = bytes_moved / (c.hbm_GBps * 1e9) * 1e3
     floor_ms = max(compute_ms, memory_ms)
+    fraction = floor_ms / measured_ms if measured_ms is not None else None
+    if strict and fraction is not None:
+        check_fraction(fraction, "roofline fraction", c.source or c.device)
     return {
         "floor_ms": floor_ms,
-        "fraction": floor_ms / measured_ms if measured_ms is not None else None,
+        "fraction": fraction,
         "bound": "compute" if compute_ms > memory_ms else "memory",
         "compute_ms": compute_ms,
         "memory_ms": memory_ms,
     }
+
+
+def check_fraction(value: float, what: str, against: str) -> float:
+    """``value`` when it is at most 1.0 (plus float slack), else :class:`CeilingError`: a roofline fraction,
+    an mfu or an mbu above one means a ceiling below what ran, or work counted that did not run."""
+    if value > 1.0 + 1e-9:
+        raise CeilingError(f"{what} {value:.4g} > 1 against {against}: the ceiling or the work count is wrong; "
+                           "the figure is not stored")
+    return value
