@@ -35,11 +35,13 @@ def _fig(x: float | None) -> str:
     return "—" if x is None else f"{x:,.1f}" if x >= 10 else f"{x:.3g}"
 
 
-def _ratio(r: float | None) -> str:
+def _ratio(r: float | None, interval: list[float] | None = None) -> str:
+    """A ratio with its interval (the lowest and highest per-round ratio) when the record has one."""
     if r is None:
         return "—"
     color = "green" if r > 1 else "red" if r < 1 else ""
-    return f"[{color}]{r:.2f}x[/]" if color else f"{r:.2f}x"
+    shown = f"{r:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+    return f"[{color}]{shown}[/]" if color else shown
 
 
 def _correct(c: dict[str, Any]) -> str:
@@ -76,12 +78,14 @@ def records_table(records: list[dict[str, Any]], title: str | None = None) -> Ta
     for r in records:
         ours, metric = r["ours"], r.get("metric", "GBps")
         fig = _fig(ours.get(metric)) + ("" if len(metrics) == 1 else f" {UNITS.get(metric, metric)}")
-        row = [escape(r["case"]), "[bold red]error[/]" if "error" in ours else _ms(ours["ms"]),
+        noisy = (r.get("stability") or {}).get("noisy")
+        row = [escape(r["case"]) + (" [yellow]noisy[/]" if noisy else ""),
+               "[bold red]error[/]" if "error" in ours else _ms(ours["ms"]),
                "—" if "error" in ours else fig]
         for p in peers:
             pr = r["peers"].get(p)
             row.append("—" if pr is None else "[yellow]error[/]" if "error" in pr else _ms(pr["ms"]))
-        row += [_ratio(r["ratio"].get(p)) for p in peers]
+        row += [_ratio(r["ratio"].get(p), (r.get("ratio_interval") or {}).get(p)) for p in peers]
         row += [_roof(r["roofline"]), _correct(r["correct"])]
         t.add_row(*row)
     return t
@@ -98,10 +102,27 @@ def _print_errors(records: list[dict[str, Any]], console: Console) -> None:
         for name, p in r["peers"].items():
             if "error" not in p and not p["correct"]["ok"]:
                 console.print(f"[yellow]peer {escape(name)} is wrong[/] in {escape(r['case'])} "
-                              f"(rel_err {p['correct'].get('rel_err')})")
+                              f"(rel_err {p['correct'].get('rel_err')}): shown, no ratio taken against it")
+        for name, why in (r.get("ratio_null") or {}).items():
+            if "error" not in r["peers"].get(name, {}) and r["peers"].get(name, {}).get("correct", {}).get("ok"):
+                console.print(f"[yellow]no ratio vs {escape(name)}[/] in {escape(r['case'])}: {escape(why)}")
+        stab = r.get("stability") or {}
+        if stab.get("noisy"):
+            worst = {n: s for n, s in (stab.get("spread") or {}).items()
+                     if any(v is None or v > stab["bound"] for v in s.values())}
+            shown = ", ".join(f"{escape(n)} rounds {_spread(s.get('rounds'))} p80/p20 {_spread(s.get('p80_p20'))}"
+                              for n, s in worst.items())
+            console.print(f"[yellow]noisy[/] {escape(r['case'])}: after {stab.get('attempts')} attempt(s) the spread "
+                          f"exceeds {stab['bound']:.2f} ({shown})")
+        for msg in r.get("figure_errors") or []:
+            console.print(f"[bold red]figure bug[/] in {escape(r['case'])}: {escape(msg)}")
 
 
-def _environment(records: list[dict[str, Any]], console: Console) -> None:
+def _spread(x: float | None) -> str:
+    return "unbounded" if x is None else f"{x:.2f}"
+
+
+def _environment(records: list[dict[str, Any]], console: Console, host_shown: str | None = None) -> None:
     if not records:
         return
     r = records[0]
@@ -111,7 +132,11 @@ def _environment(records: list[dict[str, Any]], console: Console) -> None:
     t = r.get("timing", {})
     console.print(f"[dim]device: {escape(what)}; {escape(extra)}; git {r['git'] or 'none'}; "
                   f"timing: {t.get('method')}, {t.get('warmup')} warm-up, median of {t.get('rep')}; "
-                  "ratio = peer ms / ours ms (above 1: warpforge faster)[/]")
+                  "ratio = peer ms / ours ms (above 1: warpforge faster), on the same work, against peers that "
+                  "passed their check; (low-high): the per-round range[/]")
+    warnings = {w for x in records if (w := (x.get("host") or {}).get("warning"))}
+    for w in sorted(warnings - {host_shown}):  # a busy machine during the run (the start's line is not repeated)
+        console.print(f"[yellow]{escape(w)}[/]")
     sources = {r["roofline"].get("ceilings") for r in records if r["roofline"]}
     if sources:
         console.print(f"[dim]roofline against: {escape('; '.join(sorted(str(x) for x in sources)))}[/]")
@@ -207,6 +232,11 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
     device = default_device()
     if device.type == "cpu":
         console.print(f"[yellow]{CPU_NOTE}[/]")
+    from warpforge.bench.host import check_host
+
+    host_warning = check_host(device).warning  # checked again before each case, and kept in its record
+    if host_warning:
+        console.print(f"[yellow]{escape(host_warning)}[/]")
     started = now_iso()
     records: list[dict] = []
     if out:
@@ -244,7 +274,7 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
         _print_json(records)
     console.print(records_table(records, title=f"{s.name}" + (" (quick)" if quick else "")))
     _print_errors(records, console)
-    _environment(records, console)
+    _environment(records, console, host_shown=host_warning)
 
     rc = 130 if interrupted else 0
     if out:
@@ -264,6 +294,11 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
     if failed:
         console.print(f"[bold red]correctness FAILED for ours in {len(failed)} case(s):[/] "
                       f"{escape(', '.join(failed))}")
+        rc = rc or 1
+    bugs = [r["case"] for r in records if r.get("figure_errors")]
+    if bugs:  # a fraction above its ceiling: a bug in a ceiling or a work count, not a result
+        console.print(f"[bold red]figures above their ceilings in {len(bugs)} case(s) (not stored as figures):[/] "
+                      f"{escape(', '.join(bugs))}")
         rc = rc or 1
     return rc
 
