@@ -3,9 +3,10 @@
 >>> from warpforge.splat import rasterize
 >>> images, alphas, meta = rasterize(means, quats, scales, opacities, sh, viewmats, Ks, 1920, 1080, sh_degree=3)
 
-``rasterize`` takes gsplat's ``rasterization()`` arguments and conventions; the stages it runs (``project``,
-``spherical_harmonics``, ``intersect_tiles``, ``tile_offsets``, ``rasterize_to_pixels``) are public too, and
-``render_reference`` is the dense torch render the tests hold it to. Names load on first use, so
+``rasterize`` takes gsplat's ``rasterization()`` arguments and conventions; the stages it runs are public too
+(``warpforge.splat.project.project``, whose name the submodule takes here, ``spherical_harmonics``,
+``intersect_tiles``, ``tile_offsets``, ``rasterize_to_pixels``), and ``render_reference`` is the dense torch
+render the tests hold it to. Names load on first use, so
 ``import warpforge.splat`` stays cheap (no torch, no Triton until a name is touched).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 _LAZY = {
     "rasterize": "render",
-    "project": "project", "Projection": "camera",
+    "Projection": "camera",
     "spherical_harmonics": "sh",
     "intersect_tiles": "tiles", "tile_offsets": "tiles",
     "rasterize_to_pixels": "blend",

@@ -1,16 +1,518 @@
-"""Stage 1: project 3D Gaussians into each camera (EWA splatting with gsplat's low-pass filter)."""
+"""Stage 1: project 3D Gaussians into each camera (EWA splatting with gsplat's low-pass filter).
+
+Triton forward: one program per block of BLOCK Gaussians. It builds each Gaussian's world covariance
+R S S^T R^T once, then loops over the cameras: camera-space centre and covariance, the camera model's
+projection and Jacobian (pinhole or equidistant fisheye, a constexpr), the 2D covariance plus eps2d, its
+inverse (the conic), the opacity-aware radii and the culling tests (``reference.project_reference`` is the same
+math in torch). Outputs are [C, N, ...]; a culled pair writes zeros.
+
+Triton backward: the same programs and camera loop, recomputing the forward per camera (cheaper than saving
+it); each program sums its Gaussians' gradients over the cameras in registers and stores them once, so no
+atomics and a deterministic result. Chain: conic -> 2D covariance -> (camera covariance, Jacobian) -> world
+covariance -> (R S) -> quaternion (through its normalization) and scales; the centre collects the projected
+centre's, the Jacobian's and the depth's gradients.
+
+CPU: ``reference.project_reference`` (autograd).
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import triton
+import triton.language as tl
 
+from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels._dispatch import use_triton
 from warpforge.splat import reference as ref
 from warpforge.splat.camera import Projection, camera_model_code, check_cameras
 
 __all__ = ["Projection", "project"]
 
+BLOCK = 128  # Gaussians per program
+NUM_WARPS = 4
+PI: tl.constexpr = tl.constexpr(math.pi)
+
+
+# ---- shared math -------------------------------------------------------------------------------------------
+
+@triton.jit
+def _load_gaussian(quats_ptr, scales_ptr, g, mask):
+    """Unit quaternion (w, x, y, z), R, and M = R S of a block of Gaussians (``reference.covariance_3d``)."""
+    qw = tl.load(quats_ptr + 4 * g, mask=mask, other=1.0)
+    qx = tl.load(quats_ptr + 4 * g + 1, mask=mask, other=0.0)
+    qy = tl.load(quats_ptr + 4 * g + 2, mask=mask, other=0.0)
+    qz = tl.load(quats_ptr + 4 * g + 3, mask=mask, other=0.0)
+    qn = tl.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
+    inv = 1.0 / tl.maximum(qn, 1e-12)  # F.normalize's eps
+    w, x, y, z = qw * inv, qx * inv, qy * inv, qz * inv
+    r00 = 1.0 - 2.0 * (y * y + z * z)
+    r01 = 2.0 * (x * y - w * z)
+    r02 = 2.0 * (x * z + w * y)
+    r10 = 2.0 * (x * y + w * z)
+    r11 = 1.0 - 2.0 * (x * x + z * z)
+    r12 = 2.0 * (y * z - w * x)
+    r20 = 2.0 * (x * z - w * y)
+    r21 = 2.0 * (y * z + w * x)
+    r22 = 1.0 - 2.0 * (x * x + y * y)
+    sx = tl.load(scales_ptr + 3 * g, mask=mask, other=0.0)
+    sy = tl.load(scales_ptr + 3 * g + 1, mask=mask, other=0.0)
+    sz = tl.load(scales_ptr + 3 * g + 2, mask=mask, other=0.0)
+    return (w, x, y, z, qn, r00, r01, r02, r10, r11, r12, r20, r21, r22, sx, sy, sz,
+            r00 * sx, r01 * sy, r02 * sz, r10 * sx, r11 * sy, r12 * sz, r20 * sx, r21 * sy, r22 * sz)
+
+
+@triton.jit
+def _sandwich(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s11, s12, s22):
+    """A S A^T for symmetric S (6 entries in, 6 out: 00, 01, 02, 11, 12, 22)."""
+    t00 = a00 * s00 + a01 * s01 + a02 * s02
+    t01 = a00 * s01 + a01 * s11 + a02 * s12
+    t02 = a00 * s02 + a01 * s12 + a02 * s22
+    t10 = a10 * s00 + a11 * s01 + a12 * s02
+    t11 = a10 * s01 + a11 * s11 + a12 * s12
+    t12 = a10 * s02 + a11 * s12 + a12 * s22
+    t20 = a20 * s00 + a21 * s01 + a22 * s02
+    t21 = a20 * s01 + a21 * s11 + a22 * s12
+    t22 = a20 * s02 + a21 * s12 + a22 * s22
+    return (t00 * a00 + t01 * a01 + t02 * a02, t00 * a10 + t01 * a11 + t02 * a12, t00 * a20 + t01 * a21 + t02 * a22,
+            t10 * a10 + t11 * a11 + t12 * a12, t10 * a20 + t11 * a21 + t12 * a22, t20 * a20 + t21 * a21 + t22 * a22)
+
+
+@triton.jit
+def _load_camera(view_ptr, K_ptr, c):
+    v = view_ptr + 16 * c
+    k = K_ptr + 9 * c
+    return (tl.load(v), tl.load(v + 1), tl.load(v + 2), tl.load(v + 3), tl.load(v + 4), tl.load(v + 5),
+            tl.load(v + 6), tl.load(v + 7), tl.load(v + 8), tl.load(v + 9), tl.load(v + 10), tl.load(v + 11),
+            tl.load(k), tl.load(k + 4), tl.load(k + 2), tl.load(k + 5))
+
+
+@triton.jit
+def _atan2(y, x):
+    """atan2(y, x) for y >= 0, in [0, pi] (libdevice has atan2, the interpreter does not: one code for both).
+    Octant reduction to t in [0, 1], then t > tan(pi/8) folds to (t - 1) / (t + 1); the odd Taylor series to
+    u^15 on |u| <= tan(pi/8) is within 2e-8 of atan."""
+    ax = tl.abs(x)
+    hi = tl.maximum(y, ax)
+    lo = tl.minimum(y, ax)
+    t = lo / tl.maximum(hi, 1e-30)
+    big = t > 0.41421356237309503
+    u = tl.where(big, (t - 1.0) / (t + 1.0), t)
+    s = u * u
+    p = -1.0 / 15.0  # atan(u) = u (1 - s/3 + s^2/5 - ... - s^7/15), Horner in s = u^2
+    p = p * s + 1.0 / 13.0
+    p = p * s - 1.0 / 11.0
+    p = p * s + 1.0 / 9.0
+    p = p * s - 1.0 / 7.0
+    p = p * s + 1.0 / 5.0
+    p = p * s - 1.0 / 3.0
+    a = u * (p * s + 1.0)
+    a = tl.where(big, 0.7853981633974483 + a, a)
+    a = tl.where(y > ax, 0.5 * PI - a, a)
+    return tl.where(x < 0, PI - a, a)
+
+
+@triton.jit
+def _pinhole(x, y, z, fx, fy, cx, cy, W, H, CLAMP: tl.constexpr):
+    """``reference.pinhole_projection``: centre and Jacobian (taken at the centre clamped to the widened FOV)."""
+    rz = 1.0 / z
+    m0 = fx * x * rz + cx
+    m1 = fy * y * rz + cy
+    tan_x = 0.5 * W / fx
+    tan_y = 0.5 * H / fy
+    u = tl.minimum(tl.maximum(x * rz, -(cx / fx + CLAMP * tan_x)), (W - cx) / fx + CLAMP * tan_x)
+    v = tl.minimum(tl.maximum(y * rz, -(cy / fy + CLAMP * tan_y)), (H - cy) / fy + CLAMP * tan_y)
+    zero = tl.zeros_like(z)
+    return m0, m1, fx * rz, zero, -fx * u * rz, zero, fy * rz, -fy * v * rz
+
+
+@triton.jit
+def _pinhole_vjp(x, y, z, fx, fy, cx, cy, W, H, v_m0, v_m1, vj00, vj02, vj11, vj12, CLAMP: tl.constexpr):
+    """Gradient of (centre, Jacobian) of ``_pinhole`` with respect to the camera-space point."""
+    rz = 1.0 / z
+    tan_x = 0.5 * W / fx
+    tan_y = 0.5 * H / fy
+    ux = x * rz
+    uy = y * rz
+    lo_x, hi_x = -(cx / fx + CLAMP * tan_x), (W - cx) / fx + CLAMP * tan_x
+    lo_y, hi_y = -(cy / fy + CLAMP * tan_y), (H - cy) / fy + CLAMP * tan_y
+    u = tl.minimum(tl.maximum(ux, lo_x), hi_x)
+    v = tl.minimum(tl.maximum(uy, lo_y), hi_y)
+    in_x = ((ux >= lo_x) & (ux <= hi_x)).to(tl.float32)  # the clamp passes gradient inside its range
+    in_y = ((uy >= lo_y) & (uy <= hi_y)).to(tl.float32)
+    rz2 = rz * rz
+    v_x = v_m0 * fx * rz - vj02 * fx * in_x * rz2
+    v_y = v_m1 * fy * rz - vj12 * fy * in_y * rz2
+    v_z = (-(v_m0 * fx * x + v_m1 * fy * y) * rz2 - (vj00 * fx + vj11 * fy) * rz2
+           + vj02 * fx * (u * rz2 + in_x * x * rz2 * rz) + vj12 * fy * (v * rz2 + in_y * y * rz2 * rz))
+    return v_x, v_y, v_z
+
+
+@triton.jit
+def _fisheye(x, y, z, fx, fy, cx, cy, EPS: tl.constexpr):
+    """``reference.fisheye_projection``: equidistant centre and Jacobian (gsplat's formulas)."""
+    r = tl.sqrt(tl.maximum(x * x + y * y, 1e-30)) + EPS
+    theta = _atan2(r, z + EPS)
+    m0 = fx * x * theta / r + cx
+    m1 = fy * y * theta / r + cy
+    x2 = x * x + EPS
+    y2 = y * y
+    xy = x * y
+    s = x2 + y2
+    inv = 1.0 / (s + z * z)
+    b = _atan2(r, z) / r / s
+    a = z * inv / s
+    return (m0, m1, fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * inv,
+            fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * inv)
+
+
+@triton.jit
+def _fisheye_vjp(x, y, z, fx, fy, v_m0, v_m1, vj00, vj01, vj02, vj10, vj11, vj12, EPS: tl.constexpr):
+    """Gradient of (centre, Jacobian) of ``_fisheye`` with respect to the camera-space point (reverse mode
+    through its intermediates, last first)."""
+    rr = x * x + y * y
+    r0 = tl.sqrt(tl.maximum(rr, 1e-30))
+    r = r0 + EPS
+    zp = z + EPS
+    theta = _atan2(r, zp)
+    x2 = x * x + EPS
+    y2 = y * y
+    xy = x * y
+    s = x2 + y2
+    inv = 1.0 / (s + z * z)
+    th2 = _atan2(r, z)
+    b = th2 / r / s
+    a = z * inv / s
+    # the Jacobian's entries
+    v_a = fx * x2 * vj00 + fx * xy * vj01 + fy * xy * vj10 + fy * y2 * vj11
+    v_b = fx * y2 * vj00 - fx * xy * vj01 - fy * xy * vj10 + fy * x2 * vj11
+    v_x2 = fx * a * vj00 + fy * b * vj11
+    v_y2 = fx * b * vj00 + fy * a * vj11
+    v_xy = (a - b) * (fx * vj01 + fy * vj10)
+    v_inv = -fx * x * vj02 - fy * y * vj12
+    v_x = -fx * inv * vj02
+    v_y = -fy * inv * vj12
+    # a = z * inv / s; b = th2 / r / s
+    v_z = v_a * inv / s
+    v_inv += v_a * z / s
+    v_s = -v_a * a / s - v_b * b / s
+    v_th2 = v_b / (r * s)
+    v_r = -v_b * b / r
+    # inv = 1 / (s + z^2)
+    v_d = -v_inv * inv * inv
+    v_s += v_d
+    v_z += 2.0 * z * v_d
+    # th2 = atan2(r, z)
+    den2 = r * r + z * z
+    v_r += v_th2 * z / den2
+    v_z -= v_th2 * r / den2
+    v_x2 += v_s
+    v_y2 += v_s
+    # the centre: m = f * (x, y) * theta / r + c, theta = atan2(r, z + eps)
+    k = v_m0 * fx * x + v_m1 * fy * y
+    v_x += v_m0 * fx * theta / r
+    v_y += v_m1 * fy * theta / r
+    v_theta = k / r
+    v_r -= k * theta / (r * r)
+    den = r * r + zp * zp
+    v_r += v_theta * zp / den
+    v_z -= v_theta * r / den
+    v_x += 2.0 * x * v_x2 + y * v_xy
+    v_y += 2.0 * y * v_y2 + x * v_xy
+    v_rr = tl.where(rr >= 1e-30, v_r / (2.0 * r0), 0.0)  # r = sqrt(max(rr, 1e-30)) + eps
+    return v_x + 2.0 * x * v_rr, v_y + 2.0 * y * v_rr, v_z
+
+
+@triton.jit
+def _camera_gaussian(mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
+                     r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy, W, H, near, far, eps2d,
+                     CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr):
+    """One camera's view of a block of Gaussians: the safe camera-space point, projected centre, Jacobian,
+    camera covariance, Sigma_c J^T columns, the blurred 2D covariance (a, b, c) and whether depth and
+    determinant allow it."""
+    px = r00 * mx + r01 * my + r02 * mz + t0
+    py = r10 * mx + r11 * my + r12 * mz + t1
+    pz = r20 * mx + r21 * my + r22 * mz + t2
+    in_range = (pz >= near) & (pz <= far)
+    x = tl.where(in_range, px, 0.0)  # culled centres get a harmless stand-in (as the reference)
+    y = tl.where(in_range, py, 0.0)
+    z = tl.where(in_range, pz, 1.0)
+    if CAMERA == 0:
+        c0, c1, j00, j01, j02, j10, j11, j12 = _pinhole(x, y, z, fx, fy, cx, cy, W, H, CLAMP)
+    else:
+        c0, c1, j00, j01, j02, j10, j11, j12 = _fisheye(x, y, z, fx, fy, cx, cy, EPS)
+    # world covariance M M^T, then R_view (.) R_view^T
+    s00 = m00 * m00 + m01 * m01 + m02 * m02
+    s01 = m00 * m10 + m01 * m11 + m02 * m12
+    s02 = m00 * m20 + m01 * m21 + m02 * m22
+    s11 = m10 * m10 + m11 * m11 + m12 * m12
+    s12 = m10 * m20 + m11 * m21 + m12 * m22
+    s22 = m20 * m20 + m21 * m21 + m22 * m22
+    k00, k01, k02, k11, k12, k22 = _sandwich(r00, r01, r02, r10, r11, r12, r20, r21, r22, s00, s01, s02, s11, s12, s22)
+    u0 = k00 * j00 + k01 * j01 + k02 * j02  # Sigma_c J0^T
+    u1 = k01 * j00 + k11 * j01 + k12 * j02
+    u2 = k02 * j00 + k12 * j01 + k22 * j02
+    w0 = k00 * j10 + k01 * j11 + k02 * j12  # Sigma_c J1^T
+    w1 = k01 * j10 + k11 * j11 + k12 * j12
+    w2 = k02 * j10 + k12 * j11 + k22 * j12
+    a = j00 * u0 + j01 * u1 + j02 * u2 + eps2d
+    b = j00 * w0 + j01 * w1 + j02 * w2
+    c = j10 * w0 + j11 * w1 + j12 * w2 + eps2d
+    det = a * c - b * b
+    ok = in_range & (det > 0)
+    return (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
+            u0, u1, u2, w0, w1, w2, a, b, c, tl.where(ok, det, 1.0), ok)
+
+
+# ---- forward -----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _project_fwd_kernel(means_ptr, quats_ptr, scales_ptr, opac_ptr, view_ptr, K_ptr,
+                        means2d_ptr, conics_ptr, depths_ptr, radii_ptr,
+                        N, C, W, H, near, far, eps2d,
+                        CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, CUT_REL: tl.constexpr,
+                        CUT_ABS: tl.constexpr, ALPHA_MIN: tl.constexpr, MAX_R: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per BLOCK Gaussians, all cameras; outputs [C, N, ...]
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = g < N
+    mx = tl.load(means_ptr + 3 * g, mask=mask, other=0.0)
+    my = tl.load(means_ptr + 3 * g + 1, mask=mask, other=0.0)
+    mz = tl.load(means_ptr + 3 * g + 2, mask=mask, other=0.0)
+    op = tl.load(opac_ptr + g, mask=mask, other=0.0)
+    (_w, _x, _y, _z, _qn, _r00, _r01, _r02, _r10, _r11, _r12, _r20, _r21, _r22, _sx, _sy, _sz,
+     m00, m01, m02, m10, m11, m12, m20, m21, m22) = _load_gaussian(quats_ptr, scales_ptr, g, mask)
+    cut = 2.0 * tl.log(tl.maximum(op * 255.0, 1e-30))  # q at which alpha = ALPHA_MIN (reference.alpha_cutoff)
+    cut = tl.maximum(cut * (1.0 + CUT_REL) + CUT_ABS, 0.0)
+    Wf = W * 1.0
+    Hf = H * 1.0
+    n64 = tl.zeros([BLOCK], tl.int64) + N  # [C, N] offsets in int64 (N may be a constexpr 1)
+    for cam in range(C):
+        r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
+        (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
+         u0, u1, u2, w0, w1, w2, a, b, c, det, ok) = _camera_gaussian(
+            mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, r00, r01, r02, t0, r10, r11, r12, t1,
+            r20, r21, r22, t2, fx, fy, cx, cy, Wf, Hf, near, far, eps2d, CAMERA, CLAMP, EPS)
+        rx = tl.ceil(tl.sqrt(cut * a))
+        ry = tl.ceil(tl.sqrt(cut * c))
+        on_screen = (c0 + rx > 0) & (c0 - rx < Wf) & (c1 + ry > 0) & (c1 - ry < Hf)
+        keep = mask & ok & (op >= ALPHA_MIN) & on_screen
+        out = cam * n64 + g
+        tl.store(means2d_ptr + 2 * out, tl.where(keep, c0, 0.0), mask=mask)
+        tl.store(means2d_ptr + 2 * out + 1, tl.where(keep, c1, 0.0), mask=mask)
+        tl.store(conics_ptr + 3 * out, tl.where(keep, c / det, 0.0), mask=mask)
+        tl.store(conics_ptr + 3 * out + 1, tl.where(keep, -b / det, 0.0), mask=mask)
+        tl.store(conics_ptr + 3 * out + 2, tl.where(keep, a / det, 0.0), mask=mask)
+        tl.store(depths_ptr + out, tl.where(keep, pz, 0.0), mask=mask)
+        tl.store(radii_ptr + 2 * out, tl.where(keep, tl.minimum(rx, MAX_R), 0.0).to(tl.int32), mask=mask)
+        tl.store(radii_ptr + 2 * out + 1, tl.where(keep, tl.minimum(ry, MAX_R), 0.0).to(tl.int32), mask=mask)
+
+
+# ---- backward ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii_ptr,
+                        v_means2d_ptr, v_conics_ptr, v_depths_ptr, v_means_ptr, v_quats_ptr, v_scales_ptr,
+                        N, C, W, H, near, far, eps2d,
+                        CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per BLOCK Gaussians; gradients summed over the cameras in registers, stored once
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = g < N
+    mx = tl.load(means_ptr + 3 * g, mask=mask, other=0.0)
+    my = tl.load(means_ptr + 3 * g + 1, mask=mask, other=0.0)
+    mz = tl.load(means_ptr + 3 * g + 2, mask=mask, other=0.0)
+    (qw, qx, qy, qz, qn, q00, q01, q02, q10, q11, q12, q20, q21, q22, sx, sy, sz,
+     m00, m01, m02, m10, m11, m12, m20, m21, m22) = _load_gaussian(quats_ptr, scales_ptr, g, mask)
+    Wf = W * 1.0
+    Hf = H * 1.0
+    n64 = tl.zeros([BLOCK], tl.int64) + N
+    v_mx = tl.zeros([BLOCK], tl.float32)
+    v_my = tl.zeros([BLOCK], tl.float32)
+    v_mz = tl.zeros([BLOCK], tl.float32)
+    g00 = tl.zeros([BLOCK], tl.float32)  # dL/d(world covariance), symmetric
+    g01 = tl.zeros([BLOCK], tl.float32)
+    g02 = tl.zeros([BLOCK], tl.float32)
+    g11 = tl.zeros([BLOCK], tl.float32)
+    g12 = tl.zeros([BLOCK], tl.float32)
+    g22 = tl.zeros([BLOCK], tl.float32)
+    for cam in range(C):
+        r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
+        (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
+         u0, u1, u2, w0, w1, w2, a, b, c, det, ok) = _camera_gaussian(
+            mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, r00, r01, r02, t0, r10, r11, r12, t1,
+            r20, r21, r22, t2, fx, fy, cx, cy, Wf, Hf, near, far, eps2d, CAMERA, CLAMP, EPS)
+        out = cam * n64 + g
+        keep = mask & (tl.load(radii_ptr + 2 * out, mask=mask, other=0) > 0)  # culled pairs pass no gradient
+        v_m0 = tl.load(v_means2d_ptr + 2 * out, mask=keep, other=0.0)
+        v_m1 = tl.load(v_means2d_ptr + 2 * out + 1, mask=keep, other=0.0)
+        vA = tl.load(v_conics_ptr + 3 * out, mask=keep, other=0.0)
+        vB = tl.load(v_conics_ptr + 3 * out + 1, mask=keep, other=0.0)
+        vC = tl.load(v_conics_ptr + 3 * out + 2, mask=keep, other=0.0)
+        v_dep = tl.load(v_depths_ptr + out, mask=keep, other=0.0)
+        # conic = inverse of [[a, b], [b, c]]
+        A = c / det
+        B = -b / det
+        Cn = a / det
+        v_a = -(A * A * vA + A * B * vB + B * B * vC)
+        v_b = -(2.0 * A * B * vA + (A * Cn + B * B) * vB + 2.0 * B * Cn * vC)
+        v_c = -(B * B * vA + B * Cn * vB + Cn * Cn * vC)
+        # (a, b, c) = (J0 Sc J0^T, J0 Sc J1^T, J1 Sc J1^T): the Jacobian's gradient ...
+        vj00 = 2.0 * v_a * u0 + v_b * w0
+        vj01 = 2.0 * v_a * u1 + v_b * w1
+        vj02 = 2.0 * v_a * u2 + v_b * w2
+        vj10 = v_b * u0 + 2.0 * v_c * w0
+        vj11 = v_b * u1 + 2.0 * v_c * w1
+        vj12 = v_b * u2 + 2.0 * v_c * w2
+        # ... and the camera covariance's (symmetric)
+        hb = 0.5 * v_b
+        e00 = v_a * j00 * j00 + 2.0 * hb * j00 * j10 + v_c * j10 * j10
+        e01 = v_a * j00 * j01 + hb * (j00 * j11 + j01 * j10) + v_c * j10 * j11
+        e02 = v_a * j00 * j02 + hb * (j00 * j12 + j02 * j10) + v_c * j10 * j12
+        e11 = v_a * j01 * j01 + 2.0 * hb * j01 * j11 + v_c * j11 * j11
+        e12 = v_a * j01 * j02 + hb * (j01 * j12 + j02 * j11) + v_c * j11 * j12
+        e22 = v_a * j02 * j02 + 2.0 * hb * j02 * j12 + v_c * j12 * j12
+        d00, d01, d02, d11, d12, d22 = _sandwich(r00, r10, r20, r01, r11, r21, r02, r12, r22,
+                                                 e00, e01, e02, e11, e12, e22)  # R^T E R
+        g00 += d00
+        g01 += d01
+        g02 += d02
+        g11 += d11
+        g12 += d12
+        g22 += d22
+        if CAMERA == 0:
+            v_x, v_y, v_z = _pinhole_vjp(x, y, z, fx, fy, cx, cy, Wf, Hf, v_m0, v_m1, vj00, vj02, vj11, vj12, CLAMP)
+        else:
+            v_x, v_y, v_z = _fisheye_vjp(x, y, z, fx, fy, v_m0, v_m1, vj00, vj01, vj02, vj10, vj11, vj12, EPS)
+        v_z += v_dep
+        v_x = tl.where(keep, v_x, 0.0)
+        v_y = tl.where(keep, v_y, 0.0)
+        v_z = tl.where(keep, v_z, 0.0)
+        v_mx += r00 * v_x + r10 * v_y + r20 * v_z  # R_view^T v_p
+        v_my += r01 * v_x + r11 * v_y + r21 * v_z
+        v_mz += r02 * v_x + r12 * v_y + r22 * v_z
+    # Sigma = M M^T: dL/dM = 2 G M; M = R S
+    n00 = 2.0 * (g00 * m00 + g01 * m10 + g02 * m20)
+    n01 = 2.0 * (g00 * m01 + g01 * m11 + g02 * m21)
+    n02 = 2.0 * (g00 * m02 + g01 * m12 + g02 * m22)
+    n10 = 2.0 * (g01 * m00 + g11 * m10 + g12 * m20)
+    n11 = 2.0 * (g01 * m01 + g11 * m11 + g12 * m21)
+    n12 = 2.0 * (g01 * m02 + g11 * m12 + g12 * m22)
+    n20 = 2.0 * (g02 * m00 + g12 * m10 + g22 * m20)
+    n21 = 2.0 * (g02 * m01 + g12 * m11 + g22 * m21)
+    n22 = 2.0 * (g02 * m02 + g12 * m12 + g22 * m22)
+    v_sx = n00 * q00 + n10 * q10 + n20 * q20
+    v_sy = n01 * q01 + n11 * q11 + n21 * q21
+    v_sz = n02 * q02 + n12 * q12 + n22 * q22
+    v00, v01, v02 = n00 * sx, n01 * sy, n02 * sz  # dL/dR
+    v10, v11, v12 = n10 * sx, n11 * sy, n12 * sz
+    v20, v21, v22 = n20 * sx, n21 * sy, n22 * sz
+    vw = 2.0 * (-qz * v01 + qy * v02 + qz * v10 - qx * v12 - qy * v20 + qx * v21)
+    vx = 2.0 * (qy * v01 + qz * v02 + qy * v10 - 2.0 * qx * v11 - qw * v12 + qz * v20 + qw * v21 - 2.0 * qx * v22)
+    vy = 2.0 * (-2.0 * qy * v00 + qx * v01 + qw * v02 + qx * v10 + qz * v12 - qw * v20 + qz * v21 - 2.0 * qy * v22)
+    vz = 2.0 * (-2.0 * qz * v00 - qw * v01 + qx * v02 + qw * v10 - 2.0 * qz * v11 + qy * v12 + qx * v20 + qy * v21)
+    # q = q_raw / max(|q_raw|, 1e-12)
+    dot = qw * vw + qx * vx + qy * vy + qz * vz
+    inv = 1.0 / tl.maximum(qn, 1e-12)
+    big = qn > 1e-12
+    vw = tl.where(big, (vw - qw * dot) * inv, vw * inv)
+    vx = tl.where(big, (vx - qx * dot) * inv, vx * inv)
+    vy = tl.where(big, (vy - qy * dot) * inv, vy * inv)
+    vz = tl.where(big, (vz - qz * dot) * inv, vz * inv)
+    tl.store(v_means_ptr + 3 * g, v_mx, mask=mask)
+    tl.store(v_means_ptr + 3 * g + 1, v_my, mask=mask)
+    tl.store(v_means_ptr + 3 * g + 2, v_mz, mask=mask)
+    tl.store(v_quats_ptr + 4 * g, vw, mask=mask)
+    tl.store(v_quats_ptr + 4 * g + 1, vx, mask=mask)
+    tl.store(v_quats_ptr + 4 * g + 2, vy, mask=mask)
+    tl.store(v_quats_ptr + 4 * g + 3, vz, mask=mask)
+    tl.store(v_scales_ptr + 3 * g, v_sx, mask=mask)
+    tl.store(v_scales_ptr + 3 * g + 1, v_sy, mask=mask)
+    tl.store(v_scales_ptr + 3 * g + 2, v_sz, mask=mask)
+
+
+# ---- launchers ---------------------------------------------------------------------------------------------
+
+def _alloc(shape, dtype, device) -> torch.Tensor:
+    """Uninitialized output buffer (the tests swap in NaN-filled ones: every element must be written)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _check_kernel_args(named: list[tuple[str, torch.Tensor, tuple]], device) -> None:
+    """What the kernels index by hand: exact shapes, float32 (int32 for radii), one device, contiguous."""
+    for name, t, shape in named:
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+        want = torch.int32 if name == "radii" else torch.float32
+        if t.dtype != want:
+            raise ValueError(f"{name} must be {want}, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name} must be on {device}, got {t.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel indexes it densely)")
+
+
+def _consts(camera: int) -> dict:
+    return dict(CAMERA=camera, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera):
+    """Forward launcher: (means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32)."""
+    N, C, dev = means.shape[0], viewmats.shape[0], means.device
+    _check_kernel_args([("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
+                        ("opacities", opacities, (N,)), ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3))],
+                       dev)
+    means2d = _alloc((C, N, 2), torch.float32, dev)
+    conics = _alloc((C, N, 3), torch.float32, dev)
+    depths = _alloc((C, N), torch.float32, dev)
+    radii = _alloc((C, N, 2), torch.int32, dev)
+    if N:
+        _project_fwd_kernel[(triton.cdiv(N, BLOCK),)](
+            means, quats, scales, opacities, viewmats, Ks, means2d, conics, depths, radii, N, C, width, height,
+            float(near), float(far), float(eps2d), CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS,
+            ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS, **_consts(camera))
+    return means2d, conics, depths, radii
+
+
+def project_bwd_triton(means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, width, height,
+                       near, far, eps2d, camera):
+    """Backward launcher: (v_means [N,3], v_quats [N,4], v_scales [N,3])."""
+    N, C, dev = means.shape[0], viewmats.shape[0], means.device
+    _check_kernel_args([("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
+                        ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3)), ("radii", radii, (C, N, 2)),
+                        ("v_means2d", v_means2d, (C, N, 2)), ("v_conics", v_conics, (C, N, 3)),
+                        ("v_depths", v_depths, (C, N))], dev)
+    v_means = _alloc((N, 3), torch.float32, dev)
+    v_quats = _alloc((N, 4), torch.float32, dev)
+    v_scales = _alloc((N, 3), torch.float32, dev)
+    if N:
+        _project_bwd_kernel[(triton.cdiv(N, BLOCK),)](
+            means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, v_means, v_quats, v_scales,
+            N, C, width, height, float(near), float(far), float(eps2d), **_consts(camera))
+    return v_means, v_quats, v_scales
+
+
+class _Project(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera):
+        means, quats, scales, opacities, viewmats, Ks = (t.detach().contiguous() for t in
+                                                         (means, quats, scales, opacities, viewmats, Ks))
+        means2d, conics, depths, radii = project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width,
+                                                            height, near, far, eps2d, camera)
+        ctx.save_for_backward(means, quats, scales, viewmats, Ks, radii)
+        ctx.cfg = (width, height, near, far, eps2d, camera)
+        ctx.mark_non_differentiable(radii)
+        return means2d, conics, depths, radii
+
+    @staticmethod
+    def backward(ctx, v_means2d, v_conics, v_depths, _v_radii):
+        means, quats, scales, viewmats, Ks, radii = ctx.saved_tensors
+        v_means, v_quats, v_scales = project_bwd_triton(means, quats, scales, viewmats, Ks, radii,
+                                                        v_means2d.contiguous(), v_conics.contiguous(),
+                                                        v_depths.contiguous(), *ctx.cfg)
+        return v_means, v_quats, v_scales, None, None, None, None, None, None, None, None, None
+
+
+# ---- public ------------------------------------------------------------------------------------------------
 
 def project(means: torch.Tensor,  # [N, 3]
             quats: torch.Tensor,  # [N, 4] (w, x, y, z), normalized inside
@@ -21,12 +523,16 @@ def project(means: torch.Tensor,  # [N, 3]
             width: int, height: int, *, near: float = 0.01, far: float = 1e10, eps2d: float = 0.3,
             camera_model: str = "pinhole") -> Projection:
     """means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32 (the opacity-aware box; 0 = culled),
-    opacities [C,N]. Gradients flow to means, quats, scales and opacities (and through the torch path to
-    viewmats and Ks)."""
-    check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                            camera_model)
-    return ref.project_reference(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                                 camera_model)
+    opacities [C,N]. Gradients flow to means, quats, scales and opacities; the torch (CPU) path also gives
+    viewmats and Ks theirs, the Triton path gives the cameras none."""
+    C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
+                                   camera_model)
+    if not use_triton(means):
+        return ref.project_reference(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
+                                     camera_model)
+    means2d, conics, depths, radii = _Project.apply(means, quats, scales, opacities, viewmats, Ks, width, height,
+                                                    near, far, eps2d, camera_model_code(camera_model))
+    return Projection(means2d, conics, depths, radii, opacities[None].expand(C, N))
 
 
 def check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,

@@ -77,9 +77,9 @@ def _features(colors, means, viewmats, sh_degree, depths, background, render_mod
         if sh_degree is None:
             feats.append(colors if colors.dim() == 3 else colors[None].expand(C, *colors.shape))
         else:
-            coeffs = colors if colors.dim() == 4 else colors[None].expand(C, *colors.shape)
             dirs = means[None] - camera_centers(viewmats)[:, None]  # [C, N, 3]
-            feats.append(torch.clamp_min(spherical_harmonics(sh_degree, dirs, coeffs) + 0.5, 0.0))
+            # [N, K, 3] coefficients are shared by the cameras: the SH kernel reads them once per Gaussian
+            feats.append(torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors) + 0.5, 0.0))
         if background is not None:
             bg = background.expand(C, -1) if background.dim() == 1 else background
     if render_mode != "RGB":
