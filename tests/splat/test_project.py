@@ -135,3 +135,22 @@ def test_launcher_validates_its_buffers():
         project_mod.project_bwd_triton(args[0], args[1], args[2], args[4], args[5], torch.zeros(1, 8, 2).long(),
                                        torch.zeros(1, 8, 2), torch.zeros(1, 8, 3), torch.zeros(1, 8), WIDTH, HEIGHT,
                                        0.01, 1e10, 0.3, 0)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_without_spills(tmp_path):
+    """What the interpreter cannot check: the projection and SH kernels compile for the H200 (offline ptxas)
+    without spills, within the register budgets their launch shapes were chosen for."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.splat._sm90_core"], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(res) == 6 and all(r["spill_bytes"] == 0 for r in res.values()), res
+    assert all(r["regs"] <= 128 for r in res.values()), res  # >= 4 blocks of 4 warps a SM

@@ -194,3 +194,42 @@ def test_triton_pipeline_matches_dense_reference(render_mode, camera_model):
     got = _render(rasterize, s, bg=torch.tensor([0.1, 0.4, 0.2]), **kw)
     want = _render(render_reference, s, bg=torch.tensor([0.1, 0.4, 0.2]), **kw)
     _compare(got, want)
+
+
+def test_public_names_and_a_cheap_import():
+    import subprocess
+    import sys
+
+    import warpforge.splat as ws
+
+    for name in ws.__all__:
+        assert getattr(ws, name) is not None, name
+    assert sorted(dir(ws)) == sorted(ws.__all__)
+    code = "import sys, warpforge.splat; assert 'torch' not in sys.modules and 'triton' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+@pytest.mark.gpu
+def test_gpu_render_matches_the_cpu_path():
+    """On the H200: every stage's CUDA kernel against the torch path on the CPU at a size the interpreter cannot
+    run (2 cameras, 20k Gaussians, 320x240, SH degree 3), images and every gradient, both camera models."""
+    s = make_scene(20_000, 2, seed=21, width=320, height=240)
+    for camera_model in ("pinhole", "fisheye"):
+        out = {}
+        for dev in ("cpu", "cuda"):
+            p = {k: v.to(dev) for k, v in leaves(s).items()}
+            for k in PARAMS:
+                p[k] = p[k].detach().requires_grad_()
+            img, alpha, meta = rasterize(p["means"], p["quats"], p["scales"], p["opacities"], p["sh"],
+                                         p["viewmats"], p["Ks"], 320, 240, sh_degree=3, camera_model=camera_model,
+                                         absgrad=True)
+            g = torch.Generator().manual_seed(0)
+            w = torch.randn(img.shape, generator=g).to(dev)
+            (img * w).sum().backward()
+            out[dev] = [img.detach().cpu(), alpha.detach().cpu(), meta["means2d"].absgrad.cpu()] + \
+                [p[k].grad.cpu() for k in PARAMS]
+        # the GPU blend takes fast exp2 and division, and its atomics sum in another order: the issue's bar
+        # against gsplat (images within 1e-3 on average, gradients cosine > 0.999) applied to our own two paths
+        assert (out["cuda"][0] - out["cpu"][0]).abs().mean() < 1e-3
+        for a, b in zip(out["cuda"][1:], out["cpu"][1:]):
+            assert torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0) > 0.999

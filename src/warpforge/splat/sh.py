@@ -1,6 +1,6 @@
 """Stage 2: view-dependent colour from spherical harmonics (degrees 0..3), gsplat's basis and constants.
 
-Triton: one program per block of BLOCK coefficient rows (Gaussians). A row's coefficients [K, 3] are loaded
+Triton: one program per block of coefficient rows (Gaussians). A row's coefficients [K, 3] are loaded
 once, as three [BLOCK, KB] tiles, and reused for every direction that shares them: with coefficients shared
 across cameras (``coeffs`` [N, K, 3] against ``dirs`` [C, N, 3], what the render passes) the program loops
 over the C cameras, and in the backward it sums the coefficient gradient over them in registers before one
@@ -19,7 +19,11 @@ from warpforge.kernels._dispatch import use_triton
 from warpforge.splat import reference as ref
 
 MAX_DEGREE = 3
-BLOCK = 64  # coefficient rows per program
+# Coefficient rows per program. Offline sm_90 compiles (ptxas, K = 16, 4 warps): forward 64 rows 40-48
+# registers; backward 64 rows 192-204 registers, 32 rows 92-95 (no spills either way), so the backward takes
+# 32 rows for the occupancy. Chosen by register count; not yet timed on a GPU.
+BLOCK = 64
+BWD_BLOCK = 32
 NUM_WARPS = 4
 
 C0: tl.constexpr = tl.constexpr(ref.SH_C0)
@@ -219,8 +223,8 @@ def _check_kernel_args(dirs, coeffs, cams: int) -> None:
         raise ValueError(f"coeffs must be on {dirs.device} like dirs, got {coeffs.device}")
 
 
-def _meta(degree: int, K: int) -> dict:
-    return dict(DEGREE=degree, KB=max(16, triton.next_power_of_2(K)), BLOCK=BLOCK, num_warps=NUM_WARPS)
+def _meta(degree: int, K: int, block: int) -> dict:
+    return dict(DEGREE=degree, KB=max(16, triton.next_power_of_2(K)), BLOCK=block, num_warps=NUM_WARPS)
 
 
 def sh_fwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, cams: int) -> torch.Tensor:
@@ -229,7 +233,7 @@ def sh_fwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, cams: i
     N, K = coeffs.shape[:2]
     out = _alloc((cams * N, 3), torch.float32, dirs.device)
     if N:
-        _sh_fwd_kernel[(triton.cdiv(N, BLOCK),)](dirs, coeffs, out, N, cams, K, **_meta(degree, K))
+        _sh_fwd_kernel[(triton.cdiv(N, BLOCK),)](dirs, coeffs, out, N, cams, K, **_meta(degree, K, BLOCK))
     return out
 
 
@@ -244,8 +248,8 @@ def sh_bwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, v_out: 
     v_dirs = _alloc(dirs.shape, torch.float32, dirs.device)
     v_coeffs = _alloc(coeffs.shape, torch.float32, dirs.device)
     if N:
-        _sh_bwd_kernel[(triton.cdiv(N, BLOCK),)](dirs, coeffs, v_out, v_dirs, v_coeffs, N, cams, K,
-                                                 **_meta(degree, K))
+        _sh_bwd_kernel[(triton.cdiv(N, BWD_BLOCK),)](dirs, coeffs, v_out, v_dirs, v_coeffs, N, cams, K,
+                                                     **_meta(degree, K, BWD_BLOCK))
     return v_dirs, v_coeffs
 
 

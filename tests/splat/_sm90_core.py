@@ -1,0 +1,38 @@
+"""Compile the projection and SH kernels for sm_90 without a GPU (Triton's bundled ptxas); print one JSON line of
+registers and spills per kernel. Run with TRITON_INTERPRET=0 and a TRITON_CACHE_DIR (see _sm90_splat.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import tests.kernels.attention._sm90_compile as sm90
+from warpforge.splat import project as P
+from warpforge.splat import reference as ref
+from warpforge.splat import sh as S
+
+
+def main() -> None:
+    sm90.FLOATS = set(sm90.FLOATS) | {"near", "far", "eps2d"}  # the projection's float scalars
+
+    def types(fn):
+        return {n: ("*i32" if n == "radii_ptr" else "*fp32") for n in fn.arg_names if n.endswith("_ptr")}
+
+    res = {}
+    for cam, name in enumerate(("pinhole", "fisheye")):
+        base = dict(CAMERA=cam, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, BLOCK=P.BLOCK)
+        res[f"project_fwd {name}"] = sm90.compile_one(
+            P._project_fwd_kernel, types(P._project_fwd_kernel),
+            dict(base, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS),
+            P.NUM_WARPS, 1)
+        res[f"project_bwd {name}"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel), base,
+                                                      P.NUM_WARPS, 1)
+    res["sh_fwd d3"] = sm90.compile_one(S._sh_fwd_kernel, types(S._sh_fwd_kernel),
+                                        dict(DEGREE=3, KB=16, BLOCK=S.BLOCK), S.NUM_WARPS, 1)
+    res["sh_bwd d3"] = sm90.compile_one(S._sh_bwd_kernel, types(S._sh_bwd_kernel),
+                                        dict(DEGREE=3, KB=16, BLOCK=S.BWD_BLOCK), S.NUM_WARPS, 1)
+    json.dump(res, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
