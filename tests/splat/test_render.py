@@ -18,8 +18,8 @@ PARAMS = ("means", "quats", "scales", "opacities", "sh")
 TOL = 1e-4
 
 
-def _render(fn, s, *, bg=None, extra=(), **kw):
-    p = leaves(s)
+def _render(fn, s, *, bg=None, extra=(), keys=PARAMS, **kw):
+    p = leaves(s, keys)
     extra_leaves = [t.detach().clone().requires_grad_() for t in extra]
     if bg is not None:
         bg = bg.detach().clone().requires_grad_()
@@ -31,7 +31,7 @@ def _render(fn, s, *, bg=None, extra=(), **kw):
     g = torch.Generator().manual_seed(7)
     loss = (img * torch.randn(img.shape, generator=g)).sum() + (alpha * torch.randn(alpha.shape, generator=g)).sum()
     loss.backward()
-    grads = {k: p[k].grad for k in PARAMS if p[k].grad is not None}
+    grads = {k: p[k].grad for k in keys if p[k].grad is not None}
     grads.update({f"extra{i}": t.grad for i, t in enumerate(extra_leaves)})
     if bg is not None:
         grads["background"] = bg.grad
@@ -203,9 +203,10 @@ def test_tight_bound_keeps_every_pixel_of_the_3sigma_square():
 @pytest.mark.usefixtures("triton_on_cpu")
 @pytest.mark.parametrize("render_mode,camera_model", [("RGB", "pinhole"), ("RGB+ED", "fisheye")])
 def test_triton_pipeline_matches_dense_reference(render_mode, camera_model):
-    """Every stage through its Triton kernel (interpreter): project, SH, intersection, sort, offsets, blend."""
+    """Every stage through its Triton kernel (interpreter): project, SH, intersection, sort, offsets, blend; the
+    camera poses require grad too."""
     s = make_scene(67, 2, seed=4)
-    kw = dict(sh_degree=3, render_mode=render_mode, camera_model=camera_model)
+    kw = dict(sh_degree=3, render_mode=render_mode, camera_model=camera_model, keys=(*PARAMS, "viewmats"))
     got = _render(rasterize, s, bg=torch.tensor([0.1, 0.4, 0.2]), **kw)
     want = _render(render_reference, s, bg=torch.tensor([0.1, 0.4, 0.2]), **kw)
     _compare(got, want)

@@ -315,9 +315,11 @@ def _project_fwd_kernel(means_ptr, quats_ptr, scales_ptr, opac_ptr, view_ptr, K_
 @triton.jit
 def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii_ptr,
                         v_means2d_ptr, v_conics_ptr, v_depths_ptr, v_means_ptr, v_quats_ptr, v_scales_ptr,
-                        N, C, W, H, near, far, eps2d,
-                        CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, BLOCK: tl.constexpr):
-    # one program per BLOCK Gaussians; gradients summed over the cameras in registers, stored once
+                        v_view_ptr, N, C, W, H, near, far, eps2d,
+                        CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, VIEW_GRAD: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    # one program per BLOCK Gaussians; gradients summed over the cameras in registers, stored once. With
+    # VIEW_GRAD, each camera's [R | t] gradient is summed over the block and added atomically (12 per camera).
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = g < N
     mx = tl.load(means_ptr + 3 * g, mask=mask, other=0.0)
@@ -392,6 +394,37 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
         v_mx += r00 * v_x + r10 * v_y + r20 * v_z  # R_view^T v_p
         v_my += r01 * v_x + r11 * v_y + r21 * v_z
         v_mz += r02 * v_x + r12 * v_y + r22 * v_z
+        if VIEW_GRAD:
+            # p = R m + t: dL/dR += v_p m^T, dL/dt = v_p; Sigma_c = R Sigma R^T: dL/dR += 2 E R Sigma
+            s00 = m00 * m00 + m01 * m01 + m02 * m02
+            s01 = m00 * m10 + m01 * m11 + m02 * m12
+            s02 = m00 * m20 + m01 * m21 + m02 * m22
+            s11 = m10 * m10 + m11 * m11 + m12 * m12
+            s12 = m10 * m20 + m11 * m21 + m12 * m22
+            s22 = m20 * m20 + m21 * m21 + m22 * m22
+            a00 = r00 * s00 + r01 * s01 + r02 * s02  # R Sigma
+            a01 = r00 * s01 + r01 * s11 + r02 * s12
+            a02 = r00 * s02 + r01 * s12 + r02 * s22
+            a10 = r10 * s00 + r11 * s01 + r12 * s02
+            a11 = r10 * s01 + r11 * s11 + r12 * s12
+            a12 = r10 * s02 + r11 * s12 + r12 * s22
+            a20 = r20 * s00 + r21 * s01 + r22 * s02
+            a21 = r20 * s01 + r21 * s11 + r22 * s12
+            a22 = r20 * s02 + r21 * s12 + r22 * s22
+            vv = v_view_ptr + 16 * cam
+            tl.atomic_add(vv, tl.sum(v_x * mx + 2.0 * (e00 * a00 + e01 * a10 + e02 * a20), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 1, tl.sum(v_x * my + 2.0 * (e00 * a01 + e01 * a11 + e02 * a21), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 2, tl.sum(v_x * mz + 2.0 * (e00 * a02 + e01 * a12 + e02 * a22), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 3, tl.sum(v_x, axis=0), sem="relaxed")
+            tl.atomic_add(vv + 4, tl.sum(v_y * mx + 2.0 * (e01 * a00 + e11 * a10 + e12 * a20), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 5, tl.sum(v_y * my + 2.0 * (e01 * a01 + e11 * a11 + e12 * a21), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 6, tl.sum(v_y * mz + 2.0 * (e01 * a02 + e11 * a12 + e12 * a22), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 7, tl.sum(v_y, axis=0), sem="relaxed")
+            tl.atomic_add(vv + 8, tl.sum(v_z * mx + 2.0 * (e02 * a00 + e12 * a10 + e22 * a20), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 9, tl.sum(v_z * my + 2.0 * (e02 * a01 + e12 * a11 + e22 * a21), axis=0), sem="relaxed")
+            tl.atomic_add(vv + 10, tl.sum(v_z * mz + 2.0 * (e02 * a02 + e12 * a12 + e22 * a22), axis=0),
+                          sem="relaxed")
+            tl.atomic_add(vv + 11, tl.sum(v_z, axis=0), sem="relaxed")
     # Sigma = M M^T: dL/dM = 2 G M; M = R S
     n00 = 2.0 * (g00 * m00 + g01 * m10 + g02 * m20)
     n01 = 2.0 * (g00 * m01 + g01 * m11 + g02 * m21)
@@ -476,8 +509,8 @@ def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, hei
 
 
 def project_bwd_triton(means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, width, height,
-                       near, far, eps2d, camera):
-    """Backward launcher: (v_means [N,3], v_quats [N,4], v_scales [N,3])."""
+                       near, far, eps2d, camera, view_grad: bool = False):
+    """Backward launcher: (v_means [N,3], v_quats [N,4], v_scales [N,3], v_viewmats [C,4,4] or None)."""
     N, C, dev = means.shape[0], viewmats.shape[0], means.device
     _check_kernel_args([("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
                         ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3)), ("radii", radii, (C, N, 2)),
@@ -486,11 +519,13 @@ def project_bwd_triton(means, quats, scales, viewmats, Ks, radii, v_means2d, v_c
     v_means = _alloc((N, 3), torch.float32, dev)
     v_quats = _alloc((N, 4), torch.float32, dev)
     v_scales = _alloc((N, 3), torch.float32, dev)
+    v_view = torch.zeros((C, 4, 4), dtype=torch.float32, device=dev) if view_grad else None  # atomics add into it
     if N:
         _project_bwd_kernel[(triton.cdiv(N, BLOCK),)](
             means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, v_means, v_quats, v_scales,
-            N, C, width, height, float(near), float(far), float(eps2d), **_consts(camera))
-    return v_means, v_quats, v_scales
+            v_view if view_grad else v_means, N, C, width, height, float(near), float(far), float(eps2d),
+            VIEW_GRAD=view_grad, **_consts(camera))
+    return v_means, v_quats, v_scales, v_view
 
 
 class _Project(torch.autograd.Function):
@@ -508,10 +543,10 @@ class _Project(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_means2d, v_conics, v_depths, _v_radii):
         means, quats, scales, viewmats, Ks, radii = ctx.saved_tensors
-        v_means, v_quats, v_scales = project_bwd_triton(means, quats, scales, viewmats, Ks, radii,
-                                                        v_means2d.contiguous(), v_conics.contiguous(),
-                                                        v_depths.contiguous(), *ctx.cfg)
-        return v_means, v_quats, v_scales, None, None, None, None, None, None, None, None, None
+        v_means, v_quats, v_scales, v_view = project_bwd_triton(
+            means, quats, scales, viewmats, Ks, radii, v_means2d.contiguous(), v_conics.contiguous(),
+            v_depths.contiguous(), *ctx.cfg, view_grad=ctx.needs_input_grad[4])
+        return v_means, v_quats, v_scales, None, v_view, None, None, None, None, None, None, None
 
 
 # ---- public ------------------------------------------------------------------------------------------------
@@ -525,8 +560,8 @@ def project(means: torch.Tensor,  # [N, 3]
             width: int, height: int, *, near: float = 0.01, far: float = 1e10, eps2d: float = 0.3,
             camera_model: str = "pinhole") -> Projection:
     """means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32 (the opacity-aware box; 0 = culled),
-    opacities [C,N]. Gradients flow to means, quats, scales and opacities; the torch (CPU) path also gives
-    viewmats and Ks theirs, the Triton path gives the cameras none."""
+    opacities [C,N]. Gradients flow to means, quats, scales, opacities and viewmats (when it requires grad:
+    camera pose refinement); Ks get one on the torch (CPU) path only."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                                    camera_model)
     if not use_triton(means):

@@ -42,8 +42,9 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     depth: accumulated depth / alpha), "RGB+ED" (D + 1 channels). With ``sh_degree`` the colours are SH
     evaluated along mean - camera centre, plus 0.5, clamped at 0. ``meta["means2d"]`` is the tensor the blend
     consumed; after backward its ``.grad`` (and, with ``absgrad=True``, ``.absgrad``: the sum over pixels of
-    |dL/dmeans2d|) are what densification reads. Differentiable in means, quats, scales, opacities, colors
-    and background. Bad input raises ValueError with one line naming what is wrong.
+    |dL/dmeans2d|) are what densification reads. Differentiable in means, quats, scales, opacities, colors,
+    background and viewmats (Ks on the CPU path only). Bad input raises ValueError with one line naming what
+    is wrong.
     """
     C, N, D = check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near,
                            far, tile_size, background, render_mode, camera_model, eps2d)
