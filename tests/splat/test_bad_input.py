@@ -134,3 +134,21 @@ def test_nothing_visible_renders_the_background(s):
     img, alpha, meta = _call(far_behind, background=bg)
     assert (meta["radii"][0] == 0).all() and meta["isect_ids"].numel() >= 0
     assert torch.equal(img[0], bg.expand(HEIGHT, WIDTH, 3)) and (alpha[0] == 0).all()
+
+
+def test_huge_finite_values_are_not_mistaken_for_inf():
+    """The NaN/inf check sums each tensor first; a sum that overflows on finite values must not raise."""
+    render.check_finite([("means", torch.full((4, 3), 3e38)), ("quats", torch.ones(4, 4))])
+    with pytest.raises(ValueError, match=r"quats has a non-finite value \(inf\) at index \[2, 1\]"):
+        q = torch.ones(4, 4)
+        q[2, 1] = float("inf")
+        render.check_finite([("means", torch.full((4, 3), 3e38)), ("quats", q)])
+
+
+def test_zero_gaussians_render_the_background(s):
+    empty = dict(s, means=s["means"][:0], quats=s["quats"][:0], scales=s["scales"][:0],
+                 opacities=s["opacities"][:0], sh=s["sh"][:0])
+    bg = torch.tensor([0.2, 0.4, 0.6])
+    img, alpha, meta = _call(empty, background=bg)
+    assert torch.equal(img, bg.expand(2, HEIGHT, WIDTH, 3)) and (alpha == 0).all()
+    assert meta["radii"].shape == (2, 0, 2) and meta["isect_ids"].numel() == 0

@@ -94,7 +94,7 @@ def _features(colors, means, viewmats, sh_degree, depths, background, render_mod
 def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near, far,
                  tile_size, background, render_mode, camera_model, eps2d) -> tuple[int, int, int]:
     """Every argument of ``rasterize``; returns (C, N, D) with D the colour channels. Also refuses NaN and inf
-    in the parameters (one host sync for all of them; the first bad index is looked up only on failure)."""
+    in the parameters (one host sync for all of them)."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                                    camera_model)
     dev = means.device
@@ -141,13 +141,17 @@ def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, h
 
 
 def check_finite(named: list[tuple[str, torch.Tensor]]) -> None:
-    """ValueError naming the first tensor with a NaN or inf and its first bad index."""
-    flags = torch.stack([torch.isfinite(t.detach()).all() for _, t in named])
-    if bool(flags.all()):
+    """ValueError naming the first tensor with a NaN or inf and its first bad index. The common case costs one
+    reduction per tensor and one host sync: a sum is NaN or inf whenever an element is (it may also overflow on
+    huge finite values, so a non-finite sum is confirmed element by element before anything is raised)."""
+    sums = torch.stack([t.detach().sum(dtype=torch.float32) for _, t in named])
+    if bool(torch.isfinite(sums).all()):
         return
-    name, t = named[int((~flags).nonzero()[0, 0])]
-    idx = (~torch.isfinite(t.detach())).nonzero()[0].tolist()
-    raise ValueError(f"{name} has a non-finite value ({t[tuple(idx)].item()}) at index {idx}")
+    for name, t in named:
+        bad = ~torch.isfinite(t.detach())
+        if bool(bad.any()):
+            idx = bad.nonzero()[0].tolist()
+            raise ValueError(f"{name} has a non-finite value ({t[tuple(idx)].item()}) at index {idx}")
 
 
 def estimate_bytes(C: int, N: int, D: int, width: int, height: int, tile_size: int) -> int:
