@@ -16,8 +16,9 @@ from warpforge.bench.e2e import mbu, mfu, run_end_to_end
 from warpforge.bench.record import validate_record
 from warpforge.bench.suite import EndToEndCase, Run
 
-ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "throughput-8b-1000", "throughput-8b-1000-kv-fp8",
-        "prefix-cache", "long-prompt", "gemma3-270m-b1", "gemma3-270m-b64"}
+ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "offline-1b-vs-hf", "offline-8b-vs-hf",
+        "throughput-8b-1000", "throughput-8b-1000-kv-fp8", "prefix-cache", "long-prompt", "gemma3-270m-b1",
+        "gemma3-270m-b64"}
 CPU = {"name": "cpu", "torch": torch.__version__}
 
 
@@ -37,7 +38,10 @@ def test_full_case_list_has_every_row_of_the_table():
     for row, preset in (("offline-1b", "llama-1b"), ("offline-8b", "llama-8b")):
         assert (p[row]["preset"], p[row]["requests"], p[row]["in"], p[row]["out"]) == (preset, 256, [100, 1024],
                                                                                          [100, 1024])
-        assert cases[row].target == {"ratio": {"hf": 10.0}} and "hf" in cases[row].peers
+        assert cases[row].peers == {} and "on the first 64" in cases[row].baseline  # ours alone: 256 requests
+        vs = f"{row}-vs-hf"  # the ratio: ours and HF on the same first 64 of those requests
+        assert (p[vs]["preset"], p[vs]["requests"], p[vs]["of"]) == (preset, 64, 256)
+        assert cases[vs].target == {"ratio": {"hf": 10.0}} and "hf" in cases[vs].peers
     assert (p["throughput-8b-1000"]["requests"], p["throughput-8b-1000"]["in"]) == (1024, 1000)
     assert cases["throughput-8b-1000"].target["tok/s"] == 10000.0 and "17,744" in cases["throughput-8b-1000"].baseline
     # the fp8-KV twin is reported beside it, never judged against the bf16 target
@@ -68,9 +72,10 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
         for name, peer in r["peers"].items():
             assert "error" not in peer, (r["case"], name, peer)
             assert r["ratio"][name] > 0
-    for row in ("decode-b1-8b", "decode-b1-1b", "offline-1b"):
+    for row in ("decode-b1-8b", "decode-b1-1b", "offline-1b-vs-hf"):
         r = by_row[row]
-        assert r["metric"] == "tok/s"
+        assert r["metric"] == "tok/s" and "ratio_null" not in r  # the same requests on both sides
+        assert r["peers"]["hf"]["tokens"] == r["ours"]["tokens"] and "ran" not in r["peers"]["hf"]
         assert math.isclose(r["ratio"]["hf"], r["ours"]["tok/s"] / r["peers"]["hf"]["tok/s"])  # inverted: ours/peer
         assert r["correct"]["match"] == r["correct"]["compared"] > 0  # fp32: HF's greedy ids exactly
     pc = by_row["prefix-cache"]
