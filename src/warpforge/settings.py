@@ -106,7 +106,7 @@ class Settings:
     autotune_verbose: bool  # print each candidate's time while tuning
     gemma3_270m: Path | None  # where the bundled Gemma 3 270M GGUF is assembled (default: in cache_dir)
     git: str | None  # the revision records name, where the code runs from a copy without .git
-    bench_max_autotune: bool  # bench vision's wall-time case runs its torch.compile max-autotune peer
+    bench_max_autotune: bool  # bench vision runs its torch.compile max-autotune peers (latency rows, wall time)
     bench_wall_limit_s: float | None  # bench vision's wall-time case: each side's time limit
     # Experiments awaiting their H200 A/B (benchmarks/NOTES.md, 2026-12-05); the EngineConfig field wins.
     pdl: bool  # programmatic dependent launch in the LLM engine's decode graphs

@@ -86,7 +86,7 @@ def test_compare_case_records_a_noisy_case_with_its_spread(monkeypatch):
         n = kw["rep"]
         return {"ours": _flat(1.0, n), "torch": [2.0 + 0.1 * i for i in range(n)]}, "host"
 
-    monkeypatch.setattr(timing, "_samples", fake_samples)
+    monkeypatch.setattr(timing, "interleaved_samples", fake_samples)
     case = compare.Case(name="neg", params={}, make_inputs=lambda g, d: (torch.randn(8, generator=g),),
                         ours=torch.neg, peers={"torch": lambda x: -x}, reference=lambda x: -x.double(),
                         flops=8, bytes=64, dtype=torch.float32)

@@ -26,7 +26,7 @@ ENV = {"name": "cpu", "torch": torch.__version__}
 INT8_ROWS = {"mobilenet_v2-b32-int8", "resnet50-b32-int8"}
 ROWS = {"mobilenet_v2-b1", "resnet50-b1", "vit_b16-b1", "bev_lss-b1", "planner-b1", "mobilenet_v2-b32",
         "resnet50-b32", "vit_b16-b32", "optimize-wall-mobilenet_v2"} | INT8_ROWS
-GPU_PEERS = {vr.REFERENCE, vr.EAGER16, vr.COMPILE, vr.GRAPH}
+GPU_PEERS = {vr.REFERENCE, vr.EAGER16, vr.COMPILE, vr.COMPILE_MAX, vr.GRAPH}
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +90,9 @@ def test_full_size_case_list_on_a_gpu_machine(monkeypatch):
         assert c.params["batch"] == int(row.rsplit("-b", 1)[1])
         assert c.timing["interleaved"] and c.timing["blocks"] == c.rep == 5 and c.timing["rep"] == 50
     for row in ("mobilenet_v2-b1", "resnet50-b1", "vit_b16-b1", "vit_b16-b32", "bev_lss-b1", "planner-b1"):
-        assert cases[row].target["ratio"] == {vr.COMPILE: pytest.approx(1 / 0.9, abs=1e-4)}
+        # judged against both compile modes, so against the faster (max-autotune: torch.compile's fastest)
+        assert cases[row].target["ratio"] == {vr.COMPILE: pytest.approx(1 / 0.9, abs=1e-4),
+                                              vr.COMPILE_MAX: pytest.approx(1 / 0.9, abs=1e-4)}
     assert cases["resnet50-b1"].target["published_ms"] == {"torch.compile reduce-overhead fp16 (issue 6)": 0.716}
     assert cases["mobilenet_v2-b32"].target is None and "INT8" in cases["mobilenet_v2-b32"].baseline
     if vr.has_mobilenet_weights():
@@ -161,7 +163,8 @@ def test_quick_mobilenet_batch1_on_cpu_checks_top1_against_fp32():
     assert math.isclose(r["ratio"]["eager-fp32"], peer["ms"] / ours["ms"])
     assert r["timing"]["interleaved"] and r["timing"]["blocks"] == 2 and ours["method"] == "host"
     assert r["work"]["flops"] > 0 and r["metric"] == "ms"
-    assert r["meets"] == {f"ratio.{vr.COMPILE}": None}  # no torch.compile peer on the CPU: unknown, not failed
+    # no torch.compile peer on the CPU: unknown, not failed
+    assert r["meets"] == {f"ratio.{vr.COMPILE}": None, f"ratio.{vr.COMPILE_MAX}": None}
 
 
 def test_quick_planner_on_cpu_records_the_trajectory_error():
@@ -195,8 +198,9 @@ def test_gpu_peers_on_a_cpu_device_are_recorded_as_errors_and_the_rest_still_run
     case = _latency_case("bev_lss", 1, True, gpu=True, tiny=True, real=False)
     rec = run_end_to_end(case, suite="vision", device=CPU, env_device=ENV, git=None)
     assert "error" not in rec["ours"] and rec["correct"]["ok"] and "cell_agreement" in rec["correct"]
-    for name in (vr.EAGER16, vr.COMPILE, vr.GRAPH):
+    for name in (vr.EAGER16, vr.COMPILE, vr.COMPILE_MAX, vr.GRAPH):
         assert "CUDA only" in rec["peers"][name]["error"] and name not in rec["ratio"]
+        assert rec["ratio_null"][name].startswith("the peer did not run")
     assert "error" not in rec["peers"][vr.REFERENCE]
 
 
@@ -396,3 +400,37 @@ def test_strict_top1_leaves_coin_tosses_out_and_reports_all_samples():
     assert c["ok"] and c["top1"] == 1.0 and c["top1_ties"] == 1 and c["top1_all"] == pytest.approx(2 / 3)
     strict = vr.accuracy(ref, out, kind="classifier", precision="fp16", judge_top1=True, min_top1=1.0)
     assert not strict["ok"] and "top1_all" not in strict
+
+
+# ---- the peers' configuration ---------------------------------------------------------------------------
+
+def test_convnet_peers_run_channels_last_and_compile_modes_share_one_dynamo_reset(monkeypatch):
+    """The peers' best documented configuration: channels_last weights and input for a convnet (cast and
+    relaid in one copy), both compile modes built in one case without the second resetting dynamo (which
+    would throw away the first peer's compiled code and recompile it while it is timed)."""
+    w = vr.Workload(model="mobilenet_v2", batch=2, tiny=True)
+    loaded = vr.load(w, CPU)
+    s = vr.Shared(loaded, channels_last=True)
+    half, fp32 = s.half(), s.fp32()
+    convs = [m for m in half.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(memory_format=torch.channels_last)
+                         for c in convs)
+    x = loaded.inputs[0]
+    assert half._in(x).is_contiguous(memory_format=torch.channels_last) and half._in(x).dtype == torch.float16
+    with torch.no_grad():
+        assert torch.allclose(fp32(*loaded.inputs), loaded.model(*loaded.inputs), rtol=1e-4, atol=1e-5)
+    assert vr.Shared(loaded, channels_last=False).fp32() is loaded.model  # not a convnet: the model as given
+
+    resets, compiled = [], []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    monkeypatch.setattr(torch, "compile", lambda m, mode: compiled.append(mode) or m)
+    monkeypatch.setattr(vr, "_clone", lambda out: out)
+    monkeypatch.delenv("WARPFORGE_BENCH_MAX_AUTOTUNE", raising=False)
+    cuda = torch.device("cuda")  # only its type is read before the (stubbed) compile
+    _, info_ro = vr.build_compile(s, cuda)
+    _, info_max = vr.build_compile_max(s, cuda)
+    assert compiled == ["reduce-overhead", "max-autotune"] and resets == [1]
+    assert info_max["compile_mode"] == "max-autotune" and info_ro["layout"].startswith("channels_last")
+    monkeypatch.setenv("WARPFORGE_BENCH_MAX_AUTOTUNE", "0")
+    with pytest.raises(RuntimeError, match="skipped: WARPFORGE_BENCH_MAX_AUTOTUNE=0"):
+        vr.build_compile_max(vr.Shared(loaded), cuda)

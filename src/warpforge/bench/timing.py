@@ -194,9 +194,9 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int, call
     return graph
 
 
-def _samples(fns: dict[str, Callable[[], Any]], *, warmup: int, rep: int, flush_l2: bool, cuda_graph: bool,
-             device: torch.device | str | int | None, graph_calls: int, hide_host: bool
-             ) -> tuple[dict[str, list[float]], str]:
+def interleaved_samples(fns: dict[str, Callable[[], Any]], *, warmup: int, rep: int, flush_l2: bool = True,
+                        cuda_graph: bool = False, device: torch.device | str | int | None = None,
+                        graph_calls: int = GRAPH_CALLS, hide_host: bool = True) -> tuple[dict[str, list[float]], str]:
     """Per-call samples (ms) of every callable in the order they were taken, and the method."""
     if not fns:
         raise ValueError("time_interleaved needs at least one callable")
@@ -263,7 +263,7 @@ def time_interleaved(
     Repeat i runs every callable once, starting at a rotating position so none always runs right
     after the flush or right after a particular neighbour. Returns one Timing per name.
     """
-    samples, method = _samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
+    samples, method = interleaved_samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
                                device=device, graph_calls=graph_calls, hide_host=hide_host)
     return {n: summarize(v, method) for n, v in samples.items()}
 
@@ -310,6 +310,15 @@ def spread_of(samples: Sequence[float], rounds: int) -> tuple[Spread, list[float
     """The spread of one callable's samples (in the order taken) and its round medians."""
     meds = round_medians(samples, rounds)
     s = sorted(samples)
+    return Spread(rounds=_over(max(meds), min(meds)), p80_p20=_over(percentile(s, 0.8), percentile(s, 0.2))), meds
+
+
+def spread_of_rounds(rounds: Sequence[Sequence[float]]) -> tuple[Spread, list[float]]:
+    """The same, for samples already grouped by round (e.g. a suite's timing blocks)."""
+    if not rounds or not all(rounds):
+        raise ValueError("spread_of_rounds needs at least one non-empty round")
+    meds = [percentile(sorted(r), 0.5) for r in rounds]
+    s = sorted(x for r in rounds for x in r)
     return Spread(rounds=_over(max(meds), min(meds)), p80_p20=_over(percentile(s, 0.8), percentile(s, 0.2))), meds
 
 
@@ -370,8 +379,8 @@ def time_stable(
     """:func:`time_interleaved` under the stability rule (see the module docstring): ``rep`` interleaved
     repeats cut into ``rounds`` rounds, re-timed up to ``retries`` times when a spread exceeds ``bound``."""
     def measure() -> tuple[dict[str, list[float]], str]:
-        return _samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph, device=device,
-                        graph_calls=graph_calls, hide_host=hide_host)
+        return interleaved_samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
+                                   device=device, graph_calls=graph_calls, hide_host=hide_host)
     return stabilize(measure, rounds=rounds, bound=bound, retries=retries)
 
 

