@@ -25,10 +25,12 @@ import torch
 from torch import nn
 
 from warpforge._factory import accepts
+from warpforge.bench.record import Side, same_work_ratio
+from warpforge.bench.timing import NOISE_BOUND
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
-from warpforge.optimize.latency import PeakMemory, offline, single_stream_interleaved
+from warpforge.optimize.latency import PeakMemory, offline, single_stream_stable
 from warpforge.optimize.report import make_report
 from warpforge.optimize.saved import save as save_winner
 
@@ -347,10 +349,20 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
                         ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture))
         done += 1
     forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
-    # 5. Time the passing ones together, then offline throughput each.
+    # 5. Time the passing ones together, then offline throughput each; on a busy machine say so first.
+    from warpforge.bench.host import check_host
+
+    host = check_host(dev)
+    settings["host"] = host.as_dict()
+    if host.warning:
+        notes.append(host.warning)
     if progress:
         progress(f"timing {len(live)} passing candidate(s)", done, total)
-    _time(live, records, inputs, dev, queries, warmup, offline_calls)
+    settings["timing_attempts"] = _time(live, records, inputs, dev, queries, warmup, offline_calls)
+    noisy = [r["name"] for r in records if r.get("latency", {}).get("noisy")]
+    if noisy:
+        notes.append(f"noisy timings (spread above {NOISE_BOUND:.2f} after re-timing): {', '.join(noisy)}; "
+                     "their speedups are given with their range across rounds")
     if progress:
         progress("done", total, total)
     ranked = sorted((r for r in records if r["status"] == "passed" and r["eligible"] and "latency" in r),
@@ -634,18 +646,20 @@ def _regate(cand: Candidate, fixed: Built, val_inputs: list[tuple], ref_outs: li
 
 
 def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]], inputs: tuple,
-          dev: torch.device, queries: int, warmup: int, offline_calls: int) -> None:
-    """Single-stream latency of every live candidate (interleaved), then offline throughput each;
-    speedups against eager-fp32 and the fastest torch.compile candidate."""
+          dev: torch.device, queries: int, warmup: int, offline_calls: int) -> int:
+    """Single-stream latency of every live candidate (interleaved, re-timed while noisy), then offline
+    throughput each; speedups against eager-fp32 and the fastest torch.compile candidate, each through the
+    bench's ratio rule (both passed their gate) with its range across rounds. Returns the timing attempts."""
     by_name = {r["name"]: r for r in records}
     fns = {n: b.fn for n, (_, b) in live.items()}
+    attempts = 1
     try:
-        lat = single_stream_interleaved(fns, inputs, queries=queries, warmup=warmup, device=dev)
+        lat, attempts = single_stream_stable(fns, inputs, queries=queries, warmup=warmup, device=dev)
     except Exception:  # noqa: BLE001 - find which one failed: time them one by one
         lat = {}
         for n, fn in list(fns.items()):
             try:
-                lat[n] = single_stream_interleaved({n: fn}, inputs, queries=queries, warmup=warmup, device=dev)[n]
+                lat[n] = single_stream_stable({n: fn}, inputs, queries=queries, warmup=warmup, device=dev)[0][n]
             except Exception as e:  # noqa: BLE001
                 by_name[n].update(status="failed", reason=f"timing failed: {_err(e)}")
                 del live[n]
@@ -657,15 +671,32 @@ def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]
         except Exception as e:  # noqa: BLE001
             by_name[n].update(status="failed", reason=f"offline timing failed: {_err(e)}")
             del live[n]
-    eager = by_name.get(REFERENCE, {}).get("latency", {}).get("p50_ms")
-    compiled = [r["latency"]["p50_ms"] for r in records if r["family"] == "torch.compile" and "latency" in r
-                and r["status"] == "passed"]
-    best_compile = min(compiled) if compiled else None
+    eager = by_name.get(REFERENCE)
+    compiled = [r for r in records if r["family"] == "torch.compile" and "latency" in r and r["status"] == "passed"]
+    best_compile = min(compiled, key=lambda r: r["latency"]["p50_ms"]) if compiled else None
     for r in records:
-        p50 = r.get("latency", {}).get("p50_ms")
-        if p50 and p50 > 0 and math.isfinite(p50):
-            r["speedup_vs_eager"] = eager / p50 if eager else None
-            r["speedup_vs_compile"] = best_compile / p50 if best_compile else None
+        if "latency" not in r:
+            continue
+        for key, base in (("speedup_vs_eager", eager), ("speedup_vs_compile", best_compile)):
+            if base is None or "latency" not in base:
+                r[key] = None  # nothing of that kind was measured
+                continue
+            got = same_work_ratio(_side(r), _side(base))
+            r[key] = got.value
+            if got.interval is not None:
+                r[f"{key}_range"] = list(got.interval)
+            if got.value is None:
+                r.setdefault("speedup_null", {})[key] = got.why
+    return attempts
+
+
+def _side(r: dict[str, Any]) -> Side:
+    """A candidate as the ratio rule sees it: its p50, its round medians, whether it passed its gate."""
+    lat = r["latency"]
+    p50 = lat.get("p50_ms")
+    ok = r.get("status") == "passed"
+    return Side(ms=p50 if isinstance(p50, (int, float)) and math.isfinite(p50) else None, ok=ok,
+                rounds_ms=tuple(lat.get("rounds_ms") or ()), check="" if ok else str(r.get("reason", ""))[:200])
 
 
 __all__ = ["BadInputError", "NoCandidateError", "OptimizeError", "Optimized", "optimize"]

@@ -138,6 +138,15 @@ def print_table(report: dict[str, Any], console) -> None:
                   _fmt(acc.get("max_rel"), ".0e"), _fmt(acc.get("top1"), ".3f"),
                   style="bold" if win else None)
     console.print(t)
+    warning = (report.get("settings", {}).get("host") or {}).get("warning")
+    if warning:  # the machine was busy when the candidates were timed
+        from rich.markup import escape
+
+        console.print(f"  [yellow]{escape(warning)}[/]", highlight=False, markup=True)
+    noisy = [r["name"] for r in report["candidates"] if r.get("latency", {}).get("noisy")]
+    if noisy:
+        console.print(f"  [yellow]noisy timings[/] (spread across rounds or p80/p20 above the bound after re-timing): "
+                      f"{', '.join(noisy)}", highlight=False, markup=True)
     for r in report["candidates"]:
         if r["status"] != "passed":
             console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {r.get('reason', '')}",

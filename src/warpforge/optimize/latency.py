@@ -13,7 +13,9 @@
 Unlike ``warpforge.bench.timing`` (kernel timing: cold L2, a GPU sleep to hide the host), nothing here
 flushes caches or hides the host: a query's latency includes both, and a model's weights being warm in
 L2 between back-to-back queries is what a deployed model sees too. Candidates are interleaved in rounds
-(``single_stream_interleaved``) so clock and thermal drift hit every candidate alike.
+(``single_stream_interleaved``) so clock and thermal drift hit every candidate alike, under the bench
+harness's stability rule (``single_stream_stable``): a candidate whose round medians or p80/p20 spread
+beyond ``bench.timing.NOISE_BOUND`` has every candidate timed again, and what does not settle is noisy.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import torch
 
-from warpforge.bench.timing import percentile
+from warpforge.bench.timing import NOISE_BOUND, RETRIES, percentile, spread_of
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class Latency:
     n: int        # timed queries
     warmup: int   # untimed queries before them
     method: str   # "cuda_event+sync" or "host"
+    rounds_ms: tuple[float, ...] = ()  # the median of each round (the interval of a speedup)
+    spread: dict[str, float | None] | None = None  # {"rounds": max/min of them, "p80_p20": ...}
+    noisy: bool = False  # a spread above NOISE_BOUND after re-timing
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,12 +83,17 @@ def batch_size(inputs: Sequence[Any]) -> int:
     return 1
 
 
-def summarize(samples_ms: Sequence[float], warmup: int, method: str) -> Latency:
+def summarize(samples_ms: Sequence[float], warmup: int, method: str, rounds: int = 1,
+              bound: float = NOISE_BOUND) -> Latency:
+    """p50/p90/p99 and friends of samples in the order taken; with ``rounds`` > 1 also the round medians,
+    their spread and whether it exceeds ``bound`` (noisy)."""
     s = sorted(float(x) for x in samples_ms)
     if not s:
         raise ValueError("no latency samples to summarize")
+    sp, meds = spread_of([float(x) for x in samples_ms], rounds)
     return Latency(p50_ms=percentile(s, 0.5), p90_ms=percentile(s, 0.9), p99_ms=percentile(s, 0.99),
-                   mean_ms=sum(s) / len(s), min_ms=s[0], max_ms=s[-1], n=len(s), warmup=warmup, method=method)
+                   mean_ms=sum(s) / len(s), min_ms=s[0], max_ms=s[-1], n=len(s), warmup=warmup, method=method,
+                   rounds_ms=tuple(meds), spread=sp.as_dict(), noisy=not sp.within(bound))
 
 
 def _check(queries: int, warmup: int) -> None:
@@ -137,7 +147,21 @@ def single_stream_interleaved(fns: dict[str, Callable[..., Any]], inputs: tuple,
                 n = names[(r + j) % len(names)]
                 samples[n] += _queries(fns[n], inputs, per, dev)
     method = "cuda_event+sync" if dev.type == "cuda" else "host"
-    return {n: summarize(samples[n], warmup, method) for n in names}
+    return {n: summarize(samples[n], warmup, method, rounds=rounds) for n in names}
+
+
+def single_stream_stable(fns: dict[str, Callable[..., Any]], inputs: tuple, *, queries: int = 200,
+                         warmup: int = 20, rounds: int = 10, device: torch.device | str | None = None,
+                         retries: int = RETRIES) -> tuple[dict[str, Latency], int]:
+    """:func:`single_stream_interleaved` under the stability rule: timed again (every candidate, up to
+    ``retries`` times) while any candidate is noisy. Returns the last attempt's latencies (each says whether
+    it is still noisy) and the number of attempts."""
+    attempts = 0
+    while True:
+        attempts += 1
+        lat = single_stream_interleaved(fns, inputs, queries=queries, warmup=warmup, rounds=rounds, device=device)
+        if not any(x.noisy for x in lat.values()) or attempts > retries:
+            return lat, attempts
 
 
 def single_stream(fn: Callable[..., Any], inputs: tuple, *, queries: int = 200, warmup: int = 20,
@@ -199,4 +223,4 @@ class PeakMemory:
 
 
 __all__ = ["Latency", "PeakMemory", "Throughput", "batch_size", "offline", "single_stream",
-           "single_stream_interleaved"]
+           "single_stream_interleaved", "single_stream_stable"]

@@ -45,6 +45,11 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+def _range(r: list[float] | None) -> str:
+    """A speedup's range across timing rounds, for the sentence; empty with one round."""
+    return f" ({r[0]:.2f}-{r[1]:.2f} across rounds)" if r else ""
+
+
 def _why(records: list[dict[str, Any]], winner: str | None, status: str, error: str | None) -> str:
     if status == "bad_input":
         return f"bad input: {error}"
@@ -59,9 +64,12 @@ def _why(records: list[dict[str, Any]], winner: str | None, status: str, error: 
     lat = w["latency"]
     text = f"{winner} is the fastest candidate within its {w['precision']} budget: p50 {lat['p50_ms']:.4g} ms"
     if w.get("speedup_vs_eager"):
-        text += f", {w['speedup_vs_eager']:.2f}x eager-fp32"
+        text += f", {w['speedup_vs_eager']:.2f}x eager-fp32" + _range(w.get("speedup_vs_eager_range"))
     if w.get("speedup_vs_compile"):
-        text += f", {w['speedup_vs_compile']:.2f}x the fastest torch.compile"
+        text += (f", {w['speedup_vs_compile']:.2f}x the fastest torch.compile"
+                 + _range(w.get("speedup_vs_compile_range")))
+    if lat.get("noisy"):
+        text += " (timings noisy: see the notes)"
     acc = w.get("accuracy", {})
     text += f"; max_rel {acc.get('max_rel', 0):.2g}, cosine {acc.get('min_cosine', 1):.6f}"
     if acc.get("top1") is not None:
