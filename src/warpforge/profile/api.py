@@ -81,12 +81,14 @@ class Profile:
             k["calls"] += 1
             k["flops"] += r.flops
             k["bytes"] += r.bytes
+        timing = {"window_ms": self.window_ms, "plain_ms": self.plain_ms, "overhead": self.overhead,
+                  "overhead_parts": self.overhead_parts, "traced_per_iter": self.load,
+                  "window": self.window, "detail_ms": self.detail_ms, "pad_us": self.pad_us,
+                  "iters": self.meta.get("iters"), "warmup": self.meta.get("warmup")}
+        below_noise(timing)
         return {
             "schema": SCHEMA, "tool": "warpforge.profile", "target": self.target, "meta": self.meta,
-            "timing": {"window_ms": self.window_ms, "plain_ms": self.plain_ms, "overhead": self.overhead,
-                       "overhead_parts": self.overhead_parts, "traced_per_iter": self.load,
-                       "window": self.window, "detail_ms": self.detail_ms, "pad_us": self.pad_us,
-                       "iters": self.meta.get("iters"), "warmup": self.meta.get("warmup")},
+            "timing": timing,
             **a, "modules": self.modules, "declared": self.declared,
             "counts": {"flops": self.counts.flops, "bytes": self.counts.bytes, "records": len(self.counts.records),
                        "by_kind": dict(by_kind), "error": self.counts.error},
@@ -111,6 +113,23 @@ class Profile:
         paths["html"] = out / "report.html"
         paths["html"].write_text(render_html(d), encoding="utf-8")
         return paths
+
+
+def below_noise(timing: dict[str, Any]) -> None:
+    """A negative overhead is no figure: the profiled window ran faster than the plain runs, so run-to-run
+    noise (a busy host, clocks) exceeds the profiler's cost. It is stored as null with ``overhead_note``
+    saying so, never printed as "-73.3%"; the same for each half's cost."""
+    o = timing.get("overhead")
+    if isinstance(o, (int, float)) and o < 0:
+        timing["overhead"] = None
+        timing["overhead_note"] = (f"not measurable: the profiled window ({timing['window_ms']:.3f} ms) ran faster "
+                                   f"than the plain runs ({timing['plain_ms']:.3f} ms), so run-to-run noise exceeds "
+                                   "the profiler's cost on this machine")
+    parts = timing.get("overhead_parts")
+    if isinstance(parts, dict) and any(isinstance(v, (int, float)) and v < 0 for v in parts.values()):
+        timing["overhead_parts"] = {k: (v if v is None or v >= 0 else None) for k, v in parts.items()}
+        timing.setdefault("overhead_note", "a half of the profiler timed alone ran faster than the plain runs: "
+                                           "noise exceeds its cost (not shown)")
 
 
 def _json_default(x: Any) -> str:
@@ -214,6 +233,9 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
     counts_note = ("compiled module: FLOPs counted on its eager original; the compiled kernels carry time only"
                    if eager is not None else None)
     module_calls = sum(v for p, v in counts.module_calls.items() if module_depth(p) <= cfg.module_depth)
+    from warpforge.bench.host import check_host
+
+    host = check_host(dev)  # a busy machine inflates host time and the overhead: said, and kept in meta
     try:
         cap: Capture = capture(fn, inputs, module=hook_root, device=dev, cfg=cfg, module_calls=module_calls)
     except Exception as e:
@@ -229,14 +251,15 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
         analysis = analyze(cap.trace, counts, ceilings=ceil, launch=launch)
     except ValueError as e:
         raise ProfileError(f"{target}: {e}") from e
-    analysis.notes[:0] = ([counts_note] if counts_note else []) + cap.notes
+    analysis.notes[:0] = ([host.warning] if host.warning else []) + ([counts_note] if counts_note else []) + cap.notes
     if ceil is not None:
         analysis.notes.append(f"ceilings: {ceil.source}")
     load = cap.load if cap.load is not None else (iteration_load(cap.trace) if cuda else {})
     cost = overhead_finding(cap.overhead, cap.window_ms, cap.plain_ms, load)
     if cost is not None:
         analysis.findings = sorted(analysis.findings + [cost], key=lambda f: -f["severity"])
-    return Profile(target=target, meta=_meta(target, dev, cfg), analysis=analysis, counts=counts,
+    return Profile(target=target, meta={**_meta(target, dev, cfg), "host": host.as_dict()}, analysis=analysis,
+                   counts=counts,
                    window_ms=cap.window_ms, plain_ms=cap.plain_ms, modules=_module_rows(cap, analysis),
                    declared=declared_rates(work, analysis, ceil) if work else None, raw_trace=cap.raw,
                    load=load, parts_ms=cap.parts_ms, window=cap.window, detail_ms=cap.detail_ms, pad_us=cap.pad_us)

@@ -81,16 +81,21 @@ def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmu
 
 def print_summary(d: dict[str, Any], console, top: int = 15) -> None:
     """Verdict, headline figures, findings and the top operators, in the terminal."""
+    from rich.markup import escape
     from rich.table import Table
 
     t, s = d["timing"], d["split"]
     console.print(f"\n[bold]{d['verdict']}[/]  ·  {t['window_ms']:.3f} ms per iteration"
                   + (f"  ·  profiler overhead {100 * t['overhead']:.1f}%" if t.get("overhead") is not None else "")
-                  + (" (CPU half alone {:+.1%}, CUDA half alone {:+.1%})".format(t["overhead_parts"]["cpu"],
-                                                                                t["overhead_parts"]["cuda"])
+                  + (" (CPU half alone {}, CUDA half alone {})".format(
+                      *(("—" if t["overhead_parts"].get(h) is None else f"{t['overhead_parts'][h]:+.1%}")
+                        for h in ("cpu", "cuda")))
                      if t.get("overhead_parts") else "")
                   + f"  ·  {d['counts']['flops'] / 1e9:.3g} GFLOP, {d['counts']['bytes'] / 1e6:.3g} MB per iteration",
                   highlight=False)
+    for warning in (d.get("meta", {}).get("host", {}).get("warning"), t.get("overhead_note")):
+        if warning:  # a busy machine, an overhead below the noise: said, never shown as a figure
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     dec = d.get("declared")
     if dec and dec.get("device_GBps") is not None:
         console.print(f"declared work: {dec['device_GBps']:,.4g} GB/s, {dec['device_TFLOPs']:.4g} TFLOP/s over "

@@ -64,10 +64,9 @@ def _figs(d: dict[str, Any]) -> str:
     t, s = d["timing"], d["split"]
     model = d["totals"].get("model", {})
     figs = [("per iteration", f'{t["window_ms"]:.3f} ms' if t["window_ms"] < 100 else f'{t["window_ms"]:.1f} ms')]
-    if t.get("overhead") is not None:
-        o = t["overhead"]
-        # A profiled window faster than the plain ones means the run-to-run noise exceeds the cost.
-        figs.append(("profiler overhead" + (" (below noise)" if o < -0.02 else ""), _pct(o)))
+    if t.get("overhead") is not None or t.get("overhead_note"):
+        # A profiled window faster than the plain ones means the run-to-run noise exceeds the cost: no figure.
+        figs.append(("profiler overhead", _pct(t["overhead"]) if t.get("overhead") is not None else "below noise"))
         if t.get("window") == "light":  # the overhead and the device times are the CUDA-only window's
             figs.append(("timed window", "CUDA activity alone"))
         for half, v in (t.get("overhead_parts") or {}).items():
@@ -243,7 +242,7 @@ def render_html(d: dict[str, Any]) -> str:
     title = f"warpforge profile — {d['target']}"
     sub = (f'{m["device"]} · torch {m["torch"]} · {m["time"]} · {m["iters"]} measured iterations after '
            f'{m["warmup"]} warm-up · {"inference_mode" if not m.get("grad") else "autograd on"}')
-    notes = "".join(f"<li>{escape(n)}</li>" for n in d.get("notes", []))
+    notes = "".join(f"<li>{escape(n)}</li>" for n in [*d.get("notes", []), d["timing"].get("overhead_note")] if n)
     if d.get("trace_file"):
         notes += (f'<li>Kineto trace: <code>{escape(d["trace_file"])}</code> (open in ui.perfetto.dev or '
                   "chrome://tracing; module ranges are named module:&lt;path&gt;)</li>")
