@@ -6,7 +6,8 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "Timing": "timing", "time_fn": "timing", "time_interleaved": "timing",
+    "Timing": "timing", "time_fn": "timing", "time_interleaved": "timing", "time_stable": "timing",
+    "same_work_ratio": "record", "figure_violations": "record", "check_host": "host",
     "Case": "suite", "Suite": "suite",
     "run_suite": "runner", "load_suite": "runner", "list_suites": "runner",
     "validate_record": "record", "read_jsonl": "record", "write_jsonl": "record",
