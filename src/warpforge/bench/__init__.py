@@ -7,7 +7,7 @@ from typing import Any
 
 _LAZY = {
     "Timing": "timing", "time_fn": "timing", "time_interleaved": "timing", "time_stable": "timing",
-    "same_work_ratio": "record", "figure_violations": "record", "check_host": "host",
+    "same_work_ratio": "ratio", "figure_violations": "record", "check_host": "host",
     "Case": "suite", "Suite": "suite",
     "run_suite": "runner", "load_suite": "runner", "list_suites": "runner",
     "validate_record": "record", "read_jsonl": "record", "write_jsonl": "record",

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from warpforge.bench.record import Side, check_note, same_work_ratio
+from warpforge.bench.ratio import Side, check_note, same_work_ratio
 from warpforge.bench.suite import Case
 from warpforge.bench.timing import Stable, Timing, time_stable
 from warpforge.kernels.tolerance import check, tolerance

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from warpforge.bench.compare import _short, case_seed
-from warpforge.bench.record import Side, _correct, _finite, check_note, now_iso, put_ratio, same_work_ratio, \
-    validate_record
+from warpforge.bench.ratio import Side, check_note, put_ratio, same_work_ratio
+from warpforge.bench.record import _correct, _finite, now_iso, validate_record
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.bench.timing import NOISE_BOUND, spread_of, summarize
 

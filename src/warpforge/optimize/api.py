@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from warpforge._factory import accepts
-from warpforge.bench.record import Side, same_work_ratio
+from warpforge.bench.ratio import Side, same_work_ratio
 from warpforge.bench.timing import NOISE_BOUND
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS

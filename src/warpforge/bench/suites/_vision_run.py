@@ -418,9 +418,9 @@ def build_compile_max(s: Shared, device: torch.device) -> tuple[Callable, dict[s
     """torch.compile(mode="max-autotune"): inductor benchmarks its GEMM/conv templates against the library
     kernels and keeps the fastest, and replays CUDA graphs; its fastest documented mode (minutes to build).
     ``WARPFORGE_BENCH_MAX_AUTOTUNE=0`` skips it (the record then says the fastest mode was not measured)."""
-    from warpforge.bench.suites._vision_wall import max_autotune_enabled
+    from warpforge import settings
 
-    if not max_autotune_enabled():
+    if not settings.current().bench_max_autotune:
         raise RuntimeError("skipped: WARPFORGE_BENCH_MAX_AUTOTUNE=0 (torch.compile's fastest mode not measured)")
     return _build_compiled(s, device, COMPILE_MAX, "max-autotune")
 
