@@ -408,9 +408,11 @@ def test_convnet_peers_run_channels_last_and_compile_modes_share_one_dynamo_rese
     """The peers' best documented configuration: channels_last weights and input for a convnet (cast and
     relaid in one copy), both compile modes built in one case without the second resetting dynamo (which
     would throw away the first peer's compiled code and recompile it while it is timed)."""
+    from warpforge.bench.suites import _vision_peers as vp
+
     w = vr.Workload(model="mobilenet_v2", batch=2, tiny=True)
     loaded = vr.load(w, CPU)
-    s = vr.Shared(loaded, channels_last=True)
+    s = vp.Shared(loaded, channels_last=True)
     half, fp32 = s.half(), s.fp32()
     convs = [m for m in half.modules() if isinstance(m, torch.nn.Conv2d)]
     assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(memory_format=torch.channels_last)
@@ -419,18 +421,18 @@ def test_convnet_peers_run_channels_last_and_compile_modes_share_one_dynamo_rese
     assert half._in(x).is_contiguous(memory_format=torch.channels_last) and half._in(x).dtype == torch.float16
     with torch.no_grad():
         assert torch.allclose(fp32(*loaded.inputs), loaded.model(*loaded.inputs), rtol=1e-4, atol=1e-5)
-    assert vr.Shared(loaded, channels_last=False).fp32() is loaded.model  # not a convnet: the model as given
+    assert vp.Shared(loaded, channels_last=False).fp32() is loaded.model  # not a convnet: the model as given
 
     resets, compiled = [], []
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
     monkeypatch.setattr(torch, "compile", lambda m, mode: compiled.append(mode) or m)
-    monkeypatch.setattr(vr, "_clone", lambda out: out)
+    monkeypatch.setattr(vp, "_clone", lambda out: out)
     monkeypatch.delenv("WARPFORGE_BENCH_MAX_AUTOTUNE", raising=False)
     cuda = torch.device("cuda")  # only its type is read before the (stubbed) compile
-    _, info_ro = vr.build_compile(s, cuda)
-    _, info_max = vr.build_compile_max(s, cuda)
+    _, info_ro = vp.build_compile(s, cuda)
+    _, info_max = vp.build_compile_max(s, cuda)
     assert compiled == ["reduce-overhead", "max-autotune"] and resets == [1]
     assert info_max["compile_mode"] == "max-autotune" and info_ro["layout"].startswith("channels_last")
     monkeypatch.setenv("WARPFORGE_BENCH_MAX_AUTOTUNE", "0")
     with pytest.raises(RuntimeError, match="skipped: WARPFORGE_BENCH_MAX_AUTOTUNE=0"):
-        vr.build_compile_max(vr.Shared(loaded), cuda)
+        vp.build_compile_max(vp.Shared(loaded), cuda)
