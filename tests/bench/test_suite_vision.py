@@ -318,7 +318,11 @@ def _assert_gpu_record(r: dict) -> None:
     for name in (vr.REFERENCE, vr.EAGER16, vr.GRAPH, vr.COMPILE):
         p = r["peers"][name]
         assert "error" not in p, (r["case"], name, p)
-        assert r["ratio"][name] > 0 and p["method"].startswith("cuda_event")
+        assert p["method"].startswith("cuda_event") and p["layout"]
+        if p["correct"]["ok"]:
+            assert r["ratio"][name] > 0 and "ratio_interval" in r
+        else:  # a peer over its own budget is shown, never a baseline
+            assert name not in r["ratio"] and "no baseline" in r["ratio_null"][name]
         if name != vr.REFERENCE:
             assert p["correct"]["against"] == "peer:eager-fp32" and p["correct"]["rel_err"] is not None
 
