@@ -104,7 +104,7 @@ def _print_errors(records: list[dict[str, Any]], console: Console) -> None:
                 console.print(f"[yellow]peer {escape(name)} is wrong[/] in {escape(r['case'])} "
                               f"(rel_err {p['correct'].get('rel_err')}): shown, no ratio taken against it")
         for name, why in (r.get("ratio_null") or {}).items():
-            if "error" not in r["peers"].get(name, {}) and r["peers"].get(name, {}).get("correct", {}).get("ok"):
+            if why.startswith("different work"):  # failures and failed checks have their own lines
                 console.print(f"[yellow]no ratio vs {escape(name)}[/] in {escape(r['case'])}: {escape(why)}")
         stab = r.get("stability") or {}
         if stab.get("noisy"):
