@@ -157,6 +157,10 @@ def test_bad_folders_say_what_is_wrong(tmp_path):
     write_images(c / "images")
     with pytest.raises(ColmapError, match="OPENCV with distortion.*image_undistorter"):
         load_colmap(c)
+    (c / "cameras.txt").write_text("1 PINHOLE 40 30 50 50 20 15\n2 PINHOLE 40 30 50 50 20 15\n")
+    (c / "images" / "b.png").write_bytes(b"not an image")
+    with pytest.raises(ColmapError, match="b.png: cannot read the image"):
+        load_colmap(c)
     (c / "cameras.txt").write_text("1 PINHOLE 40 30 50 50 20 15\n")
     with pytest.raises(ColmapError, match="refers to camera 2"):
         read_model(c)

@@ -271,13 +271,16 @@ def load_colmap(folder: str | Path, *, downscale: int = 1, test_every: int = 8,
         path = img_dir / im.name
         if not path.is_file():
             raise ColmapError(f"{path}: image {im.id} of the model is missing")
-        with PILImage.open(path) as pil:
-            pil = pil.convert("RGB")
-            cam = model.cameras[im.camera_id]
-            w, h = cam.width // downscale, cam.height // downscale
-            if factor > 1 or pil.size != (w, h):
-                pil = pil.resize((w, h), PILImage.Resampling.BICUBIC)
-            arr = np.asarray(pil, dtype=np.uint8)
+        cam = model.cameras[im.camera_id]
+        w, h = cam.width // downscale, cam.height // downscale
+        try:
+            with PILImage.open(path) as pil:
+                pil = pil.convert("RGB")
+                if factor > 1 or pil.size != (w, h):
+                    pil = pil.resize((w, h), PILImage.Resampling.BICUBIC)
+                arr = np.asarray(pil, dtype=np.uint8)
+        except OSError as e:  # Pillow's UnidentifiedImageError and truncated files are OSErrors
+            raise ColmapError(f"{path}: cannot read the image ({e})") from None
         if size is None:
             size = (w, h)
         elif size != (w, h):
