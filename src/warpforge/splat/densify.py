@@ -186,7 +186,7 @@ class Densifier:
 # ---- edits of the parameters and their Adam moments ---------------------------------------------------------
 
 def _apply(params: dict[str, Tensor], opt: SelectiveAdam | None, index: Tensor, new_rows: dict[str, Tensor],
-           fresh: int) -> Tensor:
+           fresh: int) -> None:
     """Rows ``index`` of every tensor, then ``new_rows[name]`` (``fresh`` rows); moments of new rows are 0."""
     for name, p in params.items():
         parts = [p.detach()[index]] + ([new_rows[name]] if fresh else [])
@@ -194,7 +194,6 @@ def _apply(params: dict[str, Tensor], opt: SelectiveAdam | None, index: Tensor, 
         if opt is not None:
             for key, v in opt.state[name].items():
                 opt.state[name][key] = torch.cat([v[index], v.new_zeros((fresh, *v.shape[1:]))])
-    return index
 
 
 def duplicate(params: dict[str, Tensor], opt: SelectiveAdam | None, mask: Tensor) -> Tensor:

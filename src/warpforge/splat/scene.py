@@ -427,8 +427,9 @@ def _street_layout(b: _Builder, rng: np.random.Generator) -> None:
                   3.0, (1.0, 0.93, 0.65), faces="xXyYzZ")
     # parked cars along both curbs
     xs = []
+    slots = np.arange(x0 + 6.0, x1 - 6.0, 9.0)  # parking places along each curb, a car in about 70% of them
     for side in (-1, 1):
-        for cx in np.arange(x0 + 6.0, x1 - 6.0, 9.0) + rng.uniform(-1.5, 1.5, 6)[: len(np.arange(x0 + 6.0, x1 - 6.0, 9.0))]:
+        for cx in slots + rng.uniform(-1.5, 1.5, len(slots)):
             if rng.uniform() < 0.3:
                 continue
             xs.append((float(cx), side * 3.0))
