@@ -1,4 +1,4 @@
-"""Graph optimization (issue 6): capture, passes, then the fastest backend that keeps the accuracy budget.
+"""Graph optimization: capture, passes, then the fastest backend that keeps the accuracy budget.
 
     opt = warpforge.optimize(model, (x,))      # the module is callable: same as optimize(...)
     opt(x); opt.report; opt.save("out/model")  # later: warpforge.optimize.load("out/model")

@@ -1,6 +1,6 @@
 """What every pass shares: the context it runs in, the change records it writes, the protocol it meets.
 
-A pass is ``apply(model, ctx) -> model`` (DESIGN.md). It may rewrite the model in place (capture hands the
+A pass is ``apply(model, ctx) -> model`` (docs/design.md). It may rewrite the model in place (capture hands the
 pipeline a private copy) and appends one :class:`Change` per thing it did or deliberately did not do, so the
 report can say "folded 3 BatchNorm2d, skipped 1 (conv output has other users)" with module paths.
 """
