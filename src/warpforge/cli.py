@@ -154,6 +154,109 @@ def results_compare(run_a: str, run_b: str, store_url: str | None, json_out: boo
                                  json_out=json_out))
 
 
+_records_option = click.option("--records", "records", multiple=True, metavar="PATH",
+                               help="Committed records: a .jsonl file or a directory of SUITE.jsonl (repeatable; "
+                                    "default benchmarks/results/h200).")
+_git_option = click.option("--no-git", "no_git", is_flag=True,
+                           help="Only the files as they are now, not their earlier committed versions.")
+
+
+@results.command("stale")
+@click.argument("paths", nargs=-1, metavar="[PATH]...")
+@click.option("--rev", default="HEAD", show_default=True, help="The revision the records' commits are compared to.")
+@click.option("--strict", is_flag=True, help="Exit 1 when any record is not current (for CI).")
+@_json_option
+def results_stale(paths: tuple[str, ...], rev: str, strict: bool, json_out: bool) -> None:
+    """List committed records whose timed code changed since their commit.
+
+    PATH: .jsonl files or directories of them (default benchmarks/results/h200). A suite's timed code is its
+    modules, the code they time and the harness (warpforge.bench.provenance.SUITE_SOURCES).
+    """
+    from warpforge.bench.results_cli import cli_results_stale
+
+    sys.exit(cli_results_stale(paths, rev=rev, strict=strict, console=_console(), json_out=json_out))
+
+
+@results.command("table")
+@click.argument("suite", required=False)
+@click.option("--cases", multiple=True, metavar="NAMES",
+              help="Exact case names, ';'-separated or repeated, in the order shown (default: every case).")
+@click.option("--peers", default=None, metavar="NAMES", help="Only these peers (','-separated) in the ratio column.")
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
+@click.option("--records", default=None, metavar="PATH",
+              help="A .jsonl file or a directory of SUITE.jsonl (default benchmarks/results/h200).")
+@_store_option
+@click.option("--run", default=None, help="Render this stored run (an id or 'latest') instead of the committed records.")
+@click.option("--update", multiple=True, metavar="FILE", type=click.Path(),
+              help="Regenerate, in place, every table between results:table markers in FILE (repeatable).")
+@click.option("--check", multiple=True, metavar="FILE", type=click.Path(),
+              help="Exit 1 when a marked table in FILE disagrees with the records (repeatable).")
+def results_table(suite: str | None, cases: tuple[str, ...], peers: str | None, fmt: str, records: str | None,
+                  store_url: str | None, run: str | None, update: tuple[str, ...], check: tuple[str, ...]) -> None:
+    """Render SUITE's newest record per case as a Markdown table (what the README shows).
+
+    \b
+    In a Markdown file, a generated table sits between markers:
+      <!-- results:table suite=kernels cases="CASE A; CASE B" peers="cublas" -->
+      <!-- /results:table -->
+    `warpforge results table --update README.md` fills every marked table from the records.
+    """
+    from warpforge.bench.results_cli import cli_results_table
+
+    sys.exit(cli_results_table(suite, cases, peers, fmt, records, store_url, run, update, check, console=_console()))
+
+
+@results.command("history")
+@click.argument("case")
+@click.option("--suite", default=None, help="The suite, when the case name is in several.")
+@_records_option
+@click.option("--store", "store_url", default=None,
+              help="Also the runs of this store (default: $WARPFORGE_STORE or the user data dir, when it exists).")
+@_git_option
+@_json_option
+def results_history(case: str, suite: str | None, records: tuple[str, ...], store_url: str | None, no_git: bool,
+                    json_out: bool) -> None:
+    """CASE's time, ratios and roofline fraction over runs and commits, each against the one before.
+
+    CASE: an exact case name, or text found in exactly one. Reads the committed records (with their git
+    history) and the results store.
+    """
+    from warpforge.bench.results_cli import cli_results_history
+
+    sys.exit(cli_results_history(case, suite, records, store_url, with_git=not no_git, console=_console(),
+                                 json_out=json_out))
+
+
+@results.command("report")
+@click.option("--out", "out", required=True, type=click.Path(), help="Directory for index.html (or an .html path).")
+@_records_option
+@click.option("--store", "store_url", default=None,
+              help="Also the runs of this store (default: $WARPFORGE_STORE or the user data dir, when it exists).")
+@_git_option
+def results_report(out: str, records: tuple[str, ...], store_url: str | None, no_git: bool) -> None:
+    """Write a self-contained HTML dashboard: one plot per case over time, regressions marked."""
+    from warpforge.bench.results_cli import cli_results_report
+
+    sys.exit(cli_results_report(out, records, store_url, with_git=not no_git, console=_console()))
+
+
+@results.command("check")
+@click.option("--baseline", required=True, metavar="RUN",
+              help="A stored run id, 'latest', a .jsonl file or a directory of them.")
+@click.option("--run", "run", default="latest", show_default=True, metavar="RUN", help="The run to judge (same forms).")
+@_store_option
+@_json_option
+def results_check(baseline: str, run: str, store_url: str | None, json_out: bool) -> None:
+    """Exit 1 when any case of RUN regressed beyond its noise band against the baseline (for CI).
+
+    A case regresses when ours is slower by more than the larger relative spread of the two records plus
+    2%, or fails its check or fails to run where the baseline passed.
+    """
+    from warpforge.bench.results_cli import cli_results_check
+
+    sys.exit(cli_results_check(baseline, run, store_url, console=_console(), json_out=json_out))
+
+
 @main.command()
 @click.option("--store", "store_url", default=None, help="Results store for the demo's benchmark run.")
 def demo(store_url: str | None) -> None:

@@ -3,8 +3,10 @@
 A record (one per case) carries the keys DESIGN.md shows, plus a few that make it self-describing:
 ``metric``, ``work`` (the explicit flop and byte counts), ``seed`` (the per-case input draw),
 ``timing`` (method, warm-up, repeats), ``stability`` (rounds, spreads, ``noisy``), ``host`` (the machine's
-load when it was timed) and, per peer, ``ran`` when it ran other work than ours. Non-finite numbers never
-enter a record: a NaN/Inf output gives ``rel_err: null`` with ``ok: false``, so every record is strict JSON.
+load when it was timed), per peer ``ran`` when it ran other work than ours, and ``withdrawn`` (a figure of
+an older run that broke a rule below, moved out of its field: ``{"<field>": {"value": ..., "why": ...}}``).
+Non-finite numbers never enter a record: a NaN/Inf output gives ``rel_err: null`` with ``ok: false``, so every
+record is strict JSON.
 
 **Ratios.** Every ratio in a record comes from ``bench.ratio.same_work_ratio``: ``peer_ms / ours_ms`` when both ran
 the same work and both passed their correctness check, else no ratio and the reason, in ``ratio_null``.
@@ -291,6 +293,12 @@ def _check_extras(d: dict[str, Any], peers: dict[str, Any], problems: list[str])
     errs = d.get("figure_errors")
     if errs is not None and not (isinstance(errs, list) and all(isinstance(x, str) and x for x in errs)):
         problems.append("figure_errors: expected a list of messages")
+    gone = d.get("withdrawn")
+    if gone is not None and not (isinstance(gone, dict) and all(
+            isinstance(v, dict) and "value" in v and isinstance(v.get("why"), str) and v["why"] for v in gone.values())):
+        problems.append("withdrawn: expected an object field -> {value, why} (why a non-empty string)")
+    elif gone:
+        problems.extend(f"ratio.{n}: also in withdrawn" for n in ratio if f"ratio.{n}" in gone)
 
 
 def figure_violations(d: dict[str, Any]) -> list[str]:

@@ -284,6 +284,27 @@ class Store:
             raise StoreError(f"{self.where}: run {rid} has an unreadable record ({e})") from None
         return {"run": self._run_dict(row), "records": records}
 
+    def case_records(self, case: str | None = None, suite: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(run row, record) of every stored record of ``case`` and/or ``suite`` (all when None), oldest run
+        first: a case's history in one query."""
+        q = (sa.select(runs_table, records_table.c.record).join(records_table, records_table.c.run_id == runs_table.c.id)
+             .order_by(runs_table.c.id, records_table.c.id))
+        if case is not None:
+            q = q.where(records_table.c.case == case)
+        if suite is not None:
+            q = q.where(runs_table.c.suite == suite)
+        with self._errors(), self.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        out = []
+        for row in rows:
+            d = self._run_dict(row)
+            text = d.pop("record")
+            try:
+                out.append((d, json.loads(text)))
+            except json.JSONDecodeError as e:
+                raise StoreError(f"{self.where}: run {d['id']} has an unreadable record ({e})") from None
+        return out
+
     def compare(self, a: int | str, b: int | str) -> list[dict[str, Any]]:
         """Per-case rows of run B against run A (see ``compare_records``)."""
         return compare_records(self.get_run(a)["records"], self.get_run(b)["records"])

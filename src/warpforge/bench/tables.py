@@ -1,0 +1,258 @@
+"""Result tables generated from records, and the markers that keep a document's tables generated.
+
+:func:`render_table` turns a suite's records into a Markdown table (one row per case: ours, the ratio
+against each peer with its per-round interval or why there is none, the roofline fraction, the check, and the
+record it comes from). A Markdown file holds generated tables between markers::
+
+    <!-- results:table suite=kernels cases="bfloat16 matmul M8192 N8192 K8192; fp8 matmul rowwise M8192 N8192 K8192" -->
+    (generated: leave this to `warpforge results table --update FILE`)
+    <!-- /results:table -->
+
+Marker keys: ``suite`` (required), ``cases`` (exact case names separated by ``;``, in the order shown;
+default every case of the suite), ``peers`` (peer names separated by ``,``: only these in the ratio column).
+:func:`update_markdown` regenerates every marked table; :func:`check_markdown` lists the tables that
+disagree with the records (a test runs it over the README).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
+MARKER = re.compile(r"<!--\s*results:table\b(?P<args>[^>]*?)-->(?P<body>.*?)<!--\s*/results:table\s*-->", re.S)
+KEYS = ("suite", "cases", "peers")
+COLUMNS = ("case", "ours", "vs peers", "roofline", "check", "record")
+
+
+class TableError(ValueError):
+    """A marker or a table request that cannot be rendered: the message names what was wrong."""
+
+
+# ---- choosing records ----------------------------------------------------------------------------
+
+def latest_by_case(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The newest record of each case (by ``time``; the later line wins a tie), in first-seen case order."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        c = r.get("case")
+        if c not in out or str(r.get("time") or "") >= str(out[c].get("time") or ""):
+            out[c] = r
+    return out
+
+
+def select(records: Sequence[dict[str, Any]], suite: str, cases: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The suite's newest record per case, of ``cases`` in their order (all, in file order, when None)."""
+    mine = [r for r in records if r.get("suite") == suite and isinstance(r.get("ours"), dict)]
+    if not mine:
+        raise TableError(f"no records of suite {suite!r}")
+    latest = latest_by_case(mine)
+    if not cases:
+        return list(latest.values())
+    missing = [c for c in cases if c not in latest]
+    if missing:
+        shown = "; ".join(list(latest)[:8]) + ("; ..." if len(latest) > 8 else "")
+        raise TableError(f"no record of case {missing[0]!r} in suite {suite!r} (cases: {shown})")
+    return [latest[c] for c in cases]
+
+
+# ---- cells ---------------------------------------------------------------------------------------
+
+def _num(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "—"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 10_000 else f"{ms:.4g} ms"
+
+
+def ours_cell(r: dict[str, Any]) -> str:
+    ours = r["ours"]
+    if "error" in ours:
+        return "error"
+    metric = r.get("metric")
+    fig = ours.get(metric) if metric and metric != "ms" else None
+    text = _ms(ours["ms"]) + (f", {_num(fig)} {UNITS.get(metric, metric)}" if isinstance(fig, (int, float)) else "")
+    return text + (" (noisy)" if (r.get("stability") or {}).get("noisy") else "")
+
+
+def short_reason(why: str) -> str:
+    """A ratio_null reason in a few words for a table cell (the record keeps the whole reason)."""
+    for prefix, short in (("the peer failed its correctness check", "failed its check"),
+                          ("the peer was not checked", "unchecked"), ("ours failed", "ours failed its check"),
+                          ("ours was not checked", "ours unchecked"), ("different work", "different work"),
+                          ("the peer did not run", "did not run"), ("ours did not run", "ours did not run")):
+        if why.startswith(prefix):
+            return short
+    return why.splitlines()[0][:40]
+
+
+def peers_cell(r: dict[str, Any], peers: Sequence[str] | None = None) -> str:
+    """``1.01x cublas (0.99-1.03); — eager-fp16 (failed its check)``: above 1, ours is faster."""
+    names = [p for p in r["peers"] if peers is None or p in peers]
+    ratio, iv, nulls = r.get("ratio") or {}, r.get("ratio_interval") or {}, r.get("ratio_null") or {}
+    parts = []
+    for p in names:
+        if p in ratio:
+            band = f" ({iv[p][0]:.2f}-{iv[p][1]:.2f})" if p in iv else ""
+            parts.append(f"{ratio[p]:.2f}x {p}{band}")
+        else:
+            why = nulls.get(p) or (r["peers"][p].get("error") and "the peer did not run") or "no ratio"
+            parts.append(f"— {p} ({short_reason(why)})")
+    return "; ".join(parts) or "—"
+
+
+def roofline_cell(r: dict[str, Any]) -> str:
+    roof = r.get("roofline")
+    if isinstance(roof, dict):
+        return f"{100 * roof['fraction']:.0f}% {'memory' if roof.get('bound') == 'memory' else 'compute'}"
+    return "— (withdrawn)" if "roofline" in (r.get("withdrawn") or {}) else "—"
+
+
+def check_cell(r: dict[str, Any]) -> str:
+    c = r.get("correct") or {}
+    err = c.get("rel_err")
+    shown = "" if err is None else f" {err:.1e}"
+    return ("ok" if c.get("ok") else "FAIL") + shown
+
+
+def record_cell(r: dict[str, Any]) -> str:
+    git = str(r.get("git") or "no commit")
+    sha, dirty = git.removesuffix("-dirty"), git.endswith("-dirty")
+    return f"{sha[:7]}{'-dirty' if dirty else ''}, {str(r.get('time') or '')[:10]}"
+
+
+def row(r: dict[str, Any], peers: Sequence[str] | None = None) -> dict[str, str]:
+    return dict(zip(COLUMNS, (r["case"], ours_cell(r), peers_cell(r, peers), roofline_cell(r), check_cell(r),
+                              record_cell(r))))
+
+
+def render_table(records: Sequence[dict[str, Any]], suite: str, cases: Sequence[str] | None = None,
+                 peers: Sequence[str] | None = None, fmt: str = "md") -> str:
+    """The suite's table: ``md`` (Markdown, what the README holds) or ``json`` (the same cells)."""
+    rows = [row(r, peers) for r in select(records, suite, cases)]
+    if fmt == "json":
+        return json.dumps(rows, indent=1)
+    if fmt != "md":
+        raise TableError(f"--format: expected md or json, got {fmt!r}")
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+    return "\n".join([line(COLUMNS), "|" + "---|" * len(COLUMNS), *(line(list(x.values())) for x in rows)])
+
+
+# ---- markers -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Marker:
+    suite: str
+    cases: tuple[str, ...] | None
+    peers: tuple[str, ...] | None
+    line: int  # where the opening marker is (1-based), for messages
+
+    def label(self) -> str:
+        return f"line {self.line}: results:table suite={self.suite}"
+
+
+def parse_marker(args: str, line: int) -> Marker:
+    try:
+        words = shlex.split(args)
+    except ValueError as e:
+        raise TableError(f"line {line}: results:table marker: {e} in {args.strip()!r}") from None
+    kv: dict[str, str] = {}
+    for w in words:
+        key, eq, value = w.partition("=")
+        if not eq or key not in KEYS:
+            raise TableError(f"line {line}: results:table marker: expected key=value with a key of "
+                             f"{', '.join(KEYS)}, got {w!r}")
+        kv[key] = value
+    if not kv.get("suite"):
+        raise TableError(f"line {line}: results:table marker: suite=... is required")
+
+    def split(v: str | None, sep: str) -> tuple[str, ...] | None:
+        items = tuple(x.strip() for x in (v or "").split(sep) if x.strip())
+        return items or None
+
+    return Marker(kv["suite"], split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line)
+
+
+Loader = Callable[[str], Sequence[dict[str, Any]]]  # suite -> its records
+
+
+def _blocks(text: str) -> list[tuple[re.Match, Marker]]:
+    return [(m, parse_marker(m.group("args"), text.count("\n", 0, m.start()) + 1)) for m in MARKER.finditer(text)]
+
+
+def _body(table: str) -> str:
+    return "\n" + table + "\n"
+
+
+def update_markdown(text: str, load: Loader) -> tuple[str, list[str]]:
+    """``text`` with every marked table regenerated; and the labels of the tables that changed."""
+    out, pos, changed = [], 0, []
+    for m, mk in _blocks(text):
+        try:
+            table = render_table(load(mk.suite), mk.suite, mk.cases, mk.peers)
+        except TableError as e:
+            raise TableError(f"{mk.label()}: {e}") from None
+        body = _body(table)
+        if m.group("body") != body:
+            changed.append(mk.label())
+        out += [text[pos:m.start("body")], body]
+        pos = m.end("body")
+    out.append(text[pos:])
+    return "".join(out), changed
+
+
+def check_markdown(text: str, load: Loader) -> list[str]:
+    """One message per marked table that differs from what the records give (empty: all agree)."""
+    problems = []
+    for m, mk in _blocks(text):
+        try:
+            want = _body(render_table(load(mk.suite), mk.suite, mk.cases, mk.peers))
+        except TableError as e:
+            problems.append(f"{mk.label()}: {e}")
+            continue
+        if m.group("body") != want:
+            have = [x for x in m.group("body").strip().splitlines()]
+            first = next((i for i, (a, b) in enumerate(zip(have, want.strip().splitlines())) if a != b),
+                         min(len(have), len(want.strip().splitlines())))
+            problems.append(f"{mk.label()}: the table disagrees with the records from its row {first + 1} "
+                            f"(`warpforge results table --update FILE` regenerates it)")
+    return problems
+
+
+def count_markers(text: str) -> int:
+    return len(MARKER.findall(text))
+
+
+def dir_loader(records_dir: str | Path) -> Loader:
+    """Records of a suite from ``records_dir/<suite>.jsonl`` (the committed records' layout)."""
+    from warpforge.bench.record import read_jsonl
+
+    cache: dict[str, list[dict[str, Any]]] = {}
+    root = Path(records_dir)
+
+    def load(suite: str) -> list[dict[str, Any]]:
+        if suite not in cache:
+            path = root / f"{suite}.jsonl"
+            if not path.is_file():
+                raise TableError(f"no records of suite {suite!r}: {path} does not exist")
+            cache[suite] = read_jsonl(path, validate=False)
+        return cache[suite]
+
+    return load
+
+
+__all__ = ["COLUMNS", "MARKER", "Marker", "TableError", "check_markdown", "count_markers", "dir_loader",
+           "latest_by_case", "parse_marker", "render_table", "select", "update_markdown"]
