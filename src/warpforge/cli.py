@@ -195,6 +195,9 @@ def results_table(suite: str | None, cases: tuple[str, ...], peers: str | None, 
                   store_url: str | None, run: str | None, update: tuple[str, ...], check: tuple[str, ...]) -> None:
     """Render SUITE's newest record per case as a Markdown table (what the README shows).
 
+    SUITE may name several, comma-separated, for one table across suites: list its cases then, each as
+    "SUITE: CASE" where a name could be in more than one.
+
     \b
     In a Markdown file, a generated table sits between markers:
       <!-- results:table suite=kernels cases="CASE A; CASE B" peers="cublas" -->

@@ -81,7 +81,7 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
                       store_url: str | None, run: str | None, update: Sequence[str], check: Sequence[str],
                       console: Console) -> int:
     from warpforge.bench.store import StoreError
-    from warpforge.bench.tables import TableError, check_markdown, count_markers, dir_loader, render_table, update_markdown
+    from warpforge.bench.tables import TableError, check_markdown, count_markers, dir_loader, render_suites, update_markdown
 
     if update or check:
         if suite or cases or run:
@@ -115,12 +115,14 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
     try:
         if run is not None:
             with _store(store_url, required=True) as store:
-                recs = store.get_run(run)["records"]
+                stored = store.get_run(run)["records"]
+            load = lambda _suite: stored  # noqa: E731
         else:
             src = Path(records or DEFAULT_RECORDS)
-            recs = dir_loader(src)(suite) if src.is_dir() else _read_file(src)
+            load = dir_loader(src) if src.is_dir() else (lambda _suite: _read_file(src))
         peer_list = [p.strip() for p in peers.split(",") if p.strip()] if peers else None
-        text = render_table(recs, suite, _split_cases(cases) or None, peer_list, fmt)
+        suites = [x.strip() for x in suite.split(",") if x.strip()]
+        text = render_suites(load, suites, _split_cases(cases) or None, peer_list, fmt)
     except (TableError, StoreError, FileNotFoundError) as e:
         return _err(str(e))
     print(text)

@@ -8,8 +8,9 @@ record it comes from). A Markdown file holds generated tables between markers::
     (generated: leave this to `warpforge results table --update FILE`)
     <!-- /results:table -->
 
-Marker keys: ``suite`` (required), ``cases`` (exact case names separated by ``;``, in the order shown;
-default every case of the suite), ``peers`` (peer names separated by ``,``: only these in the ratio column).
+Marker keys: ``suite`` (required; several separated by ``,`` for a table across suites), ``cases`` (exact
+case names separated by ``;``, in the order shown, each optionally written ``SUITE: CASE``; default every case
+of the one suite), ``peers`` (peer names separated by ``,``: only these in the ratio column).
 :func:`update_markdown` regenerates every marked table; :func:`check_markdown` lists the tables that
 disagree with the records (a test runs it over the README).
 """
@@ -28,6 +29,9 @@ UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
 MARKER = re.compile(r"<!--\s*results:table\b(?P<args>[^>]*?)-->(?P<body>.*?)<!--\s*/results:table\s*-->", re.S)
 KEYS = ("suite", "cases", "peers")
 COLUMNS = ("case", "ours", "vs peers", "roofline", "check", "record")
+
+
+Loader = Callable[[str], Sequence[dict[str, Any]]]  # suite -> its records
 
 
 class TableError(ValueError):
@@ -136,10 +140,7 @@ def row(r: dict[str, Any], peers: Sequence[str] | None = None) -> dict[str, str]
                               record_cell(r))))
 
 
-def render_table(records: Sequence[dict[str, Any]], suite: str, cases: Sequence[str] | None = None,
-                 peers: Sequence[str] | None = None, fmt: str = "md") -> str:
-    """The suite's table: ``md`` (Markdown, what the README holds) or ``json`` (the same cells)."""
-    rows = [row(r, peers) for r in select(records, suite, cases)]
+def _format(rows: list[dict[str, str]], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(rows, indent=1)
     if fmt != "md":
@@ -151,17 +152,57 @@ def render_table(records: Sequence[dict[str, Any]], suite: str, cases: Sequence[
     return "\n".join([line(COLUMNS), "|" + "---|" * len(COLUMNS), *(line(list(x.values())) for x in rows)])
 
 
+def render_table(records: Sequence[dict[str, Any]], suite: str, cases: Sequence[str] | None = None,
+                 peers: Sequence[str] | None = None, fmt: str = "md") -> str:
+    """The suite's table: ``md`` (Markdown, what the README holds) or ``json`` (the same cells)."""
+    return _format([row(r, peers) for r in select(records, suite, cases)], fmt)
+
+
+def split_case(name: str, suites: Sequence[str]) -> tuple[str | None, str]:
+    """``"llm: decode batch 1 ..."`` -> ("llm", "decode batch 1 ...") when llm is one of ``suites``."""
+    head, sep, rest = name.partition(":")
+    return (head.strip(), rest.strip()) if sep and head.strip() in suites else (None, name.strip())
+
+
+def render_suites(load: Loader, suites: Sequence[str], cases: Sequence[str] | None = None,
+                  peers: Sequence[str] | None = None, fmt: str = "md") -> str:
+    """One table over one or several suites; with several, ``cases`` are required, each ``SUITE: CASE`` or
+    a name found in exactly one of the suites."""
+    if len(suites) == 1:
+        return render_table(load(suites[0]), suites[0], [split_case(c, suites)[1] for c in cases or []] or None,
+                            peers, fmt)
+    if not cases:
+        raise TableError(f"a table over several suites ({', '.join(suites)}) needs its cases listed")
+    rows = []
+    for name in cases:
+        suite, case = split_case(name, suites)
+        if suite is None:
+            hits = [s for s in suites if case in latest_by_case([r for r in load(s) if r.get("suite") == s])]
+            if len(hits) != 1:
+                raise TableError(f"case {case!r} is in {'none' if not hits else 'several'} of the suites "
+                                 f"{', '.join(suites)}: write it as SUITE: CASE")
+            suite = hits[0]
+        rows.append(row(select(load(suite), suite, [case])[0], peers))
+    return _format(rows, fmt)
+
+
 # ---- markers -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Marker:
-    suite: str
+    suites: tuple[str, ...]
     cases: tuple[str, ...] | None
     peers: tuple[str, ...] | None
     line: int  # where the opening marker is (1-based), for messages
 
     def label(self) -> str:
-        return f"line {self.line}: results:table suite={self.suite}"
+        return f"line {self.line}: results:table suite={','.join(self.suites)}"
+
+    def render(self, load: Loader) -> str:
+        try:
+            return render_suites(load, self.suites, self.cases, self.peers)
+        except TableError as e:
+            raise TableError(f"{self.label()}: {e}") from None
 
 
 def parse_marker(args: str, line: int) -> Marker:
@@ -183,10 +224,7 @@ def parse_marker(args: str, line: int) -> Marker:
         items = tuple(x.strip() for x in (v or "").split(sep) if x.strip())
         return items or None
 
-    return Marker(kv["suite"], split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line)
-
-
-Loader = Callable[[str], Sequence[dict[str, Any]]]  # suite -> its records
+    return Marker(split(kv["suite"], ","), split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line)
 
 
 def _blocks(text: str) -> list[tuple[re.Match, Marker]]:
@@ -201,11 +239,7 @@ def update_markdown(text: str, load: Loader) -> tuple[str, list[str]]:
     """``text`` with every marked table regenerated; and the labels of the tables that changed."""
     out, pos, changed = [], 0, []
     for m, mk in _blocks(text):
-        try:
-            table = render_table(load(mk.suite), mk.suite, mk.cases, mk.peers)
-        except TableError as e:
-            raise TableError(f"{mk.label()}: {e}") from None
-        body = _body(table)
+        body = _body(mk.render(load))
         if m.group("body") != body:
             changed.append(mk.label())
         out += [text[pos:m.start("body")], body]
@@ -219,15 +253,15 @@ def check_markdown(text: str, load: Loader) -> list[str]:
     problems = []
     for m, mk in _blocks(text):
         try:
-            want = _body(render_table(load(mk.suite), mk.suite, mk.cases, mk.peers))
+            want = _body(mk.render(load))
         except TableError as e:
-            problems.append(f"{mk.label()}: {e}")
+            problems.append(str(e))
             continue
         if m.group("body") != want:
             have = [x for x in m.group("body").strip().splitlines()]
             first = next((i for i, (a, b) in enumerate(zip(have, want.strip().splitlines())) if a != b),
                          min(len(have), len(want.strip().splitlines())))
-            problems.append(f"{mk.label()}: the table disagrees with the records from its row {first + 1} "
+            problems.append(f"{mk.label()}: the table disagrees with the records from its line {first + 1} "
                             f"(`warpforge results table --update FILE` regenerates it)")
     return problems
 
@@ -255,4 +289,4 @@ def dir_loader(records_dir: str | Path) -> Loader:
 
 
 __all__ = ["COLUMNS", "MARKER", "Marker", "TableError", "check_markdown", "count_markers", "dir_loader",
-           "latest_by_case", "parse_marker", "render_table", "select", "update_markdown"]
+           "latest_by_case", "parse_marker", "render_suites", "render_table", "select", "split_case", "update_markdown"]
