@@ -186,7 +186,8 @@ def results_stale(paths: tuple[str, ...], rev: str, strict: bool, json_out: bool
 @click.option("--records", default=None, metavar="PATH",
               help="A .jsonl file or a directory of SUITE.jsonl (default benchmarks/results/h200).")
 @_store_option
-@click.option("--run", default=None, help="Render this stored run (an id or 'latest') instead of the committed records.")
+@click.option("--run", default=None,
+              help="Render this stored run (an id or 'latest') instead of the committed records.")
 @click.option("--update", multiple=True, metavar="FILE", type=click.Path(),
               help="Regenerate, in place, every table between results:table markers in FILE (repeatable).")
 @click.option("--check", multiple=True, metavar="FILE", type=click.Path(),

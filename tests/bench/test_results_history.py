@@ -209,8 +209,8 @@ def test_history_cli(store_url):
     with Store(store_url) as s:
         _runs(s, slow=1.25)
     runner = CliRunner()
-    out = runner.invoke(main, ["results", "history", "b", "--store", store_url, "--records", str(COMMITTED / "memory.jsonl"),
-                               "--no-git"])
+    out = runner.invoke(main, ["results", "history", "b", "--store", store_url, "--no-git",
+                               "--records", str(COMMITTED / "memory.jsonl")])
     assert out.exit_code == 0, out.output
     assert out.output.count("store run") == 3 and "slower +26.9%" in out.output
     js = runner.invoke(main, ["results", "history", "b", "--store", store_url, "--json", "--no-git",

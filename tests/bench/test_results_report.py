@@ -34,7 +34,8 @@ def _items() -> list[Sourced]:
     """Case "steady" moves within its noise; case "<b>slower</b>" regresses 31% at its last run."""
     out = []
     for day, (a, b) in enumerate([(1.0, 1.0), (1.01, 0.99), (0.995, 1.3)], start=1):
-        out += [Sourced(_rec("steady", a, day), f"store run {day}"), Sourced(_rec("<b>slower</b>", b, day), f"store run {day}")]
+        out += [Sourced(_rec("steady", a, day), f"store run {day}"),
+                Sourced(_rec("<b>slower</b>", b, day), f"store run {day}")]
     return out
 
 

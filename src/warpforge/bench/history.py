@@ -87,7 +87,8 @@ def read_records(path: str | Path) -> list[Sourced]:
     """Bench records of a .jsonl file, or of a directory's ``<suite>.jsonl`` files (their own suite's records;
     lines that are not bench records are skipped)."""
     p = Path(path)
-    return [Sourced(r, f.name) for f in _jsonl_files(p) for r in _kept(f, p.is_dir(), _parse_lines(f.read_text("utf-8")))]
+    return [Sourced(r, f.name) for f in _jsonl_files(p)
+            for r in _kept(f, p.is_dir(), _parse_lines(f.read_text("utf-8")))]
 
 
 def git_versions(path: str | Path, limit: int = 200) -> list[Sourced]:

@@ -205,5 +205,6 @@ def stale_groups(paths: Sequence[str | Path], rev: str = "HEAD") -> list[Group]:
     return [check_group(g, repo, head) for g in group_records(files, repo)]
 
 
-__all__ = ["HARNESS", "NOT_TIMED", "SUITE_SOURCES", "GitError", "Group", "check_group", "group_records", "missing_provenance",
-           "provenance", "repo_root", "resolve_commit", "split_git", "stale_groups", "timed_paths"]
+__all__ = ["HARNESS", "NOT_TIMED", "SUITE_SOURCES", "GitError", "Group", "check_group", "group_records",
+           "missing_provenance", "provenance", "repo_root", "resolve_commit", "split_git", "stale_groups",
+           "timed_paths"]

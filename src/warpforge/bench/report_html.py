@@ -99,7 +99,8 @@ def plot_svg(pts: Sequence[Point], idx: int) -> str:
         x = x_of[id(p)]
         label = escape((p.git or "—")[:7])
         out.append(f'<text x="{x:.1f}" y="{H - PAD_B + 13}" text-anchor="middle" fill="#4a5568">{label}</text>'
-                   f'<text x="{x:.1f}" y="{H - PAD_B + 25}" text-anchor="middle" fill="#718096">{escape(p.time[:10])}</text>')
+                   f'<text x="{x:.1f}" y="{H - PAD_B + 25}" text-anchor="middle" fill="#718096">'
+                   f'{escape(p.time[:10])}</text>')
         if p.ms is None:
             out.append(f'<text class="point failed" x="{x:.1f}" y="{y(top * 0.5):.1f}" text-anchor="middle" '
                        f'fill="{RED}">failed<title>{escape(p.source)}: ours did not run</title></text>')
@@ -172,12 +173,13 @@ def render_dashboard(items: Sequence[Sourced], *, title: str = "warpforge result
     else:
         summary = '<p id="regressions">No case\'s latest point regressed beyond its noise band.</p>'
     src = "; ".join(sources) or "records given"
+    when = ", " + generated if generated else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body><main>
 <h1>{escape(title)}</h1>
-<div class="sub">{len(keys)} cases, {n_points} records from {escape(src)}{escape(", " + generated if generated else "")}.
+<div class="sub">{len(keys)} cases, {n_points} records from {escape(src)}{escape(when)}.
 Each plot: ours' median time per record, oldest to newest (whisker: p20-p80; shaded: the noise band a step is judged
 against); red: slower beyond the band, failed its check or failed to run; green: faster beyond it. Ratios: peer ms /
 ours ms on the same work (above 1: warpforge faster).</div>

@@ -81,7 +81,8 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
                       store_url: str | None, run: str | None, update: Sequence[str], check: Sequence[str],
                       console: Console) -> int:
     from warpforge.bench.store import StoreError
-    from warpforge.bench.tables import TableError, check_markdown, count_markers, dir_loader, render_suites, update_markdown
+    from warpforge.bench.tables import (TableError, check_markdown, count_markers, dir_loader, render_suites,
+                                        update_markdown)
 
     if update or check:
         if suite or cases or run:
@@ -98,14 +99,16 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
                     new, changed = update_markdown(text, load)
                     if new != text:
                         md.write_text(new, encoding="utf-8")
+                    shown = f" ({escape('; '.join(changed))})" if changed else ""
                     console.print(f"{escape(str(md))}: {count_markers(text)} marked table(s), "
-                                  f"{len(changed)} regenerated" + (f" ({escape('; '.join(changed))})" if changed else ""))
+                                  f"{len(changed)} regenerated{shown}")
                 else:
                     problems = check_markdown(text, load)
                     for p in problems:
                         console.print(f"[red]{escape(str(md))}: {escape(p)}[/]")
                     if not problems:
-                        console.print(f"{escape(str(md))}: {count_markers(text)} marked table(s) agree with the records")
+                        console.print(f"{escape(str(md))}: {count_markers(text)} marked table(s) agree with "
+                                      "the records")
                     rc = rc or (1 if problems else 0)
             except TableError as e:
                 return _err(f"{md}: {e}")
@@ -157,7 +160,7 @@ def _gather(records: Sequence[str], store_url: str | None, with_git: bool, case:
 
 def cli_results_history(case: str, suite: str | None, records: Sequence[str], store_url: str | None, with_git: bool,
                         console: Console, json_out: bool = False) -> int:
-    from warpforge.bench.history import find_case, history
+    from warpforge.bench.history import REGRESSED, find_case, history
     from warpforge.bench.store import StoreError
 
     console = _json_console(console, json_out)
@@ -181,7 +184,7 @@ def cli_results_history(case: str, suite: str | None, records: Sequence[str], st
                                                            if p.p20_ms is not None and p.p80_ms is not None else "")
         flag = p.flag + (f" {100 * (p.change - 1):+.1f}% (band ±{100 * p.band:.1f}%)"
                          if p.change is not None and p.band is not None else "")
-        color = "red" if p.flag in ("slower", "check failed", "failed to run") else "green" if p.flag == "faster" else ""
+        color = "red" if p.flag in REGRESSED else "green" if p.flag == "faster" else ""
         t.add_row(p.time[:16].replace("T", " "), escape((p.git or "—")[:12]), escape(p.source),
                   ms + (" noisy" if p.noisy else ""), escape(ratios or "—"),
                   "—" if p.fraction is None else f"{100 * p.fraction:.0f}% {p.bound or ''}",
@@ -246,7 +249,8 @@ def cli_results_check(baseline: str, run: str, store_url: str | None, console: C
     bad = regressions(rows)
     compared = [r for r in rows if r.flag not in ("new", "missing")]
     if json_out:
-        _print_json({"baseline": base_name, "run": cur_name, "regressed": len(bad), "cases": [r.as_dict() for r in rows]})
+        _print_json({"baseline": base_name, "run": cur_name, "regressed": len(bad),
+                     "cases": [r.as_dict() for r in rows]})
     else:
         t = Table(title=f"{cur_name} against {base_name}", title_justify="left", header_style="bold")
         for col in ("suite", "case", "baseline ms", "ms", "change", "band", "verdict"):

@@ -284,10 +284,12 @@ class Store:
             raise StoreError(f"{self.where}: run {rid} has an unreadable record ({e})") from None
         return {"run": self._run_dict(row), "records": records}
 
-    def case_records(self, case: str | None = None, suite: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    def case_records(self, case: str | None = None,
+                     suite: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(run row, record) of every stored record of ``case`` and/or ``suite`` (all when None), oldest run
         first: a case's history in one query."""
-        q = (sa.select(runs_table, records_table.c.record).join(records_table, records_table.c.run_id == runs_table.c.id)
+        q = (sa.select(runs_table, records_table.c.record)
+             .join(records_table, records_table.c.run_id == runs_table.c.id)
              .order_by(runs_table.c.id, records_table.c.id))
         if case is not None:
             q = q.where(records_table.c.case == case)
