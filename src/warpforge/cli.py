@@ -34,7 +34,7 @@ def main(verbose: bool) -> None:
     \b
     Start with `warpforge probe` (the machine's real ceilings), then
     `warpforge bench SUITE` (ours against peers, same run, recorded) and
-    `warpforge results list|show|compare` (the results store).
+    `warpforge results list|show|compare|history|check` (the results store).
 
     Errors go to stderr: exit 2 for bad input, 1 for a failure. Commands that print a table take
     --json (JSON on stdout, the rest on stderr); --out names a directory (report.html and
@@ -110,7 +110,7 @@ def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | 
 
 @main.group()
 def results() -> None:
-    """The results store: every bench run, queryable and comparable."""
+    """The results store and the committed records: runs, tables, history, the regression gate."""
 
 
 _json_option = click.option("--json", "json_out", is_flag=True, help="Print JSON on stdout instead of the table.")
