@@ -178,11 +178,15 @@ def test_history_and_gate_in_the_store(store_url):
         assert [(r.case, r.flag) for r in bad] == [("b", "slower")]  # a synthetic regression fails
 
 
-def test_gate_flags_a_failed_check_and_a_missing_case():
-    base = [_rec("a", 1.0, "t1"), _rec("b", 1.0, "t1")]
-    now = [_rec("a", 0.5, "t2", ok=False), _rec("c", 1.0, "t2")]
+def test_gate_flags_a_failed_check_and_a_missing_case_and_never_compares_other_setups():
+    base = [_rec("a", 1.0, "t1"), _rec("b", 1.0, "t1"), _rec("d", 1.0, "t1"), _rec("e", 1.0, "t1")]
+    other_gpu, knob = _rec("d", 9.0, "t2"), _rec("e", 9.0, "t2")
+    other_gpu["device"] = {**other_gpu["device"], "name": "NVIDIA H100"}
+    knob["device"] = {**knob["device"], "knobs": {"WARPFORGE_AUTOTUNE": "0"}}
+    now = [_rec("a", 0.5, "t2", ok=False), _rec("c", 1.0, "t2"), other_gpu, knob]
     rows = {r.case: r.flag for r in gate(base, now)}
-    assert rows == {"a": "check failed", "b": "missing", "c": "new"}
+    assert rows == {"a": "check failed", "b": "missing", "c": "new", "d": "other device", "e": "other settings"}
+    assert [r.case for r in regressions(gate(base, now))] == ["a"]
 
 
 def test_check_cli_exit_codes(store_url, tmp_path):

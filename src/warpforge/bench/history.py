@@ -200,9 +200,21 @@ def point(s: Sourced) -> Point:
                  fraction=roof.get("fraction"), bound=roof.get("bound"), spread=sp, record=r)
 
 
+def _setup(r: dict[str, Any]) -> tuple[Any, Any]:
+    dev = r.get("device") if isinstance(r.get("device"), dict) else {}
+    return dev.get("name"), dev.get("knobs") or {}
+
+
 def judge(base: dict[str, Any], cur: dict[str, Any]) -> tuple[str, float | None, float | None]:
     """(flag, cur ms / base ms, band) of ``cur`` against ``base``: "slower"/"faster" beyond the band, "check
-    failed" / "failed to run" where the base passed and ran, "" within the noise or when nothing compares."""
+    failed" / "failed to run" where the base passed and ran, "other device" / "other settings" where the two
+    ran on different devices or under different settings (never compared), "" within the noise or when
+    nothing compares."""
+    (base_dev, base_knobs), (cur_dev, cur_knobs) = _setup(base), _setup(cur)
+    if base_dev != cur_dev:
+        return "other device", None, None
+    if base_knobs != cur_knobs:
+        return "other settings", None, None
     bo, co = base.get("ours") or {}, cur.get("ours") or {}
     base_ok, cur_ok = bool((base.get("correct") or {}).get("ok")), bool((cur.get("correct") or {}).get("ok"))
     if "error" in co and "error" not in bo:
@@ -262,7 +274,7 @@ class GateRow:
     ms: float | None
     change: float | None
     band: float | None
-    flag: str  # one of REGRESSED, "faster", "", "missing" (in the baseline only), "new" (in the run only)
+    flag: str  # a judge() flag, "missing" (in the baseline only) or "new" (in the run only)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

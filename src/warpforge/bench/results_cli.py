@@ -247,7 +247,7 @@ def cli_results_check(baseline: str, run: str, store_url: str | None, console: C
         return _err(f"results check: {e}")
     rows = gate(base, cur)
     bad = regressions(rows)
-    compared = [r for r in rows if r.flag not in ("new", "missing")]
+    compared = [r for r in rows if r.flag not in ("new", "missing", "other device", "other settings")]
     if json_out:
         _print_json({"baseline": base_name, "run": cur_name, "regressed": len(bad),
                      "cases": [r.as_dict() for r in rows]})
