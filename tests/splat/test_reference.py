@@ -138,22 +138,22 @@ def test_sh_matches_gsplat_torch(degree):
 
 
 def test_dense_render_rules():
-    """One pixel, by hand: depth order, the 0.99 clamp, a Gaussian below 1/255 skipped, the stop before T would
+    """One pixel, by hand: depth order, the 0.999 clamp, a Gaussian below 1/255 skipped, the stop before T would
     reach 1e-4, the background behind."""
     means2d = torch.tensor([[1.5, 1.5], [1.5, 1.5], [1.5, 1.5], [35.5, 1.5]], dtype=torch.float64)
     conics = torch.tensor([[0.01, 0.0, 0.01]] * 4, dtype=torch.float64)
     colors = torch.tensor([[0, 1, 0], [1, 0, 0], [0, 0, 1], [5, 5, 5]], dtype=torch.float64)
-    opacities = torch.tensor([0.98, 0.999, 0.6, 0.9], dtype=torch.float64)
+    opacities = torch.tensor([0.8, 0.9999, 0.6, 0.9], dtype=torch.float64)
     depths = torch.tensor([2.0, 1.0, 3.0, 0.5], dtype=torch.float64)
     bg = torch.tensor([0.0, 0.0, 7.0], dtype=torch.float64)
     img, alpha = ref.blend_dense(means2d, conics, colors, opacities, depths, torch.ones(4, dtype=torch.bool), 3, 2,
                                  bg)
     # Gaussian 3 (nearest) is 34 px away: alpha 0.9 * exp(-5.78) = 0.0028 < 1/255, skipped. Then Gaussian 1
-    # (opacity 0.999, clamped to 0.99), Gaussian 0 (0.98): T = 0.01 * 0.02 = 2e-4 > 1e-4, kept; Gaussian 2
+    # (opacity 0.9999, clamped to 0.999), Gaussian 0 (0.8): T = 0.001 * 0.2 = 2e-4 > 1e-4, kept; Gaussian 2
     # would leave 8e-5 <= 1e-4: the pixel stops before it.
     assert 0.9 * math.exp(-0.5 * 0.01 * 34 ** 2) < ref.ALPHA_MIN
-    T = 0.01 * 0.02
-    expect = torch.tensor([0.99, 0.01 * 0.98, 7.0 * T], dtype=torch.float64)
+    T = 0.001 * 0.2
+    expect = torch.tensor([0.999, 0.001 * 0.8, 7.0 * T], dtype=torch.float64)
     torch.testing.assert_close(img[1, 1], expect)
     torch.testing.assert_close(alpha[1, 1], torch.tensor([1 - T], dtype=torch.float64))
     # one Gaussian, exact formula at an offset pixel (dx = -1, dy = 0.5), with the cross term

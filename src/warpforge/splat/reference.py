@@ -250,7 +250,7 @@ def render_reference(means, quats, scales, opacities, colors, viewmats, Ks, widt
 #   pixel stops before the first Gaussian that would take its transmittance T to T_MIN or below.
 
 ALPHA_MIN = 1.0 / 255.0  # dimmer contributions are skipped (gsplat's ALPHA_THRESHOLD)
-ALPHA_MAX = 0.99  # the clamp SPLAT_API agreed on (gsplat 1.5.3's kernels clamp at 0.999)
+ALPHA_MAX = 0.999  # the clamp gsplat 1.5.3's kernels use (the Inria rasterizer's is 0.99)
 T_MIN = 1e-4  # transmittance at which a pixel is done
 # Mahalanobis margin of the exact ellipse/tile test: covers the float rounding of the blend's power, so
 # the test never drops a tile where some pixel reaches ALPHA_MIN (it widens the ellipse by 0.05%).
