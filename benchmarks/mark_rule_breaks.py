@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mark the committed records that break the rules for a figure; delete nothing.
 
-Records measured before the rules were enforced (DESIGN.md "Rules for a figure") can hold a ratio against a
+Records measured before the rules were enforced (docs/design.md, "Rules for a figure") can hold a ratio against a
 peer that failed its own check or ran other work, a peer with neither a ratio nor a reason, a roofline
 fraction or an mfu/mbu above 1.0, or (profile lines) a negative profiler overhead. For each, this script:
 

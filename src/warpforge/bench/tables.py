@@ -130,9 +130,8 @@ def check_cell(r: dict[str, Any]) -> str:
 
 
 def record_cell(r: dict[str, Any]) -> str:
-    git = str(r.get("git") or "no commit")
-    sha, dirty = git.removesuffix("-dirty"), git.endswith("-dirty")
-    return f"{sha[:7]}{'-dirty' if dirty else ''}, {str(r.get('time') or '')[:10]}"
+    """Where the figure lives and when it was measured (the commit is in the record; `results stale` uses it)."""
+    return f"{r.get('suite', '?')}.jsonl, {str(r.get('time') or '')[:10]}"
 
 
 def row(r: dict[str, Any], peers: Sequence[str] | None = None) -> dict[str, str]:

@@ -15,7 +15,7 @@ zero points, x, out); ``params["weight_bytes"]`` is the weight part alone, so th
 bandwidth" is weight_bytes / time (at M=1 the two differ by < 0.1%). They are timed by CUDA-graph
 replay: a 30 us kernel would otherwise measure Python launch overhead.
 
-On a machine without a GPU the kernels run their torch references (DESIGN.md "Dispatch") at tiny
+On a machine without a GPU the kernels run their torch references (docs/design.md, "Dispatch") at tiny
 fp32 sizes so the suite still builds and checks in seconds; fp8 cases need a GPU and are omitted.
 """
 

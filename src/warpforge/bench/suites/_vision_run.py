@@ -5,7 +5,7 @@ A case's callables (ours and each peer, ``EndToEndCase`` run functions) share on
 first call (ours: ``run_end_to_end`` calls it first) loads the workload, builds every candidate, runs each
 on the validation inputs, checks it against eager fp32, and times all of them interleaved with the bench
 harness; then the models are freed and each callable returns its own runs (one per timing block). So
-ours and its peers see the same inputs, the same clock drift and the same device state, as DESIGN.md's
+ours and its peers see the same inputs, the same clock drift and the same device state, as docs/design.md's
 benchmark contract asks, while the record keeps the end-to-end shape (per-callable figures, per-peer
 correctness).
 
@@ -297,7 +297,7 @@ def build_ours(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any
 
 
 def build_wf16(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
-    """Our fp16 candidate as a peer (the INT8 rows' baseline: issue 6 asks INT8 >= 1.3x our fp16)."""
+    """Our fp16 candidate as a peer (the INT8 rows' baseline: the target is INT8 >= 1.3x our fp16)."""
     if device.type != "cuda":
         raise RuntimeError("warpforge-fp16 runs on CUDA only")
     fn, info = _build_candidate(s, device, "fp16")

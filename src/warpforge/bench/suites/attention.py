@@ -1,6 +1,6 @@
 """Suite ``attention``: flash prefill, varlen prefill, paged decode (bf16 and fp8 pages) against SDPA.
 
-Rows (issue 4): prefill bf16 B=2 H=32 S=4096 D=128 and B=8 H=16 S=2048 D=64, each non-causal and
+Rows: prefill bf16 B=2 H=32 S=4096 D=128 and B=8 H=16 S=2048 D=64, each non-causal and
 causal, against SDPA's flash and cuDNN backends (separate peers); a packed batch of 64 sequences
 (lengths 100-2000) against SDPA on the padded batch and a loop of SDPA calls; paged decode (page 16,
 32 query / 8 KV heads, D=128) against SDPA with ``enable_gqa`` over a dense contiguous cache, as the
@@ -237,7 +237,7 @@ def _gpu_cases(quick: bool) -> list[Case]:
 def _cases(quick: bool) -> list[Case]:
     if torch.cuda.is_available():
         return _gpu_cases(quick)
-    # CPU: wiring only, tiny shapes; ours runs its torch reference (DESIGN.md "Dispatch").
+    # CPU: wiring only, tiny shapes; ours runs its torch reference (docs/design.md, "Dispatch").
     return [
         _prefill_case(1, 2, 64, 64, False, False), _prefill_case(1, 2, 64, 64, True, False),
         _varlen_case(4, 5, 40, 4, 2, 64),

@@ -1,4 +1,4 @@
-"""Suite `kernels`: the Triton kernel library I against cuBLAS/cuDNN/torch (issue 3's table).
+"""Suite `kernels`: the Triton kernel library I against cuBLAS/cuDNN/torch.
 
 Cases come from two files: ``_kernels_matmul`` (matmul, fp8, decode GEMV, weight-only int8/int4/fp8)
 and ``_kernels_fused`` (ResNet-50 convs, norms, RoPE, gated activations, softmax).

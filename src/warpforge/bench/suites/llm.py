@@ -1,4 +1,4 @@
-"""Suite ``llm``: warpforge.llm end to end (issue 5's table), against HF transformers ``generate`` in the same run.
+"""Suite ``llm``: warpforge.llm end to end, against HF transformers ``generate`` in the same run.
 
 Every case is an :class:`EndToEndCase`: each callable loads its model, warms up (kernels compile,
 graphs capture), then times whole generations by wall clock with the device synchronized. Weights are
@@ -436,6 +436,6 @@ def _cases(quick: bool) -> list[EndToEndCase]:
     return cases
 
 
-SUITE = Suite(name="llm", description="warpforge.llm end to end (issue 5): decode MBU, offline throughput, "
+SUITE = Suite(name="llm", description="warpforge.llm end to end: decode MBU, offline throughput, "
                                       "prefix caching, long prompts, Gemma 3 270M; vs HF generate",
               cases=_cases)

@@ -3,7 +3,7 @@
 Pure bandwidth work, so the figure is GB/s from bytes read + written and the roofline is the HBM
 ceiling. Sizes are large enough that the working set dwarfs L2 (H200: 50 MiB): 1 GiB per tensor,
 256 MiB with --quick (still ~5x L2, while the run stays short). On a CPU machine the kernels run
-their torch reference (DESIGN.md "Dispatch"), at 4 MiB so the whole suite takes seconds.
+their torch reference (docs/design.md, "Dispatch"), at 4 MiB so the whole suite takes seconds.
 """
 
 from __future__ import annotations
