@@ -17,8 +17,8 @@ EXTRAS := test
 ifeq ($(HAS_CUDA),1)
 BUILD_FLAGS := --no-build-isolation
 # GPU boxes are offline: the test extra's real-weight packages may be missing there (tests that need
-# them skip); the llm and serve extras' small wheels travel in .whl/ when the machine lacks them.
-EXTRAS := llm,serve
+# them skip); the llm, serve and splat extras' small wheels travel in .whl/ when the machine lacks them.
+EXTRAS := llm,serve,splat
 endif
 
 .PHONY: install demo test test-gpu bench-memory clean
