@@ -37,6 +37,9 @@ def test_demo_runs_and_reports_measured_figures(tmp_path, monkeypatch):
         assert ref["accuracy"]["n_samples"] == 270 and rep["settings"]["val"] == "9 user batch(es)", rep["settings"]
     # Generation with the real Gemma 3 270M: text, then the engine's own rates.
     assert "gemma3-270m" in text and "decode:" in text and "tok/s" in text
+    # One streamed request to the real server process, with what the client measured.
+    assert "POST /v1/completions (stream)" in flat and "time to first token" in flat, flat[-3000:]
+    assert "serve gemma3-270m over HTTP: TTFT" in flat and "tok/s decode" in flat
     # The procedural street rendered to a PNG, with its measured time per view.
     png = tmp_path / "out" / "demo" / "splat-street.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "ms per view" in flat

