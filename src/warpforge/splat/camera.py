@@ -39,8 +39,11 @@ def camera_centers(viewmats: torch.Tensor) -> torch.Tensor:  # [C, 4, 4] -> [C, 
     return torch.linalg.inv(viewmats)[:, :3, 3]
 
 
-def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
-    """Validate [C,4,4] view matrices and [C,3,3] intrinsics (finite, positive focal lengths); returns C."""
+def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch.float32, *,
+                  values: bool = True) -> int:
+    """Validate [C,4,4] view matrices and [C,3,3] intrinsics (finite, positive focal lengths); returns C.
+    ``values=False`` checks shapes, dtypes and devices only: the caller folds :func:`camera_problems` into
+    its own single host sync."""
     for name, t, tail in (("viewmats", viewmats, (4, 4)), ("Ks", Ks, (3, 3))):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -55,6 +58,20 @@ def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch
                          f"and {Ks.shape[0]}")
     if viewmats.shape[0] == 0:
         raise ValueError("viewmats must hold at least one camera, got C=0")
+    if values and bool(camera_problems(viewmats, Ks)):  # one host sync; the message is found only on failure
+        raise_camera_problem(viewmats, Ks)
+    return viewmats.shape[0]
+
+
+def camera_problems(viewmats: torch.Tensor, Ks: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor on the cameras' device, True when a value is non-finite or a focal length is not
+    positive (no host sync: the caller reads it with its other checks)."""
+    f = torch.stack([Ks[:, 0, 0], Ks[:, 1, 1]], -1).detach()
+    return (~torch.isfinite(viewmats.detach()).all()) | (~torch.isfinite(Ks.detach()).all()) | (f <= 0).any()
+
+
+def raise_camera_problem(viewmats: torch.Tensor, Ks: torch.Tensor) -> None:
+    """ValueError naming the camera value :func:`camera_problems` flagged (returns if there is none)."""
     for name, t in (("viewmats", viewmats), ("Ks", Ks)):
         bad = ~torch.isfinite(t.detach())
         if bool(bad.any()):
@@ -63,7 +80,6 @@ def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch
     if bool((f <= 0).any()):
         c = int((f <= 0).any(-1).nonzero()[0, 0])
         raise ValueError(f"Ks[{c}] must have positive focal lengths fx, fy, got {f[c].tolist()}")
-    return viewmats.shape[0]
 
 
 def _first(mask: torch.Tensor) -> list[int]:

@@ -564,6 +564,14 @@ def project(means: torch.Tensor,  # [N, 3]
     camera pose refinement); Ks get one on the torch (CPU) path only."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                                    camera_model)
+    return project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
+                           camera_model)
+
+
+def project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
+                    camera_model) -> Projection:
+    """``project`` on inputs the caller has already validated (``rasterize`` checks everything once)."""
+    C, N = viewmats.shape[0], means.shape[0]
     if not use_triton(means):
         return ref.project_reference(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                                      camera_model)
@@ -573,8 +581,9 @@ def project(means: torch.Tensor,  # [N, 3]
 
 
 def check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                            camera_model) -> tuple[int, int]:
-    """Shapes, dtypes, devices and settings of ``project``; returns (C, N)."""
+                            camera_model, *, camera_values: bool = True) -> tuple[int, int]:
+    """Shapes, dtypes, devices and settings of ``project``; returns (C, N). ``camera_values=False`` leaves the
+    cameras' values to the caller's own host sync (see ``camera.camera_problems``)."""
     if not isinstance(means, torch.Tensor) or means.dim() != 2 or means.shape[-1] != 3:
         raise ValueError("means must be a [N, 3] tensor, got "
                          + (str(list(means.shape)) if isinstance(means, torch.Tensor) else type(means).__name__))
@@ -590,7 +599,7 @@ def check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width
             raise ValueError(f"{name} must be torch.float32, got {t.dtype}")
         if t.device != dev:
             raise ValueError(f"{name} must be on {dev} like means, got {t.device}")
-    C = check_cameras(viewmats, Ks, dev)
+    C = check_cameras(viewmats, Ks, dev, values=camera_values)
     for name, v in (("width", width), ("height", height)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")

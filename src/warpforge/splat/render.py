@@ -15,8 +15,8 @@ import os
 import torch
 
 from warpforge.splat.blend import rasterize_to_pixels
-from warpforge.splat.camera import camera_centers
-from warpforge.splat.project import check_projection_inputs, project
+from warpforge.splat.camera import camera_centers, camera_problems, raise_camera_problem
+from warpforge.splat.project import check_projection_inputs, project_checked
 from warpforge.splat.reference import RENDER_MODES
 from warpforge.splat.sh import MAX_DEGREE, spherical_harmonics
 from warpforge.splat.tiles import intersect_tiles, tile_offsets
@@ -49,8 +49,8 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     C, N, D = check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near,
                            far, tile_size, background, render_mode, camera_model, eps2d)
     check_memory(C, N, D + (render_mode != "RGB"), width, height, tile_size, means.device)
-    proj = project(means, quats, scales, opacities, viewmats, Ks, width, height, near=near, far=far, eps2d=eps2d,
-                   camera_model=camera_model)
+    proj = project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
+                           camera_model)
     feats, backgrounds = _features(colors, means, viewmats, sh_degree, proj.depths, background, render_mode, C)
     tile_width, tile_height = -(-width // tile_size), -(-height // tile_size)
     tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles(proj.means2d, proj.radii, proj.depths, proj.conics,
@@ -96,7 +96,7 @@ def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, h
     """Every argument of ``rasterize``; returns (C, N, D) with D the colour channels. Also refuses NaN and inf
     in the parameters (one host sync for all of them)."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                                   camera_model)
+                                   camera_model, camera_values=False)
     dev = means.device
     if render_mode not in RENDER_MODES:
         raise ValueError(f"render_mode must be one of {', '.join(map(repr, RENDER_MODES))}, got {render_mode!r}")
@@ -136,17 +136,24 @@ def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, h
     named = [("means", means), ("quats", quats), ("scales", scales), ("opacities", opacities), ("colors", colors)]
     if background is not None:
         named.append(("background", background))
-    check_finite(named)
+    check_finite(named, cameras=(viewmats, Ks))
     return C, N, D
 
 
-def check_finite(named: list[tuple[str, torch.Tensor]]) -> None:
-    """ValueError naming the first tensor with a NaN or inf and its first bad index. The common case costs one
-    reduction per tensor and one host sync: a sum is NaN or inf whenever an element is (it may also overflow on
-    huge finite values, so a non-finite sum is confirmed element by element before anything is raised)."""
+def check_finite(named: list[tuple[str, torch.Tensor]], cameras: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> None:
+    """ValueError naming the first tensor with a NaN or inf and its first bad index, or (with ``cameras``) the
+    camera value that is wrong. The common case costs one reduction per tensor and one host sync for all of
+    them: a sum is NaN or inf whenever an element is (it may also overflow on huge finite values, so a
+    non-finite sum is confirmed element by element before anything is raised)."""
     sums = torch.stack([t.detach().sum(dtype=torch.float32) for _, t in named])
-    if bool(torch.isfinite(sums).all()):
+    ok = torch.isfinite(sums).all()
+    if cameras is not None:
+        ok = ok & ~camera_problems(*cameras)
+    if bool(ok):
         return
+    if cameras is not None:
+        raise_camera_problem(*cameras)
     for name, t in named:
         bad = ~torch.isfinite(t.detach())
         if bool(bad.any()):
