@@ -2,7 +2,7 @@
 
 1. Agreement. For a set of kernel-library benchmark cases (memory copy, bf16 linear M=1, rms_norm,
    silu_and_mul, softmax, the ResNet-50 stem conv, paged decode attention), time ours with the bench harness
-   (``warpforge.bench.timing``: CUDA events, cold L2, graph replay where the suite uses it) and profile
+   (``warpforge.timing``: CUDA events, cold L2, graph replay where the suite uses it) and profile
    the same thing on the same inputs (``warpforge.profile``, the case's FLOP and byte counts declared), in
    this process: the callable itself, or, for a case the suite times by graph replay (``case.cuda_graph``), a
    CUDA graph of one call replayed, counted on the eager call (``count_fn``), so the profile measures what
@@ -92,7 +92,7 @@ def agreement(suite: str, case: Any, dev: torch.device, *, quick: bool) -> dict[
     """One case: the harness's figure and the profiler's, on the same inputs, and how far apart."""
     from warpforge.bench.compare import case_seed
     from warpforge.bench.record import device_info, git_version, now_iso
-    from warpforge.bench.timing import capture_graph, time_fn
+    from warpforge.timing import capture_graph, time_fn
     from warpforge.profile import profile
     from warpforge.profile.targets import case_work
 

@@ -57,6 +57,18 @@ def test_kernels_import_only_torch_triton_and_stdlib():
     assert not bad, "\n".join(bad)
 
 
+def test_timing_is_at_the_bottom():
+    """The timing primitives are shared by hw (probe), bench and optimize: they import nothing of warpforge, and
+    hw reaches none of bench."""
+    import sys
+
+    allowed = {"torch", "numpy"} | set(sys.stdlib_module_names)
+    bad = [n for n in _imports(SRC / "timing.py") if n.split(".")[0] not in allowed]
+    for path in sorted((SRC / "hw").rglob("*.py")):
+        bad += [f"{path.relative_to(SRC)} imports {n}" for n in _imports(path) if n.startswith("warpforge.bench")]
+    assert not bad, "\n".join(bad)
+
+
 # ---- import cycles ----------------------------------------------------------------------------------------
 # Every import statement counts: at module level, under TYPE_CHECKING and inside functions (an import moved
 # into a function still ties the two modules together; it only hides the cycle from Python's loader).

@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from warpforge.bench.suites._kernels_fused import RESNET50, ConvLayer  # noqa: E402
-from warpforge.bench.timing import time_fn  # noqa: E402
+from warpforge.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.conv import ConvConfig, conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import INT8_CONV_CONFIGS, conv2d_int8  # noqa: E402

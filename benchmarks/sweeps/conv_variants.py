@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conv_int8_sweep import inputs  # noqa: E402
 
 from warpforge.bench.suites._kernels_fused import RESNET50  # noqa: E402
-from warpforge.bench.timing import time_fn  # noqa: E402
+from warpforge.timing import time_fn  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.conv import ConvConfig, conv2d  # noqa: E402
 from warpforge.kernels.conv_int8 import conv2d_int8  # noqa: E402

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from warpforge.bench.timing import time_fn, time_interleaved
+from warpforge.timing import time_fn, time_interleaved
 from warpforge.kernels.attention import DecodeConfig, PagedKVCache, num_decode_splits, paged_decode
 from warpforge.kernels.attention.decode import default_decode_config
 from warpforge.kernels.reference import paged_decode_ref

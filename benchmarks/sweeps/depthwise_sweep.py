@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from warpforge.bench.timing import time_fn  # noqa: E402
+from warpforge.timing import time_fn  # noqa: E402
 from warpforge.kernels import conv_depthwise  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels._dispatch import INTERPRET  # noqa: E402

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conv_int8_sweep import inputs  # noqa: E402
 
 from warpforge.bench.suites._kernels_fused import RESNET50  # noqa: E402
-from warpforge.bench.timing import time_fn  # noqa: E402
+from warpforge.timing import time_fn  # noqa: E402
 from warpforge.kernels import conv_depthwise, conv_gemm, conv_pointwise, conv_tuning  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.conv import conv2d  # noqa: E402

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from warpforge.bench.timing import time_fn  # noqa: E402
+from warpforge.timing import time_fn  # noqa: E402
 from warpforge.kernels import force_triton  # noqa: E402
 from warpforge.kernels import reference as ref  # noqa: E402
 from warpforge.kernels.activation import (RowConfig, gated_candidates, silu_and_mul, softmax,  # noqa: E402

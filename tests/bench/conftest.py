@@ -8,7 +8,7 @@ import torch
 from warpforge.bench.compare import CaseResult, Outcome
 from warpforge.bench.record import build_record
 from warpforge.bench.suite import Case
-from warpforge.bench.timing import Timing
+from warpforge.timing import Timing
 
 
 def fake_record(case: str = "c", ms: float = 1.0, iqr: float = 0.01, suite: str = "s", ok: bool = True,

@@ -14,7 +14,7 @@ from warpforge.bench.e2e import run_end_to_end
 from warpforge.bench.ratio import Side, same_work_ratio
 from warpforge.bench.record import RecordError, build_record, device_info, figure_violations, validate_record
 from warpforge.bench.suite import Case, EndToEndCase, Run
-from warpforge.bench.timing import summarize
+from warpforge.timing import summarize
 from warpforge.hw.roofline import Ceilings
 
 CPU = torch.device("cpu")

@@ -95,7 +95,7 @@ def test_jsonl_round_trip_and_bad_line(tmp_path):
 ])
 def test_roofline_math_in_record(flops, ms, floor, bound):
     from warpforge.bench.compare import CaseResult, Outcome
-    from warpforge.bench.timing import summarize
+    from warpforge.timing import summarize
     from warpforge.hw.roofline import Ceilings
 
     ceil = Ceilings(device="toy", hbm_GBps=1000.0, source="datasheet toy",

@@ -7,9 +7,10 @@ import os
 import pytest
 import torch
 
-from warpforge.bench import compare, timing
+from warpforge import timing
+from warpforge.bench import compare
 from warpforge.bench.host import check_host, parse_compute_apps
-from warpforge.bench.timing import NOISE_BOUND, round_medians, spread_of, stabilize
+from warpforge.timing import NOISE_BOUND, round_medians, spread_of, stabilize
 
 
 def _feed(*attempts):

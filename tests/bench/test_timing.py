@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from warpforge.bench.timing import Timing, percentile, summarize, time_fn, time_interleaved
+from warpforge.timing import Timing, percentile, summarize, time_fn, time_interleaved
 
 
 def test_summarize_known_samples():
@@ -84,7 +84,7 @@ def test_bad_counts_rejected():
 def test_time_fn_gpu_events_graph_and_flush():
     import torch
 
-    from warpforge.bench.timing import flush_bytes
+    from warpforge.timing import flush_bytes
 
     dev = torch.device("cuda")
     assert flush_bytes(dev) >= 2 * torch.cuda.get_device_properties(dev).L2_cache_size

@@ -364,7 +364,7 @@ def _long_attention(explicit):
 @pytest.mark.gpu
 def test_gpu_explicit_attention_becomes_faster_and_stays_accurate():
     """B8 S2048: the explicit pattern writes an [8, 16, 2048, 2048] score matrix twice; flash never does."""
-    from warpforge.bench.timing import time_interleaved
+    from warpforge.timing import time_interleaved
 
     model = _long_attention(explicit=True)
     x = torch.randn(8, 2048, 1024, device="cuda", dtype=torch.bfloat16)
@@ -387,7 +387,7 @@ def test_gpu_explicit_attention_becomes_faster_and_stays_accurate():
 def test_gpu_sdpa_replacement_is_near_torch_sdpa(causal):
     """Against torch's own SDPA (cuDNN or FlashAttention-2 backend): the kernel benchmarks at 0.85-1.4x of
     those at S2048 D64 (benchmarks/results/h200/attention.jsonl); the bar is loose, the ratio is printed."""
-    from warpforge.bench.timing import time_interleaved
+    from warpforge.timing import time_interleaved
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(8, 16, 2048, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))

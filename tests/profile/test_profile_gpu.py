@@ -225,7 +225,7 @@ def test_bench_cases_agree_with_the_benchmark_timing(suite_name, dev):
     the harness flushes it, so they legitimately differ. CUDA-graph cases are timed by replay in the
     suite but eagerly here, so they are skipped too."""
     from warpforge.bench.runner import load_suite
-    from warpforge.bench.timing import time_fn
+    from warpforge.timing import time_fn
 
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     rows, bad = [], []

@@ -6,7 +6,9 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "Timing": "timing", "time_fn": "timing", "time_interleaved": "timing", "time_stable": "timing",
+    # the timing primitives live at the bottom of the package (hw and optimize time with them too)
+    "Timing": "warpforge.timing", "time_fn": "warpforge.timing", "time_interleaved": "warpforge.timing",
+    "time_stable": "warpforge.timing",
     "same_work_ratio": "ratio", "figure_violations": "record", "check_host": "host",
     "Case": "suite", "Suite": "suite",
     "run_suite": "runner", "load_suite": "runner", "list_suites": "runner",
@@ -19,7 +21,8 @@ __all__ = list(_LAZY)
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(f"warpforge.bench.{_LAZY[name]}"), name)
+        mod = _LAZY[name]
+        value = getattr(importlib.import_module(mod if "." in mod else f"warpforge.bench.{mod}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'warpforge.bench' has no attribute {name!r}")

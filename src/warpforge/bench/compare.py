@@ -25,7 +25,7 @@ import torch
 
 from warpforge.bench.ratio import Side, check_note, same_work_ratio
 from warpforge.bench.suite import Case
-from warpforge.bench.timing import Stable, Timing, time_stable
+from warpforge.timing import Stable, Timing, time_stable
 from warpforge.kernels.tolerance import check, tolerance
 
 OURS = "ours"

@@ -14,7 +14,7 @@ says why, and a peer that ran other work carries ``ran`` (ours too). A peer is t
 ``case.timing`` replaces the record's wall-clock timing note when the callables measure ``Run.ms`` another
 way (e.g. the bench harness, interleaved).
 
-Each run is a round: the runs' spread (max / min, p80 / p20) against ``bench.timing.NOISE_BOUND`` marks the
+Each run is a round: the runs' spread (max / min, p80 / p20) against ``warpforge.timing.NOISE_BOUND`` marks the
 case noisy (whole runs are not re-timed here; a callable that re-times itself says so in
 ``Run.extra["attempts"]``). An mfu, mbu or roofline fraction above 1.0 is not stored: the record's
 ``figure_errors`` says which, and ``warpforge bench`` fails the run.
@@ -33,7 +33,7 @@ from warpforge.bench.compare import _short, case_seed
 from warpforge.bench.ratio import Side, check_note, put_ratio, same_work_ratio
 from warpforge.bench.record import _correct, _finite, now_iso, validate_record
 from warpforge.bench.suite import EndToEndCase, Run
-from warpforge.bench.timing import NOISE_BOUND, spread_of, summarize
+from warpforge.timing import NOISE_BOUND, spread_of, summarize
 
 METHOD = "wall"  # device-synchronized perf_counter around each whole run
 

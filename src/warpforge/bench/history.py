@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 FLOOR = 0.02  # the store's compare flag floor: below 2% two runs are "the same" whatever their spreads
-UNKNOWN_SPREAD = 0.10  # bench.timing.NOISE_BOUND - 1: what one repeat is trusted to
+UNKNOWN_SPREAD = 0.10  # warpforge.timing.NOISE_BOUND - 1: what one repeat is trusted to
 REGRESSED = ("slower", "check failed", "failed to run")
 
 

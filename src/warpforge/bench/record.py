@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # torch stays unimported for `warpforge results`, which only 
     import torch
 
     from warpforge.bench.compare import CaseResult, Outcome
-    from warpforge.bench.timing import Timing
+    from warpforge.timing import Timing
 
 REQUIRED = ("suite", "case", "params", "device", "git", "time", "ours", "peers", "ratio", "roofline", "correct")
 BOUNDS = ("compute", "memory")

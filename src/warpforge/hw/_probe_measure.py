@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from warpforge.bench.timing import time_fn
+from warpforge.timing import time_fn
 from warpforge.hw.probe_plan import MiB, ProbePlan
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from warpforge._factory import accepts
 from warpforge.bench.ratio import Side, same_work_ratio
-from warpforge.bench.timing import NOISE_BOUND
+from warpforge.timing import NOISE_BOUND
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare

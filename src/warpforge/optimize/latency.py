@@ -10,12 +10,12 @@
 * **Peak memory**: ``torch.cuda.max_memory_allocated`` above what was allocated when the measurement
   started; on CPU there is no such counter and the figure is None (not a guess).
 
-Unlike ``warpforge.bench.timing`` (kernel timing: cold L2, a GPU sleep to hide the host), nothing here
+Unlike ``warpforge.timing`` (kernel timing: cold L2, a GPU sleep to hide the host), nothing here
 flushes caches or hides the host: a query's latency includes both, and a model's weights being warm in
 L2 between back-to-back queries is what a deployed model sees too. Candidates are interleaved in rounds
 (``single_stream_interleaved``) so clock and thermal drift hit every candidate alike, under the bench
 harness's stability rule (``single_stream_stable``): a candidate whose round medians or p80/p20 spread
-beyond ``bench.timing.NOISE_BOUND`` has every candidate timed again, and what does not settle is noisy.
+beyond ``warpforge.timing.NOISE_BOUND`` has every candidate timed again, and what does not settle is noisy.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from warpforge.bench.timing import NOISE_BOUND, RETRIES, percentile, spread_of
+from warpforge.timing import NOISE_BOUND, RETRIES, percentile, spread_of
 
 
 @dataclass(frozen=True)

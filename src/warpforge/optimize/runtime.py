@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from warpforge.bench.timing import own_cublas_workspace
+from warpforge.timing import own_cublas_workspace
 
 
 @contextlib.contextmanager

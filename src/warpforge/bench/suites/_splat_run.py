@@ -27,7 +27,7 @@ import torch
 
 from warpforge.bench.compare import _short
 from warpforge.bench.suite import Run
-from warpforge.bench.timing import time_interleaved
+from warpforge.timing import time_interleaved
 
 OURS = "ours"
 GSPLAT = "gsplat"  # gsplat 1.5.3 rasterization(), dense mode (packed=False): the figures and target
@@ -359,7 +359,7 @@ class Protocol:
     blocks: int
 
     def as_timing(self, device_note: str) -> dict[str, Any]:
-        return {"method": f"bench.timing.time_interleaved, L2 flushed, host not hidden ({device_note})",
+        return {"method": f"warpforge.timing.time_interleaved, L2 flushed, host not hidden ({device_note})",
                 "warmup": self.warmup, "rep": self.rep, "blocks": self.blocks, "interleaved": True,
                 "statistic": "ms: median of the block medians; p20/p80 across blocks"}
 

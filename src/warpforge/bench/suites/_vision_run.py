@@ -31,13 +31,13 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from warpforge.bench import timing
+from warpforge import timing
 from warpforge.bench.compare import _short
 from warpforge.bench.suite import Run
 # The peers' names (vision.py and the tests read them here) and their builders:
 from warpforge.bench.suites._vision_peers import (COMPILE, COMPILE_MAX, CONVNETS, EAGER16, GRAPH,  # noqa: F401
                                                   PEERS, REFERENCE, Shared)
-from warpforge.bench.timing import NOISE_BOUND, RETRIES, Timing, spread_of_rounds, summarize
+from warpforge.timing import NOISE_BOUND, RETRIES, Timing, spread_of_rounds, summarize
 
 OURS = "ours"
 WF16 = "warpforge-fp16"  # our fp16 candidate as a peer (of the INT8 rows)
@@ -405,7 +405,7 @@ class Protocol:
     blocks: int
 
     def as_timing(self, device_note: str) -> dict[str, Any]:
-        return {"method": f"bench.timing.time_interleaved, no CUDA-graph wrapper, host not hidden ({device_note})",
+        return {"method": f"warpforge.timing.time_interleaved, no CUDA-graph wrapper, host not hidden ({device_note})",
                 "warmup": self.warmup, "rep": self.rep, "blocks": self.blocks, "interleaved": True,
                 "retime": f"every block again (up to {RETRIES}x) when a candidate's block medians or p80/p20 "
                           f"spread beyond {NOISE_BOUND}",

@@ -33,7 +33,7 @@ before it (the scene), measured alone; ``ours.peak_mem_vs_gsplat`` is ours over 
 ``n_isects`` counts the tile-Gaussian pairs each rasterizer blends (ours: the exact opacity-aware tiles;
 gsplat: every tile of the opacity-aware box): ``ours.n_isects_vs_gsplat`` is the culling's effect.
 
-**Timing**: the bench harness (``bench.timing.time_interleaved``): CUDA events around each call, every
+**Timing**: the bench harness (``warpforge.timing.time_interleaved``): CUDA events around each call, every
 candidate round-robin, the L2 flushed between calls, host not hidden (both pipelines synchronize once on the
 number of intersections); ``ms`` is the median of the block medians. The **stages** row calls each pipeline
 stage by stage (project, SH, intersect, sort, offsets, rasterize, backward) with a CUDA event between stages,

@@ -33,11 +33,11 @@ judged row's target holds against both compile modes, so against the faster one.
 ``WARPFORGE_BENCH_MAX_AUTOTUNE=0`` skips the max-autotune peers (minutes of autotuning per row): the
 record then shows that peer as not run, and the target against it as unknown.
 
-**Timing.** The bench harness (``bench.timing.time_interleaved``): CUDA events around each call, every
+**Timing.** The bench harness (``warpforge.timing.time_interleaved``): CUDA events around each call, every
 candidate round-robin in each of ``blocks`` blocks, the L2 flushed between calls; ``ms`` is the median of
 the block medians (p20/p80 across blocks; each block's per-call p20/p80 in the figures). The blocks are the
 rounds of the harness's stability rule: a candidate whose block medians or p80/p20 spread beyond
-``bench.timing.NOISE_BOUND`` has every block timed again, and what does not settle is marked noisy. Not the harness's
+``warpforge.timing.NOISE_BOUND`` has every block timed again, and what does not settle is marked noisy. Not the harness's
 CUDA-graph mode: ours and both graph peers already replay their own graphs (a replay cannot be captured
 inside another capture), and eager's host launch cost is part of its real latency, so the host is not
 hidden either: each candidate is timed as it would be deployed. ``items_per_s`` = batch / ms.

@@ -90,7 +90,7 @@ def _time_impls(mod: FusedLinear, x: torch.Tensor, res: torch.Tensor | None) -> 
     replay interleaved. Timing single eager calls between two events measured the Python launch path
     instead (2026-12-02, H200, ViT-B/16 at batch 1: 140-200 us for this kernel's launches against 31-43 us
     for cuBLAS's, so every layer went to cuBLAS)."""
-    from warpforge.bench.timing import time_interleaved
+    from warpforge.timing import time_interleaved
 
     def run(impl: str):
         def call():
