@@ -71,10 +71,11 @@ def blend_inputs(w: sr.Workload, scene: dict) -> dict:
 
 
 def _set(cfg: str) -> None:
-    """'8x4': the chunked kernels, CHUNK 8, 4 warps; 's4x1': one Gaussian at a time, unrolled 4, 1 warp."""
-    seq = cfg.startswith("s")
-    a, b = (int(x) for x in cfg.lstrip("s").split("x"))
-    blend.SEQ = seq
+    """'8x4': the chunked kernels, CHUNK 8, 4 warps; 's4x1': one Gaussian at a time, unrolled 4, 1 warp;
+    'j4x1': the same with the backward's per-Gaussian sums joined into one reduction."""
+    seq = cfg[0] in "sj"
+    a, b = (int(x) for x in cfg.lstrip("sj").split("x"))
+    blend.SEQ, blend.JOIN = seq, cfg.startswith("j")
     if seq:
         blend.UNROLL, blend.SEQ_WARPS = a, b
     else:
@@ -114,9 +115,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--configs", default="8x4,s4x1,s2x1,s1x1,s4x2,s2x2,s4x4,8x2",
-                    help="CHUNKxWARPS (chunked kernels) or sUNROLLxWARPS (one Gaussian at a time) list; the first "
-                         "is the baseline the others are checked against")
+    ap.add_argument("--configs", default="8x4,s4x1,s1x1,s2x2,s4x4,j1x1,j2x2,j4x4,j2x4,j4x2",
+                    help="CHUNKxWARPS (chunked kernels), sUNROLLxWARPS (one Gaussian at a time) or jUNROLLxWARPS (the "
+                         "same, sums joined) list; the first is the baseline the others are checked against")
     a = ap.parse_args()
     w = sr.Workload(n=a.n, backward=True)
     scene = sr.make_scene(w, torch.device("cuda"))

@@ -233,6 +233,7 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
 SEQ = False  # A/B: the chunked kernels above (False) against these (True)
 SEQ_WARPS = 1
 UNROLL = 4
+JOIN = False  # A/B within it: the backward's per-Gaussian sums reduced one by one or as one joined tensor
 
 
 @triton.jit
@@ -296,7 +297,7 @@ def _blend_bwd_seq_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, o
                           n_isects, n_tiles, W, H, TW, TH,
                           D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr,
                           UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ABSGRAD: tl.constexpr,
-                          ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr):
+                          ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr, JOIN: tl.constexpr = False):
     pid = tl.program_id(0)
     cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
     start = tl.load(offsets_ptr + pid)
@@ -346,17 +347,29 @@ def _blend_bwd_seq_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, o
             any_on = tl.max(valid.to(tl.int32), axis=0) > 0
             tl.atomic_add(v_colors_ptr + g * D + dcol, tl.sum(w[:, None] * v_c, axis=0), mask=dm & any_on,
                           sem="relaxed")
-            tl.atomic_add(v_means_ptr + 2 * g, tl.sum(vx, axis=0), mask=any_on, sem="relaxed")
-            tl.atomic_add(v_means_ptr + 2 * g + 1, tl.sum(vy, axis=0), mask=any_on, sem="relaxed")
-            tl.atomic_add(v_conics_ptr + 3 * g, tl.sum(0.5 * v_sigma * dx * dx, axis=0), mask=any_on, sem="relaxed")
-            tl.atomic_add(v_conics_ptr + 3 * g + 1, tl.sum(v_sigma * dx * dy, axis=0), mask=any_on, sem="relaxed")
-            tl.atomic_add(v_conics_ptr + 3 * g + 2, tl.sum(0.5 * v_sigma * dy * dy, axis=0), mask=any_on,
-                          sem="relaxed")
-            tl.atomic_add(v_opac_ptr + g, tl.sum(tl.where(on, vis * v_alpha, 0.0), axis=0), mask=any_on,
-                          sem="relaxed")
-            if ABSGRAD:
-                tl.atomic_add(v_abs_ptr + 2 * g, tl.sum(tl.abs(vx), axis=0), mask=any_on, sem="relaxed")
-                tl.atomic_add(v_abs_ptr + 2 * g + 1, tl.sum(tl.abs(vy), axis=0), mask=any_on, sem="relaxed")
+            if JOIN:  # the eight per-Gaussian sums as one reduction: one cross-warp exchange, not eight
+                f = tl.join(tl.join(tl.join(vx, vy), tl.join(0.5 * v_sigma * dx * dx, v_sigma * dx * dy)),
+                            tl.join(tl.join(0.5 * v_sigma * dy * dy, tl.where(on, vis * v_alpha, 0.0)),
+                                    tl.join(tl.abs(vx), tl.abs(vy))))  # [PB, 2, 2, 2]
+                sums = tl.reshape(tl.sum(f, axis=0), [8])
+                n = tl.arange(0, 8)
+                field = 4 * (n % 2) + 2 * ((n // 2) % 2) + n // 4  # join order -> vx vy ca cb cc op |vx| |vy|
+                ptr = tl.where(field < 2, v_means_ptr + 2 * g + field,
+                               tl.where(field < 5, v_conics_ptr + 3 * g + (field - 2),
+                                        tl.where(field == 5, v_opac_ptr + g, v_abs_ptr + 2 * g + (field - 6))))
+                tl.atomic_add(ptr, sums, mask=any_on & ((field < 6) | ABSGRAD), sem="relaxed")
+            else:
+                tl.atomic_add(v_means_ptr + 2 * g, tl.sum(vx, axis=0), mask=any_on, sem="relaxed")
+                tl.atomic_add(v_means_ptr + 2 * g + 1, tl.sum(vy, axis=0), mask=any_on, sem="relaxed")
+                tl.atomic_add(v_conics_ptr + 3 * g, tl.sum(0.5 * v_sigma * dx * dx, axis=0), mask=any_on, sem="relaxed")
+                tl.atomic_add(v_conics_ptr + 3 * g + 1, tl.sum(v_sigma * dx * dy, axis=0), mask=any_on, sem="relaxed")
+                tl.atomic_add(v_conics_ptr + 3 * g + 2, tl.sum(0.5 * v_sigma * dy * dy, axis=0), mask=any_on,
+                              sem="relaxed")
+                tl.atomic_add(v_opac_ptr + g, tl.sum(tl.where(on, vis * v_alpha, 0.0), axis=0), mask=any_on,
+                              sem="relaxed")
+                if ABSGRAD:
+                    tl.atomic_add(v_abs_ptr + 2 * g, tl.sum(tl.abs(vx), axis=0), mask=any_on, sem="relaxed")
+                    tl.atomic_add(v_abs_ptr + 2 * g + 1, tl.sum(tl.abs(vy), axis=0), mask=any_on, sem="relaxed")
         j0 -= UNROLL
 
 
@@ -406,7 +419,7 @@ def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     n_tiles = C * th * tw
     grads = [torch.zeros_like(v) for v in (means2d, conics, colors, opacities)]
     v_abs = torch.zeros_like(means2d) if absgrad else grads[0]
-    kernel, meta = ((_blend_bwd_seq_kernel, _seq_meta(colors, tile_size)) if SEQ else
+    kernel, meta = ((_blend_bwd_seq_kernel, dict(_seq_meta(colors, tile_size), JOIN=JOIN)) if SEQ else
                     (_blend_bwd_kernel, _launch_meta(colors, tile_size, BWD_WARPS)))
     kernel[(n_tiles,)](
         means2d, conics, colors, opacities, backgrounds if backgrounds is not None else v_out, offsets, flatten_ids,
