@@ -2,7 +2,11 @@
 on the bench's 1M-Gaussian 1080p scene) and the blend kernels' tiling (CHUNK Gaussians a step x warps a tile)
 swept forward and backward, each configuration checked against the default one on the same inputs.
 
-    python benchmarks/sweeps/splat_sweep.py --out sweep.json [--n 1000000] [--configs 8x4,4x1,...]
+    python benchmarks/sweeps/splat_sweep.py --out sweep.json [--n 1000000] [--configs 8x4,s4x1,...]
+        [--bench OUT.jsonl [--bench-filter TEXT]]
+
+``--bench``: then run the ``splat`` suite in this process with the fastest configuration that passed its
+check (gsplat must be installed), records to OUT.jsonl; the sweep's JSON names the configuration.
 """
 
 from __future__ import annotations
@@ -118,6 +122,8 @@ def main() -> None:
     ap.add_argument("--configs", default="8x4,s4x1,s1x1,s2x2,s4x4,j1x1,j2x2,j4x4,j2x4,j4x2",
                     help="CHUNKxWARPS (chunked kernels), sUNROLLxWARPS (one Gaussian at a time) or jUNROLLxWARPS (the "
                          "same, sums joined) list; the first is the baseline the others are checked against")
+    ap.add_argument("--bench", default=None, help="then run the splat suite with the winner, records here")
+    ap.add_argument("--bench-filter", default=None, help="the suite's -k filter")
     a = ap.parse_args()
     w = sr.Workload(n=a.n, backward=True)
     scene = sr.make_scene(w, torch.device("cuda"))
@@ -141,6 +147,13 @@ def main() -> None:
         else:
             print(f"{r['config']:<6} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['fwd_max_diff']:11.2e} "
                   f"{r['bwd_min_cos']:12.8f}")
+    if a.bench:
+        from rich.console import Console
+
+        from warpforge.bench.cli import cli_bench
+        print(f"== splat suite with blend {best}", flush=True)
+        cli_bench(suite="splat", list_suites=False, quick=False, case_filter=a.bench_filter, store_url=None,
+                  no_store=True, out=a.bench, console=Console(width=150))
 
 
 if __name__ == "__main__":
