@@ -1,10 +1,10 @@
-"""The CLI's shape: every part has a sub-command; unbuilt ones say so and exit non-zero."""
+"""The CLI's shape: every part has a sub-command."""
 
 from __future__ import annotations
 
 from click.testing import CliRunner
 
-from warpforge.cli import NOT_BUILT, main
+from warpforge.cli import main
 
 COMMANDS = ["probe", "bench", "results", "profile", "optimize", "generate", "serve", "splat", "demo"]
 
@@ -14,17 +14,6 @@ def test_help_lists_every_part():
     assert out.exit_code == 0
     for name in COMMANDS:
         assert name in out.output
-
-
-def test_unbuilt_commands_say_so_and_fail():
-    # every part is built today; the stub a future part starts as still refuses with exit status 2
-    from warpforge.cli import _not_built
-
-    for name, what in {**NOT_BUILT, "future": "a part to come"}.items():
-        cmd = main.get_command(None, name) if name in NOT_BUILT else _not_built(name, what)
-        out = CliRunner().invoke(cmd, ["anything", "--flag"])
-        assert out.exit_code == 2
-        assert "not built yet" in out.output
 
 
 def test_version():

@@ -14,7 +14,6 @@ from warpforge._cli_support import AliasChoice, WarpforgeGroup, make_console
 # optimize.gate.PRECISIONS, spelled out so `--help` does not import torch (a test keeps them equal)
 OPTIMIZE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
 
-NOT_BUILT: dict[str, str] = {}
 # One spelling is documented (fp32, fp16, bf16, as in --precision); torch's names are accepted too.
 DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 
@@ -529,20 +528,6 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
                           max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine, min_top1=min_top1,
                           queries=queries, warmup=warmup, out=out, json_out=json_out, random_weights=random_weights,
                           exhaustive=exhaustive, capture=capture, console=_console()))
-
-
-def _not_built(name: str, what: str) -> click.Command:
-    @click.command(name, help=f"Not built yet: {what}.", context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def cmd(args: tuple[str, ...]) -> None:
-        click.echo(f"warpforge {name}: not built yet ({what}).", err=True)
-        sys.exit(2)
-
-    return cmd
-
-
-for _name, _what in NOT_BUILT.items():
-    main.add_command(_not_built(_name, _what))
 
 
 if __name__ == "__main__":
