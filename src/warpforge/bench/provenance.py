@@ -24,7 +24,7 @@ from typing import Any
 _B = "src/warpforge/bench/"
 _K = "src/warpforge/kernels/"
 HARNESS: tuple[str, ...] = (
-    _B + "timing.py", _B + "compare.py", _B + "runner.py", _B + "suite.py", _B + "e2e.py", _B + "ratio.py",
+    "src/warpforge/timing.py", _B + "compare.py", _B + "runner.py", _B + "suite.py", _B + "e2e.py", _B + "ratio.py",
     _B + "host.py", "src/warpforge/hw/roofline.py", "src/warpforge/hw/specs.py", "src/warpforge/settings.py",
 )
 SUITE_SOURCES: dict[str, tuple[str, ...]] = {
