@@ -13,6 +13,11 @@ if not HAS_CUDA:
     # Must be set before any @triton.jit decorates a function (warpforge.kernels does the same).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Parallel workers share the cores: one intra-op pool each, sized to its share, instead of every worker
+    # starting a pool as wide as the machine.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
@@ -28,6 +33,9 @@ def _quiet_host(monkeypatch):
     """The busy-host check reads the load average, which other tests on the same cores push up: records and
     reports under test would carry a warning that depends on the neighbours. Tests of the check set their own."""
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    # Tables wrap at the terminal's width, which depends on how pytest was started (a terminal, a pipe, an
+    # xdist worker); tests read whole cells. Tests of the width logic set or clear it themselves.
+    monkeypatch.setenv("COLUMNS", "200")
 
 
 @pytest.fixture(autouse=True)

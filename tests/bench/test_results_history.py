@@ -216,7 +216,7 @@ def test_history_cli(store_url):
     out = runner.invoke(main, ["results", "history", "b", "--store", store_url, "--no-git",
                                "--records", str(COMMITTED / "memory.jsonl")])
     assert out.exit_code == 0, out.output
-    assert out.output.count("store run") == 3 and "slower +26.9%" in out.output
+    assert out.output.count("store run") == 3 and "slower +26.9%" in out.output, out.output
     js = runner.invoke(main, ["results", "history", "b", "--store", store_url, "--json", "--no-git",
                               "--records", str(COMMITTED / "memory.jsonl")])
     assert js.exit_code == 0 and '"flag": "slower"' in js.stdout

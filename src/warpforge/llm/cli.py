@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -23,8 +24,9 @@ def bundled_gemma3_270m(path: Path | None = None) -> Path:
         path = settings.current().gemma3_270m or settings.cache_dir() / "models" / g.MODEL_NAME
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Assemble next to it and rename: an interrupted run never leaves a truncated model behind.
-        tmp = path.with_name(path.name + ".partial")
+        # Assemble next to it and rename: an interrupted run never leaves a truncated model behind, and two
+        # processes assembling at once each write their own file (the rename is atomic; the last one wins).
+        tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
         g.assemble(tmp, overwrite=True)
         tmp.replace(path)
     return path
