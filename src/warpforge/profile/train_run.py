@@ -186,13 +186,14 @@ def profile_train(setup: TrainSetup, config: TrainConfig | None = None, progress
         n_plain = cfg.steps if cfg.plain is None else cfg.plain
         say(f"measuring: {n_plain} plain and {cfg.steps} instrumented steps")
         plain = _plain_steps(setup, stream, rec, n_plain // 2)
-        steps, info = [], {}
+        records, info = [], {}
         t_wall = time.perf_counter_ns()
         for _ in range(cfg.steps):
             rec.begin()
             run_step(setup, stream, rec, info)
-            steps.append(breakdown(rec.finish()))
+            records.append(rec.finish())
         wall_ms = (time.perf_counter_ns() - t_wall) / 1e6 / cfg.steps
+        steps = [breakdown(r) for r in records]
         plain += _plain_steps(setup, stream, rec, n_plain - n_plain // 2)
         device_comm = None
         if clock.cuda and cfg.trace_comm and world > 1:
