@@ -46,13 +46,21 @@ def main(verbose: bool) -> None:
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="The full result as JSON: alone, on stdout (the table goes to stderr); with FILE, also to FILE.")
 @click.option("--no-cache", is_flag=True, help="Do not write the per-device cache the roofline reads.")
-def probe(quick: bool, json_out: str | None, no_cache: bool) -> None:
+@click.option("--collectives", is_flag=True,
+              help="Instead: all-reduce, all-gather and reduce-scatter bus bandwidth over message sizes (as NCCL's "
+                   "tests report it) on the GPUs present, beside the NVLink datasheet figure; 2 gloo processes on "
+                   "a machine with fewer than 2 GPUs.")
+def probe(quick: bool, json_out: str | None, no_cache: bool, collectives: bool) -> None:
     """Measure the GPU's ceilings: HBM and cache bandwidth, latency, matrix TFLOP/s, launch cost, PCIe.
 
     Each figure is printed beside the datasheet value for the device and the fraction of it.
     Results are cached per device and used by every benchmark's roofline. Without a GPU it
     measures CPU-side figures only and says so.
     """
+    if collectives:
+        from warpforge.hw.collectives import cli_probe_collectives
+
+        sys.exit(cli_probe_collectives(quick=quick, json_out=json_out, console=_console()))
     from warpforge.hw.probe import cli_probe
 
     sys.exit(cli_probe(quick=quick, json_out=json_out, use_cache=not no_cache, console=_console()))

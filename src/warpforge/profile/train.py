@@ -196,8 +196,8 @@ class Recorder:
         return rec
 
 
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-               "broadcast", "all_to_all_single", "reduce", "all_gather_object")
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+               "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all_single", "reduce")
 
 
 @contextlib.contextmanager
@@ -258,7 +258,7 @@ def instrumented(rec: Recorder, setup: TrainSetup) -> Iterator[None]:
 
 def _wrap_collective(rec: Recorder, op: str, orig: Callable) -> Callable:
     def call(*a: Any, **k: Any) -> Any:
-        if not rec.active:
+        if not rec.active or any(kind == "comm" for kind, _ in rec._open):  # one collective built on another
             return orig(*a, **k)
         n = nbytes(t for t in batch_tensors(list(a[:2])) if isinstance(t, torch.Tensor))
         if k.get("async_op"):
@@ -280,7 +280,7 @@ def ddp_comm_hook(rec: Recorder) -> Callable:
 
     all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
 
-    def hook(state: Any, bucket: Any) -> torch.futures.Future:
+    def hook(state, bucket):  # unannotated: DDP checks annotations, and this module's are strings
         buf = bucket.buffer()
         world = dist.get_world_size(state) if state is not None else dist.get_world_size()
         t0 = time.perf_counter_ns()

@@ -15,6 +15,8 @@ H2D_THRESHOLD = 0.05  # copies: pinning fixes them cheaply, so a smaller share i
 OTHER_THRESHOLD = 0.15  # uncovered time includes Python between phases; only a large share is a finding
 ACTIVATION_SHARE = 0.5  # activations above this share of the peak make checkpointing worth a look
 LOW_MFU = 0.3  # a layer under this fraction of the matrix peak is named when it loses time
+# Ranks of a balanced run differ by some percent from noise (shared hosts, clocks); a straggler stands out more.
+STRAGGLER_THRESHOLD = 0.25
 
 
 def _f(kind: str, severity: float, text: str, advice: str, **evidence: Any) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def stragglers(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     worst = max(range(len(ranks)), key=lambda i: busy[i])
     step = max(r["aggregate"]["mean"]["step_ms"] for r in ranks)
     excess = busy[worst] - min(busy)
-    if excess / step < THRESHOLD:
+    if excess / step < STRAGGLER_THRESHOLD:
         return None
     slow = ranks[worst]["aggregate"]["mean"]
     part = max(("data", "h2d", "forward", "backward", "optimizer"), key=lambda k: slow[k] - min(
@@ -169,7 +171,8 @@ def stragglers(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
               f"against a median of {_ms(med)}; the other ranks wait for it in their collectives. Most of the "
               f"difference is in {part}.",
               "find what differs on that rank (its data shard, a slower loader, a throttled or shared GPU, a "
-              "noisy neighbour); balance the work per rank.", busy_ms=busy, worst_rank=worst, part=part)
+              "noisy neighbour); balance the work per rank.", busy_ms=busy, worst_rank=worst, part=part,
+              excess_ms=excess)
 
 
 def train_findings(d: dict[str, Any], probe: dict[str, Any] | None = None,
@@ -178,5 +181,17 @@ def train_findings(d: dict[str, Any], probe: dict[str, Any] | None = None,
     found = [starved_loader(d), pageable_copies(d, probe), exposed_comm(d, probe), launch_bound_optimizer(d),
              activation_peak(d), low_mfu_layers(d, peak_tflops), launch_gaps(d)]
     if d.get("ranks"):
-        found.append(stragglers(d["ranks"]))
+        lag = stragglers(d["ranks"])
+        found.append(lag)
+        comm = found[2]
+        if lag is not None and comm is not None:
+            # Time spent in a collective waiting for a late rank is the straggler's cost, not the network's.
+            step = d["aggregate"]["mean"]["step_ms"]
+            own = max(0.0, d["aggregate"]["mean"]["comm_exposed"] - lag["evidence"]["excess_ms"])
+            if own / step < THRESHOLD:
+                found[2] = None
+            else:
+                comm["severity"] = round(own / step, 4)
+                comm["text"] += (f" Of it, about {_ms(lag['evidence']['excess_ms'])} is waiting for the straggler, "
+                                 f"rank {lag['evidence']['worst_rank']}.")
     return sorted((f for f in found if f is not None), key=lambda f: -f["severity"])
