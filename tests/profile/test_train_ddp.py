@@ -115,3 +115,51 @@ def test_straggler_named_by_rank_zero(runs):
     assert r1["data"] > 30 and r0["comm_exposed"] > 20  # rank 0 waits in the all-reduce for rank 1
     # That wait is the straggler's cost: no exposed-communication finding blames the network for it.
     assert "exposed_comm" not in [g["kind"] for g in d["findings"]]
+
+
+TRAIN_PY = '''
+import time
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Sleepy:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        for b in self.batches:
+            if dist.get_rank() == 1:
+                time.sleep(0.03)
+            yield b
+
+
+def factory():
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
+    data = [(torch.randn(8, 64), torch.randint(0, 10, (8,))) for _ in range(4)]
+    return model, opt, Sleepy(data), nn.functional.cross_entropy
+'''
+
+
+def test_torchrun_each_rank_records_rank_zero_merges(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from warpforge.hw.collectives import free_port
+
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "warpforge", "profile", "--train", f"{tmp_path / 'train.py'}:factory", "--steps", "3", "--warmup",
+           "1", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = json.loads((out / "report.json").read_text())
+    assert d["meta"]["world"] == 2 and [x["meta"]["rank"] for x in d["ranks"]] == [0, 1]
+    assert d["findings"][0]["kind"] == "straggler" and "Rank 1" in d["findings"][0]["text"]
+    assert r.stdout.count("report:") == 1  # rank 0 alone writes and prints

@@ -164,8 +164,10 @@ def print_train_summary(d: dict[str, Any], console) -> None:
 
     a, t = d["aggregate"], d["timing"]
     console.print(f"\n[bold]{d['verdict']}[/]", highlight=False, soft_wrap=True)
+    ov = t["overhead"]
+    ov_text = "below noise" if ov is None or ov < 0 else f"{100 * ov:.1f}%"
     console.print(f"step {a['median_step_ms']:.3f} ms (median of {a['steps']}; {t['plain_ms'] or 0:.3f} ms without "
-                  f"the profiler, overhead {100 * (t['overhead'] or 0):+.1f}%); parts sum within "
+                  f"the profiler, overhead {ov_text}); parts sum within "
                   f"{100 * a['parts_error']:.2f}%" + (f"; MFU {100 * d['mfu']:.1f}%" if d.get("mfu") is not None
                                                       else ""), highlight=False)
     for f in d["findings"][:6]:
