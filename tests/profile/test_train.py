@@ -159,3 +159,16 @@ def test_cli_bad_input_is_one_line(args, msg):
     r = CliRunner().invoke(main, ["profile", "--train", *args, "--steps", "1"])
     assert r.exit_code == 2 and msg in r.output, r.output
     assert "Traceback" not in r.output
+
+
+def test_resnet50_example_counts_its_flops():
+    from warpforge.examples.resnet50 import factory
+
+    s = factory(size="tiny", device="cpu")
+    d = profile_train(s, TrainConfig(steps=1, warmup=0, plain=0))
+    # ResNet-50: 4.1 GMACs per 224x224 image; at 64x64 (x(64/224)^2), batch 2, forward + ~2x backward.
+    expected = 3 * 2 * 4.1e9 * (64 / 224) ** 2 * 2
+    assert d["flops_per_step"] == pytest.approx(expected, rel=0.1)
+    names = {r["layer"] for r in d["layers"]}
+    assert {"conv1", "fc", "layer4.2.conv3"} <= names and len(names) == 53 + 53 + 1  # convs, norms, fc
+    assert d["memory"]["phases"]["forward"]["parameters"] == sum(p.numel() * 4 for p in s.model.parameters())
