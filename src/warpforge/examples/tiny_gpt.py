@@ -125,7 +125,7 @@ def factory(size: str | None = None, device: torch.device | str | None = None) -
     torch.manual_seed(0)
     model = GPT(c).to(device)
     cuda = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, **({"fused": True} if cuda else {"foreach": True}))
     loader = torch.utils.data.DataLoader(Windows(encode(shakespeare_text()), c.context, length=c.batch * 64),
                                          batch_size=c.batch, shuffle=True, drop_last=True, pin_memory=cuda,
                                          num_workers=2 if cuda else 0, persistent_workers=cuda)

@@ -136,7 +136,8 @@ def run_local_group(fn: Callable[..., Any], world: int = 2, backend: str = "gloo
                     timeout_s: float = 120.0) -> list[Any]:
     """Run ``fn(*args)`` on ``world`` fresh processes of this host in one process group (localhost, a free
     port); -> each rank's return value, by rank. ``fn`` must be importable (a module-level function).
-    Processes still running at ``timeout_s`` are terminated and the call raises."""
+    Processes still running at ``timeout_s`` are terminated and the call raises. The ranks are not daemons,
+    so a rank may start DataLoader workers."""
     import queue as _queue
 
     import torch.multiprocessing as mp
@@ -148,7 +149,7 @@ def run_local_group(fn: Callable[..., Any], world: int = 2, backend: str = "gloo
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, fn, args, q), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, fn, args, q))
              for r in range(world)]
     for p in procs:
         p.start()
