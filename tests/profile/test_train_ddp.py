@@ -87,7 +87,7 @@ def test_non_overlapped_all_reduce_is_the_top_finding(runs):
     d = runs["manual"]
     top = d["findings"][0]
     assert top["kind"] == "exposed_comm" and top["severity"] >= THRESHOLD, d["findings"]
-    assert "DistributedDataParallel" in top["advice"]
+    assert "DistributedDataParallel" in top["advice"] and top["evidence"]["algbw_GBps"] > 0
     a = d["aggregate"]
     assert a["collectives"] == 6 and a["comm_bytes"] == sum(p.numel() * 4 for p in _model().parameters())
     assert a["mean"]["comm_overlapped"] == 0.0  # synchronous: the host waited for every one

@@ -72,6 +72,8 @@ def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict
     if s["comm_exposed"] < THRESHOLD:
         return None
     total = m["comm_exposed"] + m["comm_overlapped"]
+    # Bytes over the collectives' time (overlapped or not): the rate to set beside `probe --collectives`.
+    algbw = a["comm_bytes"] / (total / 1e3) / 1e9 if total > 0 and a["comm_bytes"] else None
     ddp = d.get("ddp")
     if ddp is None:
         advice = ("wrap the model in DistributedDataParallel so gradient all-reduces overlap backward instead of "
@@ -84,8 +86,10 @@ def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict
     return _f("exposed_comm", s["comm_exposed"],
               f"Gradient communication is exposed: {_ms(m['comm_exposed'])} per step "
               f"({100 * s['comm_exposed']:.0f}%) with no compute beside it; "
-              f"{100 * m['comm_overlapped'] / total if total else 0:.0f}% of the collectives' time overlaps compute.",
-              advice + ".", exposed_ms=m["comm_exposed"], overlapped_ms=m["comm_overlapped"],
+              f"{100 * m['comm_overlapped'] / total if total else 0:.0f}% of the collectives' time overlaps compute"
+              + (f"; they move {a['comm_bytes'] / 2**20:.3g} MiB per step at {algbw:.3g} GB/s (algorithm bandwidth, "
+                 "compare `warpforge probe --collectives`)." if algbw else "."),
+              advice + ".", exposed_ms=m["comm_exposed"], overlapped_ms=m["comm_overlapped"], algbw_GBps=algbw,
               collectives_per_step=a["collectives"], bytes_per_step=a["comm_bytes"])
 
 

@@ -77,6 +77,10 @@ def _figs(d: dict[str, Any]) -> str:
             # Instrumented steps faster than plain ones: the cost is below the run-to-run noise, no figure.
             ("profiler overhead", "below noise" if (t["overhead"] or 0) < 0 else _pct(t["overhead"])), ("parts vs step", f'{100 * a["parts_error"]:.2f}% apart'),
             ("GFLOP per step", f'{d["flops_per_step"] / 1e9:.3g}')]
+    h2d = d.get("h2d") or {}
+    if h2d.get("bytes") and a["mean"]["h2d"] > 0:
+        figs.append((f'host-to-device ({"pinned" if h2d.get("pinned") else "pageable"})',
+                     f'{h2d["bytes"] / (a["mean"]["h2d"] / 1e3) / 1e9:.3g} GB/s'))
     if d.get("mfu") is not None:
         figs.append(("MFU of the step", _pct(d["mfu"])))
     mem = d.get("memory") or {}
