@@ -46,13 +46,21 @@ def main(verbose: bool) -> None:
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="The full result as JSON: alone, on stdout (the table goes to stderr); with FILE, also to FILE.")
 @click.option("--no-cache", is_flag=True, help="Do not write the per-device cache the roofline reads.")
-def probe(quick: bool, json_out: str | None, no_cache: bool) -> None:
+@click.option("--collectives", is_flag=True,
+              help="Instead: all-reduce, all-gather and reduce-scatter bus bandwidth over message sizes (as NCCL's "
+                   "tests report it) on the GPUs present, beside the NVLink datasheet figure; 2 gloo processes on "
+                   "a machine with fewer than 2 GPUs.")
+def probe(quick: bool, json_out: str | None, no_cache: bool, collectives: bool) -> None:
     """Measure the GPU's ceilings: HBM and cache bandwidth, latency, matrix TFLOP/s, launch cost, PCIe.
 
     Each figure is printed beside the datasheet value for the device and the fraction of it.
     Results are cached per device and used by every benchmark's roofline. Without a GPU it
     measures CPU-side figures only and says so.
     """
+    if collectives:
+        from warpforge.hw.collectives import cli_probe_collectives
+
+        sys.exit(cli_probe_collectives(quick=quick, json_out=json_out, console=_console()))
     from warpforge.hw.probe import cli_probe
 
     sys.exit(cli_probe(quick=quick, json_out=json_out, use_cache=not no_cache, console=_console()))
@@ -447,9 +455,18 @@ def splat_render(source: str, cameras: tuple[str, ...], out: str, size: str | No
 @click.option("--window", default="light", show_default=True, type=click.Choice(["light", "full"]),
               help="CUDA: 'light' times a window under CUPTI's device activity alone and takes operator names "
                    "from a separate detail window (low overhead); 'full' times the detail window itself.")
+@click.option("--train", "train", is_flag=True,
+              help="TARGET is a training factory (returns a TrainSetup or (model, optimizer, loader, loss_fn)): "
+                   "profile whole training steps (loader, copies, forward, backward, optimizer, communication, "
+                   "memory). Works under torchrun. See docs/profile.md.")
+@click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1),
+              help="--train: instrumented steps (as many again run without the profiler, for its overhead).")
+@click.option("--size", default=None, help="--train: passed to a factory that takes size (the bundled examples: "
+                                           "tiny, small, full).")
 def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iters: int, out: str | None,
             compare_paths: tuple[str, str] | None, json_out: bool, trace: bool, device: str, top: int,
-            batch: int | None, prompt_len: int | None, window: str) -> None:
+            batch: int | None, prompt_len: int | None, window: str, train: bool, steps: int,
+            size: str | None) -> None:
     """Where TARGET's time goes, against the roofline of the measured ceilings.
 
     TARGET is `path/file.py:factory` or `package.module:factory` (the factory returns a model, or
@@ -459,6 +476,13 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
     per operator, a measured window under the PyTorch profiler (NVTX ranges per module on CUDA),
     then a self-contained HTML report and JSON. Without a GPU it profiles on CPU with host timers.
     """
+    if train:
+        from warpforge.profile.train_cli import cli_profile_train
+
+        if not target:
+            raise click.UsageError("--train needs TARGET: path/to/train.py:factory or package.module:factory")
+        sys.exit(cli_profile_train(target, steps=steps, warmup=warmup, out=out, device=device, size=size,
+                                   json_out=json_out, console=_console(stderr=json_out)))
     from warpforge.profile.cli import cli_profile
 
     sys.exit(cli_profile(target, input_shapes=input_shapes, warmup=warmup, iters=iters, out=out,

@@ -6,6 +6,8 @@ distinguishes (GeForce parts run fp16-accumulate twice as fast; torch/cuBLAS acc
 ``int8`` is TOPS, kept in the same table as the TFLOP/s figures. ``pcie_GBps`` is ONE direction
 (the datasheets print the bidirectional total: Gen4 x16 64 GB/s -> 32, Gen5 x16 128 GB/s -> 64).
 ``l2_MiB`` is what the driver reports (``L2_cache_size``), which is what the cache sweep sees.
+``nvlink_GBps`` is ONE direction per GPU (the datasheets print the bidirectional total: 900 GB/s on
+Hopper SXM -> 450, 600 GB/s on A100 SXM -> 300); ``None``: no NVLink (the GPUs talk over PCIe).
 
 Sources (vendor datasheets / whitepapers):
   [H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5, PCIe, NVL columns)
@@ -45,6 +47,7 @@ class DeviceSpec:
     fp8: float | None
     int8: float | None
     source: str  # which document the figures come from
+    nvlink_GBps: float | None = None  # GPU-to-GPU link, one direction; None: no NVLink
 
     def __post_init__(self) -> None:
         if not self.match or not all(isinstance(m, str) and m.strip() for m in self.match):
@@ -52,7 +55,7 @@ class DeviceSpec:
         for attr in ("sms", "l2_MiB", "hbm_GBps", "sm_clock_MHz", "fp32"):
             if not getattr(self, attr) > 0:
                 raise ValueError(f"{self.name}: {attr} must be > 0, got {getattr(self, attr)!r}")
-        for attr in ("pcie_GBps", *PRECISIONS):
+        for attr in ("pcie_GBps", "nvlink_GBps", *PRECISIONS):
             v = getattr(self, attr)
             if v is not None and not v > 0:
                 raise ValueError(f"{self.name}: {attr} must be > 0 or None, got {v!r}")
@@ -77,22 +80,29 @@ _A100 = "NVIDIA A100 Tensor Core GPU datasheet"
 SPECS: tuple[DeviceSpec, ...] = (
     DeviceSpec("H100 SXM", ("H100 80GB HBM3", "H100 SXM", "H100 SXM5", "H100"), sms=132, l2_MiB=50,
                hbm_GBps=3350, pcie_GBps=64, sm_clock_MHz=1980,
-               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source=f"{_H100}, SXM5 column"),
+               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source=f"{_H100}, SXM5 column",
+               nvlink_GBps=450),
     DeviceSpec("H100 PCIe", ("H100 PCIe",), sms=114, l2_MiB=50, hbm_GBps=2000, pcie_GBps=64, sm_clock_MHz=1755,
-               fp32=51, tf32=378, fp16=756.5, bf16=756.5, fp8=1513, int8=1513, source=f"{_H100}, PCIe column"),
+               fp32=51, tf32=378, fp16=756.5, bf16=756.5, fp8=1513, int8=1513, source=f"{_H100}, PCIe column",
+               nvlink_GBps=300),
     DeviceSpec("H100 NVL", ("H100 NVL",), sms=132, l2_MiB=50, hbm_GBps=3900, pcie_GBps=64, sm_clock_MHz=1785,
-               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source=f"{_H100}, NVL column"),
+               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source=f"{_H100}, NVL column",
+               nvlink_GBps=300),
     DeviceSpec("H200", ("H200", "H200 SXM"), sms=132, l2_MiB=60, hbm_GBps=4800, pcie_GBps=64, sm_clock_MHz=1980,
-               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source=f"{_H200}, SXM column"),
+               fp32=67, tf32=494.5, fp16=989.5, bf16=989.5, fp8=1979, int8=1979, source=f"{_H200}, SXM column",
+               nvlink_GBps=450),
     DeviceSpec("H200 NVL", ("H200 NVL",), sms=132, l2_MiB=60, hbm_GBps=4800, pcie_GBps=64, sm_clock_MHz=1785,
-               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source=f"{_H200}, NVL column"),
+               fp32=60, tf32=417.5, fp16=835.5, bf16=835.5, fp8=1670.5, int8=1670.5, source=f"{_H200}, NVL column",
+               nvlink_GBps=450),
     # Ampere A100: 108 SMs, 1410 MHz, 40 MiB L2; no fp8 tensor cores.
     DeviceSpec("A100 SXM 80GB", ("A100-SXM4-80GB", "A100 SXM4 80GB", "A100 SXM 80GB", "A100"), sms=108, l2_MiB=40,
                hbm_GBps=2039, pcie_GBps=32, sm_clock_MHz=1410,
-               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 80GB SXM column"),
+               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 80GB SXM column",
+               nvlink_GBps=300),
     DeviceSpec("A100 PCIe 80GB", ("A100 80GB PCIe", "A100-PCIE-80GB"), sms=108, l2_MiB=40,
                hbm_GBps=1935, pcie_GBps=32, sm_clock_MHz=1410,
-               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 80GB PCIe column"),
+               fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 80GB PCIe column",
+               nvlink_GBps=300),
     DeviceSpec("A100 40GB", ("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 40GB"), sms=108, l2_MiB=40,
                hbm_GBps=1555, pcie_GBps=32, sm_clock_MHz=1410,
                fp32=19.5, tf32=156, fp16=312, bf16=312, fp8=None, int8=624, source=f"{_A100}, 40GB columns"),

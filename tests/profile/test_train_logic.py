@@ -1,0 +1,117 @@
+"""The training breakdown's arithmetic and the findings' logic, on recorded and synthetic spans (no run)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from warpforge.profile.train_breakdown import (PARTS, StepRecord, aggregate, breakdown, memory_phases,
+                                                split_device_comm)
+from warpforge.profile.train_findings import (THRESHOLD, low_mfu_layers, pageable_copies, stragglers,
+                                               train_findings)
+
+MS = 1e6  # host nanoseconds per ms
+
+
+def _rec(**kw) -> StepRecord:
+    """A 10 ms step: data 0-1, h2d 1-1.5, forward 1.5-4, backward 4-8, optimizer 8.5-9.5 (ms)."""
+    r = StepRecord(start=0, end=10 * MS, phases=[("data", 0, 1 * MS), ("h2d", 1 * MS, 1.5 * MS),
+                                                ("forward", 1.5 * MS, 4 * MS), ("backward", 4 * MS, 8 * MS),
+                                                ("optimizer", 8.5 * MS, 9.5 * MS)])
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_parts_are_exclusive_and_sum_to_the_step():
+    b = breakdown(_rec())
+    assert b["step_ms"] == pytest.approx(10)
+    assert [round(b[k], 6) for k in PARTS] == [1, 0.5, 2.5, 4, 1, 0, 1]  # other: 8-8.5 and 9.5-10
+    assert sum(b[k] for k in PARTS) == pytest.approx(b["step_ms"])
+
+
+def test_async_bucket_all_reduce_splits_at_the_last_hand_over():
+    # Buckets handed over at 5 and 7 ms; they land at 6.5 and 7.8 ms; backward waits until 8 ms.
+    # Before 7 ms: overlapped (6.5-5 = 1.5 ms); after 7: exposed 0.8 ms, taken out of backward.
+    b = breakdown(_rec(async_comm=[("ar", 5 * MS, 6.5 * MS, 100), ("ar", 7 * MS, 7.8 * MS, 200)]))
+    assert b["comm_overlapped"] == pytest.approx(1.5)
+    assert b["comm_exposed"] == pytest.approx(0.8)
+    assert b["backward"] == pytest.approx(4 - 0.8)
+    assert b["comm_bytes"] == 300 and b["collectives"] == 2
+    assert sum(b[k] for k in PARTS) == pytest.approx(10)
+
+
+def test_synchronous_collective_after_backward_is_all_exposed():
+    # A manual all-reduce between backward and optimizer (8-8.5) and one inside the optimizer (9-9.2).
+    b = breakdown(_rec(sync_comm=[("all_reduce", 8 * MS, 8.5 * MS, 64), ("all_reduce", 9 * MS, 9.2 * MS, 64)]))
+    assert b["comm_exposed"] == pytest.approx(0.7)
+    assert b["optimizer"] == pytest.approx(0.8) and b["other"] == pytest.approx(0.5)
+    assert sum(b[k] for k in PARTS) == pytest.approx(10)
+
+
+def test_device_comm_split_from_kernels():
+    # µs: compute 0-100 and 150-200; NCCL 80-170 -> 20 + 20 overlapped, 50 exposed.
+    k = [("ampere_sgemm", 0, 100), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 80, 170), ("elementwise", 150, 200)]
+    s = split_device_comm(k)
+    assert s == {"comm": 90, "overlapped": 40, "exposed": 50, "compute": 150}
+
+
+def test_memory_peak_phase_and_split():
+    m = memory_phases(params=100, grads={"start": 0, "backward": 100}, opt_state={"start": 200, "optimizer": 200},
+                      activations=1000)
+    assert m["peak_phase"] == "forward" and m["peak_bytes"] == 1300
+    assert m["phases"]["backward"]["activations"] == 900  # backward's high point: max(activations, gradients)
+    assert m["phases"]["optimizer"] == {"parameters": 100, "gradients": 100, "optimizer_state": 200,
+                                        "activations": 0}
+    small = memory_phases(params=100, grads={"backward": 100}, opt_state={"optimizer": 200}, activations=10)
+    assert small["peak_phase"] == "optimizer"
+
+
+def _profile(parts: dict[str, float], **extra) -> dict:
+    steps = [dict({k: 0.0 for k in PARTS}, comm_overlapped=0.0, collectives=0, comm_bytes=0, **parts,
+                  step_ms=sum(parts.values()))] * 3
+    d = {"meta": {"device_type": "cuda", "rank": 0}, "aggregate": aggregate(steps), "steps": steps,
+         "loader": {"num_workers": 0, "pin_memory": False}, "h2d": {"bytes": 0, "pinned": None},
+         "optimizer": {"type": "AdamW", "param_tensors": 10, "foreach": None, "fused": True},
+         "memory": {}, "layers": [], "ddp": None}
+    d.update(extra)
+    return d
+
+
+def test_pageable_copies_found_on_a_recorded_trace():
+    # 256 MiB per step copied in 40 ms (6.7 GB/s) where the probe measured 50 GB/s pinned.
+    probe = {"pcie": {"h2d_pinned_GBps": 50.0, "h2d_pageable_GBps": 8.0}}
+    d = _profile({"h2d": 40, "forward": 30, "backward": 60, "optimizer": 10},
+                 h2d={"bytes": 256 * 2**20, "pinned": False})
+    f = train_findings(d, probe)
+    assert f[0]["kind"] == "pageable_copies" and "pin_memory=True" in f[0]["advice"]
+    assert f[0]["evidence"]["achieved_GBps"] == pytest.approx(256 * 2**20 / 0.04 / 1e9)
+    assert "50 GB/s" in f[0]["text"]
+    pinned = copy.deepcopy(d)
+    pinned["h2d"]["pinned"] = True
+    assert pageable_copies(pinned, probe) is None  # pinned copies: the same share is not this finding
+
+
+def test_low_mfu_layers_named_with_a_peak():
+    layers = [{"layer": "blocks.0.fc", "type": "Linear", "calls": 1, "forward_ms": 5.0, "flops": 1e9},
+              {"layer": "head", "type": "Linear", "calls": 1, "forward_ms": 0.1, "flops": 5e10}]
+    d = _profile({"forward": 10, "backward": 20, "optimizer": 1}, layers=layers)
+    f = low_mfu_layers(d, peak_tflops=1000.0)
+    assert f is not None and f["evidence"]["layers"][0]["layer"] == "blocks.0.fc"
+    assert "blocks.0.fc" in f["text"] and "head" not in f["text"]  # head runs at 50% of the peak
+    assert low_mfu_layers(d, peak_tflops=None) is None  # no peak (CPU): no MFU claim
+
+
+def test_straggler_named_from_merged_ranks():
+    fast = _profile({"forward": 10, "backward": 20, "comm_exposed": 15})
+    slow = _profile({"forward": 10, "backward": 20, "data": 15, "comm_exposed": 0.5})
+    fast["meta"], slow["meta"] = {"rank": 0}, {"rank": 1}
+    f = stragglers([fast, slow])
+    assert f is not None and "Rank 1" in f["text"] and f["evidence"]["part"] == "data"
+    assert stragglers([fast, copy.deepcopy(fast)]) is None
+
+
+def test_clean_profile_has_no_finding_at_the_threshold():
+    d = _profile({"data": 0.5, "h2d": 0.2, "forward": 30, "backward": 60, "optimizer": 5, "other": 2})
+    assert [f for f in train_findings(d) if f["severity"] >= THRESHOLD] == []
