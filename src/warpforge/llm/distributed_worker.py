@@ -49,6 +49,7 @@ class TensorParallelWorkers:
         self.tp, self.procs = tp, procs
         self.closed = False
         self.error: str | None = None
+        self.exited_before = ""
         atexit.register(self.shutdown)
 
     @property
@@ -64,6 +65,9 @@ class TensorParallelWorkers:
         """Stop the workers (a stop message, or at once after ``error``) and leave the process group."""
         if self.closed:
             return
+        # Workers that had ended on their own before this shutdown: rank, pid and exit status.
+        self.exited_before = ", ".join(f"rank {r} (pid {p.pid}, status {p.poll()})"
+                                       for r, p in enumerate(self.procs, 1) if p.poll() is not None)
         if error is None:
             try:
                 self.send(_STOP)
@@ -104,14 +108,20 @@ class DriverRunner(ModelRunner):
         graph_bs = self.graphs.padded_size(len(batch.seqs)) if self.graphs and batch.decode_only else None
         inputs = self.decode_arrays(batch, graph_bs) if graph_bs is not None else self.host_inputs(batch)
         prev = ids_from.token_ids if ids_from is not None else None
-        self.workers.send(("step", batch.copies, graph_bs, inputs, 0 if prev is None else prev.shape[0]))
         self._memo = (batch, inputs)
         try:
+            self.workers.send(("step", batch.copies, graph_bs, inputs, 0 if prev is None else prev.shape[0]))
             if prev is not None:
                 dist.broadcast(prev, src=0, group=self.tp.group)
             return super()._launch(batch, ids_from)
         except BaseException as e:
+            if self.workers.closed:
+                raise
             self.workers.shutdown(error=e)  # they may wait in a collective this rank will never reach
+            dead = self.workers.exited_before
+            if dead:
+                raise RuntimeError(f"tensor parallel: worker {dead} exited during the step; the engine is "
+                                   f"stopped (its error is in the worker's stderr)") from e
             raise
         finally:
             self._memo = None

@@ -1,0 +1,213 @@
+"""Tensor parallelism on 2 CPU processes (gloo; the sharding code NCCL runs): the same greedy tokens and
+logprobs as one process, one all-reduce per attention and per MLP block, the refusals, and no worker
+process outliving its engine (on shutdown, at exit, after an error)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from .engine_helpers import one_thread  # noqa: F401  (autouse: one torch thread per process)
+from warpforge.llm import LLM, SamplingParams
+from warpforge.llm.config import ModelConfig
+from warpforge.llm.parallel import check_tensor_parallel, kv_heads_of, shard_config
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPTS = [[5, 17, 99, 100, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 300], [40, 41, 42], [7] * 9]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=8)
+ENGINE = dict(dtype="float32", page_size=4, max_num_seqs=4)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.fixture
+def engines():
+    """Engines made by a test; their workers are stopped (killed if need be) whatever the test did."""
+    made: list[LLM] = []
+    yield made
+    for llm in made:
+        pids = llm.engine.workers.pids if llm.engine.workers else []
+        llm.engine.shutdown()
+        for p in wait_gone(pids, 5.0):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    from warpforge.llm.testing import tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tp")
+    return {"llama": tiny_checkpoint("llama", root / "llama"),  # untied head, 4 heads / 2 KV heads
+            "gemma3": tiny_checkpoint("gemma3", root / "gemma3"),  # sandwich norms, q/k norms, sliding layers
+            # qkv bias and one KV head: replicated on both ranks
+            "qwen2-1kv": tiny_checkpoint("qwen2", root / "qwen2", num_key_value_heads=1)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2-1kv"])
+def test_two_ranks_match_one_process(ckpts, engines, arch):
+    ref = LLM(str(ckpts[arch]), **ENGINE).generate(PROMPTS, GREEDY)
+    llm = LLM(str(ckpts[arch]), tensor_parallel_size=2, **ENGINE)
+    engines.append(llm)
+    pids = llm.engine.workers.pids
+    assert len(pids) == 1 and all(alive(p) for p in pids)
+    out = llm.generate(PROMPTS, GREEDY)
+    for a, b in zip(ref, out):
+        assert b.token_ids == a.token_ids
+        for la, lb in zip(a.logprobs, b.logprobs):
+            assert list(lb) == list(la)  # the same top tokens in the same order
+            # fp32 partial sums added in another order than one GEMM's: a few ulps of the logits
+            torch.testing.assert_close(torch.tensor(list(lb.values())), torch.tensor(list(la.values())),
+                                       rtol=0, atol=2e-5)
+    # Exactly two all-reduces per layer per step: after the attention block and after the MLP block.
+    tp, layers = llm.engine.runner.tp, llm.engine.model_config.num_layers
+    before = tp.all_reduces
+    llm.engine.add_request([9, 10, 11], SamplingParams(max_tokens=1))
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    assert tp.all_reduces - before == 2 * layers
+    llm.engine.shutdown()
+    assert wait_gone(pids) == []
+
+
+def _config(**kw) -> ModelConfig:
+    base = dict(architecture="LlamaForCausalLM", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=1,
+                num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
+    return ModelConfig(**(base | kw))
+
+
+@pytest.mark.parametrize("kw, n, msg", [
+    ({}, 3, "tensor_parallel_size: 3 does not divide the model's 4 attention heads"),
+    ({"num_heads": 6, "num_kv_heads": 3}, 2, "tensor_parallel_size: 2 neither divides the model's 3 KV heads"),
+    ({"intermediate_size": 130}, 4, "tensor_parallel_size: 4 does not divide the model's MLP width 130"),
+])
+def test_refusals_name_the_numbers(kw, n, msg):
+    with pytest.raises(ValueError, match=msg):
+        check_tensor_parallel(_config(**kw), n, "cpu")
+
+
+def test_more_ranks_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="tensor_parallel_size: 4 ranks need 4 GPUs, this machine has 2"):
+        check_tensor_parallel(_config(num_heads=8, num_kv_heads=8), 4, "cuda")
+    check_tensor_parallel(_config(num_heads=8, num_kv_heads=8), 2, "cuda")
+
+
+def test_shard_sizes():
+    assert [kv_heads_of(r, 2, 8) for r in range(2)] == [(0, 4), (4, 4)]
+    assert [kv_heads_of(r, 8, 2) for r in range(8)] == [(0, 1)] * 4 + [(1, 1)] * 4  # replicated
+    c = shard_config(_config(num_heads=32, num_kv_heads=8, intermediate_size=256), 4)
+    assert (c.num_heads, c.num_kv_heads, c.intermediate_size) == (8, 2, 64)
+
+
+def children() -> set[int]:
+    me = str(os.getpid())
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                out.add(int(d))
+    return out
+
+
+def test_refused_before_any_process_starts(ckpts):
+    before = children()
+    with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide the model's 4 attention heads"):
+        LLM(str(ckpts["llama"]), tensor_parallel_size=3, **ENGINE)
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLM(str(ckpts["llama"]), tensor_parallel_size=2, max_model_len=100_000, **{k: v for k, v in ENGINE.items()})
+    assert children() == before
+
+
+def test_loaded_model_is_refused(ckpts):
+    from warpforge.llm.loader import load
+
+    with pytest.raises(ValueError, match="tensor_parallel_size: .* checkpoint path, got a loaded model"):
+        LLM(load(ckpts["llama"]), tensor_parallel_size=2)
+
+
+def test_failed_step_stops_the_workers(ckpts, engines, monkeypatch):
+    llm = LLM(str(ckpts["llama"]), tensor_parallel_size=2, **ENGINE)
+    engines.append(llm)
+    pids = llm.engine.workers.pids
+    mlp = llm.engine.model.model.layers[0].mlp
+
+    def boom(*a, **k):  # the driver fails between two all-reduces: the worker waits in the MLP's
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(mlp, "forward", boom)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        llm.generate(PROMPTS[0], GREEDY)
+    assert wait_gone(pids) == []
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="tensor parallel: the workers are stopped .*injected failure"):
+        llm.generate(PROMPTS[0], GREEDY)
+
+
+def test_workers_end_with_the_driver_process(ckpts):
+    """A script that never calls shutdown: its workers end at its exit (cleanly), and when it is killed."""
+    script = textwrap.dedent(f"""
+        import os, sys, torch
+        torch.set_num_threads(1)
+        from warpforge.llm import LLM, SamplingParams
+        llm = LLM({str(ckpts['llama'])!r}, tensor_parallel_size=2, dtype="float32", page_size=4, max_num_seqs=4)
+        print(*llm.engine.workers.pids, flush=True)
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+        print(len(out[0].token_ids), flush=True)
+        if sys.argv[1] == "hang":
+            sys.stdin.read()  # until killed
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for mode in ("exit", "hang"):
+        p = subprocess.Popen([sys.executable, "-c", script, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+        pids: list[int] = []
+        try:
+            pids = [int(x) for x in p.stdout.readline().split()]
+            assert len(pids) == 1
+            assert p.stdout.readline().strip() == "3"
+            if mode == "hang":
+                assert alive(pids[0])
+                p.kill()  # no exit handlers run: the worker notices its parent is gone
+            p.wait(timeout=60)
+            assert wait_gone(pids, 15.0) == [], mode
+        finally:
+            for pid in [p.pid, *pids]:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_dead_worker_fails_the_step(ckpts, engines):
+    llm = LLM(str(ckpts["llama"]), tensor_parallel_size=2, **ENGINE)
+    engines.append(llm)
+    pid = llm.engine.workers.pids[0]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone([pid]) == []
+    with pytest.raises(RuntimeError, match=rf"tensor parallel: worker rank 1 \(pid {pid}, status -9\) exited"):
+        llm.generate(PROMPTS[0], GREEDY)
