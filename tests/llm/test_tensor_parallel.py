@@ -211,3 +211,22 @@ def test_a_dead_worker_fails_the_step(ckpts, engines):
     assert wait_gone([pid]) == []
     with pytest.raises(RuntimeError, match=rf"tensor parallel: worker rank 1 \(pid {pid}, status -9\) exited"):
         llm.generate(PROMPTS[0], GREEDY)
+
+
+def test_generate_cli_on_two_ranks(ckpts):
+    from click.testing import CliRunner
+
+    from warpforge.cli import main
+
+    args = ["generate", str(ckpts["llama"]), "To be", "--max-tokens", "6", "--dtype", "fp32", "--max-model-len", "64"]
+    before = children()
+    one = CliRunner().invoke(main, args)
+    two = CliRunner().invoke(main, [*args, "--tensor-parallel-size", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, two.output
+    assert two.stdout.split("\n")[0] == one.stdout.split("\n")[0]  # the same greedy text
+    assert "on 2 ranks" in two.stderr
+    assert wait_gone(list(children() - before)) == []  # the command stopped its worker
+    bad = CliRunner().invoke(main, [*args, "--tensor-parallel-size", "3"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert bad.stderr.strip() == ("warpforge generate: tensor_parallel_size: 3 does not divide the model's "
+                                  "4 attention heads")
