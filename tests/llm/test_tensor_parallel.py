@@ -230,3 +230,17 @@ def test_generate_cli_on_two_ranks(ckpts):
     assert bad.exit_code == 2 and "Traceback" not in bad.output
     assert bad.stderr.strip() == ("warpforge generate: tensor_parallel_size: 3 does not divide the model's "
                                   "4 attention heads")
+
+
+def test_one_engine_per_process_and_a_dropped_engine_stops_its_workers(ckpts, engines):
+    import gc
+
+    llm = LLM(str(ckpts["llama"]), tensor_parallel_size=2, **ENGINE)
+    pids = llm.engine.workers.pids
+    engines.append(llm)
+    with pytest.raises(ValueError, match="another tensor-parallel engine is running in this process"):
+        LLM(str(ckpts["llama"]), tensor_parallel_size=2, **ENGINE)
+    engines.clear()
+    del llm
+    gc.collect()
+    assert wait_gone(pids) == []

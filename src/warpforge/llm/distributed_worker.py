@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import pickle
 import socket
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -40,6 +42,7 @@ from warpforge.llm.parallel import (TPGroup, apply_tp, check_tensor_parallel, in
 from warpforge.llm.runner import ModelRunner
 
 _STOP = ("stop",)
+_LIVE: TensorParallelWorkers | None = None  # this process's group (torch.distributed has one default group)
 
 
 class TensorParallelWorkers:
@@ -51,6 +54,8 @@ class TensorParallelWorkers:
         self.error: str | None = None
         self.exited_before = ""
         atexit.register(self.shutdown)
+        global _LIVE
+        _LIVE = self
 
     @property
     def pids(self) -> list[int]:
@@ -100,6 +105,7 @@ class DriverRunner(ModelRunner):
         self.workers, self.tp = workers, workers.tp
         self._memo = None  # (batch, inputs) of the step being launched: computed once, sent and uploaded
         super().__init__(model, config, engine_config, device)
+        weakref.finalize(self, workers.shutdown)  # an engine dropped without shutdown() stops its workers
 
     def _default_num_pages(self) -> int:
         return agree_num_pages(super()._default_num_pages(), self.tp)
@@ -276,6 +282,11 @@ def start_driver(path: str | Path, engine_config: EngineConfig, dtype: torch.dty
     serves rank 0 here and exits the process when rank 0's engine shuts down."""
     n = engine_config.tensor_parallel_size
     path = str(path)
+    if _LIVE is not None and not _LIVE.closed:
+        gc.collect()  # an engine dropped but still in a reference cycle: its finalizer stops its workers
+        if not _LIVE.closed:
+            raise ValueError("tensor_parallel_size: another tensor-parallel engine is running in this process "
+                             "(one process group per process); call its engine.shutdown() first")
     config = read_config(path)
     check_tensor_parallel(config, n, device.type)
     engine_config.for_model(config.max_position_embeddings)  # its refusal before any process starts
