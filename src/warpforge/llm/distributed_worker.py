@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,7 +42,20 @@ from warpforge.llm.parallel import (TPGroup, apply_tp, check_tensor_parallel, in
                                     read_config, shard_config)
 from warpforge.llm.runner import ModelRunner
 
-_STOP = ("stop",)
+_STOP = "stop"
+
+
+@dataclass
+class StepMessage:
+    """One step, from the driver to every worker, before the driver's own forward."""
+
+    copies: list[tuple[int, int]]  # (src, dst) KV pages to copy first (copy-on-write)
+    graph_bs: int | None  # the captured decode graph to replay (inputs: ModelRunner.decode_arrays), or None:
+    inputs: dict  # eager (inputs: ModelRunner.host_inputs)
+    decode_only: bool
+    lookahead_rows: int  # > 0: the input ids are the previous step's samples, broadcast on the device group
+
+
 _LIVE: TensorParallelWorkers | None = None  # this process's group (torch.distributed has one default group)
 
 
@@ -61,7 +75,7 @@ class TensorParallelWorkers:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg: StepMessage | str) -> None:
         if self.closed:
             raise RuntimeError(f"tensor parallel: the workers are stopped ({self.error or 'engine shut down'})")
         dist.broadcast_object_list([msg], src=0, group=self.tp.cpu_group)
@@ -116,7 +130,8 @@ class DriverRunner(ModelRunner):
         prev = ids_from.token_ids if ids_from is not None else None
         self._memo = (batch, inputs)
         try:
-            self.workers.send(("step", batch.copies, graph_bs, inputs, 0 if prev is None else prev.shape[0]))
+            self.workers.send(StepMessage(batch.copies, graph_bs, inputs, batch.decode_only,
+                                          0 if prev is None else prev.shape[0]))
             if prev is not None:
                 dist.broadcast(prev, src=0, group=self.tp.group)
             return super()._launch(batch, ids_from)
@@ -153,25 +168,24 @@ class WorkerRunner(ModelRunner):
     def _default_num_pages(self) -> int:
         return agree_num_pages(super()._default_num_pages(), self.tp)
 
-    def step(self, copies: list[tuple[int, int]], graph_bs: int | None, inputs: dict, lookahead_rows: int) -> None:
+    def step(self, msg: StepMessage) -> None:
         """The driver's step on this rank's shard: page copies, the forward (a graph replay or eager)."""
         ids = None
-        if lookahead_rows:
-            ids = torch.empty(lookahead_rows, dtype=torch.int64, device=self.device)
+        if msg.lookahead_rows:
+            ids = torch.empty(msg.lookahead_rows, dtype=torch.int64, device=self.device)
             dist.broadcast(ids, src=0, group=self.tp.group)
         with torch.inference_mode():
-            if copies:
-                self.copy_pages(copies)
-            if graph_bs is not None:
-                self.graphs.replay_arrays(graph_bs, inputs, input_ids=ids)
+            if msg.copies:
+                self.copy_pages(msg.copies)
+            if msg.graph_bs is not None:
+                self.graphs.replay_arrays(msg.graph_bs, msg.inputs, input_ids=ids)
                 return
-            up = self._upload
-            h = inputs
+            up, h = self._upload, msg.inputs
             ctx = StepContext(slot_mapping=up(h["slot_mapping"], torch.int64),
                               block_tables=up(h["block_tables"], torch.int32),
                               seq_lens=up(h["seq_lens"], torch.int32), cu_seqlens_q=up(h["cu_seqlens_q"], torch.int32),
                               max_seqlen_q=h["max_seqlen_q"], max_seq_len=h["max_seq_len"],
-                              decode_only=all(n == 1 for n in _diff(h["cu_seqlens_q"])))
+                              decode_only=msg.decode_only)
             input_ids = up(h["input_ids"], torch.int64)
             if ids is not None:
                 input_ids.copy_(ids)
@@ -180,10 +194,6 @@ class WorkerRunner(ModelRunner):
                 self.model(input_ids, up(h["positions"], torch.int64))
             finally:
                 set_context(None)
-
-
-def _diff(cu: list[int]) -> list[int]:
-    return [b - a for a, b in zip(cu, cu[1:])]
 
 
 def agree_num_pages(num_pages: int, tp: TPGroup) -> int:
@@ -225,7 +235,7 @@ def serve(tp: TPGroup, path: str, dtype: torch.dtype, device: torch.device, engi
             msg = box[0]
             if msg == _STOP:
                 break
-            runner.step(*msg[1:])
+            runner.step(msg)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dist.destroy_process_group()
