@@ -37,7 +37,9 @@ def test_quick_rows_run_on_two_cpu_ranks():
     torch.set_num_threads(1)
     ceil = SimpleNamespace(hbm_GBps=100.0, tflops={"bf16": 1.0, "fp32": 1.0, "fp16": 1.0}, source="test")
     cpu = {"name": "cpu", "torch": torch.__version__}
-    for case in tensor_parallel_cases(quick=True):
+    decode, offline = tensor_parallel_cases(quick=True)
+    assert offline.params["tensor_parallel_size"] == 2 and offline.check_against == "1-gpu"
+    for case in (decode,):  # the offline row runs the same callables on more requests
         case.rep = 1
         rec = run_end_to_end(case, suite="llm", device=torch.device("cpu"), env_device=cpu, git=None, ceil=ceil)
         validate_record(rec)

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from .engine_helpers import one_thread  # noqa: F401  (autouse: one torch thread per process)
+from .engine_helpers import checkpoint, one_thread  # noqa: F401  (autouse: one torch thread per process)
 from warpforge.llm import LLM, SamplingParams
 from warpforge.llm.config import ModelConfig
 from warpforge.llm.parallel import check_tensor_parallel, kv_heads_of, shard_config
@@ -62,8 +62,8 @@ def ckpts(tmp_path_factory):
     from warpforge.llm.testing import tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tp")
-    return {"llama": tiny_checkpoint("llama", root / "llama"),  # untied head, 4 heads / 2 KV heads
-            "gemma3": tiny_checkpoint("gemma3", root / "gemma3"),  # sandwich norms, q/k norms, sliding layers
+    return {"llama": checkpoint("llama"),  # untied head, 4 heads / 2 KV heads (shared with the engine tests)
+            "gemma3": checkpoint("gemma3"),  # sandwich norms, q/k norms, sliding layers
             # qkv bias and one KV head: replicated on both ranks
             "qwen2-1kv": tiny_checkpoint("qwen2", root / "qwen2", num_key_value_heads=1)}
 
@@ -196,23 +196,24 @@ def test_workers_end_with_the_driver_process(ckpts):
             sys.stdin.read()  # until killed
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    for mode in ("exit", "hang"):
-        p = subprocess.Popen([sys.executable, "-c", script, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env=env)
-        pids: list[int] = []
-        try:
-            pids = [int(x) for x in p.stdout.readline().split()]
-            assert len(pids) == 1
+    # Both drivers at once (the machine's cores share the start-up): one exits, one is killed.
+    procs = {mode: subprocess.Popen([sys.executable, "-c", script, mode], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, env=env) for mode in ("exit", "hang")}
+    pids: dict[str, list[int]] = {}
+    try:
+        for mode, p in procs.items():
+            pids[mode] = [int(x) for x in p.stdout.readline().split()]
+            assert len(pids[mode]) == 1
             assert p.stdout.readline().strip() == "3"
-            if mode == "hang":
-                assert alive(pids[0])
-                p.kill()  # no exit handlers run: the worker notices its parent is gone
+        assert alive(pids["hang"][0])
+        procs["hang"].kill()  # no exit handlers run: the worker notices its parent is gone
+        for mode, p in procs.items():
             p.wait(timeout=60)
-            assert wait_gone(pids, 15.0) == [], mode
-        finally:
-            for pid in [p.pid, *pids]:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+            assert wait_gone(pids[mode], 15.0) == [], mode
+    finally:
+        for pid in [p.pid for p in procs.values()] + [q for v in pids.values() for q in v]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_dead_worker_fails_the_step(ckpts, engines):
@@ -256,3 +257,24 @@ def test_one_engine_per_process_and_a_dropped_engine_stops_its_workers(ckpts, en
     del llm
     gc.collect()
     assert wait_gone(pids) == []
+
+
+def test_torchrun_rank0_drives_and_rank1_follows(ckpts, tmp_path):
+    """Every rank runs the script: rank 0 gets the engine, rank 1 serves it inside LLM() and exits with it."""
+    script = tmp_path / "tp_script.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, torch
+        torch.set_num_threads(1)
+        from warpforge.llm import LLM, SamplingParams
+        llm = LLM({str(ckpts['llama'])!r}, tensor_parallel_size=2, dtype="float32", page_size=4, max_num_seqs=4)
+        out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        print("rank", os.environ["RANK"], *out[0].token_ids, flush=True)
+    """))
+    want = LLM(str(ckpts["llama"]), **ENGINE).generate(
+        [[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0].token_ids
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                       capture_output=True, text=True, env=env, timeout=100)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("rank")]
+    assert lines == ["rank 0 " + " ".join(map(str, want))]  # rank 1 never returned from LLM()
