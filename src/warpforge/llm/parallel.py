@@ -48,10 +48,6 @@ class TPGroup:
     cpu_group: object
     all_reduces: int = 0  # eager all-reduces run by this process (tests check the count per step)
 
-    @property
-    def is_driver(self) -> bool:
-        return self.rank == 0
-
 
 def read_config(path: str | Path) -> ModelConfig:
     """The model's config without its weights (HF directory or .gguf), to check the sizes before any
