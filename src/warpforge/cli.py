@@ -295,8 +295,10 @@ def demo(store_url: str | None) -> None:
               help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--max-model-len", default=None, type=int,
               help="Longest prompt + output in tokens (default: the model's context).")
+@click.option("--tensor-parallel-size", "-tp", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Split the model over N GPUs (N processes, NCCL; gloo processes on a CPU-only machine).")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
-             seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> None:
+             seed: int | None, chat: bool, dtype: str, max_model_len: int | None, tensor_parallel_size: int) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
@@ -306,7 +308,8 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
     from warpforge.llm.cli import cli_generate
 
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
+                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len,
+                          tensor_parallel_size=tensor_parallel_size))
 
 
 @main.command()

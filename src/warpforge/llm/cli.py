@@ -48,7 +48,8 @@ DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"
 
 
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
-                 seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> int:
+                 seed: int | None, chat: bool, dtype: str, max_model_len: int | None,
+                 tensor_parallel_size: int = 1) -> int:
     """Run the command; -> exit status (2: bad input, said in one line on stderr).
 
     Loading shows a spinner on a terminal's stderr and then one line with the load time; the stats
@@ -65,23 +66,25 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
         click.echo(f"warpforge generate: {msg}", err=True)
         return 2
 
+    engine = None
     try:
         from warpforge.llm.engine import LLMEngine
         from warpforge.llm.engine_config import EngineConfig
         from warpforge.llm.sampling import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        config = EngineConfig(max_model_len=max_model_len)
+        config = EngineConfig(max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size)
         if not prompt:
             return fail("PROMPT: empty prompt (give the text to continue)")
         t0 = time.perf_counter()
-        with err.status(f"loading {model}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else ""),
+        tp = f" on {tensor_parallel_size} ranks" if tensor_parallel_size > 1 else ""
+        with err.status(f"loading {model}{tp}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else ""),
                         spinner="dots"):
             path = resolve_model(model)
             engine = LLMEngine(path, config, dtype=DTYPES.get(dtype, dtype))
         load_s = time.perf_counter() - t0
         err.print(f"loaded {model} in {load_s:.1f} s ({engine.model_config.architecture}, "
-                  f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device})",
+                  f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device}{tp})",
                   highlight=False, markup=False, soft_wrap=True)
         if chat:
             note = getattr(engine.tokenizer, "chat_template_note", None)
@@ -94,7 +97,20 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
     except ModuleNotFoundError as e:
         return fail(f"{e.name} is missing: install the llm extra (pip install 'warpforge[llm]')")
     except (ValueError, FileNotFoundError) as e:
+        if engine is not None:
+            engine.shutdown()
         return fail(str(e))
+    try:
+        return _stream(engine, req, load_s, model)
+    finally:
+        engine.shutdown()  # tensor-parallel workers end with the command, whatever happened
+
+
+def _stream(engine, req, load_s: float, model: str) -> int:
+    import torch
+
+    from warpforge.llm.sampling import SamplingParams
+
     if engine.device.type == "cuda":
         # Compile (and tune) the kernels for this prompt's shapes first so the rates measure the
         # engine, not Triton's JIT; the reversed prompt shares no prefix pages with the real one.

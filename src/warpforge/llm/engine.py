@@ -76,6 +76,8 @@ class LLMEngine:
                  dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
         from warpforge.llm.config import to_dtype
 
+        engine_config = engine_config or EngineConfig()
+        tp_size, runner, self.workers = engine_config.tensor_parallel_size, None, None
         if isinstance(model, (str, Path)):
             from warpforge.llm.cli import GEMMA3_270M, resolve_model
             from warpforge.llm.loader import load
@@ -84,16 +86,25 @@ class LLMEngine:
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
             if str(model) == GEMMA3_270M:  # the name the CLI takes: the bundled GGUF, assembled once
                 model = resolve_model(GEMMA3_270M)
-            model = load(model, dtype=dtype, device=self.device)
+            if tp_size > 1:  # every rank loads the checkpoint and keeps its shard (llm/parallel.py)
+                from warpforge.llm.distributed_worker import start_driver
+
+                model, runner, self.workers = start_driver(model, engine_config, dtype, self.device)
+                self.device = runner.device
+            else:
+                model = load(model, dtype=dtype, device=self.device)
+        elif tp_size > 1:
+            raise ValueError("tensor_parallel_size: each rank loads its own shard, so the model must be given "
+                             "as a checkpoint path, got a loaded model")
         else:  # already loaded: it runs where its weights are
             self.device = next(model[0].parameters()).device
             want = torch.device(device) if device is not None else None
             if want is not None and (want.type != self.device.type or want.index not in (None, self.device.index)):
                 raise ValueError(f"device: the loaded model is on {self.device}, got {device}")
         self.model, self.tokenizer, self.model_config = model
-        ec = (engine_config or EngineConfig()).for_model(self.model_config.max_position_embeddings)
+        ec = engine_config.for_model(self.model_config.max_position_embeddings)
         self.config = ec
-        self.runner = ModelRunner(self.model, self.model_config, ec, self.device)
+        self.runner = runner or ModelRunner(self.model, self.model_config, ec, self.device)
         self.block_manager = BlockManager(self.runner.num_pages, ec.page_size, ec.enable_prefix_caching)
         eos = self.model_config.eos_token_ids or list(getattr(self.tokenizer, "eos_token_ids", []) or [])
         self.scheduler = Scheduler(ec, self.block_manager, eos)
@@ -101,6 +112,11 @@ class LLMEngine:
         self._ids = itertools.count()
         self.lookahead_steps = 0  # steps queued by async scheduling (stats and tests)
         self._ahead = None  # (batch, PendingStep): a lookahead step queued on the device, not yet postprocessed
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (also done at interpreter exit); a no-op on one rank."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     # ---- requests ------------------------------------------------------------------------------
 

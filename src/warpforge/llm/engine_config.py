@@ -45,6 +45,8 @@ class EngineConfig:
                             layer fewer. None: the WARPFORGE_FUSED_NORM setting, off by default until
                             measured on the H200
     seed                    seed of the unseeded sampling rows' random stream
+    tensor_parallel_size    ranks the model is split over (one per GPU; gloo processes on the CPU); see
+                            warpforge.llm.parallel. The engine spawns the other ranks, or joins torchrun's
     """
 
     max_model_len: int | None = None
@@ -61,6 +63,7 @@ class EngineConfig:
     pdl: bool | None = None
     fused_norm: bool | None = None
     seed: int = 0
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -68,6 +71,7 @@ class EngineConfig:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("page_size", self.page_size, 1)
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.pdl is None:
             self.pdl = settings.current().pdl
         if self.fused_norm is None:

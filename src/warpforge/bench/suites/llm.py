@@ -144,6 +144,21 @@ def completion_check(ours: dict, _peer: None) -> dict[str, Any]:
     return {"ok": short == 0 and len(ours["ids"]) == len(ours["want"]), "rel_err": short, "tol": 0.0}
 
 
+def tp_check(ours: dict, peer: dict) -> dict[str, Any]:
+    """Tensor parallel against one GPU, the same requests. fp32 (CPU): every request's ids identical. bf16:
+    the ranks' partial sums round in another order than one GEMM, which flips random weights' near ties
+    after a few tokens, so the first token of (nearly) every request must agree; request 0's common prefix
+    is kept as data."""
+    a, b = ours["ids"], peer["ids"]
+    same_first = sum(x[:1] == y[:1] for x, y in zip(a, b)) / max(1, len(a))
+    prefix = next((i for i, (x, y) in enumerate(zip(a[0], b[0])) if x != y), min(len(a[0]), len(b[0])))
+    if ours["exact"] and peer["exact"]:
+        ok = a == b
+        return {"ok": ok, "rel_err": 0.0 if ok else 1.0, "tol": 0.0, "match": prefix, "compared": len(a[0])}
+    return {"ok": len(a) == len(b) and same_first >= 0.9, "rel_err": 1.0 - same_first, "tol": 0.1,
+            "match": prefix, "compared": len(a[0])}
+
+
 # ---- runs -------------------------------------------------------------------------------------------
 
 def _sync(device: torch.device) -> None:
@@ -235,19 +250,23 @@ def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str
                      "cached_tokens": sum(o.metrics.num_cached_tokens for o in outs if o.metrics),
                      "engine": {k: getattr(llm.engine.config, k) for k in
                                 ("pdl", "fused_norm", "async_scheduling", "kv_cache_dtype", "max_num_seqs",
-                                 "max_num_batched_tokens")}}
+                                 "max_num_batched_tokens", "tensor_parallel_size")}}
             dec = [o.metrics.decode_tokens_per_s for o in outs if o.metrics]
             if len(outs) == 1 and dec[0] is not None:
                 extra["decode_tok_s"] = dec[0]
             ms = extra["ttft_ms"] if measure == "ttft" else wall
             cached = [o.metrics.num_cached_tokens if o.metrics else 0 for o in outs]
+            work = generation_work(s, elt, [len(x) for x in p], out_lens,
+                                   kv_elt=1 if engine.get("kv_cache_dtype") == "fp8" else None, cached=cached)
+            # Tensor parallel: MBU and MFU are per GPU, against one GPU's ceilings. Each rank's share is
+            # 1/N of the work (a lower bound: the replicated LM head is read on every rank).
+            work = {k: v / engine.get("tensor_parallel_size", 1) for k, v in work.items()}
             runs.append(Run(ms=ms, tokens=sum(len(o.token_ids) for o in outs), extra=extra,
                             output={"ids": [list(o.token_ids) for o in outs], "want": out_lens,
                                     "exact": dtype == torch.float32},
-                            work=generation_work(s, elt, [len(x) for x in p], out_lens,
-                                                 kv_elt=1 if engine.get("kv_cache_dtype") == "fp8" else None,
-                                                 cached=cached),
+                            work=work,
                             ran=ran_of(p, out_lens)))
+        llm.engine.shutdown()  # tensor parallel: the workers free their GPUs before the next callable
         del llm
         _free(device)
         return runs
@@ -433,6 +452,39 @@ def _cases(quick: bool) -> list[EndToEndCase]:
                 ours=ours_run("gemma3-270m", pr, [128] * b, max_model_len=512, max_num_seqs=max(8, b), handoff=h),
                 peers={"hf": hf_run("gemma3-270m", pr, [128] * b, batch=b, handoff=h)}, check=prefix_check,
                 check_against="hf", dtype=bf16, rep=3, baseline="HF generate (tokens/s and ratio)"))
+    if not quick and torch.cuda.device_count() >= 2:
+        cases += tensor_parallel_cases(quick, gpus=2)
+    return cases
+
+
+def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
+    """The 8B shape on ``gpus`` GPUs against one GPU in the same run: batch-1 decode (the decode-b1 row's
+    requests) and offline throughput (the offline row's 256 requests). Built only where that many GPUs
+    are present; ``quick``: toy shapes, ranks as gloo processes on the CPU."""
+    big, bf16 = ("llama-tiny-untied" if quick else "llama-8b"), torch.bfloat16
+    tag = f"tp{gpus}"
+    p_len, n_new = (16, 24) if quick else (128, 256)
+    pr = random_prompts([p_len], _vocab(big), seed=1)
+    kw = dict(max_model_len=p_len + n_new + 16, max_num_seqs=8)
+    cases = [EndToEndCase(
+        name=f"decode batch 1 {big} {p_len}+{n_new} tensor parallel {gpus} GPUs",
+        params={"row": f"decode-b1-8b-{tag}", "preset": big, "batch": 1, "prompt": p_len, "new": n_new,
+                "gpus": gpus, "tensor_parallel_size": gpus},
+        ours=ours_run(big, pr, [n_new], tensor_parallel_size=gpus, **kw),
+        peers={"1-gpu": ours_run(big, pr, [n_new], **kw)}, check=tp_check, check_against="1-gpu", dtype=bf16,
+        rep=1 if quick else 3, baseline="our engine on one GPU, the same request",
+        target={"ratio": {"1-gpu": 1.5}})]
+    n_req, lo, hi = (6, 8, 32) if quick else (256, 100, 1024)
+    ins, outs = _uniform(n_req, lo, hi, 3), _uniform(n_req, lo, hi, 4)
+    pr = random_prompts(ins, _vocab(big), seed=3)
+    cases.append(EndToEndCase(
+        name=f"offline {n_req} requests {big} in/out {lo}..{hi} tensor parallel {gpus} GPUs",
+        params={"row": f"offline-8b-{tag}", "preset": big, "requests": n_req, "in": [lo, hi], "out": [lo, hi],
+                "gpus": gpus, "tensor_parallel_size": gpus},
+        ours=ours_run(big, pr, outs, max_model_len=2 * hi + 16, tensor_parallel_size=gpus),
+        peers={"1-gpu": ours_run(big, pr, outs, max_model_len=2 * hi + 16)}, check=tp_check,
+        check_against="1-gpu", dtype=bf16, baseline="our engine on one GPU, the same 256 requests",
+        target={"ratio": {"1-gpu": 1.8}}))
     return cases
 
 
