@@ -286,3 +286,20 @@ def test_engine_refusals(twin):
                 device="cpu")  # vocabulary of 1024 against the target's 512
     with pytest.raises(ValueError, match=r"speculative.draft_model: vocabulary of 1024 tokens, the target has 512"):
         make(model, SpeculativeConfig(method="draft", draft_model=wide))
+
+
+def test_server_metrics_show_acceptance(twin):
+    pytest.importorskip("prometheus_client")
+    from warpforge.llm import AsyncLLM
+    from warpforge.serve.metrics import ServerMetrics
+
+    llm = make(loaded("llama"), SpeculativeConfig(method="draft", draft_model=twin, k=3, adaptive=False))
+    llm.generate(spec_prompts()[:2], greedy(12))
+    s = llm.engine.spec.stats
+    text = ServerMetrics(AsyncLLM(llm.engine)).render().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("warpforge_spec")}
+    assert values["warpforge_spec_decode_num_draft_tokens_total"] == s.num_draft_tokens > 0
+    assert values["warpforge_spec_decode_num_accepted_tokens_total"] == s.num_accepted_tokens > 0
+    assert values["warpforge_spec_decode_draft_acceptance_rate"] == pytest.approx(s.acceptance_rate)
+    plain = ServerMetrics(AsyncLLM(make(loaded("llama")).engine)).render().decode()
+    assert "spec_decode" not in plain  # no speculation, no series
