@@ -433,9 +433,13 @@ def _cases(quick: bool) -> list[EndToEndCase]:
                 ours=ours_run("gemma3-270m", pr, [128] * b, max_model_len=512, max_num_seqs=max(8, b), handoff=h),
                 peers={"hf": hf_run("gemma3-270m", pr, [128] * b, batch=b, handoff=h)}, check=prefix_check,
                 check_against="hf", dtype=bf16, rep=3, baseline="HF generate (tokens/s and ratio)"))
-    return cases
+
+    # 8. speculative decoding at batch 1 on a passage-editing workload, against our plain engine.
+    from warpforge.bench.suites._llm_spec import spec_cases
+
+    return cases + spec_cases(quick)
 
 
 SUITE = Suite(name="llm", description="warpforge.llm end to end: decode MBU, offline throughput, "
-                                      "prefix caching, long prompts, Gemma 3 270M; vs HF generate",
+                                      "prefix caching, long prompts, Gemma 3 270M, speculative decoding; vs HF generate",
               cases=_cases)
