@@ -70,8 +70,6 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
         from warpforge.llm.sampling import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        if speculative is not None and speculative.get("draft_model"):
-            speculative = {**speculative, "draft_model": resolve_model(speculative["draft_model"])}
         config = EngineConfig(max_model_len=max_model_len, speculative=speculative)
         if not prompt:
             return fail("PROMPT: empty prompt (give the text to continue)")

@@ -19,6 +19,7 @@ temperature, top-k, top-p and min-p, and q is handed to the verification; a gree
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -261,22 +262,22 @@ class DraftModelDrafter(_ModelDrafter):
             del self._seen[sid]
 
 
-def build_drafter(config: SpeculativeConfig, engine, draft=None):
+def build_drafter(config: SpeculativeConfig, engine, draft):
     """The drafter ``config`` names, for ``engine`` (an LLMEngine whose runner and block manager exist);
-    ``draft``: the draft model already loaded (:func:`load_draft_model`), for method "draft"."""
+    ``draft``: the draft model (:func:`load_draft_model`), for method "draft"."""
     ec = engine.config
     if config.method == "ngram":
         return NgramDrafter(config)
     if config.method == "self":
         n = config.draft_layers if config.draft_layers is not None else max(1, engine.model_config.num_layers // 2)
         return SelfDrafter(engine.model, n, ec.page_size, ec.seed)
-    loaded = draft if draft is not None else load_draft_model(config.draft_model, engine)
-    return DraftModelDrafter(loaded, (engine.model, engine.tokenizer, engine.model_config), engine.runner.num_pages,
+    return DraftModelDrafter(draft, (engine.model, engine.tokenizer, engine.model_config), engine.runner.num_pages,
                              ec.page_size, ec.max_model_len, ec.seed)
 
 
-def load_draft_model(spec, engine):
-    """``SpeculativeConfig.draft_model`` loaded like the target (its dtype, its device)."""
+def load_draft_model(spec, engine, resolve):
+    """``SpeculativeConfig.draft_model`` loaded like the target (its dtype, its device); ``resolve``
+    turns a checkpoint name into a path (``warpforge.llm.cli.resolve_model``: "gemma3-270m")."""
     if isinstance(spec, tuple):
         if len(spec) != 3:
             raise ValueError(f"speculative.draft_model: expected (model, tokenizer, config), got a tuple of {len(spec)}")
@@ -284,7 +285,8 @@ def load_draft_model(spec, engine):
             raise ValueError("speculative.draft_model: the draft model must be a separate model (each binds its "
                              "own KV cache); load it again, or use method 'self'")
         return spec
-    from warpforge.llm.cli import resolve_model
     from warpforge.llm.loader import load
 
-    return load(resolve_model(str(spec)), dtype=engine.model_config.dtype, device=engine.device)
+    if str(spec) != "gemma3-270m" and not Path(spec).exists():
+        raise ValueError(f"speculative.draft_model: no such file or directory: {str(spec)!r}")
+    return load(resolve(str(spec)), dtype=engine.model_config.dtype, device=engine.device)

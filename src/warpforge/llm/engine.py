@@ -66,6 +66,12 @@ def check_device(device: torch.device | str | None) -> torch.device:
     return dev
 
 
+def _resolve_checkpoint(name: str) -> str:
+    from warpforge.llm.cli import resolve_model
+
+    return resolve_model(name)
+
+
 class LLMEngine:
     """``LLMEngine(path | Loaded, engine_config, *, dtype, device)``.
 
@@ -94,7 +100,8 @@ class LLMEngine:
         self.model, self.tokenizer, self.model_config = model
         ec = (engine_config or EngineConfig()).for_model(self.model_config.max_position_embeddings)
         self.config = ec
-        draft = SpecDecoder.load_draft(ec.speculative, self)  # before the KV cache is sized: it shares the pages
+        # The draft model before the KV cache is sized: its cache takes the same page ids.
+        draft = SpecDecoder.load_draft(ec.speculative, self, _resolve_checkpoint)
         self.runner = ModelRunner(self.model, self.model_config, ec, self.device,
                                   extra_page_bytes=draft_page_bytes(draft, ec.page_size))
         self.block_manager = BlockManager(self.runner.num_pages, ec.page_size, ec.enable_prefix_caching)

@@ -106,9 +106,10 @@ class SpecDecoder:
     """Speculative steps for an LLMEngine (``engine.spec``); ``stats`` counts drafts and acceptances."""
 
     @staticmethod
-    def load_draft(config: SpeculativeConfig | None, engine):
-        """The draft model (method "draft"), loaded before the runner sizes the KV cache; else None."""
-        return load_draft_model(config.draft_model, engine) if config and config.method == "draft" else None
+    def load_draft(config: SpeculativeConfig | None, engine, resolve):
+        """The draft model (method "draft"), loaded before the runner sizes the KV cache; else None.
+        ``resolve``: checkpoint name -> path (see :func:`~warpforge.llm.drafters.load_draft_model`)."""
+        return load_draft_model(config.draft_model, engine, resolve) if config and config.method == "draft" else None
 
     def __init__(self, engine, config: SpeculativeConfig, draft=None):
         self.engine, self.config = engine, config

@@ -16,6 +16,7 @@ tiny random Llama on the CPU (acceptance there means nothing; the rows check the
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from typing import Any
@@ -57,12 +58,11 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
     """Batch-1 greedy chats over ``texts`` (one after another) on our engine, with ``speculative`` or
     without; each rep times all of them by wall clock, the device synchronized."""
     def fn(device: torch.device, rep: int) -> list[Run]:
-        from warpforge.bench.suites.llm import _checkpoint, _dtype, _free, _sync
         from warpforge.llm import LLM, SamplingParams
         from warpforge.llm.loader import load
 
-        dtype = _dtype(device)
-        path = str(_checkpoint(model, device))
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU: the fp32 reference path
+        path = str(_checkpoint(model, dtype))
         spec = dict(speculative) if speculative else None
         if spec and spec.get("draft_model") == "same":
             spec["draft_model"] = load(path, dtype=dtype, device=device)
@@ -90,9 +90,27 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
                             ran={"requests": len(outs), "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
                                  "output_tokens": sum(map(len, ids))}))
         del llm
-        _free(device)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         return runs
     return fn
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _checkpoint(model: str, dtype: torch.dtype):
+    """As suites/llm.py: the bundled Gemma 3 270M GGUF, or a random-weight preset written once."""
+    if model == "gemma3-270m":
+        from warpforge.llm.testing import gemma3_270m_gguf
+
+        return gemma3_270m_gguf()
+    from warpforge.llm.random_weights import cached_checkpoint
+
+    return cached_checkpoint(model, dtype=dtype)
 
 
 def spec_cases(quick: bool) -> list[EndToEndCase]:
