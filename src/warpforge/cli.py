@@ -336,9 +336,11 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
 @click.option("--shutdown-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds in-flight requests may run after SIGTERM / Ctrl-C before they are aborted.")
 @click.option("--access-log", is_flag=True, help="Log one line per HTTP request.")
+@click.option("--speculative", default=None, type=click.Choice(["ngram", "self"]),
+              help="Speculative decoding (exact): n-gram prompt lookup, or the model's first layers drafting.")
 def serve(model: str, host: str, port: int, api_key: str | None, served_model_name: str | None,
           max_model_len: int | None, max_num_seqs: int, max_queue: int, dtype: str, kv_cache_dtype: str,
-          chat_template: str | None, shutdown_grace: float, access_log: bool) -> None:
+          chat_template: str | None, shutdown_grace: float, access_log: bool, speculative: str | None) -> None:
     """Serve MODEL over the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
     MODEL is what `warpforge generate` takes: a Hugging Face checkpoint directory, a .gguf file, or
@@ -355,7 +357,7 @@ def serve(model: str, host: str, port: int, api_key: str | None, served_model_na
     sys.exit(cli_serve(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_queue=max_queue, dtype=dtype,
                        kv_cache_dtype=kv_cache_dtype, chat_template=chat_template, shutdown_grace_s=shutdown_grace,
-                       access_log=access_log))
+                       access_log=access_log, speculative=speculative))
 
 
 @main.group()

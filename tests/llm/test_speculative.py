@@ -326,3 +326,11 @@ def test_generate_cli_flag():
                        (["--speculative", "draft", "--draft-model", "/no/such"], "no such file or directory")):
         r = run(*args)
         assert r.exit_code == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.output
+
+
+def test_serve_config_takes_a_method():
+    from warpforge.serve.config import ServeConfig
+
+    assert ServeConfig(model="m", speculative="ngram").speculative == "ngram"
+    with pytest.raises(ValueError, match=r"^speculative: expected None, 'ngram' or 'self', got 'draft'$"):
+        ServeConfig(model="m", speculative="draft")
