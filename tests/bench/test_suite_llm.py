@@ -18,7 +18,8 @@ from warpforge.bench.suite import EndToEndCase, Run
 
 ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "offline-1b-vs-hf", "offline-8b-vs-hf",
         "throughput-8b-1000", "throughput-8b-1000-kv-fp8", "prefix-cache", "long-prompt", "gemma3-270m-b1",
-        "gemma3-270m-b64"}
+        "gemma3-270m-b64", "spec-ngram-b1", "spec-self-b1", "spec-draft-b1"}
+SPEC_ROWS = {"spec-ngram-b1", "spec-self-b1", "spec-draft-b1"}  # checked in test_suite_llm_spec.py
 CPU = {"name": "cpu", "torch": torch.__version__}
 
 
@@ -64,6 +65,8 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
     for r in records:
         validate_record(r)
         assert r["correct"]["ok"], (r["case"], r["correct"])
+        if r["params"]["row"] in SPEC_ROWS:
+            continue
         ours = r["ours"]
         assert "error" not in ours, ours
         assert ours["tokens"] > 0 and {"mbu", "mfu", "peak_mem_GB", "ttft_ms"} <= set(ours)

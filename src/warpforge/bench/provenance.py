@@ -31,7 +31,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "kernels": (_B + "suites/kernels.py", _B + "suites/_kernels_fused.py", _B + "suites/_kernels_matmul.py", _K),
     "attention": (_B + "suites/attention.py", _K),
     "memory": (_B + "suites/memory.py", _K),
-    "llm": (_B + "suites/llm.py", "src/warpforge/llm/", _K),
+    "llm": (_B + "suites/llm.py", _B + "suites/_llm_spec.py", "src/warpforge/llm/", _K),
     "vision": (_B + "suites/vision.py", _B + "suites/_vision_peers.py", _B + "suites/_vision_run.py",
                _B + "suites/_vision_stages.py", _B + "suites/_vision_wall.py", "src/warpforge/models/",
                "src/warpforge/optimize/", "src/warpforge/_factory.py", _K),

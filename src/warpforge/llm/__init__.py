@@ -17,6 +17,7 @@ _LAZY = {
     "LLM": "engine", "LLMEngine": "engine",
     "AsyncLLM": "async_engine",
     "EngineConfig": "engine_config",
+    "SpeculativeConfig": "speculative",
     "SamplingParams": "sampling",
     "RequestOutput": "outputs", "RequestMetrics": "outputs",
     "ModelConfig": "config",

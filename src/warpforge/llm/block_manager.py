@@ -205,6 +205,23 @@ class BlockManager:
             seq.block_table.append(self._take_free())
         self._make_writable(seq, seq.num_tokens - 1)
 
+    def reserve(self, seq: Sequence, num_tokens: int) -> int:
+        """Pages for positions up to ``num_tokens - 1`` (speculative drafts after the last token), as
+        many as the free pool gives; -> the positions ``seq``'s pages now hold. The last token's slot
+        must be ready first (``append_slot``): the pages added here are fresh, so private."""
+        while len(seq.block_table) < self.pages_for(num_tokens) and self.num_free_pages > 0:
+            seq.block_table.append(self._take_free())
+        return min(num_tokens, len(seq.block_table) * self.page_size)
+
+    def trim(self, seq: Sequence) -> None:
+        """Release the pages past the ones ``seq``'s tokens need (those of rejected drafts)."""
+        keep = self.pages_for(seq.num_tokens)
+        if len(seq.block_table) > keep:
+            for pid in reversed(seq.block_table[keep:]):
+                self._deref(pid)
+            del seq.block_table[keep:]
+            seq.block_table_version += 1  # a later append may reach this length with another page
+
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s pages, tail first (cached ones become evictable, tails evicted first)."""
         for pid in reversed(seq.block_table):

@@ -49,7 +49,7 @@ DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"
 
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
                  seed: int | None, chat: bool, dtype: str, max_model_len: int | None,
-                 tensor_parallel_size: int = 1) -> int:
+                 tensor_parallel_size: int = 1, speculative: dict | None = None) -> int:
     """Run the command; -> exit status (2: bad input, said in one line on stderr).
 
     Loading shows a spinner on a terminal's stderr and then one line with the load time; the stats
@@ -73,7 +73,8 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
         from warpforge.llm.sampling import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
-        config = EngineConfig(max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size)
+        config = EngineConfig(max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+                              speculative=speculative)
         if not prompt:
             return fail("PROMPT: empty prompt (give the text to continue)")
         t0 = time.perf_counter()
@@ -129,7 +130,12 @@ def _stream(engine, req, load_s: float, model: str) -> int:
     m = last.metrics
     prefill = f"{m.prefill_tokens_per_s:,.1f} tok/s" if m.prefill_tokens_per_s else "n/a"
     decode = f"{m.decode_tokens_per_s:,.1f} tok/s" if m.decode_tokens_per_s else "n/a (one token)"
+    spec = ""
+    if engine.spec is not None:
+        s = engine.spec.stats
+        spec = (f" | speculative {engine.spec.config.method}: {s.num_accepted_tokens}/{s.num_draft_tokens} drafts "
+                f"accepted ({s.acceptance_rate:.0%})")
     click.echo(f"prefill: {m.num_prompt_tokens} tokens, {prefill} | decode: {m.num_output_tokens} tokens, {decode} | "
                f"TTFT {m.ttft * 1e3:,.1f} ms | load {load_s:.1f} s | finish: {last.finish_reason} | "
-               f"{engine.device.type} {engine.model_config.dtype}".replace("torch.", ""))
+               f"{engine.device.type} {engine.model_config.dtype}{spec}".replace("torch.", ""))
     return 0

@@ -21,6 +21,7 @@ from warpforge.llm.runner import ModelRunner
 from warpforge.llm.sampling import SamplingParams
 from warpforge.llm.scheduler import Scheduler
 from warpforge.llm.sequence import Sequence
+from warpforge.llm.spec_step import SpecDecoder, draft_page_bytes
 
 Prompt = str | list[int]
 
@@ -65,6 +66,12 @@ def check_device(device: torch.device | str | None) -> torch.device:
     return dev
 
 
+def _resolve_checkpoint(name: str) -> str:
+    from warpforge.llm.cli import resolve_model
+
+    return resolve_model(name)
+
+
 class LLMEngine:
     """``LLMEngine(path | Loaded, engine_config, *, dtype, device)``.
 
@@ -104,10 +111,15 @@ class LLMEngine:
         self.model, self.tokenizer, self.model_config = model
         ec = engine_config.for_model(self.model_config.max_position_embeddings)
         self.config = ec
-        self.runner = runner or ModelRunner(self.model, self.model_config, ec, self.device)
+        # The draft model before the KV cache is sized: its cache takes the same page ids.
+        draft = SpecDecoder.load_draft(ec.speculative, self, _resolve_checkpoint)
+        self.runner = runner or ModelRunner(self.model, self.model_config, ec, self.device,
+                                            extra_page_bytes=draft_page_bytes(draft, ec.page_size))
         self.block_manager = BlockManager(self.runner.num_pages, ec.page_size, ec.enable_prefix_caching)
         eos = self.model_config.eos_token_ids or list(getattr(self.tokenizer, "eos_token_ids", []) or [])
         self.scheduler = Scheduler(ec, self.block_manager, eos)
+        # Speculative decoding (EngineConfig.speculative): drafts verified k + 1 tokens per forward.
+        self.spec = SpecDecoder(self, ec.speculative, draft) if ec.speculative is not None else None
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.lookahead_steps = 0  # steps queued by async scheduling (stats and tests)
@@ -200,8 +212,12 @@ class LLMEngine:
             batch, pending = ahead
         else:
             batch = self.scheduler.schedule()
+            if self.spec is not None and not batch.is_empty:
+                seqs = self.spec.step(batch)  # None: nothing drafted this step, run it plainly
+                if seqs is not None:
+                    return self._outputs(seqs + batch.finished)
             pending = self.runner.launch(batch) if not batch.is_empty else None
-        if pending is not None and self.config.async_scheduling:
+        if pending is not None and self.config.async_scheduling and (self.spec is None or self.spec.plain_next(batch)):
             nxt = self.scheduler.lookahead(batch)
             if nxt is not None:
                 try:
@@ -224,7 +240,9 @@ class LLMEngine:
             if req.metrics.first_token_time is None and seq.num_output_tokens:
                 req.metrics.first_token_time = t
             # Text only where someone reads it now: streams and stop strings every step, else once at the end.
-            if req.stream or seq.params.stop or seq.is_finished:
+            if seq.params.stop and seq.num_output_tokens - req.detok_tokens > 1:
+                self._stop_by_token(req)  # several tokens this step (speculative): as if one per step
+            elif req.stream or seq.params.stop or seq.is_finished:
                 text = req.detok.add(seq.output_token_ids[req.detok_tokens:], final=seq.is_finished)
                 req.detok_tokens = seq.num_output_tokens
                 if seq.check_stop(text) or seq.is_finished:
@@ -232,6 +250,22 @@ class LLMEngine:
             if req.stream or seq.is_finished:
                 outs.append(self._output(req, t))
         return outs
+
+    def _stop_by_token(self, req: Request) -> None:
+        """Stop strings over a step that added several tokens: the text grows one token at a time, as in
+        plain decoding, and a match drops the tokens after the one that completed it."""
+        seq = req.seq
+        new = seq.output_token_ids[req.detok_tokens:]
+        for i, tok in enumerate(new):
+            last = i == len(new) - 1
+            text = req.detok.add([tok], final=last and seq.is_finished)
+            req.detok_tokens += 1
+            if seq.check_stop(text):
+                if not last:
+                    del seq.token_ids[seq.num_prompt_tokens + req.detok_tokens:]
+                break
+        if seq.is_finished:
+            self.scheduler.finish(seq)
 
     def _output(self, req: Request, t: float) -> RequestOutput:
         seq, m = req.seq, req.metrics

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from warpforge import settings
+from warpforge.llm.speculative import speculative_config
 
 # Decode batch sizes captured as CUDA graphs by default (nano-vllm's set): small sizes one by one
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
@@ -36,6 +38,8 @@ class EngineConfig:
                             added when it is not in the list and <= 512)
     kv_cache_dtype          "auto" (the model's dtype) or "fp8" (e4m3 pages with per-head scales)
     async_scheduling        queue decode step n + 1 before reading step n's tokens (see LLMEngine.step)
+    speculative             speculative decoding: None (off), a SpeculativeConfig, a method name ("ngram",
+                            "self") or a dict of its fields (see warpforge.llm.speculative)
     pdl                     programmatic dependent launch inside the decode CUDA graphs (Hopper and newer:
                             each kernel launches while the one before it drains, once every program of
                             that one is past its main loop; kernels/_dispatch.py). None: the WARPFORGE_PDL
@@ -60,6 +64,7 @@ class EngineConfig:
     cuda_graph_batch_sizes: list[int] | None = field(default=None)
     kv_cache_dtype: str = "auto"
     async_scheduling: bool = True
+    speculative: Any = None  # SpeculativeConfig | str | dict | None, normalized in __post_init__
     pdl: bool | None = None
     fused_norm: bool | None = None
     seed: int = 0
@@ -88,6 +93,11 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        self.speculative = speculative_config(self.speculative)
+        if self.speculative is not None and self.tensor_parallel_size > 1:
+            # The verification forward runs outside the step the other ranks follow.
+            raise ValueError(f"speculative: not available with tensor_parallel_size > 1 (got "
+                             f"{self.tensor_parallel_size}); use one or the other")
         if self.cuda_graph_batch_sizes is None:
             sizes = [s for s in _GRAPH_SIZES if s <= self.max_num_seqs]
             if self.max_num_seqs <= _GRAPH_SIZES[-1] and self.max_num_seqs not in sizes:

@@ -35,7 +35,7 @@ _CPU_KV_BYTES = 256 << 20  # CPU runs are tests and demos: a modest cache unless
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, model_config, engine_config: EngineConfig,
-                 device: torch.device | str):
+                 device: torch.device | str, *, extra_page_bytes: int = 0):
         if engine_config.max_model_len is None:
             raise ValueError("engine_config: max_model_len must be resolved first (EngineConfig.for_model)")
         self.model, self.config, self.engine_config = model, model_config, engine_config
@@ -43,6 +43,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
         self.page_size = engine_config.page_size
+        self.extra_page_bytes = extra_page_bytes  # another cache on the same page ids (a draft model's)
         self.kv_dtype = FP8 if engine_config.kv_cache_dtype == "fp8" else model_config.dtype
         if self.kv_dtype == FP8 and model_config.dtype == torch.float32:
             raise ValueError("kv_cache_dtype: fp8 pages need a float16 or bfloat16 model, got float32")
@@ -73,10 +74,11 @@ class ModelRunner:
 
     @property
     def page_bytes(self) -> int:
-        """K and V of one page in every layer: 2 * layers * kv_heads * page_size * head_dim * elem."""
+        """K and V of one page in every layer: 2 * layers * kv_heads * page_size * head_dim * elem
+        (+ ``extra_page_bytes``)."""
         c = self.config
         elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * c.num_layers * c.num_kv_heads * self.page_size * c.head_dim * elem
+        return 2 * c.num_layers * c.num_kv_heads * self.page_size * c.head_dim * elem + self.extra_page_bytes
 
     def _default_num_pages(self) -> int:
         # Pages beyond every running sequence at full length serve only the prefix cache: cap at twice

@@ -36,6 +36,7 @@ class ServeConfig:
     max_body_bytes      request bodies beyond this get 413
     shutdown_grace_s    on SIGTERM / Ctrl-C, how long in-flight requests may run before they are aborted
     access_log          log one line per HTTP request (uvicorn's access log)
+    speculative         None, or "ngram" / "self": the engine's speculative decoding (llm.speculative)
     """
 
     model: str = ""
@@ -52,6 +53,7 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     shutdown_grace_s: float = 30.0
     access_log: bool = False
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
@@ -82,6 +84,8 @@ class ServeConfig:
             raise ValueError(f"shutdown_grace_s: expected a number of seconds >= 0, got {g!r}")
         if not isinstance(self.access_log, bool):
             raise ValueError(f"access_log: expected a bool, got {self.access_log!r}")
+        if self.speculative not in (None, "ngram", "self"):  # "draft" needs a second model: Python API only
+            raise ValueError(f"speculative: expected None, 'ngram' or 'self', got {self.speculative!r}")
 
     @property
     def model_name(self) -> str:

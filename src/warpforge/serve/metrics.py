@@ -43,6 +43,19 @@ class _EngineCollector:
                                 value=bm.prefix_hit_tokens / queried if queried else 0.0)
         yield CounterMetricFamily(f"{PREFIX}_num_preemptions", "Sequences preempted (KV pages freed, recomputed later).",
                                   value=sched.num_preemptions)
+        spec = getattr(engine, "spec", None)
+        if spec is not None:  # speculative decoding on: its counters (vLLM's spec_decode series)
+            s = spec.stats
+            yield CounterMetricFamily(f"{PREFIX}_spec_decode_num_draft_tokens", "Draft tokens verified by the target.",
+                                      value=s.num_draft_tokens)
+            yield CounterMetricFamily(f"{PREFIX}_spec_decode_num_accepted_tokens", "Draft tokens the target accepted.",
+                                      value=s.num_accepted_tokens)
+            yield CounterMetricFamily(f"{PREFIX}_spec_decode_num_emitted_tokens",
+                                      "Tokens added by speculative steps (accepted drafts + one per sequence).",
+                                      value=s.num_emitted_tokens)
+            yield GaugeMetricFamily(f"{PREFIX}_spec_decode_draft_acceptance_rate",
+                                    "Accepted over drafted tokens since start (0 before any draft).",
+                                    value=s.acceptance_rate)
 
 
 class ServerMetrics:

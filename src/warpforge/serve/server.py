@@ -50,7 +50,7 @@ def build_llm(config: ServeConfig):
     with Console(stderr=True).status(f"loading {config.model}", spinner="dots"):
         llm = AsyncLLM(path, dtype=TORCH_DTYPES[config.dtype],
                        max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                       kv_cache_dtype=config.kv_cache_dtype)
+                       kv_cache_dtype=config.kv_cache_dtype, speculative=config.speculative)
     e, mc = llm.engine, llm.engine.model_config
     bm = e.block_manager
     say(f"loaded {mc.architecture} ({mc.num_layers} layers, hidden {mc.hidden_size}, vocab {mc.vocab_size}, "

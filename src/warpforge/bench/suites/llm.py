@@ -454,7 +454,11 @@ def _cases(quick: bool) -> list[EndToEndCase]:
                 check_against="hf", dtype=bf16, rep=3, baseline="HF generate (tokens/s and ratio)"))
     if not quick and torch.cuda.device_count() >= 2:
         cases += tensor_parallel_cases(quick, gpus=2)
-    return cases
+
+    # 8. speculative decoding at batch 1 on a passage-editing workload, against our plain engine.
+    from warpforge.bench.suites._llm_spec import spec_cases
+
+    return cases + spec_cases(quick)
 
 
 def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
@@ -489,5 +493,5 @@ def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
 
 
 SUITE = Suite(name="llm", description="warpforge.llm end to end: decode MBU, offline throughput, "
-                                      "prefix caching, long prompts, Gemma 3 270M; vs HF generate",
+                                      "prefix caching, long prompts, Gemma 3 270M, speculative decoding; vs HF generate",
               cases=_cases)
