@@ -30,6 +30,7 @@ from warpforge.timing import NOISE_BOUND
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
+from warpforge.optimize.logs import error_text, first_line
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_stable
 from warpforge.optimize.report import make_report
 from warpforge.optimize.saved import save as save_winner
@@ -186,8 +187,13 @@ def _infer_kind(out: Any, inputs: tuple) -> str:
 
 
 def _err(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:500]
+    """A candidate's failure, whole (report.json keeps every line; the table shows the first), no escape codes."""
+    return error_text(e)
+
+
+def _err1(e: BaseException) -> str:
+    """The first line of a failure: what a one-line bad-input message carries."""
+    return first_line(error_text(e))
 
 
 def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None = None,
@@ -249,7 +255,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     try:
         base = copy.deepcopy(model).float().eval().to(dev)
     except Exception as e:  # noqa: BLE001 - user models can refuse deepcopy or the device
-        raise BadInputError(f"could not copy the model to {dev} in fp32: {_err(e)}") from e
+        raise BadInputError(f"could not copy the model to {dev} in fp32: {_err1(e)}") from e
     inputs = _to(inputs, dev)
     model_info = {"name": name or type(model).__name__, "class": f"{type(model).__module__}.{type(model).__qualname__}",
                   "params": sum(p.numel() for p in base.parameters()),
@@ -272,7 +278,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         with torch.no_grad():
             ref_example_out = ref(*inputs)
     except Exception as e:  # noqa: BLE001
-        raise fail(BadInputError, f"the model does not run on its example inputs: {_err(e)}") from e
+        raise fail(BadInputError, f"the model does not run on its example inputs: {_err1(e)}") from e
     if kind is None:
         kind = _infer_kind(ref_example_out, inputs)
         model_info["kind_inferred"] = True
@@ -295,7 +301,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
             with torch.no_grad():
                 ref_outs.append(ref(*v))
         except Exception as e:  # noqa: BLE001
-            raise fail(BadInputError, f"the model does not run on val[{i}]: {_err(e)}") from e
+            raise fail(BadInputError, f"the model does not run on val[{i}]: {_err1(e)}") from e
 
     # 3. Calibration inputs for the candidates that quantize activations at static scales (int8, fp8).
     calib_inputs = None

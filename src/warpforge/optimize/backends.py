@@ -46,6 +46,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from warpforge.optimize.gate import DEFAULT_PRECISIONS, DTYPES, PRECISIONS
+from warpforge.optimize.logs import error_text, first_line, log_path, note, to_log
 from warpforge.optimize.runtime import CastIO, CudaGraphed, dynamic_batch_shapes, static_cuda_inputs
 
 FAMILIES = ("eager", "warpforge", "torch.compile", "onnxruntime")
@@ -414,17 +415,18 @@ def export_onnx(module: nn.Module, inputs: tuple) -> bytes:
         path = os.path.join(tmp, "model.onnx")
         for dynamo in (True, False):
             for dynamic_batch in (True, False):
+                what = f"{'dynamo' if dynamo else 'torchscript'} exporter{' (dynamic batch)' if dynamic_batch else ''}"
                 try:
-                    with torch.no_grad():
+                    # Both exporters print progress, warnings and (failing) the whole traced graph: to the log.
+                    with to_log(f"torch.onnx.export, {what}"), torch.no_grad():
                         torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False, verbose=False,
                                           **_onnx_export_kwargs(module, inputs, dynamo, dynamic_batch))
                     with open(path, "rb") as f:
                         return f.read()
                 except Exception as e:  # noqa: BLE001 - either exporter may be missing or refuse the model
-                    errors.append(f"{'dynamo' if dynamo else 'torchscript'} exporter"
-                                  f"{' (dynamic batch)' if dynamic_batch else ''}: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}")
-    raise RuntimeError("ONNX export failed; " + "; ".join(errors))
+                    note(f"{what} failed: {error_text(e)}")
+                    errors.append(f"{what}: {first_line(error_text(e))}")
+    raise RuntimeError("ONNX export failed; " + "; ".join(errors) + f" (the exporters' output: {log_path()})")
 
 
 class OrtRunner:

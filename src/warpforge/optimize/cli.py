@@ -147,9 +147,15 @@ def print_table(report: dict[str, Any], console) -> None:
     if noisy:
         console.print(f"  [yellow]noisy timings[/] (spread across rounds or p80/p20 above the bound after re-timing): "
                       f"{', '.join(noisy)}", highlight=False, markup=True)
+    from rich.markup import escape
+
+    from warpforge.optimize.logs import first_line
+
     for r in report["candidates"]:
-        if r["status"] != "passed":
-            console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {r.get('reason', '')}",
+        if r["status"] != "passed":  # the reason's first line; report.json has all of it
+            reason = first_line(str(r.get("reason", "")))
+            more = " (more in report.json)" if reason != str(r.get("reason", "")).strip() else ""
+            console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {escape(reason)}{more}",
                           highlight=False, markup=True)
     cap = report.get("capture") or {}
     if cap.get("method"):
@@ -193,6 +199,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     from warpforge.optimize import report as report_mod
     from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
+    from warpforge.optimize.logs import logging_to
 
     console = console or Console()
     err_console = Console(stderr=True, width=console.width)  # errors on stderr, whatever stdout carries
@@ -224,6 +231,15 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
                         precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
                         device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
                         name=resolved.name, exhaustive=exhaustive, capture=capture)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with logging_to(out_dir / "optimize.log"):  # exporters' dumps go there, not to this terminal
+        return _search_and_save(run, json_out, console, err_console, out_dir)
+
+
+def _search_and_save(run, json_out: bool, console, err_console, out_dir: Path) -> int:
+    from warpforge.optimize import report as report_mod
+    from warpforge.optimize.api import BadInputError, NoCandidateError
 
     try:
         if json_out:

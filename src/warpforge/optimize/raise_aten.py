@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import logging
 import operator
 import re
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,17 +85,18 @@ def export_and_raise(root: nn.Module, example_inputs: tuple) -> Raised:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """A failed export prints the partial graph to stderr and logs a failed guard with it (dozens of lines
-    each time); its exception says why in one line, which capture keeps. So stderr is held back during
-    export and passed on only when export succeeds, and the guard warning is off."""
+    each time); its exception says why in one line, which capture keeps. So export's output goes to the run's
+    log file (optimize.logs), and the guard warning is off."""
+    from warpforge.optimize.logs import to_log
+
     log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    level, held = log.level, io.StringIO()
+    level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stderr(held):
+        with to_log("torch.export (capture)"):
             yield
     finally:
         log.setLevel(level)
-    sys.stderr.write(held.getvalue())  # reached only without an exception
 
 
 def _export_inputs(example_inputs: tuple) -> tuple:
