@@ -191,9 +191,10 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
                  min_cosine: float | None = None, min_top1: float | None = None, queries: int = 200,
                  warmup: int = 20, out: str | None = None, json_out: bool = False, random_weights: bool = False,
                  exhaustive: bool = False, capture: str = "auto", val_batch: int | None = None,
-                 offline_calls: int = 50, console=None) -> int:
+                 offline_calls: int = 50, dynamic: str | None = None, console=None) -> int:
     """``val_batch``: the validation samples regrouped in calls of this many (see :func:`rebatch`); the latency
-    protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls."""
+    protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls.
+    ``dynamic``: ``--dynamic``'s declaration (optimize.shapes), e.g. "x.2=128:512,x.3=128:512"."""
     from rich.console import Console
 
     from warpforge.optimize import report as report_mod
@@ -230,7 +231,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
                         precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
                         device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
-                        name=resolved.name, exhaustive=exhaustive, capture=capture)
+                        name=resolved.name, exhaustive=exhaustive, capture=capture, dynamic_shapes=dynamic)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with logging_to(out_dir / "optimize.log"):  # exporters' dumps go there, not to this terminal

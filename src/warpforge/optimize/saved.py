@@ -75,20 +75,32 @@ def _same_outputs(a: Any, b: Any) -> bool:
     return not acc.errors and acc.max_abs == 0.0
 
 
-def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: Any) -> tuple[str, str, str | None]:
-    """(format, file name, note): torch.export when preferred and it reproduces the outputs, else pickle."""
+def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: Any, shapes: Any = None
+                  ) -> tuple[str, str, str | None]:
+    """(format, file name, note): torch.export when preferred and it reproduces the outputs, else pickle.
+    ``shapes`` (optimize.shapes.ShapeSpec): the declared dynamic dims, exported symbolic (else pickled)."""
     note = None
     if prefer == "export":
-        # Batch dim left to export (Dim.AUTO: dynamic unless the model fixes it), then fully static.
+        # Batch dim left to export (Dim.AUTO: dynamic unless the model fixes it), then fully static; with dims
+        # declared dynamic, those in their ranges or nothing (a program fixed at one size would refuse them).
+        from warpforge.optimize.backends import _var_positional
         from warpforge.optimize.runtime import dynamic_batch_shapes
 
-        for dynamic in (dynamic_batch_shapes(module, inputs), None):
+        tries = [shapes.export_shapes(nested=_var_positional(module))] if shapes is not None and shapes.declared \
+            else [dynamic_batch_shapes(module, inputs), None]
+        for dynamic in tries:
             try:
                 ep = torch.export.export(module, inputs, dynamic_shapes=dynamic)
                 with torch.no_grad():
                     got = ep.module()(*inputs)
                 if not _same_outputs(want, got):
                     raise RuntimeError("the exported program's outputs differ from the module's")
+                for end in shapes.at_ends(inputs, torch.Generator().manual_seed(0)) if dynamic is not None and \
+                        shapes is not None and shapes.declared else []:
+                    with torch.no_grad():
+                        if not _same_outputs(module(*end), ep.module()(*end)):
+                            raise RuntimeError("the exported program's outputs differ from the module's at "
+                                               f"{[list(x.shape) for x in end if isinstance(x, torch.Tensor)]}")
                 torch.export.save(ep, d / "model.pt2")
                 # No range constraint: every dim specialized (a batch of 1 always is): fixed shapes.
                 static = None if ep.range_constraints else "static shapes: the saved model takes the example shapes only"
@@ -218,7 +230,8 @@ def save(opt: Winner, directory: str | Path) -> Path:
         with torch.no_grad():
             want_module = built.module(*inputs)
         _RecordingPickler.modules = set()
-        fmt, file, note = _store_module(built.module, inputs, built.save_format, d, want_module)
+        shapes = getattr(opt, "shapes", None)
+        fmt, file, note = _store_module(built.module, inputs, built.save_format, d, want_module, shapes)
         code = _store_code(d) if fmt == "pickle" else []
     env = report_mod.environment(opt.report["settings"]["device"])
     manifest = {
@@ -227,6 +240,8 @@ def save(opt: Winner, directory: str | Path) -> Path:
         "recompile": built.recompile, "cuda_graph": built.cuda_graph, "onnx_provider": built.onnx_provider,
         "device": opt.report["settings"]["device"],
         "inputs": opt.report["model"]["inputs"],
+        # the captured shapes and declared dynamic dims: load() checks every call against them
+        "shapes": opt.shapes.as_dict() if getattr(opt, "shapes", None) is not None else None,
         "passes": [{"name": p["name"], "counts": p["counts"]} for p in built.details.get("passes", [])],
         "capture": built.details.get("capture", {}).get("method"),
         "budget": rec.get("budget"), "accuracy": rec.get("accuracy"), "latency": rec.get("latency"),
@@ -243,11 +258,16 @@ class Loaded:
     """A saved winner, loaded: call it like the original model. ``manifest`` says what it is."""
 
     def __init__(self, fn: Any, module: nn.Module | None, manifest: dict[str, Any]) -> None:
+        from warpforge.optimize.shapes import ShapeSpec
+
         self.fn = fn
         self.module = module
         self.manifest = manifest
+        self.shapes = ShapeSpec.from_dict(manifest["shapes"]) if manifest.get("shapes") else None
 
     def __call__(self, *args: Any) -> Any:
+        if self.shapes is not None:
+            self.shapes.check(args)  # ShapeError: one line naming the dim, its size and the declared range
         with torch.no_grad():
             return self.fn(*args)
 
@@ -263,7 +283,7 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
     beyond rounding.
     """
     from warpforge.optimize.backends import OrtRunner
-    from warpforge.optimize.runtime import CudaGraphed, static_cuda_inputs
+    from warpforge.optimize.runtime import GraphBuckets, static_cuda_inputs
 
     d = Path(directory)
     mpath = d / "manifest.json"
@@ -303,7 +323,7 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
     if manifest.get("recompile"):
         fn = torch.compile(fn, mode=manifest["recompile"])
     if manifest.get("cuda_graph") and dev.type == "cuda" and static_cuda_inputs(inputs):
-        fn = CudaGraphed(fn, inputs)
+        fn = GraphBuckets(fn, inputs)
     loaded = Loaded(fn, module, manifest)
     if verify:
         got = loaded(*inputs)
