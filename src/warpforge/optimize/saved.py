@@ -146,14 +146,16 @@ def _library_dirs() -> list[Path]:
 
 def _user_code(names: set[str]) -> list[tuple[str, Path]]:
     """(module name, file) of each single-file module among ``names`` that is the user's code: a factory file
-    (imported by path, whatever its name) or a module outside the installed libraries."""
+    (imported by path, whatever its name) or a top-level module outside the installed libraries (a module of a
+    package is not copied: the package must be importable where the model is loaded)."""
     from warpforge._factory import file_modules
 
     files, libs, out = file_modules(), _library_dirs(), []
     for name in sorted(names):
         mod = sys.modules.get(name)
         path = files.get(name) or getattr(mod, "__file__", None)
-        if mod is None or name == "__main__" or path is None or Path(path).name == "__init__.py":
+        if mod is None or name == "__main__" or path is None or Path(path).name == "__init__.py" or \
+                ("." in name and name not in files):
             continue
         path = Path(path).resolve()
         if name in files or not any(path.is_relative_to(lib) for lib in libs):
