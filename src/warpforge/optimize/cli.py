@@ -233,7 +233,10 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
                         device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
                         name=resolved.name, exhaustive=exhaustive, capture=capture, dynamic_shapes=dynamic)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return _err(err_console, f"--out {out_dir}: cannot create the directory ({e.strerror or e})")
     with logging_to(out_dir / "optimize.log"):  # exporters' dumps go there, not to this terminal
         return _search_and_save(run, json_out, console, err_console, out_dir)
 

@@ -251,6 +251,7 @@ def _capture_html(cap: dict[str, Any], graph_of: Any) -> str:
 
 def to_html(report: dict[str, Any]) -> str:
     """The report as one HTML page: inline CSS, no scripts, no external assets."""
+    report = _jsonable(report)  # what report.json holds: no escape codes, non-finite figures as null
     e = html.escape
     m, env = report.get("model", {}), report.get("environment", {})
     rows, classes = [], []
