@@ -181,3 +181,23 @@ def test_graph_buckets_capture_a_graph_per_shape_and_drop_the_least_recently_use
     assert b(torch.ones(5, 3)).max() == 1002 and captured[-1] == (5, 3)  # dropped earlier: captured again
     no_graph = GraphBuckets(fn, (torch.ones(2, 3),), capture=capture, capturable=lambda args: args[0].shape[0] < 8)
     assert no_graph(torch.ones(9, 3)).max() == 2  # not capturable (on the GPU: a CPU tensor): runs as is
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_per_shape_across_the_declared_range():
+    model, x = make(SmallNet(c=16)), image(n=2, hw=32).cuda()
+    opt = optimize(model, (x,), device="cuda", precisions=["fp16"], backends=["warpforge"],
+                   dynamic_shapes="x.2=24:64,x.3=24:64", queries=10, warmup=2)
+    assert opt.name == "warpforge-fp16" and opt.built.cuda_graph
+    model = model.cuda()
+    for hw in (24, 40, 64):
+        z = image(n=2, hw=hw, seed=hw).cuda()
+        with torch.no_grad():
+            want = model(z)
+        # fp16 compute against the fp32 model: the fp16 budget's order of error
+        torch.testing.assert_close(opt(z), want, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(opt(z), want, rtol=2e-2, atol=2e-2)  # the replay of the graph captured above
+    graphed = opt.built.fn.shapes()
+    assert all([[2, 3, hw, hw]] in graphed for hw in (24, 40, 64)), graphed
+    with pytest.raises(ShapeError, match="outside the declared range 24:64"):
+        opt(image(n=2, hw=80).cuda())
