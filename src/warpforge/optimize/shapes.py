@@ -58,6 +58,8 @@ class ShapeSpec:
     arg_names: tuple[str, ...]
     dims: tuple[DynamicDim, ...] = ()
     _where: dict[tuple[int, int], DynamicDim] = field(default_factory=dict, compare=False, repr=False)
+    # input shapes already checked and accepted: a call at one of them costs a tuple and a set lookup
+    _accepted: set = field(default_factory=set, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for d in self.dims:
@@ -93,6 +95,14 @@ class ShapeSpec:
 
     def check(self, args: Sequence[Any]) -> None:
         """Raise :class:`ShapeError` (one line) when ``args`` do not fit the captured shapes and declared dims."""
+        key = tuple(a.shape if isinstance(a, torch.Tensor) else None for a in args)
+        if key in self._accepted:
+            return
+        self._check(args)
+        if len(self._accepted) < 256:
+            self._accepted.add(key)
+
+    def _check(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.example):
             raise ShapeError(f"the model takes {len(self.example)} argument(s), got {len(args)}")
         seen: dict[str, tuple[int, int, int]] = {}
