@@ -200,6 +200,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     from warpforge.optimize import report as report_mod
     from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
+    from rich.markup import escape
+
     from warpforge.optimize.logs import logging_to
 
     console = console or Console()
@@ -223,7 +225,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     out_dir = Path(out) if out else Path("out") / "optimize" / _slug(model)
     if not json_out:
         shapes = ", ".join(str(tuple(x.shape)) for x in resolved.inputs if isinstance(x, torch.Tensor))
-        console.print(f"optimizing [bold]{resolved.name}[/] on {dev}, inputs {shapes}", highlight=False)
+        console.print(f"optimizing [bold]{resolved.name}[/] on {dev}, inputs {shapes}"
+                      + (f", dynamic {escape(dynamic)}" if dynamic else ""), highlight=False)
         for n in resolved.notes:
             console.print(f"  note: {n}", highlight=False)
 
