@@ -18,6 +18,7 @@ from warpforge.optimize.cli import resolve
 from .nets import SmallNet, image, make, tiny_zoo
 
 FAST = dict(queries=3, warmup=1, offline_calls=2)
+QUICK = dict(FAST, capture="fx")  # what is saved matters here, not how it was captured: FX is the quicker
 
 FACTORY = '''
 import torch
@@ -77,13 +78,13 @@ def reloaded(tmp_path_factory):
     dev = torch.device("cpu")
     for stem in ("mymodels", "json"):
         r = resolve(f"{src / stem}.py:factory", batch=2, device=dev)
-        opt = optimize(r.model, r.inputs, backends=["warpforge"], **FAST)
+        opt = optimize(r.model, r.inputs, backends=["warpforge"], **QUICK)
         assert opt.family == "warpforge"
         module = type(r.model).__module__  # imported under its own name, unless that shadows another module
         assert module == "mymodels" if stem == "mymodels" else module.startswith("_warpforge_optimize_"), module
         _save(opt, root / f"factory_{stem}", (-r.inputs[0].abs(),))  # the eager leaf's other branch
     model, inputs = tiny_zoo("mobilenet_v2")
-    opt = optimize(model, inputs, backends=["warpforge"], **FAST)
+    opt = optimize(model, inputs, backends=["warpforge"], **QUICK)
     assert opt.family == "warpforge"
     _save(opt, root / "zoo", tuple(x[:1] for x in inputs))
     if importlib_ok("onnxruntime"):
