@@ -126,6 +126,14 @@ def test_declarations_that_cannot_hold_are_refused_in_one_line():
         assert why in str(err.value) and "\n" not in str(err.value), (spec, str(err.value))
     with pytest.raises(BadInputError, match="no dim 9"):
         optimize(model, (x,), dynamic_shapes="x.9=1:2", backends=["eager"], **FAST)
+
+    class FixedWindow(nn.Module):  # its code fixes dim 2 at 24, whatever the declaration says
+        def forward(self, x):
+            return x.reshape(x.shape[0], 3, 4, 6).sum(-1)
+
+    with pytest.raises(BadInputError, match=r"^the model does not run at the min of its declared dynamic dims "
+                                            r"\(x.2=8:48; input shapes \[\[2, 3, 8\]\]\): RuntimeError: shape"):
+        optimize(FixedWindow(), (torch.randn(2, 3, 24),), dynamic_shapes="x.2=8:48", backends=["eager"], **FAST)
     shared = parse("x.2=x.3=16:48", model, (x,))
     with pytest.raises(ShapeError, match="x.2=x.3 is one dim shared by input x .* dim 2 and input x .* dim 3, but "
                                          "they are 16 and 20"):

@@ -326,6 +326,11 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
             with torch.no_grad():
                 ref_outs.append(ref(*v))
         except Exception as e:  # noqa: BLE001
+            if val is None and shapes.declared and i >= len(val_inputs) - 2:  # the inputs at_ends() added
+                shown = [list(x.shape) for x in v if isinstance(x, torch.Tensor)]
+                raise fail(BadInputError, f"the model does not run at the {'min' if i == len(val_inputs) - 2 else 'max'}"
+                                          f" of its declared dynamic dims ({shapes.describe()}; input shapes {shown}): "
+                                          f"{_err1(e)}") from e
             raise fail(BadInputError, f"the model does not run on val[{i}]: {_err1(e)}") from e
 
     # 3. Calibration inputs for the candidates that quantize activations at static scales (int8, fp8).
