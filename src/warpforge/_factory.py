@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import keyword
 import re
 import sys
 from collections.abc import Callable
@@ -13,12 +14,47 @@ from pathlib import Path
 from typing import Any
 
 
+# module name -> the file it was imported from, for every factory file imported here (load_factory).
+_FILE_MODULES: dict[str, Path] = {}
+
+
+def file_modules() -> dict[str, Path]:
+    """The factory files imported in this process by path: module name -> file."""
+    return dict(_FILE_MODULES)
+
+
+def _own_name(path: Path) -> str | None:
+    """The file's stem when importing it under that name shadows nothing: no other module of that name is
+    loaded or importable here (the same file importable by that name is fine)."""
+    stem = path.stem
+    if not stem.isidentifier() or keyword.iskeyword(stem) or stem in sys.builtin_module_names:
+        return None
+    here = path.resolve()
+    loaded = sys.modules.get(stem)
+    if loaded is not None:
+        return stem if _FILE_MODULES.get(stem) == here or _same_file(getattr(loaded, "__file__", None), here) else None
+    try:
+        found = importlib.util.find_spec(stem)
+    except (ImportError, ValueError):
+        return None
+    return stem if found is None or _same_file(found.origin, here) else None
+
+
+def _same_file(a: str | None, b: Path) -> bool:
+    try:
+        return a is not None and Path(a).resolve() == b
+    except OSError:
+        return False
+
+
 def load_factory(where: str, attr: str, error: type[Exception], module_prefix: str) -> Callable[..., Any]:
     """The callable ``attr`` of a Python file (``where`` ends in .py or holds a path separator) or of
     an importable module; ``error`` (a ValueError subclass of the caller's) names what was wrong.
 
-    A file is imported under a stable name in ``sys.modules`` (``module_prefix`` + its path), so
-    classes it defines pickle and unpickle within this process.
+    A file is imported under its own name (``mymodels`` for ``path/mymodels.py``), as ``import mymodels``
+    would, unless that name belongs to another module here; then under a stable name made of
+    ``module_prefix`` and its path. Either way it is recorded (:func:`file_modules`), so a saved model
+    whose classes it defines can carry the file and import it under the same name in another process.
     """
     if not attr.isidentifier():
         raise error(f"{where}:{attr}: {attr!r} is not a function name")
@@ -26,7 +62,7 @@ def load_factory(where: str, attr: str, error: type[Exception], module_prefix: s
         path = Path(where)
         if not path.is_file():
             raise error(f"{where}: no such file")
-        name = module_prefix + re.sub(r"[^A-Za-z0-9_]+", "_", str(path.resolve())).strip("_")[-80:]
+        name = _own_name(path) or module_prefix + re.sub(r"[^A-Za-z0-9_]+", "_", str(path.resolve())).strip("_")[-80:]
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise error(f"{where}: cannot be loaded as a Python module")
@@ -36,6 +72,7 @@ def load_factory(where: str, attr: str, error: type[Exception], module_prefix: s
             spec.loader.exec_module(mod)
         except Exception as e:
             raise error(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
+        _FILE_MODULES[name] = path.resolve()
     else:
         try:
             mod = importlib.import_module(where)

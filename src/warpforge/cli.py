@@ -543,10 +543,16 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
 @click.option("--capture", default="auto", show_default=True, type=click.Choice(("auto", "export", "fx")),
               help="How the warpforge candidates capture the model: torch.export, falling back to torch.fx "
                    "symbolic tracing when export fails (auto; the report says which and why), or only one of them.")
+@click.option("--dynamic", "dynamic", multiple=True, metavar="ARG.DIM=MIN:MAX",
+              help="Input dims besides the batch that may vary, with their ranges (repeatable or comma-separated): "
+                   "ARG is the forward's argument name or position, DIM the dim number, e.g. `--dynamic "
+                   "x.2=128:512,x.3=128:512` (height and width of x) or `0.1=8:256` (the sequence of argument 0); "
+                   "`ids.1=mask.1=8:128` makes one dim shared by two inputs. Captured symbolic, gated at both ends "
+                   "of each range; a call outside it, or changing an undeclared dim, gets a one-line error.")
 def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, ...], backends: tuple[str, ...],
              max_rel: float | None, max_abs: float | None, min_cosine: float | None, min_top1: float | None,
              queries: int, warmup: int, out: str | None, json_out: bool, random_weights: bool,
-             exhaustive: bool, capture: str) -> None:
+             exhaustive: bool, capture: str, dynamic: tuple[str, ...]) -> None:
     """Find the fastest way to run MODEL that keeps its accuracy, and save it.
 
     MODEL is a zoo name (see `warpforge.models.names()`) or `path/to/file.py:factory`
@@ -568,7 +574,8 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
     sys.exit(cli_optimize(model, batch=batch, device=device, precisions=precisions, backends=backends,
                           max_abs=max_abs, max_rel=max_rel, min_cosine=min_cosine, min_top1=min_top1,
                           queries=queries, warmup=warmup, out=out, json_out=json_out, random_weights=random_weights,
-                          exhaustive=exhaustive, capture=capture, console=_console()))
+                          exhaustive=exhaustive, capture=capture, dynamic=",".join(dynamic) or None,
+                          console=_console()))
 
 
 if __name__ == "__main__":

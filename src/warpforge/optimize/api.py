@@ -30,8 +30,11 @@ from warpforge.timing import NOISE_BOUND
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
+from warpforge.optimize.logs import error_text, first_line
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_stable
 from warpforge.optimize.report import make_report
+from warpforge.optimize.shapes import ShapeError, ShapeSpec
+from warpforge.optimize.shapes import parse as parse_shapes
 from warpforge.optimize.saved import save as save_winner
 
 Progress = Callable[[str, int, int], None]  # (what is happening, steps done, steps in all)
@@ -66,7 +69,7 @@ class Optimized:
     """The winning candidate: call it like the original model. ``report`` is the full run's report."""
 
     def __init__(self, candidate: Candidate, built: Built, report: dict[str, Any], example_inputs: tuple,
-                 kind: str) -> None:
+                 kind: str, shapes: ShapeSpec | None = None) -> None:
         self.name = candidate.name
         self.family = candidate.family
         self.precision = candidate.precision
@@ -74,6 +77,7 @@ class Optimized:
         self.report = report
         self.example_inputs = example_inputs
         self.kind = kind
+        self.shapes = shapes  # the captured shapes and declared dynamic dims: each call is checked against them
 
     @property
     def module(self) -> nn.Module | None:
@@ -81,6 +85,8 @@ class Optimized:
         return self.built.module
 
     def __call__(self, *args: Any) -> Any:
+        if self.shapes is not None:
+            self.shapes.check(args)  # ShapeError: one line naming the dim, its size and the declared range
         with torch.no_grad():
             return self.built.fn(*args)
 
@@ -152,8 +158,10 @@ def _random_like(inputs: tuple, gen: torch.Generator) -> tuple:
     return tuple(out)
 
 
-def _check_val(val: Iterable[Any], example: tuple, device: torch.device, what: str = "val") -> list[tuple]:
-    """Each validation (or calibration) batch shaped like the example inputs (the batch dim may differ)."""
+def _check_val(val: Iterable[Any], example: tuple, device: torch.device, what: str = "val",
+               shapes: ShapeSpec | None = None) -> list[tuple]:
+    """Each validation (or calibration) batch shaped like the example inputs (the batch dim may differ, and the
+    dims ``shapes`` declares dynamic within their ranges)."""
     out = []
     for i, v in enumerate(val):
         v = _as_inputs(v, f"{what}[{i}]")
@@ -164,7 +172,12 @@ def _check_val(val: Iterable[Any], example: tuple, device: torch.device, what: s
                 if not isinstance(a, torch.Tensor):
                     raise BadInputError(f"{what}[{i}] argument {j} is {type(a).__name__}; the example input is a "
                                         "tensor")
-                if a.dim() != e.dim() or a.shape[1:] != e.shape[1:]:
+                if shapes is not None and shapes.declared:
+                    try:
+                        shapes.check(v)
+                    except ShapeError as err:
+                        raise BadInputError(f"{what}[{i}]: {err}") from None
+                elif a.dim() != e.dim() or a.shape[1:] != e.shape[1:]:
                     raise BadInputError(f"{what}[{i}] argument {j} has shape {tuple(a.shape)}; the example input has "
                                         f"{tuple(e.shape)}: every dimension but the batch (dim 0) must match")
                 if a.is_floating_point() != e.is_floating_point():
@@ -186,8 +199,13 @@ def _infer_kind(out: Any, inputs: tuple) -> str:
 
 
 def _err(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:500]
+    """A candidate's failure, whole (report.json keeps every line; the table shows the first), no escape codes."""
+    return error_text(e)
+
+
+def _err1(e: BaseException) -> str:
+    """The first line of a failure: what a one-line bad-input message carries."""
+    return first_line(error_text(e))
 
 
 def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None = None,
@@ -196,7 +214,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
              backends: Sequence[str] | None = None, kind: str | None = None, device: Any = None,
              progress: Progress | None = None, queries: int = 200, warmup: int = 20, offline_calls: int = 50,
              name: str | None = None, seed: int = 0, precision_fallback: bool = True,
-             exhaustive: bool = False, capture: str = "auto") -> Optimized:
+             exhaustive: bool = False, capture: str = "auto", dynamic_shapes: Any = None) -> Optimized:
     """The fastest candidate whose outputs stay within ``budget`` of the fp32 model (module docstring).
 
     model: an ``nn.Module`` (a private fp32 eval-mode copy is used; the original is not modified).
@@ -223,6 +241,11 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         (``DOMINATED_BY``); 16-bit candidates are built first.
     capture: how the warpforge candidates capture the model: "auto" (torch.export, FX when export fails;
         the report's "capture" says which and why), "export" (a failed export fails those builds) or "fx".
+    dynamic_shapes: input dims besides the batch that may vary, with their ranges (optimize.shapes):
+        ``"x.2=128:512,x.3=128:512"``, ``{"x": {2: (128, 512)}}`` or torch.export's ``({2: Dim("H", min=128,
+        max=512)},)``. They stay symbolic in the capture and ONNX export, the default validation set gains
+        random inputs at both ends of the ranges, and the returned model (and a saved one) checks every call:
+        a dim outside its range, or an undeclared one that differs from the example, raises ShapeError.
     """
     t_start = time.perf_counter()
     notes: list[str] = []
@@ -239,6 +262,10 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     if capture not in CAPTURE_METHODS:
         raise BadInputError(f"capture must be one of {CAPTURE_METHODS}, got {capture!r}")
     dev = _resolve_device(device, model, inputs)
+    try:
+        shapes = parse_shapes(dynamic_shapes, model, inputs)
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
     budgets = _budgets(budget)
     try:
         plan = select(dev, list(precisions), list(backends) if backends is not None else None)
@@ -249,7 +276,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     try:
         base = copy.deepcopy(model).float().eval().to(dev)
     except Exception as e:  # noqa: BLE001 - user models can refuse deepcopy or the device
-        raise BadInputError(f"could not copy the model to {dev} in fp32: {_err(e)}") from e
+        raise BadInputError(f"could not copy the model to {dev} in fp32: {_err1(e)}") from e
     inputs = _to(inputs, dev)
     model_info = {"name": name or type(model).__name__, "class": f"{type(model).__module__}.{type(model).__qualname__}",
                   "params": sum(p.numel() for p in base.parameters()),
@@ -257,6 +284,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
                              if isinstance(x, torch.Tensor) else {"value": repr(x)} for x in inputs]}
     settings = {"device": str(dev), "precisions": list(precisions), "backends": list(backends) if backends else None,
                 "queries": queries, "warmup": warmup, "offline_calls": offline_calls, "capture": capture,
+                "dynamic_shapes": shapes.describe() or None,
                 "budgets": {p: b.as_dict() for p, b in budgets.items()}}
 
     def fail(cls: type[OptimizeError], message: str, records: list[dict[str, Any]] | None = None) -> OptimizeError:
@@ -272,7 +300,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         with torch.no_grad():
             ref_example_out = ref(*inputs)
     except Exception as e:  # noqa: BLE001
-        raise fail(BadInputError, f"the model does not run on its example inputs: {_err(e)}") from e
+        raise fail(BadInputError, f"the model does not run on its example inputs: {_err1(e)}") from e
     if kind is None:
         kind = _infer_kind(ref_example_out, inputs)
         model_info["kind_inferred"] = True
@@ -283,9 +311,12 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         gen = torch.Generator().manual_seed(seed)
         val_inputs = [inputs] + [_random_like(inputs, gen) for _ in range(N_RANDOM_VAL)]
         settings["val"] = f"example inputs + {N_RANDOM_VAL} random batches of the same shapes"
+        if shapes.declared:  # judged across the declared ranges, not at the example's sizes alone
+            val_inputs += shapes.at_ends(inputs, gen)
+            settings["val"] += f" + 2 random batches at the ends of the dynamic ranges ({shapes.describe()})"
     else:
         try:
-            val_inputs = _check_val(val, inputs, dev)
+            val_inputs = _check_val(val, inputs, dev, shapes=shapes)
         except BadInputError as e:
             raise fail(BadInputError, str(e)) from None
         settings["val"] = f"{len(val_inputs)} user batch(es)"
@@ -295,7 +326,12 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
             with torch.no_grad():
                 ref_outs.append(ref(*v))
         except Exception as e:  # noqa: BLE001
-            raise fail(BadInputError, f"the model does not run on val[{i}]: {_err(e)}") from e
+            if val is None and shapes.declared and i >= len(val_inputs) - 2:  # the inputs at_ends() added
+                shown = [list(x.shape) for x in v if isinstance(x, torch.Tensor)]
+                raise fail(BadInputError, f"the model does not run at the {'min' if i == len(val_inputs) - 2 else 'max'}"
+                                          f" of its declared dynamic dims ({shapes.describe()}; input shapes {shown}): "
+                                          f"{_err1(e)}") from e
+            raise fail(BadInputError, f"the model does not run on val[{i}]: {_err1(e)}") from e
 
     # 3. Calibration inputs for the candidates that quantize activations at static scales (int8, fp8).
     calib_inputs = None
@@ -304,7 +340,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         who = " and ".join(calibrated) + (" was" if len(calibrated) == 1 else " were")
         if calib is not None:
             try:
-                calib_inputs = _check_val(calib, inputs, dev, what="calib")
+                calib_inputs = _check_val(calib, inputs, dev, what="calib", shapes=shapes)
             except BadInputError as e:
                 raise fail(BadInputError, str(e)) from None
             settings["calib"] = f"{len(calib_inputs)} user calibration batch(es)"
@@ -346,7 +382,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         if progress:
             progress(f"building {cand.name}", done, total)
         rec.update(_try(cand, base, inputs, val_inputs, ref_outs, kind, budgets[cand.precision], dev, live,
-                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture))
+                        ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture,
+                        shapes if shapes.declared else None))
         done += 1
     forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
     # 5. Time the passing ones together, then offline throughput each; on a busy machine say so first.
@@ -377,7 +414,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         del live[n]  # the losers' memory goes back
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    return Optimized(cand, built, report, inputs, kind)
+    return Optimized(cand, built, report, inputs, kind, shapes)
 
 
 _WHY = {"fp32": "twice the bytes, no 16-bit tensor cores", "bf16": "the same kernels, bytes and tensor-core rate "
@@ -403,10 +440,13 @@ def _dominated(cand: Candidate, records: list[dict[str, Any]]) -> str | None:
 def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any], kind: str,
          budget: Budget, dev: torch.device, live: dict[str, tuple[Candidate, Built]],
          prebuilt: Built | None, calib: list[tuple] | None = None, precision_fallback: bool = True,
-         capture: str = "auto") -> dict[str, Any]:
+         capture: str = "auto", shapes: ShapeSpec | None = None) -> dict[str, Any]:
     """Build and gate one candidate; its record fields. Keeps it in ``live`` when it passes."""
     rec: dict[str, Any] = {"budget": budget.as_dict()}
-    options = {"capture": capture} if cand.family == "warpforge" and accepts(cand.build, "capture") else {}
+    options: dict[str, Any] = {"capture": capture} if cand.family == "warpforge" and accepts(cand.build, "capture") \
+        else {}
+    if shapes is not None and accepts(cand.build, "shapes"):
+        options["shapes"] = shapes
     with PeakMemory(dev) as mem:
         t0 = time.perf_counter()
         try:
@@ -436,10 +476,10 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
         rejected = {**rec, "status": "rejected", "reason": "; ".join(reasons), "reasons": reasons}
         if precision_fallback and cand.family == "warpforge" and cand.precision in ("fp16", "bf16"):
             return fp32_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, dev, live, built,
-                                 rejected, capture)
+                                 rejected, capture, shapes)
         if precision_fallback and cand.family == "warpforge" and cand.precision == "int8" and calib:
             return int8_fallback(cand, base, inputs, val_inputs, ref_outs, kind, budget, live, built, rejected,
-                                 calib, capture)
+                                 calib, capture, shapes)
         return rejected
     live[cand.name] = (cand, built)
     return {**rec, "status": "passed", "reason": "within budget"}
@@ -448,7 +488,7 @@ def _try(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple
 def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple],
                       ref_outs: list[Any], kind: str, budget: Budget, dev: torch.device,
                       live: dict[str, tuple[Candidate, Built]], built: Built, rejected: dict[str, Any],
-                      capture: str = "auto") -> dict[str, Any]:
+                      capture: str = "auto", shapes: ShapeSpec | None = None) -> dict[str, Any]:
     """Per-layer precision fallback (``optimize.precision``): a 16-bit warpforge candidate over budget keeps
     the layers the bisection finds in fp32 and is gated again; the search is recorded either way."""
     from warpforge.optimize.backends import _maybe_graph, _pipeline, layer_precisions
@@ -465,7 +505,7 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
         # The fp32 twins must sit at the same module paths: capture them the way the 16-bit graph was, and run
         # the candidate's passes.
         method = {EXPORT: "export", FX: "fx"}.get(built.details.get("capture", {}).get("method"), capture)
-        gm32, _ = _pipeline(base, inputs, torch.float32, method, float_passes())
+        gm32, _ = _pipeline(base, inputs, torch.float32, method, float_passes(), shapes)
         names = layer_names(low.inner)
     except Exception as e:  # noqa: BLE001 - the fallback is an extra: its failure leaves the rejection as it was
         return {**rejected, "precision_fallback": {"note": f"not attempted: {_err(e)}"}}
@@ -499,7 +539,8 @@ def fp32_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
 
 def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: list[tuple], ref_outs: list[Any],
                   kind: str, budget: Budget, live: dict[str, tuple[Candidate, Built]], built: Built,
-                  rejected: dict[str, Any], calib: list[tuple], capture: str = "auto") -> dict[str, Any]:
+                  rejected: dict[str, Any], calib: list[tuple], capture: str = "auto",
+                  shapes: ShapeSpec | None = None) -> dict[str, Any]:
     """Per-layer float fallback of warpforge-int8 over budget: the fewest quantized layers found to need it
     are kept in the candidate's float dtype (fp16 on CUDA, fp32 on CPU) and the candidate is rebuilt
     without them (``backends.int8_builder``); the search is recorded either way.
@@ -528,7 +569,7 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     names = [layer["name"] for layer in layers]
     float_dtype = quant.get("float_dtype", "float")
     try:
-        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"), capture)
+        rebuild = int8_builder(base, inputs, calib, quant.get("observer", "max"), capture, shapes)
         sensitivity = {}
         for name in names:  # only this layer int8: its effect on the output (calibration inputs)
             alone = rebuild({n: "sensitivity probe" for n in names if n != name}, graph=False)

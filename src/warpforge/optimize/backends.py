@@ -46,7 +46,8 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from warpforge.optimize.gate import DEFAULT_PRECISIONS, DTYPES, PRECISIONS
-from warpforge.optimize.runtime import CastIO, CudaGraphed, dynamic_batch_shapes, static_cuda_inputs
+from warpforge.optimize.logs import error_text, first_line, log_path, note, to_log
+from warpforge.optimize.runtime import CastIO, GraphBuckets, dynamic_batch_shapes, static_cuda_inputs
 
 FAMILIES = ("eager", "warpforge", "torch.compile", "onnxruntime")
 REFERENCE = "eager-fp32"
@@ -104,7 +105,7 @@ def _maybe_graph(fn: Callable[..., Any], inputs: tuple, details: dict[str, Any])
                 {"what": "cuda graph", "reason": "not every input is a CUDA tensor; runs uncaptured"})
         return fn, False
     try:
-        return CudaGraphed(fn, inputs), True
+        return GraphBuckets(fn, inputs), True  # a graph per input shape: other batches and declared dims too
     except RuntimeError as e:
         details.setdefault("fallbacks", []).append({"what": "cuda graph", "reason": str(e)})
         return fn, False
@@ -153,16 +154,18 @@ def _state(model: nn.Module) -> tuple:
     return tuple(tensors), tuple(m.training for m in model.modules())
 
 
-def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str = "auto", passes: list | None = None
-              ) -> tuple[nn.Module, dict[str, Any]]:
+def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str = "auto", passes: list | None = None,
+              shapes: Any = None) -> tuple[nn.Module, dict[str, Any]]:
     """A warpforge pipeline at ``dtype`` on a copy of the fp32 model: ``passes`` (default: the default passes,
     the quantizing candidates' first step; the float candidates pass ``pipeline.float_passes()``);
-    ``capture``: the capture method (optimize.capture). Memoized per model object while its
+    ``capture``: the capture method (optimize.capture); ``shapes``: the declared dynamic dims (optimize.shapes).
+    Memoized per model object while its
     tensors are unchanged and the inputs are the same objects at the same versions: a fresh deep copy each call."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.runtime import _cast_floats
 
-    key = (dtype, capture, None if passes is None else tuple(p.name for p in passes), tuple((id(x), x._version) if isinstance(x, torch.Tensor) else repr(x) for x in inputs))
+    key = (dtype, capture, None if shapes is None else shapes.describe(),
+           None if passes is None else tuple(p.name for p in passes), tuple((id(x), x._version) if isinstance(x, torch.Tensor) else repr(x) for x in inputs))
     entries = _PIPELINES.setdefault(model, [])
     state = _state(model)
     hit = next((v for k, st, v, held in entries if k == key and st == state and all(
@@ -170,17 +173,17 @@ def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str 
     if hit is None:
         src = model if dtype == torch.float32 else _cast_model(model, dtype)
         hit = optimize_graph(src, _cast_floats(inputs, dtype), passes, device=_device_of(inputs, model), dtype=dtype,
-                             capture=capture)
+                             capture=capture, **({"shapes": shapes} if shapes is not None else {}))
         entries.append((key, state, hit, inputs))
     return copy.deepcopy(hit[0]), copy.deepcopy(hit[1])
 
 
 def _build_warpforge(precision: str) -> Callable[..., Built]:
-    def build(model: nn.Module, inputs: tuple, *, capture: str = "auto") -> Built:
+    def build(model: nn.Module, inputs: tuple, *, capture: str = "auto", shapes: Any = None) -> Built:
         from warpforge.optimize.pipeline import float_passes
 
         dtype = DTYPES[precision]
-        gm, report = _pipeline(model, inputs, dtype, capture, float_passes())
+        gm, report = _pipeline(model, inputs, dtype, capture, float_passes(), shapes)
         mod = CastIO(gm, dtype).eval()
         details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
                                    "coverage": op_coverage(gm), "layers": layer_precisions(mod)}
@@ -205,7 +208,7 @@ INT8_OBSERVER = "max"
 
 
 def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: str = INT8_OBSERVER,
-                 capture: str = "auto") -> Callable[..., Built]:
+                 capture: str = "auto", shapes: Any = None) -> Callable[..., Built]:
     """``rebuild(keep_float={}, graph=True, bias_correction=False) -> Built``: warpforge-int8 on ``model``, with
     the layers named in ``keep_float`` ({layer: why}) left in the candidate's float dtype (``bias_correction``:
     quantize_model's). The pipeline runs once, here; each
@@ -217,7 +220,7 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
 
     # The layers left float run fp16 on the GPU; on CPU fp32 (fp16 convolutions there are slow).
     dtype = DTYPES["int8"] if _device_of(inputs, model).type == "cuda" else torch.float32
-    gm_float, report = _pipeline(model, inputs, dtype, capture)
+    gm_float, report = _pipeline(model, inputs, dtype, capture, shapes=shapes)
     calib_t = [_cast_floats(c, dtype) for c in calib]
 
     def rebuild(keep_float: dict[str, str] | None = None, graph: bool = True,
@@ -240,8 +243,9 @@ def int8_builder(model: nn.Module, inputs: tuple, calib: list[tuple], observer: 
 
 
 def _build_warpforge_int8(observer: str = INT8_OBSERVER) -> Callable[..., Built]:
-    def build(model: nn.Module, inputs: tuple, calib: list[tuple], *, capture: str = "auto") -> Built:
-        return int8_builder(model, inputs, calib, observer, capture)()
+    def build(model: nn.Module, inputs: tuple, calib: list[tuple], *, capture: str = "auto",
+              shapes: Any = None) -> Built:
+        return int8_builder(model, inputs, calib, observer, capture, shapes)()
     return build
 
 
@@ -271,12 +275,13 @@ def _nothing_quantized(what: str, kept: list) -> str:
 
 
 def _build_warpforge_fp8(activations: str, observer: str = "max") -> Callable[..., Built]:
-    def build(model: nn.Module, inputs: tuple, calib: list[tuple] | None = None, *, capture: str = "auto") -> Built:
+    def build(model: nn.Module, inputs: tuple, calib: list[tuple] | None = None, *, capture: str = "auto",
+              shapes: Any = None) -> Built:
         from warpforge.optimize.fp8 import quantize_fp8
         from warpforge.optimize.runtime import _cast_floats
 
         dtype = DTYPES["fp8"]
-        gm, report = _pipeline(model, inputs, dtype, capture)
+        gm, report = _pipeline(model, inputs, dtype, capture, shapes=shapes)
         calib_t = None if calib is None else [_cast_floats(c, dtype) for c in calib]
         gm, fp8 = quantize_fp8(gm, calib_t, activations=activations, observer=observer)
         if not fp8.layers:
@@ -289,13 +294,13 @@ def _build_warpforge_fp8(activations: str, observer: str = "max") -> Callable[..
 
 
 def _build_warpforge_weight_only(precision: str) -> Callable[..., Built]:
-    def build(model: nn.Module, inputs: tuple, *, capture: str = "auto") -> Built:
+    def build(model: nn.Module, inputs: tuple, *, capture: str = "auto", shapes: Any = None) -> Built:
         from warpforge.optimize.weight_only import quantize_weights
 
         # Activations run fp16 on the GPU; on CPU fp32 (linear() runs its torch reference there, and fp16
         # convolutions on CPU are slow).
         dtype = DTYPES[precision] if _device_of(inputs, model).type == "cuda" else torch.float32
-        gm, report = _pipeline(model, inputs, dtype, capture)
+        gm, report = _pipeline(model, inputs, dtype, capture, shapes=shapes)
         gm, wo = quantize_weights(gm, precision, dtype=dtype)
         if not wo.layers:
             raise RuntimeError(_nothing_quantized("no linear layer could be quantized", wo.kept))
@@ -395,17 +400,33 @@ _ORT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.int64: 
                torch.bool: "bool_"}
 
 
-def _onnx_export_kwargs(module: nn.Module, inputs: tuple, dynamo: bool, dynamic_batch: bool) -> dict[str, Any]:
-    """torch.onnx.export's arguments for a leading (batch) dim left symbolic on every tensor input."""
+def _onnx_export_kwargs(module: nn.Module, inputs: tuple, dynamo: bool, dynamic_batch: bool,
+                        shapes: Any = None) -> dict[str, Any]:
+    """torch.onnx.export's arguments for a leading (batch) dim left symbolic on every tensor input, and the dims
+    ``shapes`` (optimize.shapes.ShapeSpec) declares dynamic."""
     if not dynamic_batch:
         return {}
+    if shapes is not None and shapes.declared:
+        if dynamo:
+            return {"dynamic_shapes": shapes.export_shapes(nested=_var_positional(module))}
+        names = {i: f"input_{i}" for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+        return {"input_names": list(names.values()),
+                "dynamic_axes": {names[i]: axes for i, axes in shapes.onnx_axes().items() if i in names}}
     if dynamo:  # the dynamo exporter runs torch.export first
         return {"dynamic_shapes": dynamic_batch_shapes(module, inputs)}
     names = [f"input_{i}" for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     return {"input_names": names, "dynamic_axes": {n: {0: "batch"} for n in names}}
 
 
-def export_onnx(module: nn.Module, inputs: tuple) -> bytes:
+def _var_positional(module: nn.Module) -> bool:
+    """A ``forward(*args)`` (CastIO's): torch.export takes its arguments as one tuple."""
+    import inspect
+
+    params = list(inspect.signature(module.forward).parameters.values())
+    return bool(params) and params[0].kind is inspect.Parameter.VAR_POSITIONAL
+
+
+def export_onnx(module: nn.Module, inputs: tuple, shapes: Any = None) -> bytes:
     """ONNX bytes of module: the dynamo exporter when it is installed (onnxscript), else the TorchScript one;
     each first with the batch (leading) dim of the tensor inputs symbolic, so the exported model serves
     other batch sizes like the other candidates do, then at the example inputs' shapes."""
@@ -414,17 +435,18 @@ def export_onnx(module: nn.Module, inputs: tuple) -> bytes:
         path = os.path.join(tmp, "model.onnx")
         for dynamo in (True, False):
             for dynamic_batch in (True, False):
+                what = f"{'dynamo' if dynamo else 'torchscript'} exporter{' (dynamic batch)' if dynamic_batch else ''}"
                 try:
-                    with torch.no_grad():
+                    # Both exporters print progress, warnings and (failing) the whole traced graph: to the log.
+                    with to_log(f"torch.onnx.export, {what}"), torch.no_grad():
                         torch.onnx.export(module, inputs, path, dynamo=dynamo, external_data=False, verbose=False,
-                                          **_onnx_export_kwargs(module, inputs, dynamo, dynamic_batch))
+                                          **_onnx_export_kwargs(module, inputs, dynamo, dynamic_batch, shapes))
                     with open(path, "rb") as f:
                         return f.read()
                 except Exception as e:  # noqa: BLE001 - either exporter may be missing or refuse the model
-                    errors.append(f"{'dynamo' if dynamo else 'torchscript'} exporter"
-                                  f"{' (dynamic batch)' if dynamic_batch else ''}: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}")
-    raise RuntimeError("ONNX export failed; " + "; ".join(errors))
+                    note(f"{what} failed: {error_text(e)}")
+                    errors.append(f"{what}: {first_line(error_text(e))}")
+    raise RuntimeError("ONNX export failed; " + "; ".join(errors) + f" (the exporters' output: {log_path()})")
 
 
 class OrtRunner:
@@ -469,19 +491,24 @@ class OrtRunner:
 
 
 def _build_ort(provider: str) -> Callable[[nn.Module, tuple], Built]:
-    def build(model: nn.Module, inputs: tuple) -> Built:
+    def build(model: nn.Module, inputs: tuple, *, shapes: Any = None) -> Built:
         mod = CastIO(model, torch.float32).eval()
-        data = export_onnx(mod, inputs)
+        data = export_onnx(mod, inputs, shapes)
         with torch.no_grad():
             example_out = mod(*inputs)
         runner = OrtRunner(data, provider, inputs, example_out)
         notes = []
         if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
             notes.append("inputs and outputs cross to the host through numpy on every call (no IO binding)")
-        shapes = runner.static_shapes()
+        declared, shapes = shapes, runner.static_shapes()
         if not all(s and isinstance(s[0], str) for s in shapes):
             notes.append(f"exported with static input shapes {shapes}: serves only those (the dynamic-batch "
                          "export failed)")
+        if declared is not None and declared.declared and not all(
+                isinstance(shapes[j][k], str) for j, i in enumerate(runner.tensor_pos) for k in range(len(shapes[j]))
+                if declared.dim_of(i, k) is not None):
+            raise RuntimeError(f"the ONNX export fixed a dim declared dynamic ({declared.describe()}): exported "
+                               f"input shapes {shapes}")
         return Built(fn=runner, module=mod, save_format="onnx", onnx_bytes=data, onnx_provider=provider,
                      details={"provider": provider, "onnx_bytes": len(data), "input_shapes": shapes, "notes": notes})
     return build

@@ -103,7 +103,7 @@ def _find_eager(mod: nn.Module, path: str, leaves: set[int], eager: dict[str, st
         eager[path] = err
 
 
-def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "auto") -> Captured:
+def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "auto", shapes: Any = None) -> Captured:
     """Capture a deep copy of ``model`` (see the module docstring): ``method`` "auto" (torch.export, else FX),
     "export" (torch.export or a ValueError saying why not) or "fx" (FX only).
 
@@ -111,6 +111,9 @@ def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "au
     arithmetic; a tiny tolerance only for GPU kernels that reduce in a run-dependent order), so a capture
     that silently dropped behaviour fails here, not in a pass. A training-mode model is not run (its
     forward would move BatchNorm statistics, dropout is random).
+
+    ``shapes`` (optimize.shapes.ShapeSpec): dims declared dynamic are exported symbolic within their ranges,
+    and the exported graph is also checked at both ends of the ranges (FX graphs read shapes at run time).
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -121,7 +124,7 @@ def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "au
     export_error = None
     if method != "fx":
         try:
-            return _capture_export(model, example_inputs, method)
+            return _capture_export(model, example_inputs, method, shapes)
         except ExportRefused as e:
             if method == "export":
                 raise ValueError(f"torch.export cannot capture the model: {e}") from None
@@ -131,14 +134,17 @@ def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "au
     return cap
 
 
-def _capture_export(model: nn.Module, example_inputs: tuple, method: str) -> Captured:
+def _capture_export(model: nn.Module, example_inputs: tuple, method: str, shapes: Any = None) -> Captured:
     if model.training:
         raise ExportRefused("not tried: the model is in training mode (export would fix BatchNorm and Dropout "
                             "to training behaviour and record the statistics updates)")
     root = copy.deepcopy(model)  # passes rewrite in place; the user's model must stay as it was
-    raised = export_and_raise(root, example_inputs)
+    raised = export_and_raise(root, example_inputs, shapes)
     gm = raised.module
-    for inputs in _check_inputs(example_inputs, raised.export_inputs):
+    checks = _check_inputs(example_inputs, raised.export_inputs)
+    if shapes is not None and shapes.declared:
+        checks += shapes.at_ends(example_inputs, torch.Generator().manual_seed(0))
+    for inputs in checks:
         with torch.no_grad():
             want = model(*inputs) if inputs is example_inputs else _run_or_none(model, inputs)
             if want is None:
@@ -146,7 +152,10 @@ def _capture_export(model: nn.Module, example_inputs: tuple, method: str) -> Cap
             got = _run_or_none(gm, inputs)
         if got is None or not _same(want, got):
             batch = next((x.shape[0] for x in inputs if x.dim() >= 1), None)
-            raise ExportRefused(f"the raised graph does not reproduce the model's outputs at batch {batch}")
+            shapes_note = f" (input shapes {[list(x.shape) for x in inputs]})" if shapes is not None and \
+                shapes.declared else ""
+            raise ExportRefused(f"the raised graph does not reproduce the model's outputs at batch {batch}"
+                                + shapes_note)
     return Captured(gm, method=EXPORT, asked=method, aten_ops=raised.aten_ops, aten_kept=raised.kept)
 
 

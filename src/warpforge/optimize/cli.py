@@ -147,9 +147,15 @@ def print_table(report: dict[str, Any], console) -> None:
     if noisy:
         console.print(f"  [yellow]noisy timings[/] (spread across rounds or p80/p20 above the bound after re-timing): "
                       f"{', '.join(noisy)}", highlight=False, markup=True)
+    from rich.markup import escape
+
+    from warpforge.optimize.logs import first_line
+
     for r in report["candidates"]:
-        if r["status"] != "passed":
-            console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {r.get('reason', '')}",
+        if r["status"] != "passed":  # the reason's first line; report.json has all of it
+            reason = first_line(str(r.get("reason", "")))
+            more = " (more in report.json)" if reason != str(r.get("reason", "")).strip() else ""
+            console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {escape(reason)}{more}",
                           highlight=False, markup=True)
     cap = report.get("capture") or {}
     if cap.get("method"):
@@ -185,14 +191,18 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
                  min_cosine: float | None = None, min_top1: float | None = None, queries: int = 200,
                  warmup: int = 20, out: str | None = None, json_out: bool = False, random_weights: bool = False,
                  exhaustive: bool = False, capture: str = "auto", val_batch: int | None = None,
-                 offline_calls: int = 50, console=None) -> int:
+                 offline_calls: int = 50, dynamic: str | None = None, console=None) -> int:
     """``val_batch``: the validation samples regrouped in calls of this many (see :func:`rebatch`); the latency
-    protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls."""
+    protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls.
+    ``dynamic``: ``--dynamic``'s declaration (optimize.shapes), e.g. "x.2=128:512,x.3=128:512"."""
     from rich.console import Console
 
     from warpforge.optimize import report as report_mod
     from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
+    from rich.markup import escape
+
+    from warpforge.optimize.logs import logging_to
 
     console = console or Console()
     err_console = Console(stderr=True, width=console.width)  # errors on stderr, whatever stdout carries
@@ -215,7 +225,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     out_dir = Path(out) if out else Path("out") / "optimize" / _slug(model)
     if not json_out:
         shapes = ", ".join(str(tuple(x.shape)) for x in resolved.inputs if isinstance(x, torch.Tensor))
-        console.print(f"optimizing [bold]{resolved.name}[/] on {dev}, inputs {shapes}", highlight=False)
+        console.print(f"optimizing [bold]{resolved.name}[/] on {dev}, inputs {shapes}"
+                      + (f", dynamic {escape(dynamic)}" if dynamic else ""), highlight=False)
         for n in resolved.notes:
             console.print(f"  note: {n}", highlight=False)
 
@@ -223,7 +234,19 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
                         precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
                         device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
-                        name=resolved.name, exhaustive=exhaustive, capture=capture)
+                        name=resolved.name, exhaustive=exhaustive, capture=capture, dynamic_shapes=dynamic)
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return _err(err_console, f"--out {out_dir}: cannot create the directory ({e.strerror or e})")
+    with logging_to(out_dir / "optimize.log"):  # exporters' dumps go there, not to this terminal
+        return _search_and_save(run, json_out, console, err_console, out_dir)
+
+
+def _search_and_save(run, json_out: bool, console, err_console, out_dir: Path) -> int:
+    from warpforge.optimize import report as report_mod
+    from warpforge.optimize.api import BadInputError, NoCandidateError
 
     try:
         if json_out:

@@ -71,10 +71,13 @@ def _max_abs_diff(a: Any, b: Any) -> float:
 
 def optimize_graph(model: nn.Module, example_inputs: tuple[Any, ...], passes: Sequence[Pass] | None = None, *,
                    device: torch.device | str | None = None,
-                   dtype: torch.dtype = torch.float32, capture: str = "auto") -> tuple[nn.Module, dict[str, Any]]:
+                   dtype: torch.dtype = torch.float32, capture: str = "auto", shapes: Any = None
+                   ) -> tuple[nn.Module, dict[str, Any]]:
     """Capture an inference copy of ``model`` (eval mode; the original is untouched) by ``capture``
     ("auto": torch.export, else FX; "export"; "fx": see optimize.capture), run ``passes`` (default:
     :func:`default_passes`), and compare outputs with the eval-mode original on example_inputs.
+
+    ``shapes`` (optimize.shapes.ShapeSpec): the input dims declared dynamic, kept symbolic by the capture.
 
     Returns (optimized model, report) with report keys "capture" (method, operator coverage, modules left eager),
     "passes" (per pass: counts per action and each change) and "max_abs_diff".
@@ -86,7 +89,7 @@ def optimize_graph(model: nn.Module, example_inputs: tuple[Any, ...], passes: Se
     was_training = original.training
     original.eval()  # inference: BN uses running statistics, dropout is off (restored below)
     try:
-        cap = capture_model(original, example_inputs, capture)
+        cap = capture_model(original, example_inputs, capture, shapes)
         ctx = PassContext(example_inputs=example_inputs, device=device, dtype=dtype)
         optimized, results = Pipeline(default_passes() if passes is None else passes).run(cap.module, ctx)
         with torch.no_grad():

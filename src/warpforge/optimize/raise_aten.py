@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import logging
 import operator
 import re
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,16 +67,20 @@ class Raised:
     export_inputs: tuple      # the inputs export traced (batch 2 where the example had batch 1)
 
 
-def export_and_raise(root: nn.Module, example_inputs: tuple) -> Raised:
-    """Export ``root`` (the caller's private copy: the raised graph owns its modules) and raise the program."""
+def export_and_raise(root: nn.Module, example_inputs: tuple, shapes: Any = None) -> Raised:
+    """Export ``root`` (the caller's private copy: the raised graph owns its modules) and raise the program.
+    ``shapes`` (an optimize.shapes.ShapeSpec): the declared dynamic dims, exported symbolic in their ranges."""
     inputs = _export_inputs(example_inputs)
-    dims = tuple({0: torch.export.Dim.AUTO} if x.dim() >= 1 else None for x in inputs)
+    if shapes is not None and shapes.declared:
+        dims = shapes.export_shapes()
+    else:
+        dims = tuple({0: torch.export.Dim.AUTO} if x.dim() >= 1 else None for x in inputs)
     try:
         with _quiet():
             ep = torch.export.export(root, inputs, dynamic_shapes=dims, strict=False)
     except Exception as e:  # noqa: BLE001 - export raises many types from arbitrary user code
         raise ExportRefused(_reason(e)) from None
-    _check_program(ep)
+    _check_program(ep, {i for i, x in enumerate(inputs) if shapes is None or shapes.batch_free(i)})
     gm, kept = _raise(ep, root, type(root).__name__ + "Captured")
     ops = Counter(_op_name(n.target) for n in ep.graph.nodes if n.op == "call_function" and n.target not in _DROPPED)
     return Raised(gm, dict(ops), dict(kept), inputs)
@@ -87,17 +89,18 @@ def export_and_raise(root: nn.Module, example_inputs: tuple) -> Raised:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """A failed export prints the partial graph to stderr and logs a failed guard with it (dozens of lines
-    each time); its exception says why in one line, which capture keeps. So stderr is held back during
-    export and passed on only when export succeeds, and the guard warning is off."""
+    each time); its exception says why in one line, which capture keeps. So export's output goes to the run's
+    log file (optimize.logs), and the guard warning is off."""
+    from warpforge.optimize.logs import to_log
+
     log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    level, held = log.level, io.StringIO()
+    level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stderr(held):
+        with to_log("torch.export (capture)"):
             yield
     finally:
         log.setLevel(level)
-    sys.stderr.write(held.getvalue())  # reached only without an exception
 
 
 def _export_inputs(example_inputs: tuple) -> tuple:
@@ -118,8 +121,9 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:300]}{at}"
 
 
-def _check_program(ep: torch.export.ExportedProgram) -> None:
-    """Refuse what a plain module-level graph cannot hold, or holds only for some batch sizes."""
+def _check_program(ep: torch.export.ExportedProgram, free_batch: set[int] | None = None) -> None:
+    """Refuse what a plain module-level graph cannot hold, or holds only for some batch sizes (of the inputs
+    in ``free_batch``, default all: a batch the user declared with a range is bounded on purpose)."""
     sig = ep.graph_signature
     mutated = [f"{s.kind.name.lower()} {s.target}" for s in sig.output_specs if s.kind != OutputKind.USER_OUTPUT]
     if mutated:
@@ -135,9 +139,12 @@ def _check_program(ep: torch.export.ExportedProgram) -> None:
         raise ExportRefused(f"higher-order ops / subgraphs in the program: {', '.join(hops[:3])}")
     ranges = {str(sym): vr for sym, vr in ep.range_constraints.items()}
     user = {s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT}
+    order = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
     for n in ep.graph.nodes:
         val = n.meta.get("val")
         if n.op != "placeholder" or n.name not in user or not isinstance(val, torch.Tensor) or val.dim() == 0:
+            continue
+        if free_batch is not None and order.index(n.name) not in free_batch:
             continue
         batch = val.shape[0]
         if not isinstance(batch, torch.SymInt):

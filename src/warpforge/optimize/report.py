@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from warpforge.optimize.logs import clean, first_line, log_path
+
 
 def environment(device: str) -> dict[str, Any]:
     import warpforge
@@ -55,11 +57,11 @@ def _why(records: list[dict[str, Any]], winner: str | None, status: str, error: 
         return f"bad input: {error}"
     if winner is None:
         tried = [r for r in records if r["status"] in ("rejected", "failed", "passed")]
-        parts = [f"{r['name']} {r['status']} ({r.get('reason', '')})" for r in tried]
+        parts = [f"{r['name']} {r['status']} ({first_line(str(r.get('reason', '')))})" for r in tried]
         if any(r["status"] == "passed" for r in tried):
             parts.append("a passing candidate that was not asked for (the eager-fp32 baseline) is not chosen")
         return "no candidate met the accuracy budget: " + "; ".join(parts) if parts else \
-            "no candidate could be tried: " + "; ".join(f"{r['name']}: {r.get('reason')}" for r in records)
+            "no candidate could be tried: " + "; ".join(f"{r['name']}: {first_line(str(r.get('reason')))}" for r in records)
     w = next(r for r in records if r["name"] == winner)
     lat = w["latency"]
     text = f"{winner} is the fastest candidate within its {w['precision']} budget: p50 {lat['p50_ms']:.4g} ms"
@@ -92,6 +94,7 @@ def make_report(model: dict[str, Any], settings: dict[str, Any], records: list[d
         "status": status, "winner": winner, "why": _why(records, winner, status, error), "error": error,
         "model": model, "settings": settings, "environment": environment(settings.get("device", "cpu")),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "elapsed_s": elapsed_s, "notes": list(notes or []),
+        "log": str(log_path()),  # third-party output (exporters' dumps) and failures' full text
         "candidates": records, "fallbacks": fallbacks,
         "layers": details.get("layers", []), "graph_of": graph_src["name"] if graph_src else None,
         "coverage": graph.get("coverage", {}), "capture": graph.get("capture", {}), "passes": graph.get("passes", []),
@@ -113,9 +116,11 @@ def _jsonable(x: Any) -> Any:
         return [_jsonable(v) for v in x]
     if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
         return None
-    if isinstance(x, (str, int, float, bool)) or x is None:
+    if isinstance(x, str):
+        return clean(x)  # a tool's colour codes are noise in a file
+    if isinstance(x, (int, float, bool)) or x is None:
         return x
-    return str(x)
+    return clean(str(x))
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -148,6 +153,15 @@ def _bytes(v: int | None) -> str:
             return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
         v /= 1024
     return str(v)
+
+
+def _reason_html(reason: str) -> str:
+    """A reason's first line; the whole of a longer one folded under it."""
+    full, head = clean(reason), first_line(reason)
+    if full == head:
+        return f'<span class="muted">{html.escape(head)}</span>'
+    return (f'<details class="muted"><summary>{html.escape(head)}</summary><pre style="white-space:pre-wrap">'
+            f"{html.escape(full)}</pre></details>")
 
 
 def _table(head: list[str], rows: list[list[str]], left: int = 1, row_class: list[str] | None = None) -> str:
@@ -237,6 +251,7 @@ def _capture_html(cap: dict[str, Any], graph_of: Any) -> str:
 
 def to_html(report: dict[str, Any]) -> str:
     """The report as one HTML page: inline CSS, no scripts, no external assets."""
+    report = _jsonable(report)  # what report.json holds: no escape codes, non-finite figures as null
     e = html.escape
     m, env = report.get("model", {}), report.get("environment", {})
     rows, classes = [], []
@@ -252,7 +267,7 @@ def to_html(report: dict[str, Any]) -> str:
                      _f(r.get("speedup_vs_compile"), "{:.2f}x"), _f(acc.get("max_rel"), "{:.2e}"),
                      _f(acc.get("min_cosine"), "{:.6f}"), _f(acc.get("top1"), "{:.3f}"),
                      _bytes(r.get("peak_memory_bytes")), _f(r.get("build_s"), "{:.2f}"),
-                     f'<span class="muted">{e(str(r.get("reason", "")))}</span>'])
+                     _reason_html(str(r.get("reason", "")))])
         classes.append("win" if r["name"] == report.get("winner") else "")
     head = ["candidate", "precision", "status", "p50 ms", "p90 ms", "p99 ms", "items/s", "vs eager", "vs compile",
             "max rel", "cosine", "top-1", "peak mem", "build s", "reason"]

@@ -1,4 +1,5 @@
-"""What wraps a chosen model at run time: precision casts at its boundary and CUDA-graph replay.
+"""What wraps a chosen model at run time: precision casts at its boundary and CUDA-graph replay (a graph per
+input shape: :class:`GraphBuckets`).
 
 Every candidate takes the inputs the user's model takes and returns floating outputs in fp32 (the
 reference's dtype), whatever it computes in, so candidates are interchangeable and the gate compares
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -121,4 +123,57 @@ class CudaGraphed:
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
 
 
-__all__ = ["CastIO", "CudaGraphed", "dynamic_batch_shapes", "static_cuda_inputs"]
+def _shape_key(args: tuple) -> tuple:
+    return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a).__name__,)
+                 for a in args)
+
+
+class GraphBuckets:
+    """One CUDA graph per input shape (a bucket is an exact shape: a graph replays fixed sizes), so a model with
+    a free batch or declared dynamic dims (optimize.shapes) replays graphs at every size it is called with.
+
+    The example inputs' graph is captured here (a failure raises, as :class:`CudaGraphed`'s does) and kept;
+    another shape's graph is captured on its first call (warm-up and capture: that call is slow) and the least
+    recently used of those is dropped past ``max_graphs`` (each graph holds its own activation memory). A shape
+    whose capture fails runs uncaptured from then on (``failed`` says why). ``capture`` and ``capturable``
+    make the bucketing testable without a GPU."""
+
+    def __init__(self, fn: Callable[..., Any], example_inputs: tuple, max_graphs: int = 8,
+                 capture: Callable[[Callable[..., Any], tuple], Callable[..., Any]] | None = None,
+                 capturable: Callable[[tuple], bool] = static_cuda_inputs) -> None:
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+        self.fn = fn
+        self.max_graphs = max_graphs
+        self.capture = capture or (lambda f, args: CudaGraphed(f, args))
+        self.capturable = capturable
+        self.failed: dict[tuple, str] = {}
+        self.pinned = _shape_key(example_inputs)
+        self.graphs: OrderedDict[tuple, Callable[..., Any]] = OrderedDict()
+        self.graphs[self.pinned] = self.capture(fn, example_inputs)
+
+    def shapes(self) -> list[list[list[int]]]:
+        """The input shapes with a graph, most recently used last."""
+        return [[list(k[0]) for k in key if len(k) == 3] for key in self.graphs]
+
+    def __call__(self, *args: Any) -> Any:
+        key = _shape_key(args)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.graphs.move_to_end(key)
+            return graph(*args)
+        if key in self.failed or not self.capturable(args):
+            return self.fn(*args)
+        try:
+            graph = self.capture(self.fn, args)
+        except RuntimeError as e:
+            self.failed[key] = str(e)
+            return self.fn(*args)
+        self.graphs[key] = graph
+        while len(self.graphs) > self.max_graphs:
+            oldest = next(k for k in self.graphs if k != self.pinned)
+            del self.graphs[oldest]
+        return graph(*args)
+
+
+__all__ = ["CastIO", "CudaGraphed", "GraphBuckets", "dynamic_batch_shapes", "static_cuda_inputs"]

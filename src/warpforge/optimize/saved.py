@@ -8,7 +8,12 @@ A saved directory holds:
   accuracy, versions, device, and the input shapes/dtypes;
 * the model: ``model.pt2`` (a ``torch.export`` ExportedProgram: needs none of the original Python code),
   ``model.pkl`` (a pickled module: warpforge winners, whose fused modules export would trace away, and
-  models export refuses; classes it uses must be importable on load), or ``model.onnx`` (ONNX Runtime);
+  models export refuses), or ``model.onnx`` (ONNX Runtime);
+* ``code/``: with a pickle, a copy of each of the user's own modules the pickle names (a factory file, or a
+  single-file module outside the installed libraries), listed in the manifest's ``code``. ``load`` imports a
+  copy under its recorded name where no module of that name is importable, so the model reloads in a fresh
+  process without the user's files (a factory file is imported under its own name when that shadows no other
+  module: ``mymodels.Net``, not a mangled name);
 * ``check.pt``: the example inputs and the winner's outputs on them. ``load`` runs them and refuses a
   model that no longer reproduces them, so a reload is never silently wrong;
 * ``report.json`` and ``report.html``.
@@ -16,7 +21,13 @@ A saved directory holds:
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import pickle
+import shutil
+import sys
+import sysconfig
+import types
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,20 +75,32 @@ def _same_outputs(a: Any, b: Any) -> bool:
     return not acc.errors and acc.max_abs == 0.0
 
 
-def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: Any) -> tuple[str, str, str | None]:
-    """(format, file name, note): torch.export when preferred and it reproduces the outputs, else pickle."""
+def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: Any, shapes: Any = None
+                  ) -> tuple[str, str, str | None]:
+    """(format, file name, note): torch.export when preferred and it reproduces the outputs, else pickle.
+    ``shapes`` (optimize.shapes.ShapeSpec): the declared dynamic dims, exported symbolic (else pickled)."""
     note = None
     if prefer == "export":
-        # Batch dim left to export (Dim.AUTO: dynamic unless the model fixes it), then fully static.
+        # Batch dim left to export (Dim.AUTO: dynamic unless the model fixes it), then fully static; with dims
+        # declared dynamic, those in their ranges or nothing (a program fixed at one size would refuse them).
+        from warpforge.optimize.backends import _var_positional
         from warpforge.optimize.runtime import dynamic_batch_shapes
 
-        for dynamic in (dynamic_batch_shapes(module, inputs), None):
+        tries = [shapes.export_shapes(nested=_var_positional(module))] if shapes is not None and shapes.declared \
+            else [dynamic_batch_shapes(module, inputs), None]
+        for dynamic in tries:
             try:
                 ep = torch.export.export(module, inputs, dynamic_shapes=dynamic)
                 with torch.no_grad():
                     got = ep.module()(*inputs)
                 if not _same_outputs(want, got):
                     raise RuntimeError("the exported program's outputs differ from the module's")
+                for end in shapes.at_ends(inputs, torch.Generator().manual_seed(0)) if dynamic is not None and \
+                        shapes is not None and shapes.declared else []:
+                    with torch.no_grad():
+                        if not _same_outputs(module(*end), ep.module()(*end)):
+                            raise RuntimeError("the exported program's outputs differ from the module's at "
+                                               f"{[list(x.shape) for x in end if isinstance(x, torch.Tensor)]}")
                 torch.export.save(ep, d / "model.pt2")
                 # No range constraint: every dim specialized (a batch of 1 always is): fixed shapes.
                 static = None if ep.range_constraints else "static shapes: the saved model takes the example shapes only"
@@ -88,11 +111,107 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
     elif prefer == "pickle":
         note = "pickled: torch.export would trace the warpforge kernels' dispatch instead of keeping the fused modules"
     try:
-        torch.save(module, d / "model.pkl")
+        torch.save(module, d / "model.pkl", pickle_module=_RecordingPickle)
     except Exception as e:
         raise ValueError(f"could not save the model: pickling failed ({type(e).__name__}: {e})"
                          + (f"; {note}" if note else "")) from e
     return "pickle", "model.pkl", note
+
+
+class _RecordingPickler(pickle.Pickler):
+    """pickle's Pickler, noting the module of every class and function it stores by reference."""
+
+    modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
+            mod = getattr(obj, "__module__", None)
+            if isinstance(mod, str):
+                _RecordingPickler.modules.add(mod)
+        return NotImplemented
+
+
+_RecordingPickle = types.ModuleType("pickle")  # what torch.save calls pickle_module: pickle, with ours
+_RecordingPickle.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswith("__")})
+_RecordingPickle.Pickler = _RecordingPickler
+
+
+def _library_dirs() -> list[Path]:
+    """Where installed code lives (the standard library, site-packages, warpforge itself): not the user's."""
+    import warpforge
+
+    paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return [Path(p).resolve() for p in paths if p] + [Path(warpforge.__file__).resolve().parent]
+
+
+def _user_code(names: set[str]) -> list[tuple[str, Path]]:
+    """(module name, file) of each single-file module among ``names`` that is the user's code: a factory file
+    (imported by path, whatever its name) or a top-level module outside the installed libraries (a module of a
+    package is not copied: the package must be importable where the model is loaded)."""
+    from warpforge._factory import file_modules
+
+    files, libs, out = file_modules(), _library_dirs(), []
+    for name in sorted(names):
+        mod = sys.modules.get(name)
+        path = files.get(name) or getattr(mod, "__file__", None)
+        if mod is None or name == "__main__" or path is None or Path(path).name == "__init__.py" or \
+                ("." in name and name not in files):
+            continue
+        path = Path(path).resolve()
+        if name in files or not any(path.is_relative_to(lib) for lib in libs):
+            if path.suffix == ".py" and path.is_file():
+                out.append((name, path))
+    return out
+
+
+def _store_code(d: Path) -> list[dict[str, str]]:
+    """Copy the user's modules the pickle refers to under ``d/code`` (see :func:`_user_code`)."""
+    out = []
+    for name, path in _user_code(_RecordingPickler.modules):
+        (d / "code").mkdir(exist_ok=True)
+        dest = d / "code" / f"{name}.py"
+        shutil.copyfile(path, dest)
+        out.append({"module": name, "file": f"code/{name}.py", "origin": str(path)})
+    return out
+
+
+def _import_code(d: Path, code: list[dict[str, str]]) -> None:
+    """Make the saved user modules importable under their recorded names, where they are not already: a module
+    named as its file imports from ``d/code`` (so its own imports of the others resolve), a factory file
+    imported under a longer name loads from its copy."""
+    missing = []
+    for entry in code:
+        name = entry["module"]
+        if name in sys.modules:
+            continue
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            missing.append(entry)
+    if not missing:
+        return
+    code_dir = str((d / "code").resolve())
+    sys.path.insert(0, code_dir)
+    try:
+        for entry in missing:
+            name, path = entry["module"], d / entry["file"]
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ValueError(f"{path}: the saved copy of module {name} cannot be loaded")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            try:
+                spec.loader.exec_module(mod)
+            except Exception as e:
+                del sys.modules[name]
+                raise ValueError(f"{path}: importing the saved copy of module {name} failed "
+                                 f"({type(e).__name__}: {e})") from e
+    finally:
+        sys.path.remove(code_dir)
 
 
 def save(opt: Winner, directory: str | Path) -> Path:
@@ -106,20 +225,25 @@ def save(opt: Winner, directory: str | Path) -> Path:
     rec = next(r for r in opt.report["candidates"] if r["name"] == opt.name)
     if built.save_format == "onnx":
         (d / "model.onnx").write_bytes(built.onnx_bytes or b"")
-        fmt, file, note = "onnx", "model.onnx", None
+        fmt, file, note, code = "onnx", "model.onnx", None, []
     else:
         if built.module is None:
             raise ValueError(f"candidate {opt.name} has no module to save")
         with torch.no_grad():
             want_module = built.module(*inputs)
-        fmt, file, note = _store_module(built.module, inputs, built.save_format, d, want_module)
+        _RecordingPickler.modules = set()
+        shapes = getattr(opt, "shapes", None)
+        fmt, file, note = _store_module(built.module, inputs, built.save_format, d, want_module, shapes)
+        code = _store_code(d) if fmt == "pickle" else []
     env = report_mod.environment(opt.report["settings"]["device"])
     manifest = {
         "format_version": FORMAT_VERSION, "winner": opt.name, "family": opt.family, "precision": opt.precision,
-        "kind": opt.kind, "format": fmt, "file": file, "format_note": note,
+        "kind": opt.kind, "format": fmt, "file": file, "format_note": note, "code": code,
         "recompile": built.recompile, "cuda_graph": built.cuda_graph, "onnx_provider": built.onnx_provider,
         "device": opt.report["settings"]["device"],
         "inputs": opt.report["model"]["inputs"],
+        # the captured shapes and declared dynamic dims: load() checks every call against them
+        "shapes": opt.shapes.as_dict() if getattr(opt, "shapes", None) is not None else None,
         "passes": [{"name": p["name"], "counts": p["counts"]} for p in built.details.get("passes", [])],
         "capture": built.details.get("capture", {}).get("method"),
         "budget": rec.get("budget"), "accuracy": rec.get("accuracy"), "latency": rec.get("latency"),
@@ -136,11 +260,16 @@ class Loaded:
     """A saved winner, loaded: call it like the original model. ``manifest`` says what it is."""
 
     def __init__(self, fn: Any, module: nn.Module | None, manifest: dict[str, Any]) -> None:
+        from warpforge.optimize.shapes import ShapeSpec
+
         self.fn = fn
         self.module = module
         self.manifest = manifest
+        self.shapes = ShapeSpec.from_dict(manifest["shapes"]) if manifest.get("shapes") else None
 
     def __call__(self, *args: Any) -> Any:
+        if self.shapes is not None:
+            self.shapes.check(args)  # ShapeError: one line naming the dim, its size and the declared range
         with torch.no_grad():
             return self.fn(*args)
 
@@ -156,7 +285,7 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
     beyond rounding.
     """
     from warpforge.optimize.backends import OrtRunner
-    from warpforge.optimize.runtime import CudaGraphed, static_cuda_inputs
+    from warpforge.optimize.runtime import GraphBuckets, static_cuda_inputs
 
     d = Path(directory)
     mpath = d / "manifest.json"
@@ -180,6 +309,7 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
             module.to(dev)
         fn: Any = module
     elif fmt == "pickle":
+        _import_code(d, manifest.get("code") or [])
         try:
             module = torch.load(path, weights_only=False, map_location=dev)
         except (AttributeError, ModuleNotFoundError) as e:
@@ -195,7 +325,7 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
     if manifest.get("recompile"):
         fn = torch.compile(fn, mode=manifest["recompile"])
     if manifest.get("cuda_graph") and dev.type == "cuda" and static_cuda_inputs(inputs):
-        fn = CudaGraphed(fn, inputs)
+        fn = GraphBuckets(fn, inputs)
     loaded = Loaded(fn, module, manifest)
     if verify:
         got = loaded(*inputs)
