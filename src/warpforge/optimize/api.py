@@ -31,6 +31,7 @@ from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipe
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_stable
+from warpforge.optimize.regions import forget_plans
 from warpforge.optimize.report import make_report
 from warpforge.optimize.saved import save as save_winner
 
@@ -349,6 +350,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
                         ref if cand.name == REFERENCE else None, calib_inputs, precision_fallback, capture))
         done += 1
     forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
+    forget_plans(base)  # and the region plans (optimize.regions)
     # 5. Time the passing ones together, then offline throughput each; on a busy machine say so first.
     from warpforge.bench.host import check_host
 
