@@ -58,6 +58,7 @@ class Planned:
     calls: list[Call]
     params: int
     arg_names: tuple[str, ...]   # the forward's parameter names, to bind keyword arguments at run time
+    leaves: dict[str, str] = field(default_factory=dict)  # FX: submodules (relative paths) it calls eagerly, and why
 
 
 @dataclass
@@ -66,11 +67,26 @@ class Plan:
     eager: list[dict[str, Any]] = field(default_factory=list)  # {"path", "reason", "params"}
     whole: str = ""              # why the whole model did not capture
 
-    def as_dict(self, total_params: int) -> dict[str, Any]:
-        done = sum(r.params for r in self.regions)
+    def outer(self) -> list[Planned]:
+        """The regions not nested in another one's eager leaves (their parameters hold the nested ones')."""
+        return [r for r in self.regions if not any(r.path.startswith(o.path + ".") for o in self.regions)]
+
+    def optimized_params(self, model: nn.Module) -> int:
+        """Parameters that run in a region's graph: each region's, less those in the submodules FX left eager
+        inside it (unless a nested region holds them)."""
+        ids: dict[int, int] = {}
+        for r in self.regions:
+            m = model.get_submodule(r.path)
+            leaves = {id(p) for rel in r.leaves for p in m.get_submodule(rel).parameters()}
+            ids.update({id(p): p.numel() for p in m.parameters() if id(p) not in leaves})
+        return sum(ids.values())
+
+    def as_dict(self, model: nn.Module) -> dict[str, Any]:
+        total_params = _params(model)
+        done = self.optimized_params(model)
         return {"whole_model_error": self.whole,
                 "regions": [{"path": r.path, "status": "optimized", "captured_by": r.captured_by, "params": r.params,
-                             "calls": len(r.calls),
+                             "calls": len(r.calls), "nested": r not in self.outer(),
                              "input_shapes": [[list(t.shape) for t in tree_flatten(c.args)[0]
                                                if isinstance(t, torch.Tensor)] for c in r.calls]}
                             for r in self.regions],
@@ -152,7 +168,7 @@ def _try_region(path: str, m: nn.Module, calls: list[Call], capture: str) -> Pla
             continue
         bad = _replays(cap.module, calls)
         if bad is None:
-            return Planned(path, method, cap.method, calls, _params(m), _arg_names(m))
+            return Planned(path, method, cap.method, calls, _params(m), _arg_names(m), dict(cap.eager))
         errors.append(f"captured by {cap.method}, but {bad}")
         if cap.method == FX:
             break  # "auto" already fell back to FX: trying FX again gives the same graph
@@ -199,6 +215,10 @@ def plan_regions(model: nn.Module, inputs: tuple, capture: str, whole: str) -> P
                                                                          "or fuse; runs as written"})
                 continue
             rec = calls[path]
+            children = dict(m.named_children())
+            if not rec and children:  # a container (ModuleList, ModuleDict): its children are called instead
+                split.update({f"{path}.{n}": c for n, c in children.items()})
+                continue
             why = rec if isinstance(rec, str) else None
             if why is None and not rec:
                 why = "not called on the example inputs"
@@ -208,9 +228,9 @@ def plan_regions(model: nn.Module, inputs: tuple, capture: str, whole: str) -> P
                 got = _try_region(path, m, rec, capture)
                 if isinstance(got, Planned):
                     plan.regions.append(got)
+                    split.update(_inside_leaves(got, m, plan))
                     continue
                 why = f"does not capture ({got})"
-            children = dict(m.named_children())
             own = sum(p.numel() for p in m.parameters(recurse=False))
             if children and why != "not called on the example inputs":
                 plan.eager.append({"path": path, "params": own, "reason": f"its own forward code: {why}; its "
@@ -221,6 +241,25 @@ def plan_regions(model: nn.Module, inputs: tuple, capture: str, whole: str) -> P
         level = split
     plan.regions.sort(key=lambda r: list(dict(model.named_modules())).index(r.path))
     return plan
+
+
+def _inside_leaves(region: Planned, m: nn.Module, plan: Plan) -> dict[str, nn.Module]:
+    """The children of the submodules FX left eager inside ``region`` (they hold parameters): tried as regions
+    nested in it, as the region's own children would be."""
+    out = {}
+    for rel, why in region.leaves.items():
+        leaf = m.get_submodule(rel)
+        if not _params(leaf):
+            continue
+        full = f"{region.path}.{rel}"
+        if type(leaf).forward is nn.Module.forward:  # a container (ModuleList): its children are called instead
+            out.update({f"{full}.{n}": c for n, c in leaf.named_children()})
+            continue
+        plan.eager.append({"path": full, "params": sum(p.numel() for p in leaf.parameters(recurse=False)),
+                           "reason": f"its own forward code, inside region {region.path}: not traceable ({why}); its "
+                                     "children are tried one by one"})
+        out.update({f"{full}.{n}": c for n, c in leaf.named_children()})
+    return out
 
 
 # model -> [(key, plan)]: every float candidate of one optimize() run plans the same regions.
@@ -308,6 +347,18 @@ def _key(flat: list, spec: Any) -> Any:
                             for t in flat)
 
 
+def _place(shell: nn.Module, path: str, region: Region) -> None:
+    """Put ``region`` at ``path`` in ``shell``, looking through regions already placed (a path inside one
+    continues in its captured graph, which keeps the module paths)."""
+    parent_path, _, name = path.rpartition(".")
+    parent = shell
+    for part in parent_path.split(".") if parent_path else ():
+        parent = getattr(parent, part)
+        if isinstance(parent, Region):
+            parent = parent.inner.inner  # Region -> CastIO -> the captured graph
+    setattr(parent, name, region)
+
+
 def _merge_passes(reports: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """The passes' reports of every region as one list: counts summed, each change's place prefixed by its region."""
     merged: dict[str, dict[str, Any]] = {}
@@ -348,23 +399,26 @@ def build_regions(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: 
     shell = copy.deepcopy(model)
     reports, covs, fallbacks = [], [], []
     device = next((t.device for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    for r in plan.regions:
+    outer = plan.outer()
+    for r in plan.regions:  # outer regions before the ones nested in their eager leaves (module order)
+        nested = r not in outer
         sub = model.get_submodule(r.path)
         src = sub if dtype == torch.float32 else copy.deepcopy(sub).to(dtype)
         gm, rep = optimize_graph(src, _cast_floats(r.calls[0].args, dtype), passes, device=device, dtype=dtype,
                                  capture=r.method)
-        region = Region(CastIO(gm, dtype).eval(), r.path, r.arg_names, sub)
+        # Nested in a region's eager leaf, it returns what the region around it computes in.
+        region = Region(CastIO(gm, dtype, dtype if nested else torch.float32).eval(), r.path, r.arg_names, sub)
         if dtype == torch.float32:  # 16-bit regions round: the gate judges them on the whole model's outputs
             bad = _replays(region, r.calls)
             if bad is not None:
                 raise ValueError(f"region {r.path} after the passes: {bad}")
-        if device.type == "cuda":
+        if device.type == "cuda" and not nested:  # a nested region runs inside its outer region's graph
             fallbacks += [{"what": "cuda graph", "reason": why} for why in region.graph(r.calls)]
-        shell.set_submodule(r.path, region)
+        _place(shell, r.path, region)
         reports.append((r.path, rep))
         covs.append(op_coverage(gm))
     total = _params(model)
-    eager_params = total - sum(r.params for r in plan.regions)
+    eager_params = total - plan.optimized_params(model)
     cap = {"method": "regions", "asked": capture, "export_error": whole,
            "eager_modules": {e["path"]: e["reason"] for e in plan.eager}, "params_total": total,
            "params_eager": eager_params, "traced_fraction": (total - eager_params) / total if total else 0.0,
@@ -373,7 +427,7 @@ def build_regions(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: 
     fallbacks.append({"what": "whole model", "reason": f"optimized as {len(plan.regions)} region(s), the rest eager: "
                                                        f"{whole}"})
     fallbacks += [{"what": e["path"], "reason": f"left eager: {e['reason']}"} for e in plan.eager if e["params"]]
-    details = {"regions": plan.as_dict(total), "capture": cap, "passes": _merge_passes(reports),
+    details = {"regions": plan.as_dict(model), "capture": cap, "passes": _merge_passes(reports),
                "coverage": _merge_coverage(covs), "fallbacks": fallbacks}
     return shell.eval(), details
 
