@@ -222,9 +222,9 @@ def test_torchvision_fcos_regions():
         torch.manual_seed(0)
         # score_thresh 0: random weights score every box near the 0.01 prior; the default 0.2 would keep none
         model = fcos_resnet50_fpn(weights=None, weights_backbone=None, min_size=128, max_size=128,
-                                  score_thresh=0.0, detections_per_img=50).eval()
+                                  score_thresh=0.0, topk_candidates=100, detections_per_img=50).eval()
     x = image(n=1, hw=128, seed=3).clamp(-2, 2) * 0.2 + 0.5
-    opt = optimize(model, (x,), backends=["warpforge"], precisions=["fp32"], **FAST)
+    opt = optimize(model, (x,), val=[(x,)], backends=["warpforge"], precisions=["fp32"], **FAST)
     paths = [r["path"] for r in opt.report["regions"]["regions"]]
     assert "head" in paths and any(p.startswith("backbone") for p in paths)
     assert "head.classification_head.conv" in paths  # nested in the head's eager per-level loop
