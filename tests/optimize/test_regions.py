@@ -193,6 +193,8 @@ def test_fcos_backbone_fpn_head_optimized_post_processing_eager_on_real_photos(t
     assert list(eager) == ["(root)"] and "did not capture" in eager["(root)"]
     assert reg["params_total"] - reg["params_optimized"] == 3  # FCOS's per-level scales, read by the post-processing
     assert rep["coverage"]["warpforge_ops"]["FusedConv2d"] > 20
+    share = reg["time_share"]
+    assert 0 < share["regions_ms"] < share["call_ms"] and 0 < share["share"] < 1
     held_out = batches[2]  # photos neither the gate nor the example saw
     with torch.no_grad():
         want = model(*held_out)
@@ -205,6 +207,7 @@ def test_fcos_backbone_fpn_head_optimized_post_processing_eager_on_real_photos(t
     console = Console(file=io.StringIO(), width=300)
     print_table(rep, console)
     text = console.file.getvalue()
+    assert "of a call's time in them" in text
     for line in ("optimized  backbone", "optimized  fpn", "optimized  head", "eager      (root)"):
         assert line in text, text
     # Saved and loaded: the regions inside the eager shell come back.

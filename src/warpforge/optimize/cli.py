@@ -167,7 +167,9 @@ def print_regions(report: dict[str, Any], console) -> None:
     if not reg:
         return
     console.print(f"  regions ({report.get('graph_of')}): the whole model did not capture; "
-                  f"{len(reg['regions'])} region(s) optimized, {reg['optimized_fraction']:.1%} of the parameters",
+                  f"{len(reg['regions'])} region(s) optimized, {reg['optimized_fraction']:.1%} of the parameters"
+                  + (f", {reg['time_share']['share']:.0%} of a call's time in them"
+                     if (reg.get("time_share") or {}).get("share") is not None else ""),
                   highlight=False, markup=False)
     for r in reg["regions"]:
         console.print(f"    optimized  {r['path']}  ({r['params']:,} params, {r['calls']} call(s), "

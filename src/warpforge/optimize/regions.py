@@ -347,6 +347,48 @@ def _key(flat: list, spec: Any) -> Any:
                             for t in flat)
 
 
+def time_share(shell: nn.Module, inputs: tuple, regions: list[nn.Module], calls: int = 3) -> dict[str, Any]:
+    """The share of a call's time spent inside ``regions`` (after one warm-up call, over ``calls`` calls): host
+    clock around each region's forward, the device synchronized at each boundary, so the eager parts' queued
+    work is not counted as a region's. The synchronizations themselves cost time: a share, not a latency."""
+    import time
+
+    dev = next((t.device for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    inside = [0.0]
+    start = [0.0]
+
+    def pre(mod: nn.Module, args: tuple) -> None:
+        sync()
+        start[0] = time.perf_counter()
+
+    def post(mod: nn.Module, args: tuple, out: Any) -> None:
+        sync()
+        inside[0] += time.perf_counter() - start[0]
+
+    handles = [h for m in regions for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+    try:
+        with torch.no_grad():
+            shell(*inputs)
+            inside[0] = 0.0
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                shell(*inputs)
+            sync()
+            total = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+    return {"regions_ms": 1e3 * inside[0] / calls, "call_ms": 1e3 * total / calls,
+            "share": inside[0] / total if total > 0 else None, "calls": calls,
+            "how": "host clock around each region, device synchronized at each boundary, example inputs"}
+
+
 def _place(shell: nn.Module, path: str, region: Region) -> None:
     """Put ``region`` at ``path`` in ``shell``, looking through regions already placed (a path inside one
     continues in its captured graph, which keeps the module paths)."""
@@ -427,7 +469,9 @@ def build_regions(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: 
     fallbacks.append({"what": "whole model", "reason": f"optimized as {len(plan.regions)} region(s), the rest eager: "
                                                        f"{whole}"})
     fallbacks += [{"what": e["path"], "reason": f"left eager: {e['reason']}"} for e in plan.eager if e["params"]]
-    details = {"regions": plan.as_dict(model), "capture": cap, "passes": _merge_passes(reports),
+    regions_info = plan.as_dict(model)
+    regions_info["time_share"] = time_share(shell, inputs, [shell.get_submodule(r.path) for r in outer])
+    details = {"regions": regions_info, "capture": cap, "passes": _merge_passes(reports),
                "coverage": _merge_coverage(covs), "fallbacks": fallbacks}
     return shell.eval(), details
 
