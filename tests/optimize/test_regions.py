@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from warpforge.optimize import load, optimize
-from warpforge.optimize.backends import all_candidates
+from warpforge.optimize.backends import all_candidates, op_coverage
 from warpforge.optimize.capture import FX
 from warpforge.optimize.regions import Region, build_regions, plan_regions
 from warpforge.optimize.report import to_html, to_json
@@ -110,7 +110,7 @@ def test_plan_splits_fails_down_to_the_capturable_children_and_says_why_for_the_
 
 def test_build_regions_matches_eager_and_keeps_attributes_and_keywords():
     model, x, want = _toy()
-    shell, details = build_regions(model, (x,), torch.float32, "auto", None, "whole-model reason")
+    shell, details = build_regions(model, (x,), torch.float32, "auto", None, "whole-model reason", op_coverage)
     assert isinstance(shell.head, Region) and isinstance(shell.neck.a, Region) and not isinstance(shell.neck, Region)
     nested = shell.refine.inner.inner.odd.conv  # inside the FX graph of region refine, in its eager leaf
     assert isinstance(nested, Region) and nested.path == "refine.odd.conv"

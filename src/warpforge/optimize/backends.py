@@ -187,7 +187,8 @@ def _build_warpforge(precision: str) -> Callable[..., Built]:
                 raise
             from warpforge.optimize.regions import build_regions
 
-            shell, details = build_regions(model, inputs, dtype, capture, float_passes(), str(e))
+            shell, details = build_regions(model, inputs, dtype, capture, float_passes(), str(e),
+                                            op_coverage)
             details["layers"] = layer_precisions(shell)
             # No CUDA graph around the whole model: its eager part is data-dependent (each region replays its own).
             return Built(fn=shell, module=shell, save_format="pickle", details=details)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import inspect
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -426,11 +427,12 @@ def _merge_coverage(covs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_regions(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str, passes: list | None,
-                  whole: str) -> tuple[nn.Module, dict[str, Any]]:
+                  whole: str, coverage: Callable[[nn.Module], dict[str, Any]] | None = None
+                  ) -> tuple[nn.Module, dict[str, Any]]:
     """A copy of ``model`` whose regions run the pipeline (``passes``) at ``dtype``, the rest as written in
     fp32; and the build's details: ``regions`` (each region and each part left eager, with the reason),
-    ``capture`` (method "regions"), merged ``passes`` and ``coverage``. ValueError when no region captures."""
-    from warpforge.optimize.backends import op_coverage
+    ``capture`` (method "regions"), merged ``passes`` and ``coverage`` (``coverage(graph)`` per region: the
+    candidates' operator count, backends.op_coverage). ValueError when no region captures."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.runtime import CastIO, _cast_floats
 
@@ -458,7 +460,8 @@ def build_regions(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: 
             fallbacks += [{"what": "cuda graph", "reason": why} for why in region.graph(r.calls)]
         _place(shell, r.path, region)
         reports.append((r.path, rep))
-        covs.append(op_coverage(gm))
+        if coverage is not None:
+            covs.append(coverage(gm))
     total = _params(model)
     eager_params = total - plan.optimized_params(model)
     cap = {"method": "regions", "asked": capture, "export_error": whole,
