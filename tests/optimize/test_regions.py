@@ -120,6 +120,14 @@ def test_build_regions_matches_eager_and_keeps_attributes_and_keywords():
         got, got2, want2 = shell(x), shell(x2), model(x2)
     for a, b in zip(want + want2, got + got2, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    buf = io.BytesIO()  # pickled and loaded (what save/load does): nested regions and attributes come back
+    torch.save(shell, buf)
+    buf.seek(0)
+    again = torch.load(buf, weights_only=False)
+    assert again.head.out_channels == 5 and isinstance(again.refine.inner.inner.odd.conv, Region)
+    with torch.no_grad():
+        for a, b in zip(got2, again(x2), strict=True):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
     reg = details["regions"]
     assert [r["path"] for r in reg["regions"] if r["nested"]] == ["refine.odd.conv"]
     assert reg["params_optimized"] + 1 + 12 == reg["params_total"]  # the root's gain and the unused Linear
