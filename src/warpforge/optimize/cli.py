@@ -157,7 +157,9 @@ def print_table(report: dict[str, Any], console) -> None:
         ops, kept = sum(cap.get("aten_ops", {}).values()), sum(cap.get("aten_kept", {}).values())
         line = f"  capture ({report.get('graph_of')}): {cap['method']}"
         line += f", {ops} ATen operator calls, {kept} left as plain ATen calls" if ops else ""
-        line += f"; torch.export was not used: {cap['export_error']}" if cap.get("export_error") else ""
+        # regions: the whole-model errors are the root's reason in the list above
+        line += (f"; torch.export was not used: {cap['export_error']}" if cap.get("export_error")
+                 and cap["method"] != "regions" else "")
         console.print(line, highlight=False, markup=False)
 
 
