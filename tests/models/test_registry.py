@@ -10,7 +10,7 @@ import torch
 from warpforge import models
 from warpforge.models import ModelSpec
 
-NAMES = ["mobilenet_v2", "efficientnet_lite0", "resnet50", "vit_b16", "detr_small", "bev_lss", "planner"]
+NAMES = ["mobilenet_v2", "efficientnet_lite0", "resnet50", "vit_b16", "detr_small", "fcos_small", "bev_lss", "planner"]
 
 
 def test_names():

@@ -43,8 +43,25 @@ def _outputs(name: str) -> tuple[torch.Tensor, ...]:
     return out if isinstance(out, tuple) else (out,)
 
 
+# Detectors whose post-processing is data-dependent (per-image lists of boxes; no whole-model trace): their
+# own tests (tests/optimize/test_regions.py) run them; here they are built and run at their full size.
+DATA_DEPENDENT = {"fcos_small": ("detector", [(1, 3, 640, 640)])}
+
+
 def test_expected_covers_the_registry():
-    assert sorted(EXPECTED) == sorted(models.names())
+    assert sorted([*EXPECTED, *DATA_DEPENDENT]) == sorted(models.names())
+
+
+def test_fcos_small_runs_and_returns_detections_per_image():
+    spec = _spec("fcos_small")
+    kind, in_shapes = DATA_DEPENDENT["fcos_small"]
+    assert spec.kind == kind and [tuple(t.shape) for t in spec.example_inputs] == in_shapes
+    with torch.no_grad():
+        (det,) = spec.model(*spec.example_inputs)
+    n = det["labels"].numel()
+    assert 0 < n <= spec.model.config.max_det and det["boxes"].shape == (n, 4) and det["scores"].shape == (n,)
+    assert det["labels"].dtype == torch.int64 and (det["scores"][:-1] >= det["scores"][1:]).all()
+    assert (det["boxes"] >= 0).all() and (det["boxes"][:, 2:] <= 640).all()
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -45,7 +45,8 @@ def _pass_reports(gm, inputs):
     return gm, [r.as_dict() for r in results]
 
 
-@pytest.mark.parametrize("name", models.names())
+# fcos_small's post-processing is data-dependent: the whole model does not export (test_regions covers it).
+@pytest.mark.parametrize("name", [n for n in models.names() if n != "fcos_small"])
 def test_zoo_model_exports_and_the_passes_see_what_they_see_in_the_fx_graph(name):
     model, inputs = tiny_zoo(name)
     exported, traced = capture(model, inputs), capture(model, inputs, method="fx")

@@ -23,6 +23,7 @@ _MODULES = {
     "resnet50": "resnet",
     "vit_b16": "vit",
     "detr_small": "detr",
+    "fcos_small": "fcos",
     "bev_lss": "bev_lss",
     "planner": "planner",
 }

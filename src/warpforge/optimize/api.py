@@ -32,6 +32,7 @@ from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
 from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, KINDS, PRECISIONS, Budget, compare
 from warpforge.optimize.logs import error_text, first_line
 from warpforge.optimize.latency import PeakMemory, offline, single_stream_stable
+from warpforge.optimize.regions import forget_plans
 from warpforge.optimize.report import make_report
 from warpforge.optimize.shapes import ShapeError, ShapeSpec
 from warpforge.optimize.shapes import parse as parse_shapes
@@ -386,6 +387,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
                         shapes if shapes.declared else None))
         done += 1
     forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
+    forget_plans(base)  # and the region plans (optimize.regions)
     # 5. Time the passing ones together, then offline throughput each; on a busy machine say so first.
     from warpforge.bench.host import check_host
 

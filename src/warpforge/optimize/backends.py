@@ -183,7 +183,18 @@ def _build_warpforge(precision: str) -> Callable[..., Built]:
         from warpforge.optimize.pipeline import float_passes
 
         dtype = DTYPES[precision]
-        gm, report = _pipeline(model, inputs, dtype, capture, float_passes(), shapes)
+        try:
+            gm, report = _pipeline(model, inputs, dtype, capture, float_passes(), shapes)
+        except ValueError as e:  # the whole model does not capture: its submodules that do, the rest eager
+            if capture == "export":
+                raise
+            from warpforge.optimize.regions import build_regions
+
+            shell, details = build_regions(model, inputs, dtype, capture, float_passes(), str(e),
+                                            op_coverage)
+            details["layers"] = layer_precisions(shell)
+            # No CUDA graph around the whole model: its eager part is data-dependent (each region replays its own).
+            return Built(fn=shell, module=shell, save_format="pickle", details=details)
         mod = CastIO(gm, dtype).eval()
         details: dict[str, Any] = {"passes": report["passes"], "capture": report["capture"],
                                    "coverage": op_coverage(gm), "layers": layer_precisions(mod)}

@@ -157,13 +157,33 @@ def print_table(report: dict[str, Any], console) -> None:
             more = " (more in report.json)" if reason != str(r.get("reason", "")).strip() else ""
             console.print(f"  [{colors[r['status']]}]{r['name']} {r['status']}[/]: {escape(reason)}{more}",
                           highlight=False, markup=True)
+    print_regions(report, console)
     cap = report.get("capture") or {}
     if cap.get("method"):
         ops, kept = sum(cap.get("aten_ops", {}).values()), sum(cap.get("aten_kept", {}).values())
         line = f"  capture ({report.get('graph_of')}): {cap['method']}"
         line += f", {ops} ATen operator calls, {kept} left as plain ATen calls" if ops else ""
-        line += f"; torch.export was not used: {cap['export_error']}" if cap.get("export_error") else ""
+        # regions: the whole-model errors are the root's reason in the list above
+        line += (f"; torch.export was not used: {cap['export_error']}" if cap.get("export_error")
+                 and cap["method"] != "regions" else "")
         console.print(line, highlight=False, markup=False)
+
+
+def print_regions(report: dict[str, Any], console) -> None:
+    """When the whole model did not capture: each optimized region, then each part left eager and why."""
+    reg = report.get("regions")
+    if not reg:
+        return
+    console.print(f"  regions ({report.get('graph_of')}): the whole model did not capture; "
+                  f"{len(reg['regions'])} region(s) optimized, {reg['optimized_fraction']:.1%} of the parameters"
+                  + (f", {reg['time_share']['share']:.0%} of a call's time in them"
+                     if (reg.get("time_share") or {}).get("share") is not None else ""),
+                  highlight=False, markup=False)
+    for r in reg["regions"]:
+        console.print(f"    optimized  {r['path']}  ({r['params']:,} params, {r['calls']} call(s), "
+                      f"{r['captured_by']})", highlight=False, markup=False)
+    for e in reg["eager"]:
+        console.print(f"    eager      {e['path']}: {e['reason']}", highlight=False, markup=False)
 
 
 def _err(console, msg: str) -> int:
@@ -295,4 +315,4 @@ def _search_and_save(run, json_out: bool, console, err_console, out_dir: Path) -
     return 0
 
 
-__all__ = ["ModelError", "Resolved", "cli_optimize", "print_table", "rebatch", "resolve"]
+__all__ = ["ModelError", "Resolved", "cli_optimize", "print_regions", "print_table", "rebatch", "resolve"]

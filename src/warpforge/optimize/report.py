@@ -8,7 +8,9 @@ torch.compile candidate, peak memory, details), ``fallbacks`` (what each candida
 and for the winner ``layers`` (per-layer compute precision), ``coverage`` (operators run by warpforge
 kernels vs torch), ``capture`` (how its graph was captured: torch.export or torch.fx.symbolic_trace, why
 export was not used, the modules left eager, the exported program's ATen operators and which stayed plain
-ATen calls) and ``passes`` (what each pass changed); ``quant`` (when the int8 candidate was built:
+ATen calls) and ``passes`` (what each pass changed); ``regions`` (when the whole model did not capture and its
+submodules were optimized as regions: each region, each part left eager and why; optimize/regions.py);
+``quant`` (when the int8 candidate was built:
 each layer's decision, int8 or kept float and why, its observer, scale and calibration error); ``fp8`` (the
 same for a warpforge-fp8 candidate: e4m3 or kept float and why, static or per-row input scales) and
 ``weight_only`` (a warpforge-w8 / -w4 candidate: each layer's scheme, weight error and bytes, or kept float
@@ -98,6 +100,7 @@ def make_report(model: dict[str, Any], settings: dict[str, Any], records: list[d
         "candidates": records, "fallbacks": fallbacks,
         "layers": details.get("layers", []), "graph_of": graph_src["name"] if graph_src else None,
         "coverage": graph.get("coverage", {}), "capture": graph.get("capture", {}), "passes": graph.get("passes", []),
+        "regions": graph.get("regions"),
         **{key: _section(records, w, key) for key in ("quant", "fp8", "weight_only")},
     }
 
@@ -312,6 +315,16 @@ def to_html(report: dict[str, Any]) -> str:
         parts.append(f"<h2>Operator coverage ({e(str(report.get('graph_of')))})</h2><p>{cov.get('warpforge_fraction', 0):.0%} of "
                      f"{cov.get('ops_total', 0)} graph operators run through warpforge kernels.</p>"
                      + _table(["operator", "calls", "runs on"], ops, left=1))
+    reg = report.get("regions")
+    if reg:
+        rows = [[e(r["path"]), '<span class="s-passed">optimized</span>', f'{r["params"]:,}',
+                 e(f'{r["captured_by"]}, {r["calls"]} call(s)')] for r in reg["regions"]]
+        rows += [[e(x["path"]), '<span class="s-skipped">eager</span>', f'{x["params"]:,}', e(x["reason"])]
+                 for x in reg["eager"]]
+        parts.append(f"<h2>Regions ({e(str(report.get('graph_of')))})</h2><p>The whole model did not capture; "
+                     f"{len(reg['regions'])} region(s) hold {reg['optimized_fraction']:.1%} of the parameters and run "
+                     "optimized, the rest runs as written (fp32).</p>"
+                     + _table(["module", "runs", "params", "how / why eager"], rows, left=4))
     cap = report.get("capture", {})
     if cap:
         parts.append(_capture_html(cap, report.get("graph_of")))
