@@ -287,8 +287,11 @@ def demo(store_url: str | None) -> None:
               help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--max-model-len", default=None, type=int,
               help="Longest prompt + output in tokens (default: the model's context).")
+@click.option("--gguf-blocks", is_flag=True,
+              help="Run a .gguf's Q8_0/Q5_0/Q4_K/Q6_K projections from the file's blocks instead of dequantizing "
+                   "them on load; prints the bytes each decoded token reads.")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
-             seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> None:
+             seed: int | None, chat: bool, dtype: str, max_model_len: int | None, gguf_blocks: bool) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
@@ -298,7 +301,7 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
     from warpforge.llm.cli import cli_generate
 
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
+                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len, gguf_blocks=gguf_blocks))
 
 
 @main.command()

@@ -513,11 +513,11 @@ def gguf_dequantize_ref(raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """Reference for ``gguf.gguf_dequantize`` (kernel ``_dequant_kernel``) and the block GEMV's in-register
     dequantization: raw uint8 [N, K / QK * bytes] in the file's block layout -> float32 [N, K]."""
     qk, nbytes = GGUF_BLOCKS[qtype]
-    b = raw.reshape(raw.shape[0], k // qk, nbytes).to(torch.int32)  # [N, nb, bytes]
+    blocks = raw.reshape(raw.shape[0], k // qk, nbytes)  # [N, nb, bytes]
     if qtype == 8:  # Q8_0: fp16 d, 32 int8
-        q = b[..., 2:] - ((b[..., 2:] >> 7) << 8)
-        w = _f16_at(raw.reshape(b.shape), 0) * q
-    elif qtype == 6:  # Q5_0: fp16 d, 32 high bits (uint32 LE), 16 bytes of nibbles (first 16 low, last 16 high)
+        return (_f16_at(blocks, 0) * blocks[..., 2:].view(torch.int8)).reshape(raw.shape[0], k)
+    b = blocks.to(torch.int32)
+    if qtype == 6:  # Q5_0: fp16 d, 32 high bits (uint32 LE), 16 bytes of nibbles (first 16 low, last 16 high)
         bits = (b[..., 2:6, None] >> torch.arange(8)) & 1  # [N, nb, 4, 8]: value j is byte j // 8, bit j % 8
         lo, hi = _low_high(b[..., 6:22])
         q = torch.cat([lo, hi], -1) | (bits.reshape(*b.shape[:2], 32) << 4)
@@ -546,5 +546,7 @@ def gguf_dequantize_ref(raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
 
 def gguf_linear_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """Reference for ``gguf.gguf_linear`` (kernel ``_gemv_kernel``, and the prefill path's dequantize + matmul):
-    x [M, K] @ dequantize(raw).T in float32 -> [M, N] float32."""
-    return x.float() @ gguf_dequantize_ref(raw, qtype, k).T
+    x [M, K] @ dequantize(raw).T in float32 -> [M, N] float32. In chunks of rows, so that a 262k-row
+    head's dense copy never exists whole."""
+    x, rows = x.float(), max(1, (1 << 22) // k)
+    return torch.cat([x @ gguf_dequantize_ref(raw[i:i + rows], qtype, k).T for i in range(0, raw.shape[0], rows)], -1)

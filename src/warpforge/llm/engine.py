@@ -70,10 +70,12 @@ class LLMEngine:
 
     ``path``: an HF checkpoint directory or a .gguf file (loaded with :func:`warpforge.llm.loader.load`);
     or an already loaded ``(model, tokenizer, config)``. dtype None: bfloat16 on CUDA, float32 on CPU.
+    ``gguf_blocks``: run a GGUF's quantized projections from the file's blocks (llm/gguf_blocks.py).
     """
 
     def __init__(self, model, engine_config: EngineConfig | None = None, *,
-                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
+                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
+                 gguf_blocks: bool = False):
         from warpforge.llm.config import to_dtype
 
         if isinstance(model, (str, Path)):
@@ -84,8 +86,11 @@ class LLMEngine:
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
             if str(model) == GEMMA3_270M:  # the name the CLI takes: the bundled GGUF, assembled once
                 model = resolve_model(GEMMA3_270M)
-            model = load(model, dtype=dtype, device=self.device)
+            model = load(model, dtype=dtype, device=self.device, gguf_blocks=gguf_blocks)
         else:  # already loaded: it runs where its weights are
+            if gguf_blocks:
+                raise ValueError("gguf_blocks: applies when the engine loads a .gguf path, got an already loaded model "
+                                 "(load it with warpforge.llm.loader.load(path, gguf_blocks=True))")
             self.device = next(model[0].parameters()).device
             want = torch.device(device) if device is not None else None
             if want is not None and (want.type != self.device.type or want.index not in (None, self.device.index)):
@@ -239,7 +244,7 @@ class LLMEngine:
 
 
 class LLM:
-    """Offline generation: ``LLM(path, dtype=..., max_model_len=..., **EngineConfig fields)``.
+    """Offline generation: ``LLM(path, dtype=..., max_model_len=..., gguf_blocks=..., **EngineConfig fields)``.
 
     ``path``: an HF checkpoint directory, a .gguf file, or ``"gemma3-270m"`` (the bundled Gemma 3 270M).
 
@@ -248,9 +253,9 @@ class LLM:
     """
 
     def __init__(self, model, *, dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
-                 device: torch.device | str | None = None, **engine_kwargs):
+                 device: torch.device | str | None = None, gguf_blocks: bool = False, **engine_kwargs):
         config = EngineConfig(max_model_len=max_model_len, **engine_kwargs)
-        self.engine = LLMEngine(model, config, dtype=dtype, device=device)
+        self.engine = LLMEngine(model, config, dtype=dtype, device=device, gguf_blocks=gguf_blocks)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
