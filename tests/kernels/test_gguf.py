@@ -147,3 +147,20 @@ def test_bad_inputs_are_named():
         gguf_linear(torch.zeros(2, 64, dtype=torch.int32), w)
     with pytest.raises(ValueError, match=r"out: expected shape \(2, 4\)"):
         gguf_linear(torch.zeros(2, 64), w, out=torch.empty(2, 5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", TYPES, ids=[NAMES[t] for t in TYPES])
+def test_bf16_on_the_gpu(qtype):
+    """bf16 activations (garbage in the interpreter, so GPU only): the GEMV and the prefill path."""
+    qk = BLOCKS[qtype][0]
+    n, k = 301, 5 * qk
+    raw = random_blocks(qtype, n, k, seed=qtype)
+    w = GGUFWeight(torch.from_numpy(raw.copy()).cuda(), qtype, (n, k))
+    for m in (1, 4, 67):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        got = gguf_linear(x, w, out=out).cpu()
+        want = expected(x.cpu(), raw, qtype)
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert torch.isfinite(got).all() and err <= 1e-2, f"M={m}: {err:.2e}"  # bf16 output: 2^-8 per element
