@@ -47,8 +47,23 @@ def test_tiny_q8_0_blocks_match_the_dequantized_path(tmp_path, monkeypatch, arch
     b = PagedDriver(blocks.model, num_pages=16).step(prompts)
     for x, y in zip(a, b):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-4)  # same weights, fp32 summation order only
+    blocks.model.fuse_norms(True)  # the norms handed to the projections as NormedInput
+    c = PagedDriver(blocks.model, num_pages=16).step(prompts)
+    for x, y in zip(a, c):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-4)
+    blocks.model.fuse_norms(False)
     ids = [1, 5, 9, 14]
     assert PagedDriver(blocks.model).greedy([ids], 8) == PagedDriver(dense.model).greedy([ids], 8)
+    if arch == "llama":  # the engine's spelling, end to end
+        from warpforge.llm import LLM, SamplingParams
+
+        sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        got = LLM(str(path), gguf_blocks=True, max_model_len=64).generate([ids], sp)[0].token_ids
+        assert list(got) == list(LLM(str(path), max_model_len=64).generate([ids], sp)[0].token_ids)
+        from warpforge.llm.engine import LLMEngine
+
+        with pytest.raises(ValueError, match="gguf_blocks: applies when the engine loads a .gguf path"):
+            LLMEngine(dense, gguf_blocks=True)
 
 
 def test_refusals(tmp_path):
