@@ -122,3 +122,14 @@ def test_bundled_gemma3_270m_q4_k_m_as_shipped():
     # summation order is all that differs, far inside the 1% the GPU row allows
     assert abs(ppl_b - ppl_d) <= 1e-4 * ppl_d
     assert 1.5 < ppl_d < 200
+
+
+def test_generate_cli_reports_the_bytes_per_token(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gguf.GGUFWriter, "add_chat_template", lambda self, template: None)
+    path = write_gguf(tiny_checkpoint("qwen3", tmp_path / "hf"), tmp_path / "m.gguf", qtype="Q8_0")
+    from warpforge.llm.cli import cli_generate
+
+    assert cli_generate(str(path), "To be", max_tokens=3, temperature=0.0, top_p=1.0, top_k=-1, seed=None,
+                        chat=False, dtype="auto", max_model_len=32, gguf_blocks=True) == 0
+    mb = _file_projection_bytes(path, tied=True) / 1e6
+    assert f"GGUF blocks: {mb:,.1f} MB of projection weights read per decoded token" in capsys.readouterr().err
