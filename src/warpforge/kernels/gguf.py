@@ -96,20 +96,9 @@ def _f16(ptr, off, mask):
 
 
 @triton.jit
-def _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE: tl.constexpr):
-    """float32 [BLOCK_N, QK]: block ``blk`` of each row in ``rows`` (rows past N read as zero)."""
-    if QTYPE == 8:
-        QK: tl.constexpr = 32
-        BB: tl.constexpr = 34
-    elif QTYPE == 6:
-        QK: tl.constexpr = 32
-        BB: tl.constexpr = 22
-    elif QTYPE == 12:
-        QK: tl.constexpr = 256
-        BB: tl.constexpr = 144
-    else:
-        QK: tl.constexpr = 256
-        BB: tl.constexpr = 210
+def _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr):
+    """float32 [BLOCK_N, QK]: block ``blk`` (QK values in BB bytes) of each row in ``rows`` (rows past N
+    read as zero)."""
     j = tl.arange(0, QK)[None, :]
     base = (rows.to(tl.int64) * ROW_BYTES + blk * BB)[:, None]  # [BLOCK_N, 1]
     m = row_mask[:, None]
@@ -145,7 +134,7 @@ def _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, ROW_BYTES, stride_xm, stride_om,
-                 QTYPE: tl.constexpr, QK: tl.constexpr, BLOCK_N: tl.constexpr):
+                 QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,18 +144,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, ROW_BYTES, stride_xm, stride_om,
     x_row = x_ptr + row.to(tl.int64) * stride_xm
     for blk in range(0, K // QK):
         x = tl.load(x_row + blk * QK + offs).to(tl.float32)
-        w = _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE)
+        w = _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE, QK, BB)
         acc += tl.sum(w * x[None, :], axis=1)
     tl.store(out_ptr + row.to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
 def _dequant_kernel(w_ptr, out_ptr, N, ROW_BYTES, stride_on,
-                    QTYPE: tl.constexpr, QK: tl.constexpr, BLOCK_N: tl.constexpr):
+                    QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     blk = tl.program_id(1)
     row_mask = rows < N
-    w = _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE)
+    w = _dequant_tile(w_ptr, rows, row_mask, blk, ROW_BYTES, QTYPE, QK, BB)
     ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_on + blk * QK + tl.arange(0, QK)[None, :]
     tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
@@ -188,9 +177,9 @@ def gguf_dequantize(w: GGUFWeight, dtype: torch.dtype = torch.float32) -> torch.
     if not _dispatch.use_triton(w.raw):
         return reference.gguf_dequantize_ref(w.raw, w.qtype, k).to(dtype)
     out = torch.empty(n, k, dtype=dtype, device=w.raw.device)
-    qk, bn = BLOCKS[w.qtype][0], _block_n(w.qtype)
+    (qk, bb), bn = BLOCKS[w.qtype], _block_n(w.qtype)
     _dequant_kernel[(triton.cdiv(n, bn), k // qk)](w.raw, out, n, w.raw.shape[1], out.stride(0),
-                                                  QTYPE=w.qtype, QK=qk, BLOCK_N=bn)
+                                                  QTYPE=w.qtype, QK=qk, BB=bb, BLOCK_N=bn)
     return out
 
 
@@ -227,7 +216,7 @@ def gguf_linear(x: torch.Tensor,  # [..., K]
             out2.copy_(x2 @ dense.T)
         return out
     x2 = x2.contiguous() if x2.stride(-1) != 1 else x2
-    qk, bn = BLOCKS[w.qtype][0], _block_n(w.qtype)
+    (qk, bb), bn = BLOCKS[w.qtype], _block_n(w.qtype)
     _gemv_kernel[(triton.cdiv(n, bn), m)](x2, w.raw, out2, n, k, w.raw.shape[1], x2.stride(0), out2.stride(0),
-                                          QTYPE=w.qtype, QK=qk, BLOCK_N=bn)
+                                          QTYPE=w.qtype, QK=qk, BB=bb, BLOCK_N=bn)
     return out
