@@ -304,9 +304,13 @@ def demo(store_url: str | None) -> None:
 @click.option("--draft-model", default=None, help="--speculative draft: the draft checkpoint (same tokenizer).")
 @click.option("--draft-layers", default=None, type=int,
               help="--speculative self: layers that draft (default: half of the model's).")
+@click.option("--gguf-blocks", is_flag=True,
+              help="Run a .gguf's Q8_0/Q5_0/Q4_K/Q6_K projections from the file's blocks instead of dequantizing "
+                   "them on load; prints the bytes each decoded token reads.")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
              seed: int | None, chat: bool, dtype: str, max_model_len: int | None, tensor_parallel_size: int,
-             speculative: str | None, spec_k: int, draft_model: str | None, draft_layers: int | None) -> None:
+             speculative: str | None, spec_k: int, draft_model: str | None, draft_layers: int | None,
+             gguf_blocks: bool) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
@@ -321,7 +325,8 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
         spec = {"method": speculative or "ngram", "k": spec_k, "draft_model": draft_model, "draft_layers": draft_layers}
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len,
-                          tensor_parallel_size=tensor_parallel_size, speculative=spec))
+                          tensor_parallel_size=tensor_parallel_size, speculative=spec,
+                          gguf_blocks=gguf_blocks))
 
 
 @main.command()

@@ -15,10 +15,11 @@ import torch
 from warpforge.bench.e2e import mbu, mfu, run_end_to_end
 from warpforge.bench.record import validate_record
 from warpforge.bench.suite import EndToEndCase, Run
+from warpforge.bench.suites import llm as llm_suite
 
 ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "offline-1b-vs-hf", "offline-8b-vs-hf",
         "throughput-8b-1000", "throughput-8b-1000-kv-fp8", "prefix-cache", "long-prompt", "gemma3-270m-b1",
-        "gemma3-270m-b64", "spec-ngram-b1", "spec-self-b1", "spec-draft-b1"}
+        "gemma3-270m-b64", "gemma3-270m-gguf-blocks-b1", "spec-ngram-b1", "spec-self-b1", "spec-draft-b1"}
 SPEC_ROWS = {"spec-ngram-b1", "spec-self-b1", "spec-draft-b1"}  # checked in test_suite_llm_spec.py
 CPU = {"name": "cpu", "torch": torch.__version__}
 
@@ -53,6 +54,17 @@ def test_full_case_list_has_every_row_of_the_table():
     assert pc.metric == "ms" and pc.target == {"ratio": {"no-prefix-cache": 3.0}}
     assert p["long-prompt"]["prompt"] == 100_000 and p["long-prompt"]["new"] == 128
     assert p["gemma3-270m-b64"]["batch"] == 64 and "hf" in cases["gemma3-270m-b1"].peers
+    gb = cases["gemma3-270m-gguf-blocks-b1"]
+    assert gb.target == {"ratio": {"dequantized": 1.5}} and set(gb.peers) == {"dequantized"}
+    assert gb.check is llm_suite.perplexity_check and p["gemma3-270m-gguf-blocks-b1"]["batch"] == 1
+
+
+def test_perplexity_check_holds_the_gguf_row_to_one_percent():
+    check = llm_suite.perplexity_check
+    assert check({"ppl": 30.2}, {"ppl": 30.0})["ok"]  # 0.67%
+    bad = check({"ppl": 30.4}, {"ppl": 30.0})  # 1.33%
+    assert not bad["ok"] and abs(bad["rel_err"] - 0.4 / 30) < 1e-12 and bad["tol"] == 0.01
+    assert not check({"ppl": float("nan")}, {"ppl": 30.0})["ok"] and not check({}, {"ppl": 30.0})["ok"]
 
 
 def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
@@ -61,7 +73,8 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
 
     records = run_suite(_suite(), quick=True, device="cpu")
     by_row = {r["params"]["row"]: r for r in records}
-    assert set(by_row) == ROWS - {"gemma3-270m-b1", "gemma3-270m-b64", "throughput-8b-1000-kv-fp8"}
+    assert set(by_row) == ROWS - {"gemma3-270m-b1", "gemma3-270m-b64", "gemma3-270m-gguf-blocks-b1",
+                                  "throughput-8b-1000-kv-fp8"}
     for r in records:
         validate_record(r)
         assert r["correct"]["ok"], (r["case"], r["correct"])

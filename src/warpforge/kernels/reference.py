@@ -492,3 +492,61 @@ def quantize_q_e4m3_ref(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.where(amax >= 2.0 ** -126, s.clamp(-120, 120), torch.zeros_like(s))  # zero (or fp32-subnormal) rows: 1
     scale = torch.exp2(s)
     return (x / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+# ---- GGUF blocks (Q8_0, Q5_0, Q4_K, Q6_K as llama.cpp stores them): kernels/gguf.py ---------------
+
+# ggml type id -> (values per block, bytes per block); the ids are ggml's own.
+GGUF_BLOCKS = {8: (32, 34), 6: (32, 22), 12: (256, 144), 14: (256, 210)}
+GGUF_NAMES = {8: "Q8_0", 6: "Q5_0", 12: "Q4_K", 14: "Q6_K"}
+
+
+def _f16_at(b: torch.Tensor, i: int) -> torch.Tensor:  # [..., nb, bytes] -> fp32 [..., nb, 1]
+    return b[..., i:i + 2].contiguous().view(torch.float16).float()
+
+
+def _low_high(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return b & 15, b >> 4
+
+
+def gguf_dequantize_ref(raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """Reference for ``gguf.gguf_dequantize`` (kernel ``_dequant_kernel``) and the block GEMV's in-register
+    dequantization: raw uint8 [N, K / QK * bytes] in the file's block layout -> float32 [N, K]."""
+    qk, nbytes = GGUF_BLOCKS[qtype]
+    blocks = raw.reshape(raw.shape[0], k // qk, nbytes)  # [N, nb, bytes]
+    if qtype == 8:  # Q8_0: fp16 d, 32 int8
+        return (_f16_at(blocks, 0) * blocks[..., 2:].view(torch.int8)).reshape(raw.shape[0], k)
+    b = blocks.to(torch.int32)
+    if qtype == 6:  # Q5_0: fp16 d, 32 high bits (uint32 LE), 16 bytes of nibbles (first 16 low, last 16 high)
+        bits = (b[..., 2:6, None] >> torch.arange(8)) & 1  # [N, nb, 4, 8]: value j is byte j // 8, bit j % 8
+        lo, hi = _low_high(b[..., 6:22])
+        q = torch.cat([lo, hi], -1) | (bits.reshape(*b.shape[:2], 32) << 4)
+        w = _f16_at(raw.reshape(b.shape), 0) * (q - 16)
+    elif qtype == 12:  # Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) x 8, 128 bytes of nibbles
+        s = b[..., 4:16]
+        sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)  # [N, nb, 8]
+        mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+        lo, hi = _low_high(b[..., 16:].reshape(*b.shape[:2], 4, 32))  # 64 values per 32 bytes: low, then high
+        q = torch.stack([lo, hi], -2).reshape(*b.shape[:2], 8, 32)
+        r = raw.reshape(b.shape)
+        w = _f16_at(r, 0)[..., None] * sc[..., None] * q - _f16_at(r, 2)[..., None] * mn[..., None]
+    elif qtype == 14:  # Q6_K: 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (one per 16), fp16 d
+        ql = b[..., :128].reshape(*b.shape[:2], 2, 2, 32)  # [half, first/second 32 bytes, l]
+        qh = b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32)
+        lo, hi = _low_high(ql)  # values 0..63 of a half from the low nibbles, 64..127 from the high
+        q = torch.stack([lo | ((qh >> torch.tensor([[0], [2]])) & 3) << 4,
+                         hi | ((qh >> torch.tensor([[4], [6]])) & 3) << 4], -3)  # [N, nb, 2, 2, 2, 32]
+        q = q.reshape(*b.shape[:2], 16, 16) - 32
+        sc = b[..., 192:208] - ((b[..., 192:208] >> 7) << 8)
+        w = _f16_at(raw.reshape(b.shape), 208)[..., None] * sc[..., None] * q
+    else:
+        raise ValueError(f"qtype: expected one of {GGUF_NAMES}, got {qtype}")
+    return w.reshape(raw.shape[0], k)
+
+
+def gguf_linear_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """Reference for ``gguf.gguf_linear`` (kernel ``_gemv_kernel``, and the prefill path's dequantize + matmul):
+    x [M, K] @ dequantize(raw).T in float32 -> [M, N] float32. In chunks of rows, so that a 262k-row
+    head's dense copy never exists whole."""
+    x, rows = x.float(), max(1, (1 << 22) // k)
+    return torch.cat([x @ gguf_dequantize_ref(raw[i:i + rows], qtype, k).T for i in range(0, raw.shape[0], rows)], -1)

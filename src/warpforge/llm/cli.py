@@ -49,7 +49,8 @@ DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"
 
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
                  seed: int | None, chat: bool, dtype: str, max_model_len: int | None,
-                 tensor_parallel_size: int = 1, speculative: dict | None = None) -> int:
+                 tensor_parallel_size: int = 1, speculative: dict | None = None,
+                 gguf_blocks: bool = False) -> int:
     """Run the command; -> exit status (2: bad input, said in one line on stderr).
 
     Loading shows a spinner on a terminal's stderr and then one line with the load time; the stats
@@ -82,11 +83,18 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
         with err.status(f"loading {model}{tp}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else ""),
                         spinner="dots"):
             path = resolve_model(model)
-            engine = LLMEngine(path, config, dtype=DTYPES.get(dtype, dtype))
+            if gguf_blocks and not str(path).endswith(".gguf"):
+                return fail(f"--gguf-blocks: needs a .gguf model, got {model}")
+            engine = LLMEngine(path, config, dtype=DTYPES.get(dtype, dtype), gguf_blocks=gguf_blocks)
         load_s = time.perf_counter() - t0
         err.print(f"loaded {model} in {load_s:.1f} s ({engine.model_config.architecture}, "
                   f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device}{tp})",
                   highlight=False, markup=False, soft_wrap=True)
+        if gguf_blocks:
+            from warpforge.llm.gguf_blocks import projection_bytes_per_token
+
+            err.print(f"GGUF blocks: {projection_bytes_per_token(engine.model) / 1e6:,.1f} MB of projection weights "
+                      f"read per decoded token", highlight=False, markup=False, soft_wrap=True)
         if chat:
             note = getattr(engine.tokenizer, "chat_template_note", None)
             if note:

@@ -77,10 +77,12 @@ class LLMEngine:
 
     ``path``: an HF checkpoint directory or a .gguf file (loaded with :func:`warpforge.llm.loader.load`);
     or an already loaded ``(model, tokenizer, config)``. dtype None: bfloat16 on CUDA, float32 on CPU.
+    ``gguf_blocks``: run a GGUF's quantized projections from the file's blocks (llm/gguf_blocks.py).
     """
 
     def __init__(self, model, engine_config: EngineConfig | None = None, *,
-                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
+                 dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
+                 gguf_blocks: bool = False):
         from warpforge.llm.config import to_dtype
 
         engine_config = engine_config or EngineConfig()
@@ -93,17 +95,23 @@ class LLMEngine:
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
             if str(model) == GEMMA3_270M:  # the name the CLI takes: the bundled GGUF, assembled once
                 model = resolve_model(GEMMA3_270M)
+            if tp_size > 1 and gguf_blocks:
+                raise ValueError("gguf_blocks: not available with tensor_parallel_size > 1 (each rank keeps a "
+                                 "dense shard); drop one of them")
             if tp_size > 1:  # every rank loads the checkpoint and keeps its shard (llm/parallel.py)
                 from warpforge.llm.distributed_worker import start_driver
 
                 model, runner, self.workers = start_driver(model, engine_config, dtype, self.device)
                 self.device = runner.device
             else:
-                model = load(model, dtype=dtype, device=self.device)
+                model = load(model, dtype=dtype, device=self.device, gguf_blocks=gguf_blocks)
         elif tp_size > 1:
             raise ValueError("tensor_parallel_size: each rank loads its own shard, so the model must be given "
                              "as a checkpoint path, got a loaded model")
         else:  # already loaded: it runs where its weights are
+            if gguf_blocks:
+                raise ValueError("gguf_blocks: applies when the engine loads a .gguf path, got an already loaded model "
+                                 "(load it with warpforge.llm.loader.load(path, gguf_blocks=True))")
             self.device = next(model[0].parameters()).device
             want = torch.device(device) if device is not None else None
             if want is not None and (want.type != self.device.type or want.index not in (None, self.device.index)):
@@ -289,7 +297,7 @@ class LLMEngine:
 
 
 class LLM:
-    """Offline generation: ``LLM(path, dtype=..., max_model_len=..., **EngineConfig fields)``.
+    """Offline generation: ``LLM(path, dtype=..., max_model_len=..., gguf_blocks=..., **EngineConfig fields)``.
 
     ``path``: an HF checkpoint directory, a .gguf file, or ``"gemma3-270m"`` (the bundled Gemma 3 270M).
 
@@ -298,9 +306,9 @@ class LLM:
     """
 
     def __init__(self, model, *, dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
-                 device: torch.device | str | None = None, **engine_kwargs):
+                 device: torch.device | str | None = None, gguf_blocks: bool = False, **engine_kwargs):
         config = EngineConfig(max_model_len=max_model_len, **engine_kwargs)
-        self.engine = LLMEngine(model, config, dtype=dtype, device=device)
+        self.engine = LLMEngine(model, config, dtype=dtype, device=device, gguf_blocks=gguf_blocks)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

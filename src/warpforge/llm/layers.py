@@ -199,9 +199,10 @@ class Embedding(nn.Module):
         return x if self.scale is None else x * self.scale
 
 
-def lm_logits(hidden: torch.Tensor, weight: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """float32 logits [N, vocab] from hidden [N, H]; ``softcap * tanh(logits / softcap)`` when given."""
-    logits = linear(hidden, weight).float()
+def lm_logits(hidden: torch.Tensor, weight: torch.Tensor | nn.Module, softcap: float | None) -> torch.Tensor:
+    """float32 logits [N, vocab] from hidden [N, H]; ``softcap * tanh(logits / softcap)`` when given.
+    ``weight``: [vocab, H], or a module that computes ``hidden @ W.T`` (a head run from GGUF blocks)."""
+    logits = (weight(hidden) if isinstance(weight, nn.Module) else linear(hidden, weight)).float()
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits

@@ -34,16 +34,25 @@ class Loaded(NamedTuple):
     config: ModelConfig
 
 
-def load(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu") -> Loaded:
+def load(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu",
+         gguf_blocks: bool = False) -> Loaded:
     """Model, tokenizer and config from ``path`` (HF directory or ``.gguf`` file).
 
     ``dtype`` None: config.json's dtype for a directory, float32 for GGUF (its weights are dequantized).
+    ``gguf_blocks``: run a GGUF's block-quantized projections from the file's blocks (llm/gguf_blocks.py)
+    instead of dequantized weights.
     """
     path, device = Path(path), torch.device(device)
     if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
         raise ValueError(f"{path}: expected an HF checkpoint directory or a .gguf file")
+    if not isinstance(gguf_blocks, bool):
+        raise ValueError(f"gguf_blocks: expected a bool, got {gguf_blocks!r}")
+    if gguf_blocks and not path.is_file():
+        raise ValueError(f"gguf_blocks: needs a .gguf file, got the directory {path}")
     try:
-        return _load_gguf(path, dtype, device) if path.is_file() else _load_hf_dir(path, dtype, device)
+        if path.is_file():
+            return _load_gguf(path, dtype, device, gguf_blocks)
+        return _load_hf_dir(path, dtype, device)
     except ValueError as e:  # every refusal names the checkpoint it is about
         if str(path) in str(e):
             raise
@@ -198,7 +207,7 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _load_gguf(path: Path, dtype, device: torch.device) -> Loaded:
+def _load_gguf(path: Path, dtype, device: torch.device, gguf_blocks: bool = False) -> Loaded:
     gf = GGUFFile(path)
     arch = gf.meta.get("general.architecture")
     try:
@@ -221,17 +230,24 @@ def _load_gguf(path: Path, dtype, device: torch.device) -> Loaded:
         for name in gf.tensors:
             if name == "rope_freqs.weight":
                 continue
-            w = torch.from_numpy(gf.tensor(name))
-            if arch == "llama" and ".attn_q." in name:  # weight and bias alike
-                w = unpermute_qk(w, config.num_heads)
-            elif arch == "llama" and ".attn_k." in name:
-                w = unpermute_qk(w, config.num_kv_heads)
-            elif arch == "gemma3" and name.endswith("norm.weight"):
+            w = row_fix(name, torch.from_numpy(gf.tensor(name)))
+            if arch == "gemma3" and name.endswith("norm.weight"):
                 w = w - 1  # llama.cpp's converter stores Gemma's (1 + w)
             yield gguf_to_hf_name(name, arch), w
 
+    def row_fix(name: str, w: torch.Tensor) -> torch.Tensor:  # rows of values or of blocks alike
+        if arch == "llama" and ".attn_q." in name:  # weight and bias alike
+            return unpermute_qk(w, config.num_heads)
+        if arch == "llama" and ".attn_k." in name:
+            return unpermute_qk(w, config.num_kv_heads)
+        return w
+
     with torch.inference_mode():
         fill(model, tensors(), str(path))
+        if gguf_blocks:
+            from warpforge.llm.gguf_blocks import attach_blocks
+
+            attach_blocks(model, gf, {gguf_to_hf_name(n, arch): n for n in gf.tensors}, row_fix)
     return Loaded(model, tokenizer, config)
 
 

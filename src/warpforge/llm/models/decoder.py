@@ -77,7 +77,8 @@ class CausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        head = self.lm_head  # a Linear, None (tied), or a module that computes x @ W.T itself (GGUF blocks)
+        weight = self.model.embed_tokens.weight if head is None else head.weight if isinstance(head, Linear) else head
         return lm_logits(hidden, weight, self.config.final_logit_softcapping)
 
     def bind_kv_caches(self, caches: list[PagedKVCache]) -> None:
