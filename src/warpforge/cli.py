@@ -287,8 +287,12 @@ def demo(store_url: str | None) -> None:
               help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--max-model-len", default=None, type=int,
               help="Longest prompt + output in tokens (default: the model's context).")
+@click.option("--quantization", default=None, type=click.Choice(["int8", "int4", "int4-awq", "fp8"]),
+              help="Quantize the decoder layers' weights on load: int8 per channel, int4 in groups of 128, "
+                   "int4-awq (int4 after an activation-aware scale search on Hamlet text), fp8 (e4m3 weights "
+                   "and activations). A saved quantized checkpoint loads as it is, without this option.")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
-             seed: int | None, chat: bool, dtype: str, max_model_len: int | None) -> None:
+             seed: int | None, chat: bool, dtype: str, max_model_len: int | None, quantization: str | None) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
@@ -298,7 +302,8 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
     from warpforge.llm.cli import cli_generate
 
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len))
+                          seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len,
+                          quantization=quantization))
 
 
 @main.command()

@@ -79,19 +79,28 @@ class LLMEngine:
         if isinstance(model, (str, Path)):
             from warpforge.llm.cli import GEMMA3_270M, resolve_model
             from warpforge.llm.loader import load
+            from warpforge.llm.quantize import is_quantized_dir, load_quantized
 
             self.device = check_device(device)
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
             if str(model) == GEMMA3_270M:  # the name the CLI takes: the bundled GGUF, assembled once
                 model = resolve_model(GEMMA3_270M)
-            model = load(model, dtype=dtype, device=self.device)
+            self.model_path = Path(model)  # what save_quantized copies the config and tokenizer from
+            model = (load_quantized if is_quantized_dir(model) else load)(model, dtype=dtype, device=self.device)
         else:  # already loaded: it runs where its weights are
+            self.model_path = None
             self.device = next(model[0].parameters()).device
             want = torch.device(device) if device is not None else None
             if want is not None and (want.type != self.device.type or want.index not in (None, self.device.index)):
                 raise ValueError(f"device: the loaded model is on {self.device}, got {device}")
         self.model, self.tokenizer, self.model_config = model
         ec = (engine_config or EngineConfig()).for_model(self.model_config.max_position_embeddings)
+        self.quantization_report = None
+        if ec.quantization is not None or getattr(self.model, "quantization", None) is not None:
+            from warpforge.llm.quantize import quantize_model
+
+            self.quantization_report = quantize_model(self.model, ec.quantization or self.model.quantization,
+                                                      tokenizer=self.tokenizer)
         self.config = ec
         self.runner = ModelRunner(self.model, self.model_config, ec, self.device)
         self.block_manager = BlockManager(self.runner.num_pages, ec.page_size, ec.enable_prefix_caching)

@@ -10,6 +10,7 @@ from warpforge import settings
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
 _GRAPH_SIZES = [1, 2, 4, 8, *range(16, 513, 16)]
 KV_CACHE_DTYPES = ("auto", "fp8")
+QUANTIZATION_MODES = ("int8", "int4", "int4-awq", "fp8")  # see llm/quantize.py
 
 
 def _check_int(name: str, value, lo: int) -> None:
@@ -45,6 +46,8 @@ class EngineConfig:
                             layer fewer. None: the WARPFORGE_FUSED_NORM setting, off by default until
                             measured on the H200
     seed                    seed of the unseeded sampling rows' random stream
+    quantization            None (the model dtype), "int8", "int4", "int4-awq" or "fp8": the decoder
+                            layers' weights quantized on load (llm/quantize.py)
     """
 
     max_model_len: int | None = None
@@ -61,6 +64,7 @@ class EngineConfig:
     pdl: bool | None = None
     fused_norm: bool | None = None
     seed: int = 0
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -82,6 +86,8 @@ class EngineConfig:
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {self.quantization!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed: expected an integer, got {self.seed!r}")
         if self.cuda_graph_batch_sizes is None:
