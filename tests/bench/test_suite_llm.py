@@ -18,7 +18,7 @@ from warpforge.bench.suite import EndToEndCase, Run
 
 ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "offline-1b-vs-hf", "offline-8b-vs-hf",
         "throughput-8b-1000", "throughput-8b-1000-kv-fp8", "prefix-cache", "long-prompt", "gemma3-270m-b1",
-        "gemma3-270m-b64"}
+        "gemma3-270m-b64"} | {"decode-b1-8b-int8", "decode-b1-8b-int4", "offline-256-8b-fp8"}  # quantized rows
 CPU = {"name": "cpu", "torch": torch.__version__}
 
 

