@@ -80,6 +80,19 @@ def test_greedy_agreement_with_float_engine(mode, arch):
                if n.startswith("model.layers.") and isinstance(m, (Linear, q.QuantLinear)))
 
 
+@pytest.mark.parametrize("mode", ["int4-awq", "fp8"])
+def test_fused_norm_setting_gives_the_same_tokens(mode):
+    """With fused_norm the decoder hands its projections a pending RMSNorm (NormedInput): a QuantLinear
+    computes it before its product, so the tokens are those of the separate norm kernel."""
+    a = [o.token_ids for o in make_llm(checkpoint(), quantization=mode, fused_norm=False).generate(prompts(), GREEDY)]
+    fused = make_llm(checkpoint(), quantization=mode, fused_norm=True)
+    seen = []
+    layer = fused.engine.model.model.layers[0].self_attn.qkv_proj
+    layer.register_forward_pre_hook(lambda m, args: seen.append(isinstance(args[0], NormedInput)))
+    b = [o.token_ids for o in fused.generate(prompts(), GREEDY)]
+    assert seen and all(seen) and a == b
+
+
 # ---- one layer against float64 ------------------------------------------------------------------
 def _linear(K: int, N: int, bias: bool, seed: int) -> Linear:
     g = torch.Generator().manual_seed(seed)
