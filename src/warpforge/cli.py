@@ -289,7 +289,7 @@ def demo(store_url: str | None) -> None:
               help="Longest prompt + output in tokens (default: the model's context).")
 @click.option("--quantization", default=None, type=click.Choice(["int8", "int4", "int4-awq", "fp8"]),
               help="Quantize the decoder layers' weights on load: int8 per channel, int4 in groups of 128, "
-                   "int4-awq (int4 after an activation-aware scale search on Hamlet text), fp8 (e4m3 weights "
+                   "int4-awq (int4 after an activation-aware scale search on Shakespeare text), fp8 (e4m3 weights "
                    "and activations). A saved quantized checkpoint loads as it is, without this option.")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
              seed: int | None, chat: bool, dtype: str, max_model_len: int | None, quantization: str | None) -> None:

@@ -166,7 +166,8 @@ def test_awq_search_on_the_engines_calibration_activations():
         assert r.err_awq <= r.err_int4, r
     assert sum(r.err_awq < r.err_int4 for r in layers) >= len(layers) // 2
     mean_gain = sum(r.err_awq / r.err_int4 for r in layers) / len(layers)
-    print(f"AWQ on Hamlet activations: output MSE ratio AWQ / int4 = {mean_gain:.3f} over {len(layers)} layers")
+    print(f"AWQ on the calibration activations: output MSE ratio AWQ / int4 = {mean_gain:.3f} "
+          f"over {len(layers)} layers")
 
 
 # ---- checkpoints --------------------------------------------------------------------------------

