@@ -307,10 +307,14 @@ def demo(store_url: str | None) -> None:
 @click.option("--gguf-blocks", is_flag=True,
               help="Run a .gguf's Q8_0/Q5_0/Q4_K/Q6_K projections from the file's blocks instead of dequantizing "
                    "them on load; prints the bytes each decoded token reads.")
+@click.option("--quantization", default=None, type=click.Choice(["int8", "int4", "int4-awq", "fp8"]),
+              help="Quantize the decoder layers' weights on load: int8 per channel, int4 in groups of 128, "
+                   "int4-awq (int4 after an activation-aware scale search on Shakespeare text), fp8 (e4m3 weights "
+                   "and activations). A saved quantized checkpoint loads as it is, without this option.")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
              seed: int | None, chat: bool, dtype: str, max_model_len: int | None, tensor_parallel_size: int,
              speculative: str | None, spec_k: int, draft_model: str | None, draft_layers: int | None,
-             gguf_blocks: bool) -> None:
+             gguf_blocks: bool, quantization: str | None) -> None:
     """Generate a continuation of PROMPT with MODEL on the warpforge engine, streamed.
 
     MODEL is a Hugging Face checkpoint directory, a .gguf file, or `gemma3-270m` (the Gemma 3 270M
@@ -326,7 +330,7 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
     sys.exit(cli_generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                           seed=seed, chat=chat, dtype=dtype, max_model_len=max_model_len,
                           tensor_parallel_size=tensor_parallel_size, speculative=spec,
-                          gguf_blocks=gguf_blocks))
+                          gguf_blocks=gguf_blocks, quantization=quantization))
 
 
 @main.command()

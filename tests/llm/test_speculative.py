@@ -360,9 +360,3 @@ def test_serve_config_takes_a_method():
     with pytest.raises(ValueError, match=r"^speculative: expected None, 'ngram' or 'self', got 'draft'$"):
         ServeConfig(model="m", speculative="draft")
 
-
-def test_speculation_and_tensor_parallelism_are_refused_together():
-    from warpforge.llm.engine_config import EngineConfig
-
-    with pytest.raises(ValueError, match=r"speculative: not available with tensor_parallel_size > 1 \(got 2\)"):
-        EngineConfig(speculative="ngram", tensor_parallel_size=2)

@@ -23,6 +23,7 @@ _LAZY = {
     "ModelConfig": "config",
     "load": "loader", "Loaded": "loader",
     "Tokenizer": "tokenizer",
+    "save_quantized": "quantize",
 }
 
 __all__ = list(_LAZY)

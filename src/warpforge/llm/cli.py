@@ -50,7 +50,7 @@ DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
                  seed: int | None, chat: bool, dtype: str, max_model_len: int | None,
                  tensor_parallel_size: int = 1, speculative: dict | None = None,
-                 gguf_blocks: bool = False) -> int:
+                 gguf_blocks: bool = False, quantization: str | None = None) -> int:
     """Run the command; -> exit status (2: bad input, said in one line on stderr).
 
     Loading shows a spinner on a terminal's stderr and then one line with the load time; the stats
@@ -75,7 +75,7 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
 
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
         config = EngineConfig(max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-                              speculative=speculative)
+                              speculative=speculative, quantization=quantization)
         if not prompt:
             return fail("PROMPT: empty prompt (give the text to continue)")
         t0 = time.perf_counter()
@@ -88,7 +88,8 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
             engine = LLMEngine(path, config, dtype=DTYPES.get(dtype, dtype), gguf_blocks=gguf_blocks)
         load_s = time.perf_counter() - t0
         err.print(f"loaded {model} in {load_s:.1f} s ({engine.model_config.architecture}, "
-                  f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device}{tp})",
+                  f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device}{tp})"
+                  + (f"; {engine.quantization_report}" if engine.quantization_report else ""),
                   highlight=False, markup=False, soft_wrap=True)
         if gguf_blocks:
             from warpforge.llm.gguf_blocks import projection_bytes_per_token

@@ -90,25 +90,35 @@ class LLMEngine:
         if isinstance(model, (str, Path)):
             from warpforge.llm.cli import GEMMA3_270M, resolve_model
             from warpforge.llm.loader import load
+            from warpforge.llm.quantize import is_quantized_dir, load_quantized
 
             self.device = check_device(device)
             dtype = to_dtype(dtype, torch.bfloat16 if self.device.type == "cuda" else torch.float32)
             if str(model) == GEMMA3_270M:  # the name the CLI takes: the bundled GGUF, assembled once
                 model = resolve_model(GEMMA3_270M)
+            if gguf_blocks and engine_config.quantization is not None:
+                raise ValueError(f"quantization: {engine_config.quantization!r} with gguf_blocks: the blocks are "
+                                 "the file's own quantization; drop one of them")
             if tp_size > 1 and gguf_blocks:
                 raise ValueError("gguf_blocks: not available with tensor_parallel_size > 1 (each rank keeps a "
                                  "dense shard); drop one of them")
+            if tp_size > 1 and is_quantized_dir(model):
+                raise ValueError("tensor_parallel_size: a quantized checkpoint runs on one rank; load it with "
+                                 "tensor_parallel_size=1")
+            self.model_path = Path(model)  # what save_quantized copies the config and tokenizer from
             if tp_size > 1:  # every rank loads the checkpoint and keeps its shard (llm/parallel.py)
                 from warpforge.llm.distributed_worker import start_driver
 
                 model, runner, self.workers = start_driver(model, engine_config, dtype, self.device)
                 self.device = runner.device
             else:
-                model = load(model, dtype=dtype, device=self.device, gguf_blocks=gguf_blocks)
+                model = (load_quantized(model, dtype=dtype, device=self.device) if is_quantized_dir(model)
+                         else load(model, dtype=dtype, device=self.device, gguf_blocks=gguf_blocks))
         elif tp_size > 1:
             raise ValueError("tensor_parallel_size: each rank loads its own shard, so the model must be given "
                              "as a checkpoint path, got a loaded model")
         else:  # already loaded: it runs where its weights are
+            self.model_path = None
             if gguf_blocks:
                 raise ValueError("gguf_blocks: applies when the engine loads a .gguf path, got an already loaded model "
                                  "(load it with warpforge.llm.loader.load(path, gguf_blocks=True))")
@@ -118,6 +128,12 @@ class LLMEngine:
                 raise ValueError(f"device: the loaded model is on {self.device}, got {device}")
         self.model, self.tokenizer, self.model_config = model
         ec = engine_config.for_model(self.model_config.max_position_embeddings)
+        self.quantization_report = None
+        if ec.quantization is not None or getattr(self.model, "quantization", None) is not None:
+            from warpforge.llm.quantize import quantize_model
+
+            self.quantization_report = quantize_model(self.model, ec.quantization or self.model.quantization,
+                                                      tokenizer=self.tokenizer)
         self.config = ec
         # The draft model before the KV cache is sized: its cache takes the same page ids.
         draft = SpecDecoder.load_draft(ec.speculative, self, _resolve_checkpoint)

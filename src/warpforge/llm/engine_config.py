@@ -12,6 +12,7 @@ from warpforge.llm.speculative import speculative_config
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
 _GRAPH_SIZES = [1, 2, 4, 8, *range(16, 513, 16)]
 KV_CACHE_DTYPES = ("auto", "fp8")
+QUANTIZATION_MODES = ("int8", "int4", "int4-awq", "fp8")  # see llm/quantize.py
 
 
 def _check_int(name: str, value, lo: int) -> None:
@@ -51,6 +52,9 @@ class EngineConfig:
     seed                    seed of the unseeded sampling rows' random stream
     tensor_parallel_size    ranks the model is split over (one per GPU; gloo processes on the CPU); see
                             warpforge.llm.parallel. The engine spawns the other ranks, or joins torchrun's
+                            process group when started under torchrun
+    quantization            None (the model dtype), "int8", "int4", "int4-awq" or "fp8": the decoder
+                            layers' weights quantized on load (llm/quantize.py)
     """
 
     max_model_len: int | None = None
@@ -69,6 +73,7 @@ class EngineConfig:
     fused_norm: bool | None = None
     seed: int = 0
     tensor_parallel_size: int = 1
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -91,9 +96,15 @@ class EngineConfig:
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization: expected None or one of {QUANTIZATION_MODES}, got {self.quantization!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed: expected an integer, got {self.seed!r}")
         self.speculative = speculative_config(self.speculative)
+        if self.quantization is not None and self.tensor_parallel_size > 1:
+            # Each rank loads and shards its own copy; the quantizer runs on the engine's rank only.
+            raise ValueError(f"quantization: not available with tensor_parallel_size > 1 (got "
+                             f"{self.tensor_parallel_size}); use one or the other")
         if self.speculative is not None and self.tensor_parallel_size > 1:
             # The verification forward runs outside the step the other ranks follow.
             raise ValueError(f"speculative: not available with tensor_parallel_size > 1 (got "

@@ -35,6 +35,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-tiny-untied": dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=6,
                               num_key_value_heads=2, head_dim=16, vocab_size=1024, tie_word_embeddings=False,
                               rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=2048),
+    # Every projection's input a whole number of int4 groups of 128 (the quantized rows of `bench --quick`).
+    "llama-tiny-g128": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, vocab_size=1024, tie_word_embeddings=False,
+                            rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=2048),
 }
 
 SHARD_BYTES = 4 << 30  # HF's default shard size: no single file above ~4 GiB

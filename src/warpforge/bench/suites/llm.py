@@ -516,7 +516,8 @@ def _cases(quick: bool) -> list[EndToEndCase]:
     # 9. speculative decoding at batch 1 on a passage-editing workload, against our plain engine.
     from warpforge.bench.suites._llm_spec import spec_cases
 
-    return cases + spec_cases(quick)
+    # 10. quantized weights against our bf16 engine (quant_cases, below).
+    return cases + spec_cases(quick) + quant_cases(quick)
 
 
 def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
@@ -549,6 +550,74 @@ def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
         target={"ratio": {"1-gpu": 1.8}}))
     return cases
 
+
+# ---- quantized weights ------------------------------------------------------------------------------
+# | row                 | work                                        | target (tok/s vs our bf16 engine) |
+# |---------------------|---------------------------------------------|-----------------------------------|
+# | decode-b1-8b-int8   | batch 1, 8B shape, 128-token prompt + 256   | >= 1.7x                           |
+# | decode-b1-8b-int4   | the same, int4 in groups of 128             | >= 2.5x                           |
+# | offline-256-8b-fp8  | 256 requests, in/out uniform in 100..1024   | >= 1.4x (e4m3 weights + activations) |
+# Both sides run the same requests. The check: every request completed, and the share of request 0's greedy
+# ids equal to the bf16 engine's as data (random weights have near-ties; the accuracy bar is the perplexity
+# test in tests/llm/test_quantize.py). MBU counts the decoder projections at their packed bytes (int8 and
+# fp8: 1 a weight, int4: 0.5 + 3/128 for the group's scale and zero point), the rest in the model dtype.
+# --quick: the toy shape llama-tiny-g128 (int4 needs whole groups of 128) on the CPU.
+
+BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + 3 / 128, "int4-awq": 0.5 + 3 / 128, "fp8": 1.0}
+
+
+def agreement_check(ours: dict, peer: dict) -> dict[str, Any]:
+    """Every request completed; the share of request 0's greedy ids equal to the bf16 engine's, as data."""
+    short = sum(len(x) != n for x, n in zip(ours["ids"], ours["want"]))
+    a, b = ours["ids"][0], peer["ids"][0]
+    same = sum(x == y for x, y in zip(a, b)) / max(1, min(len(a), len(b)))
+    return {"ok": short == 0 and len(ours["ids"]) == len(ours["want"]), "rel_err": 1.0 - same, "tol": 1.0,
+            "agreement_request0": same}
+
+
+def quantized_run(preset: str, prompts, out_lens: list[int], mode: str, **engine: Any):
+    """``ours_run`` with ``quantization=mode``, its byte count corrected to the packed weights."""
+    fn = ours_run(preset, prompts, out_lens, quantization=mode, **engine)
+
+    def run(device: torch.device, rep: int):
+        runs = fn(device, rep)
+        s = _shape(preset)
+        elt = torch.empty((), dtype=torch.bfloat16 if device.type == "cuda" else torch.float32).element_size()
+        layer_params = matmul_params(s) - s["vocab"] * s["d"]
+        saved = layer_params * (elt - BYTES_PER_WEIGHT[mode]) * max(out_lens)  # read by every step
+        for r in runs:
+            r.work = {**r.work, "bytes": r.work["bytes"] - saved}
+            r.extra["quantization"] = mode
+        return runs
+    return run
+
+
+def quant_cases(quick: bool) -> list[EndToEndCase]:
+    big = "llama-tiny-g128" if quick else "llama-8b"
+    cases = []
+    p_len, n_new = (16, 24) if quick else (128, 256)
+    pr = random_prompts([p_len], _vocab(big), seed=11)
+    kw = dict(max_model_len=p_len + n_new + 16, max_num_seqs=8)
+    for mode, target in (("int8", 1.7), ("int4", 2.5)):
+        cases.append(EndToEndCase(
+            name=f"decode batch 1 {big} {p_len}+{n_new} {mode}",
+            params={"row": f"decode-b1-8b-{mode}", "preset": big, "batch": 1, "prompt": p_len, "new": n_new,
+                    "quantization": mode},
+            ours=quantized_run(big, pr, [n_new], mode, **kw), peers={"bf16": ours_run(big, pr, [n_new], **kw)},
+            check=agreement_check, check_against="bf16", dtype=torch.bfloat16, rep=1 if quick else 3,
+            baseline="our engine with bf16 weights, the same request", target={"ratio": {"bf16": target}}))
+    n_req, lo, hi = (6, 8, 32) if quick else (256, 100, 1024)
+    ins, outs = _uniform(n_req, lo, hi, 13), _uniform(n_req, lo, hi, 14)
+    pr = random_prompts(ins, _vocab(big), seed=13)
+    cases.append(EndToEndCase(
+        name=f"offline {n_req} requests {big} in/out {lo}..{hi} fp8",
+        params={"row": "offline-256-8b-fp8", "preset": big, "requests": n_req, "in": [lo, hi], "out": [lo, hi],
+                "quantization": "fp8"},
+        ours=quantized_run(big, pr, outs, "fp8", max_model_len=2 * hi + 16),
+        peers={"bf16": ours_run(big, pr, outs, max_model_len=2 * hi + 16)}, check=agreement_check,
+        check_against="bf16", dtype=torch.bfloat16, rep=1,
+        baseline="our engine with bf16 weights, the same requests", target={"ratio": {"bf16": 1.4}}))
+    return cases
 
 SUITE = Suite(name="llm", description="warpforge.llm end to end: decode MBU, offline throughput, "
                                       "prefix caching, long prompts, Gemma 3 270M, speculative decoding; vs HF generate",
