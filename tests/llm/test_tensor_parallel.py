@@ -264,9 +264,13 @@ def test_torchrun_rank0_drives_and_rank1_follows(ckpts, tmp_path):
     """))
     want = LLM(str(ckpts["llama"]), **ENGINE).generate(
         [[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0].token_ids
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
-                       capture_output=True, text=True, env=env, timeout=100)
+    from warpforge.hw.collectives import free_port
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    # A free port of our own: torchrun's default (29500) is shared with every other torchrun on the machine.
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)],
+                       capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in r.stdout.splitlines() if x.startswith("rank")]
     assert lines == ["rank 0 " + " ".join(map(str, want))]  # rank 1 never returned from LLM()

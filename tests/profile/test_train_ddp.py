@@ -163,3 +163,50 @@ def test_torchrun_each_rank_records_rank_zero_merges(tmp_path):
     assert d["meta"]["world"] == 2 and [x["meta"]["rank"] for x in d["ranks"]] == [0, 1]
     assert d["findings"][0]["kind"] == "straggler" and "Rank 1" in d["findings"][0]["text"]
     assert r.stdout.count("report:") == 1  # rank 0 alone writes and prints
+
+
+FSDP_PY = '''
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+
+def factory():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = [(torch.randn(16, 64), torch.randint(0, 10, (16,))) for _ in range(8)]
+    return model, opt, data, nn.functional.cross_entropy
+'''
+
+
+def test_torchrun_fsdp_run_is_profiled_with_sharded_memory(tmp_path):
+    """FSDP2 (fully_shard): DTensor parameters count their local shard, and an exposed-communication finding
+    gives FSDP's remedies, not DDP's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from warpforge.hw.collectives import free_port
+
+    (tmp_path / "train.py").write_text(FSDP_PY)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "warpforge", "profile", "--train",
+           f"{tmp_path / 'train.py'}:factory", "--steps", "3", "--warmup", "1", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = json.loads((out / "report.json").read_text())
+    assert d["meta"]["world"] == 2 and d["fsdp"] is True
+    full = (64 * 128 + 128 + 128 * 10 + 10) * 4  # fp32 parameters of the whole model
+    params = d["memory"]["split"]["parameters"]
+    assert 0.4 * full <= params <= 0.6 * full, params  # rank 0 holds its shard, about half
+    comm = [f for f in d["findings"] if f["kind"] == "exposed_comm"]
+    assert comm, d["findings"]  # gloo's all-gathers dwarf this model's compute
+    assert all("FSDP" in f["advice"] and "DistributedDataParallel so" not in f["advice"] for f in comm), comm

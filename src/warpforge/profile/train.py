@@ -113,15 +113,29 @@ def batch_tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
+def storage_of(t: torch.Tensor) -> tuple[int, int] | None:
+    """(data pointer, bytes) of the storage this rank holds for ``t``: a sharded tensor (FSDP's DTensor
+    parameters, their gradients and optimizer state) gives its local shard; None for an empty tensor or one
+    whose storage is not materialized (FSDP frees unsharded parameters between uses)."""
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    if not t.numel():
+        return None
+    try:
+        st = t.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    except RuntimeError:
+        return None
+
+
 def nbytes(ts: Iterable[torch.Tensor]) -> int:
-    seen: set[int] = set()
-    total = 0
+    """Bytes of the distinct storages behind ``ts`` (see storage_of)."""
+    seen: dict[int, int] = {}
     for t in ts:
-        key = t.untyped_storage().data_ptr() if t.numel() else id(t)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes() if t.numel() else 0
-    return total
+        s = storage_of(t)
+        if s is not None:
+            seen.setdefault(*s)
+    return sum(seen.values())
 
 
 class Clock:

@@ -75,7 +75,12 @@ def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict
     # Bytes over the collectives' time (overlapped or not): the rate to set beside `probe --collectives`.
     algbw = a["comm_bytes"] / (total / 1e3) / 1e9 if total > 0 and a["comm_bytes"] else None
     ddp = d.get("ddp")
-    if ddp is None:
+    if d.get("fsdp"):
+        advice = ("let FSDP overlap its all-gathers and reduce-scatters with compute: prefetch the next unit "
+                  "(set_modules_to_forward_prefetch / backward prefetch), keep parameters gathered between forward "
+                  "and backward where memory allows (reshard_after_forward=False), shard fewer, larger units; "
+                  "a model that fits on one GPU is often faster under DistributedDataParallel")
+    elif ddp is None:
         advice = ("wrap the model in DistributedDataParallel so gradient all-reduces overlap backward instead of "
                   "running after it; accumulate gradients over several micro-batches (no_sync) to all-reduce less "
                   "often")

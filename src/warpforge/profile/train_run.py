@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from warpforge.profile.train import (BatchStream, Clock, Recorder, TrainConfig, TrainSetup, ddp_comm_hook,
-                                     instrumented, nbytes, run_step)
+                                     instrumented, nbytes, run_step, storage_of)
 from warpforge.profile.train_breakdown import aggregate, breakdown, memory_phases, split_device_comm
 
 SCHEMA = "warpforge.train-profile/1"
@@ -29,6 +29,14 @@ def _rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _fsdp(model: nn.Module | None) -> bool:
+    """Sharded data parallel: FSDP2 (fully_shard: DTensor parameters) or the FSDP wrapper class."""
+    if model is None:
+        return False
+    return any(type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")) for m in model.modules()) or any(
+        hasattr(p, "to_local") for p in model.parameters())
 
 
 def _ddp(model: nn.Module | None) -> Any:
@@ -61,17 +69,16 @@ def _memory_step(setup: TrainSetup, stream: BatchStream, rec: Recorder) -> dict[
     """One step with tensor sizes taken at the phase boundaries and saved activations counted."""
     model, opt = setup.model, setup.optimizer
     params = nbytes(model.parameters()) if model is not None else 0
-    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()} if model is not None else set()
+    param_ptrs = {s[0] for s in map(storage_of, model.parameters()) if s} if model is not None else set()
     grads = {"start": _grad_bytes(model)}
     state = {"start": _optimizer_state_bytes(opt)}
     saved: dict[int, int] = {}
     seen_backward = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.numel():
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in param_ptrs:
-                saved[ptr] = t.untyped_storage().nbytes()
+        s = storage_of(t)
+        if s is not None and s[0] not in param_ptrs:
+            saved[s[0]] = s[1]
         return t
 
     def at_backward() -> None:
@@ -237,6 +244,7 @@ def profile_train(setup: TrainSetup, config: TrainConfig | None = None, progress
             "type": type(opt).__name__, "param_tensors": sum(len(g["params"]) for g in opt.param_groups),
             "foreach": opt.defaults.get("foreach"), "fused": opt.defaults.get("fused")},
         "ddp": None if ddp is None else {"bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / 2**20},
+        "fsdp": _fsdp(setup.model),
         "memory": memory, "layers": layers, "flops_per_step": 3 * fwd_flops,
         "device_comm": device_comm, "notes": notes,
     }
