@@ -194,6 +194,8 @@ def test_fcos_backbone_fpn_head_optimized_post_processing_eager_on_real_photos(t
     rep = opt.report
     rec = next(r for r in rep["candidates"] if r["name"] == "warpforge-fp32")
     assert rec["status"] == "passed", rec["reason"]
+    # Judged as detections (matched by label, box and score), every one of them matched.
+    assert rep["model"]["kind"] == "detection" and rec["accuracy"]["detections"] == 1.0
     reg = rep["regions"]
     assert [r["path"] for r in reg["regions"]] == ["backbone", "fpn", "head"]
     assert next(r for r in reg["regions"] if r["path"] == "head")["calls"] == 3  # one per pyramid level
@@ -215,7 +217,7 @@ def test_fcos_backbone_fpn_head_optimized_post_processing_eager_on_real_photos(t
     console = Console(file=io.StringIO(), width=300)
     print_table(rep, console)
     text = console.file.getvalue()
-    assert "of a call's time in them" in text
+    assert "of a call's time in them" in text and "detections" in text
     for line in ("optimized  backbone", "optimized  fpn", "optimized  head", "eager      (root)"):
         assert line in text, text
     # Saved and loaded: the regions inside the eager shell come back.

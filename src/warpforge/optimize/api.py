@@ -191,7 +191,12 @@ def _check_val(val: Iterable[Any], example: tuple, device: torch.device, what: s
 
 
 def _infer_kind(out: Any, inputs: tuple) -> str:
-    """classifier when the output is one [N, C] floating tensor (C >= 2) with N the inputs' batch."""
+    """classifier when the output is one [N, C] floating tensor (C >= 2) with N the inputs' batch; detection
+    when it is a list of per-image {boxes, scores, labels} dicts (torchvision's detectors)."""
+    from warpforge.optimize.detection import is_detection_output
+
+    if is_detection_output(out):
+        return "detection"
     first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() >= 1), None)
     if (isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 2 and out.shape[1] >= 2
             and first is not None and out.shape[0] == first.shape[0]):
@@ -228,9 +233,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     budget: one :class:`Budget` for all, ``{precision: Budget}``, or None for the per-precision defaults.
     precisions / backends: which candidates (see ``backends.select``; "int8", "fp8" and the weight-only
         "w8" / "w4" are tried only when listed).
-        kind: "classifier" adds top-1
-        agreement; None infers it from the output shape. queries / warmup: single-stream protocol;
-        offline_calls: back-to-back calls for throughput.
+        kind: "classifier" adds top-1 agreement; "detection" matches detections (boxes, scores, labels)
+        instead of comparing tensors; None infers it from the output. queries / warmup: single-stream
+        protocol; offline_calls: back-to-back calls for throughput.
     precision_fallback: a fp16/bf16 warpforge candidate over budget gets the layers that put it there
         kept in fp32, found by bisection over its layers (``warpforge.optimize.precision``), and is gated
         again; warpforge-int8 over budget gets the fewest quantized layers found to need it kept in its

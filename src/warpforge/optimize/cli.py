@@ -125,7 +125,9 @@ def print_table(report: dict[str, Any], console) -> None:
 
     t = Table(title=f"warpforge optimize: {report['model'].get('name', '')}", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("candidate", "status", "p50 ms", "p99 ms", "items/s", "×eager", "×compile", "max rel", "top-1"):
+    detector = report["model"].get("kind") == "detection"
+    last = "detections" if detector else "top-1"  # detectors: the fraction of detections matched
+    for col in ("candidate", "status", "p50 ms", "p99 ms", "items/s", "×eager", "×compile", "max rel", last):
         t.add_column(col, justify="left" if col in ("candidate", "status") else "right",
                      no_wrap=col == "candidate")
     colors = {"passed": "green", "rejected": "yellow", "failed": "red", "skipped": "dim"}
@@ -135,7 +137,7 @@ def print_table(report: dict[str, Any], console) -> None:
         t.add_row(("* " if win else "") + r["name"], f"[{colors[r['status']]}]{r['status']}[/]",
                   _fmt(lat.get("p50_ms"), ".4g"), _fmt(lat.get("p99_ms"), ".4g"), _fmt(thr.get("items_per_s"), ".1f"),
                   _fmt(r.get("speedup_vs_eager"), ".2f"), _fmt(r.get("speedup_vs_compile"), ".2f"),
-                  _fmt(acc.get("max_rel"), ".0e"), _fmt(acc.get("top1"), ".3f"),
+                  _fmt(acc.get("max_rel"), ".0e"), _fmt(acc.get("detections" if detector else "top1"), ".3f"),
                   style="bold" if win else None)
     console.print(t)
     warning = (report.get("settings", {}).get("host") or {}).get("warning")

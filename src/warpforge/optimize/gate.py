@@ -14,6 +14,9 @@ Metrics, over every floating output tensor of every validation batch:
   (the classifier output is the first floating tensor with >= 2 dims, or the ``"logits"`` entry of a dict).
   With ``Budget.top1_tie``, samples whose reference is a near-tie (its two largest softmax probabilities
   less than that apart) are left out and counted in ``top1_ties``: any perturbation flips a coin there;
+* ``detections``: for ``kind == "detection"`` (per-image ``{boxes, scores, labels}`` dicts), the fraction of
+  detections matched both ways by label, box overlap and score (optimize/detection.py); the element-wise
+  metrics then cover the matched pairs' boxes and scores (a changed detection count is no shape error);
 * a user metric: ``Budget.metric(ref_output, cand_output) -> float`` per batch, averaged.
 
 Integer and bool outputs must match exactly. A candidate with NaN or inf where the reference is finite,
@@ -29,6 +32,8 @@ from typing import Any
 
 import torch
 
+from warpforge.optimize.detection import Matching, is_detection_output, match
+
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
 # What optimize() tries unless asked: int8 and fp8 need calibration, w8/w4 pay only where weights dominate.
 DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -37,7 +42,7 @@ DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
 # optimize/backends.py).
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float16,
           "fp8": torch.float16, "w8": torch.float16, "w4": torch.float16}
-KINDS = ("classifier", "generic")
+KINDS = ("classifier", "generic", "detection")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Budget:
     min_cosine: float | None = None   # worst per-sample cosine similarity
     min_top1: float | None = None     # classifiers: fraction of argmax agreement
     top1_tie: float | None = None     # classifiers: leave out samples whose reference top-2 probabilities differ less
+    min_detections: float | None = None  # detectors: fraction of detections matched (scores within max_rel)
     metric: Callable[[Any, Any], float] | None = field(default=None, compare=False)
     metric_name: str = "metric"
     metric_min: float | None = None   # the user metric's mean must be >= this ...
@@ -59,7 +65,7 @@ class Budget:
             v = getattr(self, name)
             if v is not None and not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"Budget.{name} must be a finite number >= 0, got {v!r}")
-        for name in ("min_cosine", "min_top1"):
+        for name in ("min_cosine", "min_top1", "min_detections"):
             v = getattr(self, name)
             if v is not None and not (-1.0 <= v <= 1.0):
                 raise ValueError(f"Budget.{name} must be in [-1, 1], got {v!r}")
@@ -104,15 +110,19 @@ class Budget:
                              "min_top1": self.min_top1}
         if self.top1_tie is not None:
             d["top1_tie"] = self.top1_tie
+        if self.min_detections is not None:
+            d["min_detections"] = self.min_detections
         if self.metric is not None:
             d.update(metric=self.metric_name, metric_min=self.metric_min, metric_max=self.metric_max)
         return d
 
 
 DEFAULT_BUDGETS = {
-    "fp32": Budget(max_rel=1e-3, min_cosine=0.99999, min_top1=0.999),
-    "fp16": Budget(max_rel=2e-2, min_cosine=0.999, min_top1=0.99),
-    "bf16": Budget(max_rel=5e-2, min_cosine=0.995, min_top1=0.98),
+    # Detectors (min_detections): a matched pair's score may differ by max_rel; a few decisive detections per
+    # hundred may change in 16-bit and lower precisions (a box whose NMS neighbour swapped rank).
+    "fp32": Budget(max_rel=1e-3, min_cosine=0.99999, min_top1=0.999, min_detections=0.999),
+    "fp16": Budget(max_rel=2e-2, min_cosine=0.999, min_top1=0.99, min_detections=0.98),
+    "bf16": Budget(max_rel=5e-2, min_cosine=0.995, min_top1=0.98, min_detections=0.97),
     # W8A8 (warpforge-int8): every int8 layer adds ~0.4% (127 levels) of noise to its input, and the error
     # compounds with depth. MobileNetV2 with its ImageNet weights, calibrated on 6 bundled photos and
     # checked on 104 views of all 13 (CPU reference kernels, 2026-12-01): max_rel 0.07-0.12 and worst
@@ -121,7 +131,7 @@ DEFAULT_BUDGETS = {
     # Top-1 is the issue's bar, 0.99, over samples whose fp32 decision is not a coin toss: a reference
     # whose two best classes are within 0.01 of probability (one of the 13 photos: 0.2455 vs 0.2441)
     # flips under any perturbation, fp16's included; such samples are counted in top1_ties, not judged.
-    "int8": Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99, top1_tie=0.01),
+    "int8": Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99, top1_tie=0.01, min_detections=0.95),
     # FP8 (warpforge-fp8): e4m3 keeps 3 mantissa bits, so each weight and each input value rounds by up to
     # 6.25% of itself (a per-channel / per-tensor scale only places the range); a layer's output error is a
     # few percent. Measured on CPU (the fp8 GEMM's torch reference on the same e4m3 operands, fp32 elsewhere),
@@ -129,13 +139,13 @@ DEFAULT_BUDGETS = {
     # scenes) max_rel 0.13, worst cosine 0.994 (per-row dynamic scales: 0.125, 0.995); ViT-B/16 (random) 0.105,
     # 0.9955. The int8 bars fit the same noise level: headroom for the GPU's fp16 layers and other nets, while a
     # broken scale (cosine << 0.9) is rejected.
-    "fp8": Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99, top1_tie=0.01),
+    "fp8": Budget(max_rel=0.2, min_cosine=0.95, min_top1=0.99, top1_tie=0.01, min_detections=0.95),
     # Weight-only int8 (warpforge-w8): per-channel int8 weights, each within half a step (0.4% of its row's
     # absmax); activations stay 16-bit. Measured as above (CPU references, fp32 activations): planner max_rel
     # 0.017, cosine 0.99995; ViT-B/16 0.012, 0.99992; MobileNetV2's ImageNet head on the 7 bundled views
     # 0.003 with top-1 kept. On the GPU the fp16 activations add fp16's own error (its bars: 0.02, 0.999), so:
     # max_rel 0.05 and cosine 0.998, fp16's bars plus about twice the measured weight error.
-    "w8": Budget(max_rel=0.05, min_cosine=0.998, min_top1=0.99, top1_tie=0.01),
+    "w8": Budget(max_rel=0.05, min_cosine=0.998, min_top1=0.99, top1_tie=0.01, min_detections=0.98),
     # Weight-only int4 (warpforge-w4, groups of 128, asymmetric): 16 levels per group, rounding noise about
     # 1/50 of a group's range per weight, ~10x w8's. Measured as above: planner max_rel 0.20 (trajectories) and
     # 0.23 (mode logits), worst cosine 0.951 (mode logits); ViT-B/16 0.21, 0.977; MobileNetV2's head alone
@@ -143,7 +153,7 @@ DEFAULT_BUDGETS = {
     # structure), but a budget that rejects the planner would make w4 useless where it is meant to pay: max_rel
     # 0.35 and cosine 0.9 admit that noise and still reject a wrong scale or zero point (cosine near 0); top-1
     # 0.98 over decisive samples. Tighten it (budget=) where the task metric is known.
-    "w4": Budget(max_rel=0.35, min_cosine=0.9, min_top1=0.98, top1_tie=0.01),
+    "w4": Budget(max_rel=0.35, min_cosine=0.9, min_top1=0.98, top1_tie=0.01, min_detections=0.9),
 }
 
 
@@ -157,6 +167,8 @@ class Accuracy:
     min_cosine: float = 1.0
     top1: float | None = None          # classifiers only
     top1_ties: int = 0                 # near-tie samples left out of top1 (Budget.top1_tie)
+    detections: float | None = None    # detectors only: fraction matched (optimize/detection.py)
+    detection_ties: int = 0            # unmatched detections near the score floor, not judged
     metric: float | None = None        # the user metric's mean over batches
     metric_name: str | None = None
     n_values: int = 0                  # floating values compared
@@ -169,11 +181,12 @@ class Accuracy:
         if not reasons:
             checks = [("max_abs", self.max_abs, budget.max_abs, "<="), ("max_rel", self.max_rel, budget.max_rel, "<="),
                       ("cosine", self.min_cosine, budget.min_cosine, ">="), ("top1", self.top1, budget.min_top1, ">="),
+                      ("detections", self.detections, budget.min_detections, ">="),
                       (self.metric_name or "metric", self.metric, budget.metric_min, ">="),
                       (self.metric_name or "metric", self.metric, budget.metric_max, "<=")]
             for name, got, bar, op in checks:
-                if bar is None or (got is None and name == "top1"):
-                    continue  # top1 is only measured for classifiers
+                if bar is None or (got is None and name in ("top1", "detections")):
+                    continue  # top1 is only measured for classifiers, detections for detectors
                 if got is None or not math.isfinite(got) or (got > bar if op == "<=" else got < bar):
                     reasons.append(f"{name} {_fmt(got)} (budget {op} {_fmt(bar)})")
         return not reasons, reasons
@@ -182,6 +195,8 @@ class Accuracy:
         d = {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "max_rel": self.max_rel,
              "min_cosine": self.min_cosine, "top1": self.top1, "top1_ties": self.top1_ties, "n_values": self.n_values,
              "n_samples": self.n_samples, "errors": list(self.errors)}
+        if self.detections is not None:
+            d.update(detections=self.detections, detection_ties=self.detection_ties)
         if self.metric_name is not None:
             d[self.metric_name] = self.metric
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
@@ -308,14 +323,23 @@ def compare(reference_outputs: Any, candidate_outputs: Any, kind: str = "generic
         raise ValueError(f"batched compare: {len(refs)} reference outputs but {len(cands)} candidate outputs")
     t = _Tally()
     metric_values = []
+    det = Matching() if kind == "detection" else None
+    score_tol = budget.max_rel if budget is not None and budget.max_rel is not None else DEFAULT_BUDGETS["fp16"].max_rel
     for i, (ref, cand) in enumerate(zip(refs, cands)):
         prefix = f"val[{i}]." if batched and len(refs) > 1 else ""
-        if _structure(ref) != _structure(cand):
+        if det is not None:
+            if not is_detection_output(ref):
+                t.acc.errors.append("kind='detection' but the reference output is not a list of "
+                                    "{boxes, scores, labels} dicts")
+                break
+            t.acc.errors += match(ref, cand, score_tol, det, prefix)
+        elif _structure(ref) != _structure(cand):
             t.acc.errors.append(f"{prefix}output structure {_structure(cand)} differs from the reference's "
                                 f"{_structure(ref)}")
             continue
-        for (path, r), (_, c) in zip(leaves(ref), leaves(cand)):
-            t.leaf(prefix + path, r, c)
+        else:
+            for (path, r), (_, c) in zip(leaves(ref), leaves(cand)):
+                t.leaf(prefix + path, r, c)
         if kind == "classifier":
             t.top1(ref, cand, budget.top1_tie if budget is not None else None)
         if budget is not None and budget.metric is not None:
@@ -327,6 +351,12 @@ def compare(reference_outputs: Any, candidate_outputs: Any, kind: str = "generic
     acc.mean_abs = t.abs_sum / acc.n_values if acc.n_values else 0.0
     if kind == "classifier" and acc.n_samples:
         acc.top1 = t.top1_hits / acc.n_samples
+    if det is not None:
+        acc.detections = det.fraction if det.fraction is not None else 1.0  # nothing decisive: nothing lost
+        acc.detection_ties = det.ties
+        if det.ref_rows:  # the element-wise metrics over the matched pairs' boxes and scores
+            t.leaf("matched detections", torch.stack(det.ref_rows), torch.stack(det.cand_rows))
+            acc.mean_abs = t.abs_sum / acc.n_values
     if budget is not None and budget.metric is not None:
         acc.metric_name = budget.metric_name
         acc.metric = sum(metric_values) / len(metric_values) if metric_values else None
