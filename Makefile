@@ -49,8 +49,11 @@ endif
 demo: $(STAMP)
 	$(VENV)/bin/warpforge demo
 
+# On a CPU machine one worker per core, a test file per worker at a time (module fixtures load once); on a
+# GPU machine one process, so the GPU tests do not share the card with each other.
+PARALLEL := $(if $(filter 1,$(HAS_CUDA)),,-n auto --dist loadfile)
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(PARALLEL) --durations=25
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu

@@ -113,8 +113,10 @@ def test_straggler_named_by_rank_zero(runs):
     assert "Rank 1" in f["text"] and f["evidence"]["part"] == "data"
     r0, r1 = (r["aggregate"]["mean"] for r in d["ranks"])
     assert r1["data"] > 30 and r0["comm_exposed"] > 20  # rank 0 waits in the all-reduce for rank 1
-    # That wait is the straggler's cost: no exposed-communication finding blames the network for it.
-    assert "exposed_comm" not in [g["kind"] for g in d["findings"]]
+    # That wait is the straggler's cost: no exposed-communication finding blames the network for it (on a
+    # busy machine gloo's own time can still earn one, without the wait).
+    comm = [g for g in d["findings"] if g["kind"] == "exposed_comm"]
+    assert all(g["evidence"]["exposed_ms"] < 0.5 * r1["data"] for g in comm), (comm, r1)
 
 
 TRAIN_PY = '''

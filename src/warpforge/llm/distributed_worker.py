@@ -98,6 +98,9 @@ class TensorParallelWorkers:
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30 if error is None else 0.5)
+        if error is not None:  # a worker whose death caused the error may be reaped only now
+            self.exited_before = ", ".join(f"rank {r} (pid {p.pid}, status {p.poll()})"
+                                           for r, p in enumerate(self.procs, 1) if p.poll() is not None)
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
@@ -136,11 +139,10 @@ class DriverRunner(ModelRunner):
                 dist.broadcast(prev, src=0, group=self.tp.group)
             return super()._launch(batch, ids_from)
         except BaseException as e:
-            if self.workers.closed:
-                raise
-            self.workers.shutdown(error=e)  # they may wait in a collective this rank will never reach
+            if not self.workers.closed:
+                self.workers.shutdown(error=e)  # they may wait in a collective this rank will never reach
             dead = self.workers.exited_before
-            if dead:
+            if dead and not str(e).startswith("tensor parallel:"):
                 raise RuntimeError(f"tensor parallel: worker {dead} exited during the step; the engine is "
                                    f"stopped (its error is in the worker's stderr)") from e
             raise
