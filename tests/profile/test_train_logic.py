@@ -115,3 +115,41 @@ def test_straggler_named_from_merged_ranks():
 def test_clean_profile_has_no_finding_at_the_threshold():
     d = _profile({"data": 0.5, "h2d": 0.2, "forward": 30, "backward": 60, "optimizer": 5, "other": 2})
     assert [f for f in train_findings(d) if f["severity"] >= THRESHOLD] == []
+
+
+def test_exposed_all_reduce_set_against_the_nvlink_datasheet():
+    # 2 H200s, 1 GiB of gradients all-reduced in 10 ms, none of it overlapped: algbw 107 GB/s, busbw the same
+    # (2 (n-1) / n = 1 at n = 2), 24% of the 450 GB/s one-direction NVLink figure.
+    steps_parts = {"forward": 10, "backward": 20, "comm_exposed": 10}
+    d = _profile(steps_parts)
+    for s in d["steps"]:
+        s.update(collectives=4, comm_bytes=2**30)
+    d["aggregate"] = aggregate(d["steps"])
+    d["meta"].update(world=2, device="NVIDIA H200")
+    from warpforge.profile.train_findings import exposed_comm
+
+    f = exposed_comm(d)
+    ev = f["evidence"]
+    assert ev["algbw_GBps"] == pytest.approx(2**30 / 0.01 / 1e9)
+    assert ev["busbw_GBps"] == pytest.approx(ev["algbw_GBps"]) and ev["nvlink_GBps"] == 450
+    assert ev["of_link"] == pytest.approx(ev["busbw_GBps"] / 450) and "% of the 450 GB/s NVLink" in f["text"]
+    d["meta"].update(world=4)
+    assert exposed_comm(d)["evidence"]["busbw_GBps"] == pytest.approx(1.5 * ev["algbw_GBps"])
+    d["meta"].update(device_type="cpu", device="CPU")
+    assert exposed_comm(d)["evidence"]["of_link"] is None  # no link to set it against
+
+
+def test_step_roofline_names_the_binding_roof():
+    from warpforge.profile.train_cli import step_roofline
+
+    d = _profile({"forward": 10, "backward": 20, "optimizer": 10})  # a 40 ms step
+    # 0.4 TFLOP at 1000 TFLOP/s: 0.4 ms; 48 GB at 4800 GB/s: 10 ms -> memory-bound, 25% of the floor
+    d.update(flops_per_step=4e11, bytes_per_step=48e9)
+    r = step_roofline(d, peak_tflops=1000.0, hbm_GBps=4800.0)
+    assert r["bound"] == "memory" and r["compute_floor_ms"] == pytest.approx(0.4)
+    assert r["memory_floor_ms"] == pytest.approx(10.0) and r["fraction"] == pytest.approx(0.25)
+    assert r["mbu"] == pytest.approx(0.25)
+    d.update(flops_per_step=2e13)  # 20 ms of compute: compute-bound at 50%
+    r = step_roofline(d, peak_tflops=1000.0, hbm_GBps=4800.0)
+    assert r["bound"] == "compute" and r["fraction"] == pytest.approx(0.5)
+    assert step_roofline(d, peak_tflops=None, hbm_GBps=None) is None  # CPU: no roofs

@@ -59,17 +59,33 @@ def init_distributed(device: torch.device) -> torch.device:
     return device
 
 
-def _peak_tflops(d: dict[str, Any], dtype: torch.dtype | None) -> tuple[float | None, dict[str, Any] | None]:
+def _peak_tflops(d: dict[str, Any], dtype: torch.dtype | None
+                 ) -> tuple[float | None, dict[str, Any] | None, float | None]:
+    """(matrix peak TFLOP/s at the run's dtype, the cached probe, HBM GB/s) on a GPU; Nones on a CPU."""
     if d["meta"]["device_type"] != "cuda":
-        return None, None
+        return None, None, None
     from warpforge.hw.probe import load_cached
     from warpforge.hw.roofline import ceilings, dtype_key
 
     try:
         c = ceilings(torch.device("cuda"))
-        return c.tflops[dtype_key(dtype or torch.float32)], load_cached(d["meta"]["device"])
+        return c.tflops[dtype_key(dtype or torch.float32)], load_cached(d["meta"]["device"]), c.hbm_GBps
     except (KeyError, ValueError):
-        return None, None
+        return None, None, None
+
+
+def step_roofline(d: dict[str, Any], peak_tflops: float | None, hbm_GBps: float | None) -> dict[str, Any] | None:
+    """The whole step against both roofs: the time its FLOPs need at the matrix peak, the time its bytes need
+    at HBM bandwidth, which one binds, and how close the measured step comes to that floor."""
+    step_ms = d["aggregate"]["mean"]["step_ms"]
+    flops, nbytes = d.get("flops_per_step") or 0, d.get("bytes_per_step") or 0
+    if not peak_tflops or not hbm_GBps or step_ms <= 0 or not (flops or nbytes):
+        return None
+    compute_ms, memory_ms = flops / (peak_tflops * 1e9), nbytes / (hbm_GBps * 1e6)
+    floor = max(compute_ms, memory_ms)
+    return {"flops": flops, "bytes": nbytes, "compute_floor_ms": compute_ms, "memory_floor_ms": memory_ms,
+            "bound": "compute" if compute_ms >= memory_ms else "memory", "fraction": floor / step_ms,
+            "mbu": nbytes / (step_ms / 1e3) / (hbm_GBps * 1e9), "peak_tflops": peak_tflops, "hbm_GBps": hbm_GBps}
 
 
 def finalize(d: dict[str, Any], ranks: list[dict[str, Any]] | None = None, dtype: torch.dtype | None = None
@@ -78,8 +94,9 @@ def finalize(d: dict[str, Any], ranks: list[dict[str, Any]] | None = None, dtype
     from warpforge.profile.train_findings import THRESHOLD, train_findings
     from warpforge.profile.train_report import verdict
 
-    peak, probe = _peak_tflops(d, dtype)
+    peak, probe, hbm = _peak_tflops(d, dtype)
     step_s = d["aggregate"]["mean"]["step_ms"] / 1e3
+    d["roofline"] = step_roofline(d, peak, hbm)
     d["mfu"] = d["flops_per_step"] / step_s / (peak * 1e12) if peak and step_s > 0 else None
     for r in d.get("layers") or []:
         r["mfu"] = (r["flops"] / (r["forward_ms"] / 1e3) / (peak * 1e12)) if peak and r["forward_ms"] else None
@@ -89,8 +106,9 @@ def finalize(d: dict[str, Any], ranks: list[dict[str, Any]] | None = None, dtype
     d["finding_threshold"] = THRESHOLD
     d["verdict"] = verdict(d)
     if peak is None:
-        d["notes"].append("CPU run: host timers; MFU and the low-MFU-layer finding need a GPU's matrix peak, "
-                          "so they are omitted (the layer table shows GFLOP/s).")
+        d["notes"].append("CPU run: host timers; MFU, the step's roofline and the low-MFU-layer finding need a "
+                          "GPU's matrix peak and HBM bandwidth, so they are omitted (the layer table shows GFLOP/s; "
+                          "the step's FLOPs and bytes are in the JSON).")
     return d
 
 
@@ -170,6 +188,12 @@ def print_train_summary(d: dict[str, Any], console) -> None:
                   f"the profiler, overhead {ov_text}); parts sum within "
                   f"{100 * a['parts_error']:.2f}%" + (f"; MFU {100 * d['mfu']:.1f}%" if d.get("mfu") is not None
                                                       else ""), highlight=False)
+    rl = d.get("roofline")
+    if rl:
+        console.print(f"roofline: {rl['bound']}-bound; the step's {rl['flops'] / 1e9:.3g} GFLOP need "
+                      f"{rl['compute_floor_ms']:.3f} ms at {rl['peak_tflops']:g} TFLOP/s and its {rl['bytes'] / 2**20:.4g} "
+                      f"MiB {rl['memory_floor_ms']:.3f} ms at {rl['hbm_GBps']:g} GB/s: the step runs at "
+                      f"{100 * rl['fraction']:.0f}% of that floor (MBU {100 * rl['mbu']:.1f}%)", highlight=False)
     for f in d["findings"][:6]:
         console.print(f"  • [{100 * f['severity']:.0f}%] {f['text']}\n    → {f['advice']}", highlight=False,
                       soft_wrap=True, markup=False)

@@ -66,6 +66,17 @@ def pageable_copies(d: dict[str, Any], probe: dict[str, Any] | None = None) -> d
               probe_pinned_GBps=pinned, probe_pageable_GBps=pageable)
 
 
+def _nvlink_GBps(d: dict[str, Any]) -> float | None:
+    """The datasheet's one-direction NVLink figure of the run's GPU; None on a CPU or without NVLink."""
+    meta = d.get("meta", {})
+    if meta.get("device_type") != "cuda":
+        return None
+    from warpforge.hw.specs import spec_for
+
+    spec = spec_for(meta.get("device_name") or meta.get("device"))
+    return spec.nvlink_GBps if spec is not None else None
+
+
 def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict[str, Any] | None:
     a = d["aggregate"]
     m, s = a["mean"], a["share"]
@@ -74,6 +85,12 @@ def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict
     total = m["comm_exposed"] + m["comm_overlapped"]
     # Bytes over the collectives' time (overlapped or not): the rate to set beside `probe --collectives`.
     algbw = a["comm_bytes"] / (total / 1e3) / 1e9 if total > 0 and a["comm_bytes"] else None
+    # Bus bandwidth as nccl-tests define it for an all-reduce (2 (n-1) / n of the algorithm bandwidth): the
+    # figure a link's datasheet bounds.
+    world = int(d.get("meta", {}).get("world") or 1)
+    busbw = algbw * 2 * (world - 1) / world if algbw and world > 1 else None
+    link = _nvlink_GBps(d)
+    of_link = busbw / link if busbw and link else None
     ddp = d.get("ddp")
     if d.get("fsdp"):
         advice = ("let FSDP overlap its all-gathers and reduce-scatters with compute: prefetch the next unit "
@@ -92,9 +109,12 @@ def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict
               f"Gradient communication is exposed: {_ms(m['comm_exposed'])} per step "
               f"({100 * s['comm_exposed']:.0f}%) with no compute beside it; "
               f"{100 * m['comm_overlapped'] / total if total else 0:.0f}% of the collectives' time overlaps compute"
-              + (f"; they move {a['comm_bytes'] / 2**20:.3g} MiB per step at {algbw:.3g} GB/s (algorithm bandwidth, "
-                 "compare `warpforge probe --collectives`)." if algbw else "."),
+              + (f"; they move {a['comm_bytes'] / 2**20:.3g} MiB per step at {algbw:.3g} GB/s algorithm bandwidth"
+                 + (f", {busbw:.3g} GB/s bus bandwidth" if busbw else "")
+                 + (f" ({100 * of_link:.0f}% of the {link:g} GB/s NVLink datasheet figure)" if of_link else "")
+                 + "; `warpforge probe --collectives` measures what this machine's links reach." if algbw else "."),
               advice + ".", exposed_ms=m["comm_exposed"], overlapped_ms=m["comm_overlapped"], algbw_GBps=algbw,
+              busbw_GBps=busbw, nvlink_GBps=link, of_link=of_link,
               collectives_per_step=a["collectives"], bytes_per_step=a["comm_bytes"])
 
 

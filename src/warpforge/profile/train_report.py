@@ -81,8 +81,13 @@ def _figs(d: dict[str, Any]) -> str:
     if h2d.get("bytes") and a["mean"]["h2d"] > 0:
         figs.append((f'host-to-device ({"pinned" if h2d.get("pinned") else "pageable"})',
                      f'{h2d["bytes"] / (a["mean"]["h2d"] / 1e3) / 1e9:.3g} GB/s'))
+    if d.get("bytes_per_step"):
+        figs.append(("MiB moved per step (operators' reads and writes)", f'{d["bytes_per_step"] / 2**20:.4g}'))
     if d.get("mfu") is not None:
         figs.append(("MFU of the step", _pct(d["mfu"])))
+    rl = d.get("roofline")
+    if rl:
+        figs.append(("roofline", f'{rl["bound"]}-bound, {_pct(rl["fraction"])} of its floor (MBU {_pct(rl["mbu"])})'))
     mem = d.get("memory") or {}
     figs.append((f'peak memory ({mem.get("peak_phase", "—")})', _mib(mem.get("peak_bytes"))))
     if d.get("ranks"):

@@ -106,15 +106,16 @@ def _memory_step(setup: TrainSetup, stream: BatchStream, rec: Recorder) -> dict[
     return mem
 
 
-def _layer_step(setup: TrainSetup, stream: BatchStream, rec: Recorder) -> tuple[list[dict[str, Any]], int]:
-    """Forward time of each layer that holds parameters (one step with per-layer hooks), its forward FLOPs
-    and the whole forward's FLOPs (a second step under the FLOP counter)."""
+def _layer_step(setup: TrainSetup, stream: BatchStream, rec: Recorder) -> tuple[list[dict[str, Any]], int, int]:
+    """Forward time of each layer that holds parameters (one step with per-layer hooks), its forward FLOPs,
+    the whole forward's FLOPs and the bytes the whole step's operators must move (a second step under the
+    FLOP counter: inputs read and outputs written by forward, backward and optimizer)."""
     from warpforge.profile.flops import FlopCounter
     from warpforge.profile.scope import ModuleScope
 
     model = setup.model
     if model is None:
-        return [], 0
+        return [], 0, 0
     root = getattr(model, "module", model)  # DDP / FSDP wrappers: name the layers of the wrapped model
     leaves = {n: m for n, m in root.named_modules() if n and any(True for _ in m.parameters(recurse=False))}
     clock, times, opened = rec.clock, {}, {}
@@ -153,7 +154,7 @@ def _layer_step(setup: TrainSetup, stream: BatchStream, rec: Recorder) -> tuple[
                      "flops": flops.get(name, 0)})
     rows.sort(key=lambda r: -r["forward_ms"])
     n_fwd = fwd_records.get("n", len(counter.counts.records))
-    return rows, sum(r.flops for r in counter.counts.records[:n_fwd])
+    return rows, sum(r.flops for r in counter.counts.records[:n_fwd]), counter.counts.bytes
 
 
 def _traced_comm(setup: TrainSetup, stream: BatchStream, rec: Recorder, n: int) -> dict[str, float] | None:
@@ -208,7 +209,7 @@ def profile_train(setup: TrainSetup, config: TrainConfig | None = None, progress
             device_comm = _traced_comm(setup, stream, rec, min(cfg.steps, 5))
         say("memory and layer steps")
         memory = _memory_step(setup, stream, rec)
-        layers, fwd_flops = _layer_step(setup, stream, rec)
+        layers, fwd_flops, step_bytes = _layer_step(setup, stream, rec)
     agg = aggregate(steps)
     if device_comm is not None:  # move NCCL's exposed time out of backward, where the stream waited for it
         exposed = min(device_comm["exposed"], agg["mean"]["backward"])
@@ -246,6 +247,7 @@ def profile_train(setup: TrainSetup, config: TrainConfig | None = None, progress
         "ddp": None if ddp is None else {"bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / 2**20},
         "fsdp": _fsdp(setup.model),
         "memory": memory, "layers": layers, "flops_per_step": 3 * fwd_flops,
+        "bytes_per_step": step_bytes,
         "device_comm": device_comm, "notes": notes,
     }
 
