@@ -231,8 +231,7 @@ def render(result: dict[str, Any], console) -> None:
 
 
 def cli_probe_collectives(quick: bool, json_out: str | None, console) -> int:
-    import json
-    from pathlib import Path
+    from warpforge.hw.probe import write_json
 
     if json_out == "-":
         from warpforge._cli_support import make_console
@@ -247,10 +246,5 @@ def cli_probe_collectives(quick: bool, json_out: str | None, console) -> int:
         console.print(f"[bold red]warpforge probe --collectives:[/] {e}", highlight=False)
         return 1
     render(result, console)
-    text = json.dumps(result, indent=1, allow_nan=False)
-    if json_out == "-":
-        print(text)
-    elif json_out:
-        Path(json_out).write_text(text)
-        console.print(f"wrote {json_out}")
+    write_json(result, json_out, console)
     return 0

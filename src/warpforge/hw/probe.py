@@ -340,10 +340,15 @@ def cli_probe(quick: bool, json_out: str | None, use_cache: bool, console) -> in
         else:  # bench and profile compute no roofline on CPU runs: do not suggest they will use it
             console.print(f"cached: {path} (this CPU's figures; bench and profile compute a roofline for GPU "
                           "runs only)")
+    write_json(result, json_out, console)
+    return 0
+
+
+def write_json(result: dict, json_out: str | None, console) -> None:
+    """--json: the result as JSON on stdout ("-") or in the named file."""
     text = json.dumps(result, indent=1, allow_nan=False)
     if json_out == "-":
         print(text)
     elif json_out:
         Path(json_out).write_text(text)
         console.print(f"wrote {json_out}")
-    return 0

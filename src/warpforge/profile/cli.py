@@ -26,6 +26,14 @@ def _err(msg: str) -> int:
     return 2
 
 
+def _device(device: str) -> torch.device | None:
+    """--device: auto is the GPU when there is one; None when CUDA is asked for and missing."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    return None if dev.type == "cuda" and not torch.cuda.is_available() else dev
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:80] or "profile"
 
@@ -47,12 +55,9 @@ def cli_profile(target: str | None, *, input_shapes: tuple[str, ...] = (), warmu
     from warpforge.profile.targets import TargetError, parse_shape, resolve
     from warpforge.profile.trace import ProfileError
 
-    if device == "auto":
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            return _err("--device cuda: CUDA is not available on this machine")
+    dev = _device(device)
+    if dev is None:
+        return _err("--device cuda: CUDA is not available on this machine")
     try:
         shapes = [parse_shape(s) for s in input_shapes]
         t = resolve(target, input_shapes=shapes or None, device=dev, batch=batch, prompt_len=prompt_len)

@@ -135,18 +135,15 @@ def gather_ranks(d: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def cli_profile_train(spec: str, *, steps: int, warmup: int, out: str | None, device: str, size: str | None,
                       json_out: bool, console) -> int:
-    from warpforge.profile.cli import _err, _slug
+    from warpforge.profile.cli import _device, _err, _slug
     from warpforge.profile.train import TrainConfig
     from warpforge.profile.train_run import profile_train
 
     import torch.distributed as dist
 
-    if device == "auto":
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            return _err("--device cuda: CUDA is not available on this machine")
+    dev = _device(device)
+    if dev is None:
+        return _err("--device cuda: CUDA is not available on this machine")
     try:
         cfg = TrainConfig(steps=steps, warmup=warmup)
         dev = init_distributed(dev)
