@@ -360,3 +360,17 @@ def test_serve_config_takes_a_method():
     with pytest.raises(ValueError, match=r"^speculative: expected None, 'ngram' or 'self', got 'draft'$"):
         ServeConfig(model="m", speculative="draft")
 
+
+
+def test_drafter_cost_counts_quantized_layers_like_float_ones():
+    """The adaptive rule's cost model counts the matrices a token multiplies through: a quantized layer
+    (packed buffers, no float weight) counts its in x out features, as its float twin does."""
+    from warpforge.llm.drafters import matmul_params
+    from warpforge.llm.loader import load
+    from warpforge.llm.quantize import quantize_model
+
+    m = load(checkpoint("llama"), dtype=torch.float32, device="cpu")
+    dense = matmul_params(m.model), matmul_params(m.model, 1)
+    quantize_model(m.model, "int8", tokenizer=m.tokenizer)
+    assert (matmul_params(m.model), matmul_params(m.model, 1)) == dense
+    assert 0 < dense[1] < dense[0]

@@ -106,9 +106,20 @@ def matmul_params(model: torch.nn.Module, num_layers: int | None = None) -> int:
     what a decode step reads, so the drafters' cost in the adaptive-k rule."""
     inner = model.model
     layers = inner.layers if num_layers is None else inner.layers[:num_layers]
-    total = sum(p.numel() for layer in layers for p in layer.parameters() if p.dim() == 2)
-    head = inner.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    return total + head.numel()
+    head = inner.embed_tokens.weight.numel() if model.lm_head is None else _matrix_elements(model.lm_head)
+    return sum(_matrix_elements(layer) for layer in layers) + head
+
+
+def _matrix_elements(m: torch.nn.Module) -> int:
+    """Elements of the matrices under ``m``, whatever holds them: a float weight, a quantized layer's packed
+    buffers (its in x out features) or a GGUF-block layer."""
+    k, n = getattr(m, "in_features", None), getattr(m, "out_features", None)
+    if isinstance(k, int) and isinstance(n, int):
+        return k * n
+    w = getattr(m, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() == 2:
+        return w.numel()
+    return sum(_matrix_elements(c) for c in m.children())
 
 
 class _ModelDrafter:
