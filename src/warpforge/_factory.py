@@ -11,12 +11,29 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
 # module name -> the file it was imported from, for every factory file imported here (load_factory).
 _FILE_MODULES: dict[str, Path] = {}
 
+
+
+def import_file(name: str, path: Path) -> ModuleType:
+    """Import the Python file ``path`` as module ``name`` (registered in sys.modules, removed again if running
+    it fails). ImportError: not loadable as a module; anything the file raises propagates."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a loadable Python module")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
 
 def file_modules() -> dict[str, Path]:
     """The factory files imported in this process by path: module name -> file."""
@@ -63,13 +80,10 @@ def load_factory(where: str, attr: str, error: type[Exception], module_prefix: s
         if not path.is_file():
             raise error(f"{where}: no such file")
         name = _own_name(path) or module_prefix + re.sub(r"[^A-Za-z0-9_]+", "_", str(path.resolve())).strip("_")[-80:]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise error(f"{where}: cannot be loaded as a Python module")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
         try:
-            spec.loader.exec_module(mod)
+            mod = import_file(name, path)
+        except ImportError as e:
+            raise error(f"{where}: cannot be loaded as a Python module") from e
         except Exception as e:
             raise error(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
         _FILE_MODULES[name] = path.resolve()

@@ -6,3 +6,20 @@ all-reduce after backward put in on purpose. Every factory here takes ``size=`` 
 :class:`warpforge.profile.train.TrainSetup`; ``size`` is ``tiny`` (default on CPU), ``small`` (default on
 a GPU) or ``full``.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def pick(size: str | None, device: torch.device | str | None,
+         sizes: dict[str, Any]) -> tuple[torch.device, str, Any]:
+    """(device, size, configuration) of an example: the GPU when there is one, ``small`` there and ``tiny`` on a CPU
+    unless ``size`` names one of ``sizes``."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    size = size or ("small" if device.type == "cuda" else "tiny")
+    if size not in sizes:
+        raise ValueError(f"size must be one of {', '.join(sizes)}, got {size!r}")
+    return device, size, sizes[size]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from warpforge.examples import pick
 from warpforge.profile.train import TrainSetup
 
 
@@ -47,11 +48,7 @@ class RandomImages(torch.utils.data.Dataset):
 def factory(size: str | None = None, device: torch.device | str | None = None) -> TrainSetup:
     from warpforge.models.resnet import ResNet
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    size = size or ("small" if device.type == "cuda" else "tiny")
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
-    c = SIZES[size]
+    device, size, c = pick(size, device, SIZES)
     torch.manual_seed(0)
     cuda = device.type == "cuda"
     model = ResNet().to(device, memory_format=torch.channels_last if cuda else torch.contiguous_format)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from warpforge.examples import pick
 from warpforge.profile.train import TrainSetup
 
 
@@ -117,11 +118,7 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # [B,
 
 
 def factory(size: str | None = None, device: torch.device | str | None = None) -> TrainSetup:
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    size = size or ("small" if device.type == "cuda" else "tiny")
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
-    c = SIZES[size]
+    device, size, c = pick(size, device, SIZES)
     torch.manual_seed(0)
     model = GPT(c).to(device)
     cuda = device.type == "cuda"

@@ -109,6 +109,16 @@ class QuantizedWeight:
                                self.shape, self.dtype)
 
 
+def packed_view(cached: QuantizedWeight | None, scheme: str, data: torch.Tensor, scales: torch.Tensor,
+                zeros: torch.Tensor | None, group: int | None, shape: tuple[int, int],
+                dtype: torch.dtype) -> QuantizedWeight:
+    """A layer's buffers as a QuantizedWeight: ``cached`` while it still wraps these very tensors, else a new
+    one (validated once, after ``.to()`` or a state-dict load replaced the buffers), so a call costs no check."""
+    if cached is not None and cached.data is data and cached.scales is scales:
+        return cached
+    return QuantizedWeight(scheme, data, scales, zeros, group, shape, dtype)
+
+
 def quantize_weight(w: torch.Tensor, scheme: str) -> QuantizedWeight:
     """Quantize a [N, K] weight (rows = output channels, like nn.Linear.weight) to ``scheme``."""
     check_tensor("w", w, dtypes=FLOAT_DTYPES, ndim=2)

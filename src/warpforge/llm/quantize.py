@@ -50,7 +50,7 @@ from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
 from warpforge.kernels.gemv import GEMV_MAX_M, linear
 from warpforge.kernels.matmul_fp8 import matmul_fp8
 from warpforge.kernels.norm import rms_norm
-from warpforge.kernels.quant_linear import QuantizedWeight, quantize_weight
+from warpforge.kernels.quant_linear import QuantizedWeight, packed_view, quantize_weight
 from warpforge.llm.context import StepContext, set_context
 from warpforge.llm.engine_config import QUANTIZATION_MODES
 from warpforge.llm.layers import Linear, NormedInput
@@ -146,12 +146,9 @@ class QuantLinear(nn.Module):
 
     def packed(self) -> QuantizedWeight:
         """The buffers as the kernel's QuantizedWeight, rebuilt (and validated) only after they were replaced."""
-        qw = self._packed
-        if qw is None or qw.data is not self.weight_q or qw.scales is not self.weight_scale:
-            qw = QuantizedWeight(self.scheme, self.weight_q, self.weight_scale, self.weight_zero, self.group,
-                                 (self.out_features, self.in_features), self.dtype)
-            self._packed = qw
-        return qw
+        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_zero,
+                                   self.group, (self.out_features, self.in_features), self.dtype)
+        return self._packed
 
     def dequantized(self) -> torch.Tensor:  # [N, K] float32: the weight this layer multiplies x by
         w = self.packed().dequantize().float()

@@ -179,6 +179,8 @@ def _import_code(d: Path, code: list[dict[str, str]]) -> None:
     """Make the saved user modules importable under their recorded names, where they are not already: a module
     named as its file imports from ``d/code`` (so its own imports of the others resolve), a factory file
     imported under a longer name loads from its copy."""
+    from warpforge._factory import import_file
+
     missing = []
     for entry in code:
         name = entry["module"]
@@ -199,15 +201,11 @@ def _import_code(d: Path, code: list[dict[str, str]]) -> None:
             name, path = entry["module"], d / entry["file"]
             if name in sys.modules:
                 continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ValueError(f"{path}: the saved copy of module {name} cannot be loaded")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
             try:
-                spec.loader.exec_module(mod)
+                import_file(name, path)
+            except ImportError as e:
+                raise ValueError(f"{path}: the saved copy of module {name} cannot be loaded") from e
             except Exception as e:
-                del sys.modules[name]
                 raise ValueError(f"{path}: importing the saved copy of module {name} failed "
                                  f"({type(e).__name__}: {e})") from e
     finally:

@@ -28,7 +28,7 @@ from torch import nn
 
 from warpforge.kernels.gemv import linear
 from warpforge.kernels.matmul import FLOAT_DTYPES
-from warpforge.kernels.quant_linear import QuantizedWeight, quantize_weight
+from warpforge.kernels.quant_linear import QuantizedWeight, packed_view, quantize_weight
 from warpforge.optimize.quant import KeptLayer, swap
 
 __all__ = ["SCHEMES", "LayerWeightReport", "WeightOnlyLinear", "WeightOnlyReport", "quantize_weights"]
@@ -70,12 +70,9 @@ class WeightOnlyLinear(nn.Module):
     def packed(self) -> QuantizedWeight:
         """The buffers as the kernel's QuantizedWeight; rebuilt (and validated) only after .to() or a load
         replaced them, so a call costs no validation."""
-        qw = self._packed
-        if qw is None or qw.data is not self.weight_q or qw.scales is not self.weight_scale:
-            qw = QuantizedWeight(self.scheme, self.weight_q, self.weight_scale, self.weight_zero, self.group,
-                                 (self.out_features, self.in_features), self.dtype)
-            self._packed = qw
-        return qw
+        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_zero,
+                                   self.group, (self.out_features, self.in_features), self.dtype)
+        return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
