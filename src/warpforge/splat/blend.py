@@ -344,32 +344,31 @@ def _blend_bwd_seq_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, o
             v_sigma = tl.where(on, -raw * v_alpha, 0.0)
             vx = v_sigma * (ca * dx + cb * dy)
             vy = v_sigma * (cb * dx + cc * dy)
-            any_on = tl.max(valid.to(tl.int32), axis=0) > 0
-            tl.atomic_add(v_colors_ptr + g * D + dcol, tl.sum(w[:, None] * v_c, axis=0), mask=dm & any_on,
-                          sem="relaxed")
-            if JOIN:  # the eight per-Gaussian sums as one reduction: one cross-warp exchange, not eight
-                f = tl.join(tl.join(tl.join(vx, vy), tl.join(0.5 * v_sigma * dx * dx, v_sigma * dx * dy)),
-                            tl.join(tl.join(0.5 * v_sigma * dy * dy, tl.where(on, vis * v_alpha, 0.0)),
-                                    tl.join(tl.abs(vx), tl.abs(vy))))  # [PB, 2, 2, 2]
-                sums = tl.reshape(tl.sum(f, axis=0), [8])
-                n = tl.arange(0, 8)
-                field = 4 * (n % 2) + 2 * ((n // 2) % 2) + n // 4  # join order -> vx vy ca cb cc op |vx| |vy|
-                ptr = tl.where(field < 2, v_means_ptr + 2 * g + field,
-                               tl.where(field < 5, v_conics_ptr + 3 * g + (field - 2),
-                                        tl.where(field == 5, v_opac_ptr + g, v_abs_ptr + 2 * g + (field - 6))))
-                tl.atomic_add(ptr, sums, mask=any_on & ((field < 6) | ABSGRAD), sem="relaxed")
-            else:
-                tl.atomic_add(v_means_ptr + 2 * g, tl.sum(vx, axis=0), mask=any_on, sem="relaxed")
-                tl.atomic_add(v_means_ptr + 2 * g + 1, tl.sum(vy, axis=0), mask=any_on, sem="relaxed")
-                tl.atomic_add(v_conics_ptr + 3 * g, tl.sum(0.5 * v_sigma * dx * dx, axis=0), mask=any_on, sem="relaxed")
-                tl.atomic_add(v_conics_ptr + 3 * g + 1, tl.sum(v_sigma * dx * dy, axis=0), mask=any_on, sem="relaxed")
-                tl.atomic_add(v_conics_ptr + 3 * g + 2, tl.sum(0.5 * v_sigma * dy * dy, axis=0), mask=any_on,
-                              sem="relaxed")
-                tl.atomic_add(v_opac_ptr + g, tl.sum(tl.where(on, vis * v_alpha, 0.0), axis=0), mask=any_on,
-                              sem="relaxed")
-                if ABSGRAD:
-                    tl.atomic_add(v_abs_ptr + 2 * g, tl.sum(tl.abs(vx), axis=0), mask=any_on, sem="relaxed")
-                    tl.atomic_add(v_abs_ptr + 2 * g + 1, tl.sum(tl.abs(vy), axis=0), mask=any_on, sem="relaxed")
+            # Most of a tile's Gaussians reach none of its pixels (the tile test is conservative): one vote
+            # skips their reductions and atomics, as gsplat's per-warp ballot does.
+            if tl.max(valid.to(tl.int32), axis=0) > 0:
+                tl.atomic_add(v_colors_ptr + g * D + dcol, tl.sum(w[:, None] * v_c, axis=0), mask=dm, sem="relaxed")
+                if JOIN:  # the eight per-Gaussian sums as one reduction: one cross-warp exchange, not eight
+                    f = tl.join(tl.join(tl.join(vx, vy), tl.join(0.5 * v_sigma * dx * dx, v_sigma * dx * dy)),
+                                tl.join(tl.join(0.5 * v_sigma * dy * dy, tl.where(on, vis * v_alpha, 0.0)),
+                                        tl.join(tl.abs(vx), tl.abs(vy))))  # [PB, 2, 2, 2]
+                    sums = tl.reshape(tl.sum(f, axis=0), [8])
+                    n = tl.arange(0, 8)
+                    field = 4 * (n % 2) + 2 * ((n // 2) % 2) + n // 4  # join order -> vx vy ca cb cc op |vx| |vy|
+                    ptr = tl.where(field < 2, v_means_ptr + 2 * g + field,
+                                   tl.where(field < 5, v_conics_ptr + 3 * g + (field - 2),
+                                            tl.where(field == 5, v_opac_ptr + g, v_abs_ptr + 2 * g + (field - 6))))
+                    tl.atomic_add(ptr, sums, mask=(field < 6) | ABSGRAD, sem="relaxed")
+                else:
+                    tl.atomic_add(v_means_ptr + 2 * g, tl.sum(vx, axis=0), sem="relaxed")
+                    tl.atomic_add(v_means_ptr + 2 * g + 1, tl.sum(vy, axis=0), sem="relaxed")
+                    tl.atomic_add(v_conics_ptr + 3 * g, tl.sum(0.5 * v_sigma * dx * dx, axis=0), sem="relaxed")
+                    tl.atomic_add(v_conics_ptr + 3 * g + 1, tl.sum(v_sigma * dx * dy, axis=0), sem="relaxed")
+                    tl.atomic_add(v_conics_ptr + 3 * g + 2, tl.sum(0.5 * v_sigma * dy * dy, axis=0), sem="relaxed")
+                    tl.atomic_add(v_opac_ptr + g, tl.sum(tl.where(on, vis * v_alpha, 0.0), axis=0), sem="relaxed")
+                    if ABSGRAD:
+                        tl.atomic_add(v_abs_ptr + 2 * g, tl.sum(tl.abs(vx), axis=0), sem="relaxed")
+                        tl.atomic_add(v_abs_ptr + 2 * g + 1, tl.sum(tl.abs(vy), axis=0), sem="relaxed")
         j0 -= UNROLL
 
 
