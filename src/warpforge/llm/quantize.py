@@ -1,7 +1,7 @@
 """Weight quantization of the engine's linear layers: int8, int4 (g128), int4 with AWQ scales, fp8.
 
     LLM(path, quantization="int8")       # int8 weights, one fp32 scale per output channel
-    LLM(path, quantization="int4")       # int4 weights, a scale and zero point per 128 input columns
+    LLM(path, quantization="int4")       # int4 weights, a scale and float minimum per 128 input columns
     LLM(path, quantization="int4-awq")   # int4 after an activation-aware scale search on Macbeth
     LLM(path, quantization="fp8")        # e4m3 weights (per channel) and e4m3 activations (per token)
     save_quantized(llm, "out/")          # safetensors + quantization.json; LLM("out/") loads it as is
@@ -59,13 +59,16 @@ from warpforge.optimize.fp8 import K_ALIGN, N_ALIGN, to_e4m3
 __all__ = ["GROUP", "QUANTIZATION_MODES", "QuantLinear", "QuantReport", "awq_search", "is_quantized_dir",
            "load_quantized", "quantize_model", "save_quantized"]
 
-GROUP = 128  # int4 group size (input columns per scale and zero point)
+GROUP = 128  # int4 group size (input columns per scale and minimum)
 SCHEMES = {"int8": "int8", "int4": f"int4_g{GROUP}", "int4-awq": f"int4_g{GROUP}", "fp8": "fp8"}
 ALPHAS = tuple(i / 20 for i in range(20))  # AWQ's grid: 0, 0.05, ..., 0.95
 CALIBRATION_TOKENS = 256
 CONFIG_FILE = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "warpforge-quantized"
+# Version 2: int4 groups store a float minimum (``weight_min``, w = q * scale + min). Version 1 stored an
+# integer zero point instead; its int8 and fp8 checkpoints are the same as version 2's and still load.
+VERSION = 2
 
 
 def check_mode(mode) -> str:
@@ -96,7 +99,7 @@ class QuantLinear(nn.Module):
 
     weight_q      int8 [N, K] | uint8 [N, Kp/2] (two int4 codes a byte) | float8_e4m3fn [N, K]
     weight_scale  fp32 [N] (int8, fp8) | model dtype [N, Kp/128] (int4)
-    weight_zero   uint8 [N, Kp/128] (int4) | None
+    weight_min    model dtype [N, Kp/128]: each int4 group's lowest level (w = q * scale + min) | None
     act_smooth    model dtype [K]: 1/s multiplied into the input (int4-awq) | None
     bias          model dtype [N] | None
     """
@@ -113,12 +116,12 @@ class QuantLinear(nn.Module):
             q_dt = torch.int8 if mode == "int8" else torch.float8_e4m3fn
             self.register_buffer("weight_q", e(N, K, dt=q_dt))
             self.register_buffer("weight_scale", e(N, dt=torch.float32))
-            self.register_buffer("weight_zero", None)
+            self.register_buffer("weight_min", None)
         else:
             groups = -(-K // GROUP)
             self.register_buffer("weight_q", e(N, groups * GROUP // 2, dt=torch.uint8))
             self.register_buffer("weight_scale", e(N, groups, dt=dtype))
-            self.register_buffer("weight_zero", e(N, groups, dt=torch.uint8))
+            self.register_buffer("weight_min", e(N, groups, dt=dtype))
         self.register_buffer("act_smooth", e(K, dt=dtype) if smooth else None)
         self.register_buffer("bias", e(N, dt=dtype) if bias else None)
         # e4m3 rows of both GEMM operands and the 16-bit output rows must be 16-byte aligned (TMA)
@@ -138,15 +141,15 @@ class QuantLinear(nn.Module):
         qw = quantize_weight(w, q.scheme)
         q.weight_q.copy_(qw.data)
         q.weight_scale.copy_(qw.scales)
-        if qw.zeros is not None:
-            q.weight_zero.copy_(qw.zeros)
+        if qw.mins is not None:
+            q.weight_min.copy_(qw.mins)
         if lin.bias is not None:
             q.bias.copy_(lin.bias.detach())
         return q
 
     def packed(self) -> QuantizedWeight:
         """The buffers as the kernel's QuantizedWeight, rebuilt (and validated) only after they were replaced."""
-        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_zero,
+        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_min,
                                    self.group, (self.out_features, self.in_features), self.dtype)
         return self._packed
 
@@ -381,7 +384,7 @@ def save_quantized(llm, path: str | Path) -> Path:
     save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": FORMAT})
     layers = {name: {"smooth": m.act_smooth is not None} for name, m in model.named_modules()
               if isinstance(m, QuantLinear)}
-    meta = {"format": FORMAT, "version": 1, "mode": mode, "group": GROUP if SCHEMES[mode].startswith("int4") else None,
+    meta = {"format": FORMAT, "version": VERSION, "mode": mode, "group": GROUP if SCHEMES[mode].startswith("int4") else None,
             "dtype": str(model.config.dtype).removeprefix("torch."), "layers": layers}
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
     return path
@@ -398,9 +401,13 @@ def load_quantized(path: str | Path, *, dtype=None, device: torch.device | str =
 
     path, device = Path(path), torch.device(device)
     meta = read_json(path / CONFIG_FILE)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != 1:
-        raise ValueError(f"{path / CONFIG_FILE}: expected a {FORMAT} version 1 description, got {str(meta)[:80]}")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") not in (1, VERSION):
+        raise ValueError(f"{path / CONFIG_FILE}: expected a {FORMAT} version {VERSION} description, "
+                         f"got {str(meta)[:80]}")
     mode = check_mode(meta.get("mode"))
+    if meta["version"] == 1 and mode.startswith("int4"):
+        raise ValueError(f"{path / CONFIG_FILE}: a version 1 {mode} checkpoint (integer zero points), which this "
+                         f"version no longer reads; quantize the source model again and save it")
     dtype = to_dtype(dtype, to_dtype(meta.get("dtype")))
     config = ModelConfig.from_hf(read_json(path / "config.json"), dtype=dtype)
     tokenizer = Tokenizer.from_dir(path)
