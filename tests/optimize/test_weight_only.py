@@ -275,7 +275,8 @@ def test_layers_pickled_in_the_integer_zero_point_format():
         return layer, io.BytesIO(pickle.dumps(layer))
 
     _, blob = old("int4_g128")
-    with pytest.raises(ValueError, match=r"^WeightOnlyLinear: saved in the older int4 format .* `warpforge optimize` again"):
+    with pytest.raises(ValueError,
+                       match=r"^WeightOnlyLinear: saved in the older int4 format .* `warpforge optimize` again"):
         pickle.load(blob)
     layer, blob = old("int8")
     again = pickle.load(blob)

@@ -393,7 +393,8 @@ def save_quantized(llm, path: str | Path) -> Path:
     save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": FORMAT})
     layers = {name: {"smooth": m.act_smooth is not None} for name, m in model.named_modules()
               if isinstance(m, QuantLinear)}
-    meta = {"format": FORMAT, "version": VERSION, "mode": mode, "group": GROUP if SCHEMES[mode].startswith("int4") else None,
+    meta = {"format": FORMAT, "version": VERSION, "mode": mode,
+            "group": GROUP if SCHEMES[mode].startswith("int4") else None,
             "dtype": str(model.config.dtype).removeprefix("torch."), "layers": layers}
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
     return path
