@@ -151,7 +151,7 @@ def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: int = 0, gate: int 
     the row width that sets the statistics pass's tile, gemv._norm_block_k)."""
     wdt = {0: dt, 1: "i8", 2: "u8", 3: "u8"}[fmt]
     ints = ["M", "N", "K", "K_w", "stride_xm", "stride_wn", "stride_sn", "stride_om", "k_per_split", "gate_off"]
-    sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
+    sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{wdt}", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wm_ptr": f"*{dt}",
            "out_ptr": f"*{dt}", "part_ptr": "*fp32", **{n: "i32" for n in ints}}
     consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1, "stride_rk": 1}
     if norm:
@@ -165,7 +165,7 @@ def linear(cfg, fmt: int, group: int | None, dt="bf16", pdl: int = 0, gate: int 
     if fmt == 0:
         consts["ws_ptr"] = None
     if fmt != 2:
-        consts.update(wz_ptr=None, stride_sn=0)
+        consts.update(wm_ptr=None, stride_sn=0)
     if cfg.split_k == 1:
         consts["part_ptr"] = None
     for n in consts:
@@ -198,11 +198,11 @@ def norm_jobs(every: bool, classes: tuple[int, ...] | None = None) -> list[tuple
 def linear_words(cfg, fmt: int, group: int | None, dt="bf16") -> dict:
     """The M=1 int8/int4 word kernel (weights as int32 words)."""
     ints = ["N", "K", "K_w", "stride_wn", "stride_sn", "k_per_split"]
-    sig = {"x_ptr": f"*{dt}", "w_ptr": "*i32", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wz_ptr": "*u8",
+    sig = {"x_ptr": f"*{dt}", "w_ptr": "*i32", "ws_ptr": f"*{dt}" if fmt == 2 else "*fp32", "wm_ptr": f"*{dt}",
            "out_ptr": f"*{dt}", "part_ptr": "*fp32", **{n: "i32" for n in ints}}
     consts = {"bias_ptr": None, "stride_xk": 1, "stride_bias": 0, "stride_on": 1}
     if fmt != 2:
-        consts.update(wz_ptr=None, stride_sn=0)
+        consts.update(wm_ptr=None, stride_sn=0)
     if cfg.split_k == 1:
         consts["part_ptr"] = None
     for n in consts:

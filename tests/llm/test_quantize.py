@@ -206,8 +206,27 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"already quantized as 'int8', got 'fp8'"):
         make_llm(saved, quantization="fp8")
     (saved / q.CONFIG_FILE).write_text(json.dumps({"format": "other"}))
-    with pytest.raises(ValueError, match=r"quantization.json: expected a warpforge-quantized version 1"):
+    with pytest.raises(ValueError, match=r"quantization.json: expected a warpforge-quantized version 2"):
         make_llm(saved)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_version_1_checkpoints(mode, tmp_path):
+    """Version 1 stored int4 groups with an integer zero point: such a checkpoint is refused in one line (read
+    as today's float minimum it would give wrong tokens); its int8 (and fp8) checkpoints are unchanged and load."""
+    llm = make_llm(checkpoint(), quantization=mode)
+    saved = q.save_quantized(llm, tmp_path / "s")
+    meta = json.loads((saved / q.CONFIG_FILE).read_text())
+    assert meta["version"] == 2
+    (saved / q.CONFIG_FILE).write_text(json.dumps({**meta, "version": 1}))
+    if mode == "int4":
+        with pytest.raises(ValueError, match=r"quantization.json: a version 1 int4 checkpoint \(integer zero "
+                                             r"points\), which this version no longer reads; quantize"):
+            make_llm(saved)
+    else:
+        again = make_llm(saved)
+        assert [o.token_ids for o in again.generate(prompts(), GREEDY)] == \
+            [o.token_ids for o in llm.generate(prompts(), GREEDY)]
 
 
 # ---- the CLI ------------------------------------------------------------------------------------

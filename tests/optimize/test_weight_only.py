@@ -29,14 +29,20 @@ def _rec(report, name):
     return next(r for r in report["candidates"] if r["name"] == name)
 
 
-def _error_bound(layer: WeightOnlyLinear, x: torch.Tensor) -> torch.Tensor:
-    """|y_q - y| per output <= sum_k |x_k| * (half a quantization step of w[n, k]): rounding to the nearest
-    level (nothing is clipped: int8 scales are the row absmax / 127, int4 ranges hold their group)."""
+def _error_bound(layer: WeightOnlyLinear, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|y_q - y| per output <= sum_k |x_k| * (the most a weight w[n, k] can move): int8 rounds to the nearest
+    level (half a step; scales are the row absmax / 127, nothing clipped); an int4 group's levels may span a
+    clipped part of its range, so a weight moves by half a step or by its distance to the levels, at most."""
     step = layer.weight_scale.float()  # [N] (int8) or [N, Kp/128] (int4)
     if step.dim() == 1:
         half = step[:, None].expand(-1, layer.in_features) / 2
     else:
-        half = step.repeat_interleave(layer.group, 1)[:, :layer.in_features] / 2
+        g, k = layer.group, layer.in_features
+        lo_level = layer.weight_min.float()
+        hi_level = lo_level + 15 * step
+        wp = torch.nn.functional.pad(w.float(), (0, step.shape[1] * g - k)).reshape(w.shape[0], -1, g)
+        out_lo, out_hi = (lo_level[..., None] - wp).clamp_min(0), (wp - hi_level[..., None]).clamp_min(0)
+        half = torch.maximum((step / 2)[..., None], torch.maximum(out_lo, out_hi)).reshape(w.shape[0], -1)[:, :k]
     return x.abs().reshape(-1, layer.in_features) @ half.T  # [M, N]
 
 
@@ -60,7 +66,7 @@ def test_linears_replaced_and_within_the_rounding_bound(precision):
             layer, float_layer = getattr(q, name), getattr(ref_model, name)
             xin = torch.randn(3, 5, layer.in_features, generator=torch.Generator().manual_seed(3))
             err = (layer(xin) - float_layer(xin)).abs().reshape(-1, layer.out_features)
-            bound = _error_bound(layer, xin)
+            bound = _error_bound(layer, xin, float_layer.weight)
             assert bool((err <= bound * 1.001 + 1e-5).all()), f"{name}: {(err - bound).max()}"
             assert err.max() > 0  # it is quantized, not the float layer
         (y, logit), (y_ref, _) = q(x), ref_model(x)
@@ -71,8 +77,8 @@ def test_linears_replaced_and_within_the_rounding_bound(precision):
     r = next(r for r in rep.layers if r.name == "fc1")
     assert (r.in_features, r.out_features, r.scheme) == (129, 200, scheme)
     assert r.bytes_float == 129 * 200 * 4
-    # int8: N*K bytes + N fp32 scales; int4 g128: K padded to 256, half a byte each, a scale and zero per group
-    assert r.bytes_packed == (200 * 129 + 200 * 4 if precision == "w8" else 200 * 128 + 200 * 2 * (4 + 1))
+    # int8: N*K bytes + N fp32 scales; int4 g128: K padded to 256, half a byte each, a scale and minimum per group
+    assert r.bytes_packed == (200 * 129 + 200 * 4 if precision == "w8" else 200 * 128 + 200 * 2 * (4 + 4))
     assert 0 < r.weight_rel_err < (0.01 if precision == "w8" else 0.1)
     d = rep.as_dict()
     assert d["precision"] == precision and d["scheme"] == scheme and d["float_dtype"] == "float32"
@@ -252,3 +258,29 @@ def test_a_model_without_a_linear_to_quantize_fails_its_build():
     rec = _rec(rep, "warpforge-w8")
     assert rec["status"] == "failed"
     assert "no linear layer could be quantized: fc: K = 8, N = 5: below 16 features" in rec["reason"]
+
+
+def test_layers_pickled_in_the_integer_zero_point_format():
+    """A w4 layer pickled before the float group minimum (a uint8 ``weight_zero``) is refused in one line; a w8
+    layer of that time (``weight_zero`` None, nothing else different) loads and gives the same outputs."""
+    import io
+    import pickle
+
+    def old(scheme):
+        layer = WeightOnlyLinear(nn.Linear(64, 8), scheme)
+        buf = layer._buffers
+        zero = None if scheme == "int8" else torch.zeros(8, 1, dtype=torch.uint8)
+        layer._buffers = {("weight_zero" if k == "weight_min" else k): (zero if k == "weight_min" else v)
+                          for k, v in buf.items()}
+        return layer, io.BytesIO(pickle.dumps(layer))
+
+    _, blob = old("int4_g128")
+    with pytest.raises(ValueError,
+                       match=r"^WeightOnlyLinear: saved in the older int4 format .* `warpforge optimize` again"):
+        pickle.load(blob)
+    layer, blob = old("int8")
+    again = pickle.load(blob)
+    assert again.weight_min is None and "weight_zero" not in again._buffers
+    x = torch.randn(3, 64)
+    layer._buffers["weight_min"] = layer._buffers.pop("weight_zero")
+    assert torch.equal(again(x), layer(x))

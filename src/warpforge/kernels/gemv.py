@@ -279,7 +279,7 @@ def _norm_rstd(x_ptr, res_ptr, res_out_ptr, offs_m, M, K, stride_xm, stride_xk, 
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
+    x_ptr, w_ptr, ws_ptr, wm_ptr, bias_ptr, out_ptr, part_ptr,
     M, N, K, K_w, stride_xm, stride_xk, stride_wn, stride_sn, stride_bias, stride_om, stride_on, k_per_split,
     gate_off, res_ptr, g_ptr, res_out_ptr, stride_rm, stride_rk, stride_rom, eps, norm_offset,
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -313,7 +313,7 @@ def _linear_kernel(
         # graphs, over static weights), so its first tile streams in while that kernel drains; x, the
         # previous kernel's output, is read only after griddepcontrol.wait. With NORM the tile's HBM
         # latency also hides behind the statistics pass over the rows (L2 reads).
-        w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k_lo, K_w, stride_wn, stride_sn,
+        w = _load_weight_tile(w_ptr, ws_ptr, wm_ptr, rows, k_lo, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         pdl_enter(PDL)
         if NORM != 0:
@@ -324,7 +324,7 @@ def _linear_kernel(
                            res_ptr, stride_rm, stride_rk, g_ptr, rstd, norm_offset, NORM)
         start = k_lo + BLOCK_K
     for k0 in tl.range(start, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
-        w = _load_weight_tile(w_ptr, ws_ptr, wz_ptr, rows, k0, K_w, stride_wn, stride_sn,
+        w = _load_weight_tile(w_ptr, ws_ptr, wm_ptr, rows, k0, K_w, stride_wn, stride_sn,
                               FORMAT, GROUP, BLOCK_N, BLOCK_K, EVEN_K, DT)  # [BN, BK]
         acc = _linear_step(acc, w, x_ptr, xrows, stride_xm, stride_xk, k0, K, gate_off,
                            EVEN_K, USE_DOT, DOT_PRECISION, BLOCK_M, BLOCK_K, GATE,
@@ -367,22 +367,22 @@ def _and_xor(a, mask: tl.constexpr, bits: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _linear_words_kernel(
-    x_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
+    x_ptr, w_ptr, ws_ptr, wm_ptr, bias_ptr, out_ptr, part_ptr,
     N, K, K_w, stride_xk, stride_wn, stride_sn, stride_bias, stride_on, k_per_split,
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
-    """M = 1 against int8 (per-channel scale) or int4 (group scale and zero) weights read as int32 words.
+    """M = 1 against int8 (per-channel scale) or int4 (group scale and minimum) weights read as int32 words.
 
-    The general kernel spends ~8 instructions per int4 weight (unpack, join, offset, zero, scale,
+    The general kernel spends ~8 instructions per int4 weight (unpack, join, offset, scale, minimum,
     convert, FMA), which caps it at ~1.3 TB/s of packed bytes on the H200. Here each word's nibble
     (or byte) j is turned into an fp32 by bit operations alone: OR-ing a value v < 2^8 into the
     mantissa of 2^23 (0x4B000000) gives the float 2^23 + v, and one subtraction leaves v exactly
     (signed bytes are first offset by 128 with an XOR). It is multiplied by x[8i + j] (x[4i + j]
-    for bytes). Nothing else runs per weight: the int4 zero point and scale factor out of each
-    group's sum, sum_g s_g * (sum_k x_k q_k - z_g * sum_k x_k), and the int8 scale goes to the
+    for bytes). Nothing else runs per weight: the int4 scale and minimum factor out of each
+    group's sum, sum_g (s_g * sum_k x_k q_k + m_g * sum_k x_k), and the int8 scale goes to the
     epilogue. w_ptr is the packed weight viewed as int32 [N, K_w / per-word]; stride_wn in words.
     """
     pdl_enter(PDL)
@@ -442,12 +442,12 @@ def _linear_words_kernel(
             g_off = rows[:, None] * stride_sn + offs_g[None, :]
             if EVEN_K:
                 sc = tl.load(ws_ptr + g_off).to(tl.float32)
-                z = tl.load(wz_ptr + g_off).to(tl.float32)
+                mn = tl.load(wm_ptr + g_off).to(tl.float32)
             else:
                 gmask = offs_g[None, :] < K_w // GROUP
                 sc = tl.load(ws_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)
-                z = tl.load(wz_ptr + g_off, mask=gmask, other=0).to(tl.float32)
-            acc += tl.sum(sc * (gs - z * xg[None, :]), axis=1)
+                mn = tl.load(wm_ptr + g_off, mask=gmask, other=0.0).to(tl.float32)
+            acc += tl.sum(sc * gs + mn * xg[None, :], axis=1)
         else:
             acc2 += part
     pdl_release(PDL)
@@ -484,7 +484,7 @@ def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias
 
 
 # ---- launcher ---------------------------------------------------------------------------------
-def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: int | None, K_w: int,
+def _launch(x: torch.Tensor, w: torch.Tensor, scales, mins, fmt: int, group: int | None, K_w: int,
             bias, act: int, out: torch.Tensor, config: LinearConfig | None, gate: int = 0,
             norm: _NormLaunch | None = None) -> None:
     """x [M, K] (any strides), w [N, K_w or K_w/2] unit inner stride, out [M, N]. ``gate`` (an activation
@@ -513,7 +513,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
         if cfg.words:
             per = 8 if fmt == FMT_INT4 else 4
             _linear_words_kernel[grid](
-                x, w.view(torch.int32), scales, zeros, bias, out, part,
+                x, w.view(torch.int32), scales, mins, bias, out, part,
                 N, K, K_w, x.stride(1), w.stride(0) // 4, sn, bias_stride, out.stride(1), k_per_split,
                 FORMAT=fmt, GROUP=group or 1, SCALE_B=scale_mode, HAS_BIAS=bias is not None, ACTIVATION=act,
                 SPLIT_K=splits,
@@ -524,7 +524,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, zeros, fmt: int, group: in
             )
         else:
             _linear_kernel[grid](
-                x, w, scales, zeros, bias, out, part,
+                x, w, scales, mins, bias, out, part,
                 M, N, K, K_w, x.stride(0), x.stride(1), w.stride(0), sn, bias_stride, out.stride(0), out.stride(1),
                 k_per_split, K * x.stride(1), r2, gamma, ro2, r2.stride(0), r2.stride(1), ro2.stride(0),
                 float(norm.eps) if norm is not None else 0.0, float(norm.offset) if norm is not None else 0.0,
@@ -705,7 +705,7 @@ def _quantized(x: torch.Tensor, qw: QuantizedWeight, bias, activation, out, conf
     if out is None:
         out = torch.empty((x.shape[0], N), device=x.device, dtype=x.dtype)
     data = qw.data.view(torch.uint8) if qw.format == FMT_FP8 else qw.data  # see _load_weight_tile
-    _launch(x, data, qw.scales, qw.zeros, qw.format, qw.group, qw.k_stored, bias, act, out, config)
+    _launch(x, data, qw.scales, qw.mins, qw.format, qw.group, qw.k_stored, bias, act, out, config)
     return out
 
 

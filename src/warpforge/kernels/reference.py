@@ -106,23 +106,23 @@ def linear_ref(x, weight, bias=None, activation=None, out_dtype=None, *, acc_dty
     return _matmul_epilogue(y, bias, activation, None, out_dtype)
 
 
-def dequantize_ref(scheme, data, scales, zeros, group, shape, dtype):
+def dequantize_ref(scheme, data, scales, mins, group, shape, dtype):
     """Reference for the in-register dequantization of ``quant_linear._load_weight_tile``.
 
     int8: data int8 [N, K] * scales fp32 [N]; fp8: data e4m3 [N, K] * scales fp32 [N];
     int4_g{32,64,128}: data uint8 [N, Kp/2] (k even in the low nibble, k odd in the high one),
-    ``(q - zeros) * scales`` per group of ``group`` columns (scales [N, Kp/group] in the weight's
-    dtype, zeros uint8 [N, Kp/group]); Kp is K rounded up to the group, padding cut off. Returns
-    [N, K] in ``dtype``.
+    ``q * scales + mins`` per group of ``group`` columns (scales and mins [N, Kp/group] in the weight's
+    dtype); Kp is K rounded up to the group, padding cut off. Computed in float32, returned as [N, K]
+    in ``dtype``.
     """
     n, k = shape
     if scheme in ("int8", "fp8"):
         w = data.to(torch.float32) * scales.to(torch.float32)[:, None]
     elif scheme.startswith("int4"):
         q = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(n, -1).to(torch.float32)
-        z = zeros.to(torch.float32).repeat_interleave(group, dim=1)
+        m = mins.to(torch.float32).repeat_interleave(group, dim=1)
         s = scales.to(torch.float32).repeat_interleave(group, dim=1)
-        w = ((q - z) * s)[:, :k]
+        w = (q * s + m)[:, :k]
     else:
         raise ValueError(f"scheme: unknown quantization scheme {scheme!r}")
     return w.to(dtype)

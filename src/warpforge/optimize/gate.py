@@ -151,7 +151,7 @@ DEFAULT_BUDGETS = {
     # 0.23 (mode logits), worst cosine 0.951 (mode logits); ViT-B/16 0.21, 0.977; MobileNetV2's head alone
     # 0.028, 0.9988, top-1 kept on its 6 decisive views. Random-weight transformers are a hard case (no trained
     # structure), but a budget that rejects the planner would make w4 useless where it is meant to pay: max_rel
-    # 0.35 and cosine 0.9 admit that noise and still reject a wrong scale or zero point (cosine near 0); top-1
+    # 0.35 and cosine 0.9 admit that noise and still reject a wrong scale or group minimum (cosine near 0); top-1
     # 0.98 over decisive samples. Tighten it (budget=) where the task metric is known.
     "w4": Budget(max_rel=0.35, min_cosine=0.9, min_top1=0.98, top1_tie=0.01, min_detections=0.9),
 }

@@ -1,7 +1,7 @@
 """Weight-only quantization of nn.Linear layers (int8 per channel, int4 in groups of 128), no calibration.
 
     model, report = quantize_weights(model, "w8")   # int8 weights, one fp32 scale per output channel
-    model, report = quantize_weights(model, "w4")   # int4 weights, a scale and zero point per 128 columns
+    model, report = quantize_weights(model, "w4")   # int4 weights, a scale and minimum per 128 columns
 
 Each nn.Linear becomes a :class:`WeightOnlyLinear` holding ``kernels.quant_linear.quantize_weight`` of its
 weight (packed once, here) and calling ``kernels.gemv.linear`` with it: the kernel streams the packed
@@ -58,7 +58,7 @@ class WeightOnlyLinear(nn.Module):
         self.scheme, self.group, self.dtype = scheme, qw.group, dtype
         self.register_buffer("weight_q", qw.data)  # int8 [N, K], or uint8 [N, Kp/2] (two int4 codes a byte)
         self.register_buffer("weight_scale", qw.scales)  # fp32 [N], or dtype [N, Kp/128]
-        self.register_buffer("weight_zero", qw.zeros)  # None, or uint8 [N, Kp/128]
+        self.register_buffer("weight_min", qw.mins)  # None, or dtype [N, Kp/128]: each group's lowest level
         self.register_buffer("bias", None if linear_.bias is None else linear_.bias.detach().to(dtype).clone())
         self._packed: QuantizedWeight | None = None
 
@@ -70,7 +70,7 @@ class WeightOnlyLinear(nn.Module):
     def packed(self) -> QuantizedWeight:
         """The buffers as the kernel's QuantizedWeight; rebuilt (and validated) only after .to() or a load
         replaced them, so a call costs no validation."""
-        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_zero,
+        self._packed = packed_view(self._packed, self.scheme, self.weight_q, self.weight_scale, self.weight_min,
                                    self.group, (self.out_features, self.in_features), self.dtype)
         return self._packed
 
@@ -84,6 +84,19 @@ class WeightOnlyLinear(nn.Module):
         state = dict(self.__dict__)
         state["_packed"] = None  # rebuilt from the buffers on first use
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Layers pickled before the int4 group minimum replaced the integer zero point hold ``weight_zero``:
+        # None for int8 (renamed, nothing else changed), uint8 codes for int4, which today's kernel would
+        # read wrongly, so those are refused.
+        buffers = state.get("_buffers", {})
+        if "weight_zero" in buffers:
+            if buffers["weight_zero"] is not None:
+                raise ValueError("WeightOnlyLinear: saved in the older int4 format (an integer zero point per "
+                                 "group); this version stores a float group minimum: run `warpforge optimize` "
+                                 "again to re-quantize the model")
+            buffers["weight_min"] = buffers.pop("weight_zero")
+        super().__setstate__(state)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -99,7 +112,7 @@ class LayerWeightReport:
     out_features: int
     weight_rel_err: float  # ||dequantize(q) - W|| / ||W|| (W in the float dtype it was quantized from)
     bytes_float: int  # the weight in its float dtype
-    bytes_packed: int  # data + scales + zero points the kernel streams
+    bytes_packed: int  # data + scales + group minimums the kernel streams
     type: str = "Linear"
 
 

@@ -11,7 +11,7 @@ Rows (H200, full run), each against its peer in the same run:
   (so both sides compute the same product and pass the same check).
 
 Decode cases report GB/s with ``bytes`` = every byte the kernel must move (weight incl. scales and
-zero points, x, out); ``params["weight_bytes"]`` is the weight part alone, so the issue's "weight
+group minimums, x, out); ``params["weight_bytes"]`` is the weight part alone, so the issue's "weight
 bandwidth" is weight_bytes / time (at M=1 the two differ by < 0.1%). They are timed by CUDA-graph
 replay: a 30 us kernel would otherwise measure Python launch overhead.
 
@@ -133,7 +133,7 @@ def _weight_bytes(scheme: str | None, N: int, K: int, dtype: torch.dtype) -> int
         return N * K + 4 * N  # 1-byte values + fp32 scale per row
     group = int(scheme.split("_g")[1])
     groups = -(-K // group)
-    return N * groups * group // 2 + N * groups * (dtype.itemsize + 1)  # nibbles + scale + uint8 zero
+    return N * groups * group // 2 + N * groups * 2 * dtype.itemsize  # nibbles + scale + minimum
 
 
 def _linear_case(M: int, N: int, K: int, dtype: torch.dtype, scheme: str | None, peer: str) -> Case:
@@ -150,7 +150,7 @@ def _linear_case(M: int, N: int, K: int, dtype: torch.dtype, scheme: str | None,
     return Case(
         name=f"{kind} linear M{M} N{N} K{K}",
         params={"op": "linear", "M": M, "N": N, "K": K, "dtype": _dname(dtype), "weight": scheme or _dname(dtype),
-                "weight_bytes": wbytes, "bytes_counted": "weight (+scales, zeros) + x + out"},
+                "weight_bytes": wbytes, "bytes_counted": "weight (+scales, mins) + x + out"},
         make_inputs=make,
         ours=lambda x, w, w_dense, out: linear(x, w, out=out),
         peers={peer: lambda x, w, w_dense, out: F.linear(x, w_dense)},

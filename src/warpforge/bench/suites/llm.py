@@ -560,10 +560,10 @@ def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
 # Both sides run the same requests. The check: every request completed, and the share of request 0's greedy
 # ids equal to the bf16 engine's as data (random weights have near-ties; the accuracy bar is the perplexity
 # test in tests/llm/test_quantize.py). MBU counts the decoder projections at their packed bytes (int8 and
-# fp8: 1 a weight, int4: 0.5 + 3/128 for the group's scale and zero point), the rest in the model dtype.
+# fp8: 1 a weight, int4: 0.5 + 4/128 for the group's bf16 scale and minimum), the rest in the model dtype.
 # --quick: the toy shape llama-tiny-g128 (int4 needs whole groups of 128) on the CPU.
 
-BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + 3 / 128, "int4-awq": 0.5 + 3 / 128, "fp8": 1.0}
+BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + 4 / 128, "int4-awq": 0.5 + 4 / 128, "fp8": 1.0}
 
 
 def agreement_check(ours: dict, peer: dict) -> dict[str, Any]:
