@@ -56,7 +56,8 @@ for st in "${stages[@]}"; do
     test-gpu|test-gpu:*) paths=${st#test-gpu}; paths=${paths#:}; IFS=, read -ra p <<< "$paths"
        .venv/bin/python -m pytest -q -m gpu --timeout 300 "${p[@]}" 2>&1 | tee "$OUT/test-gpu.log" | tail -40; rc=${PIPESTATUS[0]} ;;
     test-par|test-par:*) IFS=: read -r _ n paths <<< "$st"; IFS=, read -ra p <<< "${paths:-}"
-       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-6}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" "${p[@]}"; rc=$? ;;
+       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-8}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" \
+         --json "$OUT/gpu_tests.json" "${p[@]}"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     profile) .venv/bin/python benchmarks/profile_h200.py --out "$OUT/profile.jsonl" --reports "$OUT/reports" \
          > "$OUT/profile.txt" 2>&1; rc=$?; tail -5 "$OUT/profile.txt" ;;
