@@ -56,7 +56,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PARALLEL) --durations=25
 
 test-gpu: $(STAMP)
-	$(PY) -m pytest -q -m gpu
+	$(PY) benchmarks/gpu_tests.py --logdir out/gpu-tests --json out/gpu-tests/gpu_tests.json
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -24,8 +24,12 @@ SERIAL = ("tests/hw/test_probe.py", "tests/profile/test_profile_gpu.py",
           "tests/llm/test_runner.py::test_kv_cache_sized_from_free_memory")
 # A kernel that deadlocks blocks inside CUDA, where pytest-timeout's default signal never lands:
 # the thread method dumps the stacks and ends the process (the shard restarts after that test).
-PYTEST = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-o", "timeout_method=thread",
-          "-p", "no:cacheprovider", "--durations=0", "--durations-min=5", "-o", "console_output_style=classic"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Whole benchmark suites run as tests (minutes each, mostly inductor compiles) carry `gpu_full` as well: the
+# verify call's bench stage runs those suites anyway, so the test pass leaves them out unless --full.
+MARK = "gpu and not gpu_full"
+PYTEST = [sys.executable, "-m", "pytest", "-v", "-o", "timeout_method=thread",
+          "-p", "no:cacheprovider", "--durations=0", "--durations-min=1", "-o", "console_output_style=classic"]
 OUTCOME = re.compile(r"^(\S+::\S+?)(?: <- \S+)? (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
 
 
@@ -51,7 +55,7 @@ def _durations(text: str) -> list:
     return rows
 
 
-def _run_shard(name, ids, logdir, deadline_at, per_test):
+def _run_shard(name, ids, logdir, deadline_at, per_test, mark=MARK):
     """Run ids in pytest processes until all have an outcome or the deadline passes. Returns
     (outcomes, durations, notes)."""
     results, durs, notes = {}, [], []
@@ -64,11 +68,14 @@ def _run_shard(name, ids, logdir, deadline_at, per_test):
         attempt += 1
         log_path = os.path.join(logdir, f"test-gpu-{name}.{attempt}.log")
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write("\n".join(left))
+            f.write("\n".join(left) + "\n")
             argfile = f.name
+        files = sorted({i.split("::", 1)[0] for i in left})
+        env = {**os.environ, "WARPFORGE_SHARD_IDS": argfile,
+               "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
         with open(log_path, "w") as log:
-            p = subprocess.Popen([*PYTEST, "--timeout", str(per_test), f"@{argfile}"], stdout=log,
-                                 stderr=subprocess.STDOUT)
+            p = subprocess.Popen([*PYTEST, "-m", mark, "-p", "_gpu_shard", "--timeout", str(per_test), *files],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
                 p.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
@@ -100,11 +107,16 @@ def main() -> int:
     ap.add_argument("--per-test", type=int, default=150, help="seconds one test may take (pytest-timeout)")
     ap.add_argument("--json", help="write the counts, failures and slowest tests here")
     ap.add_argument("--git", default=os.environ.get("WARPFORGE_GIT", "unknown"), help="sha recorded in --json")
+    ap.add_argument("--full", action="store_true", help="also the gpu_full tests (whole benchmark suites)")
+    ap.add_argument("--history", default=None,
+                    help="an earlier gpu_tests.json: its slowest tests are started first, spread over the shards")
     ap.add_argument("paths", nargs="*", default=["tests"])
     args = ap.parse_args()
     os.makedirs(args.logdir, exist_ok=True)
     t0 = time.time()
-    collected = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--collect-only", *args.paths], capture_output=True, text=True)
+    mark = "gpu" if args.full else MARK
+    collected = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", mark, "-p", "no:cacheprovider",
+                                "--collect-only", *args.paths], capture_output=True, text=True)
     ids = [line.strip() for line in collected.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if not ids:
         print(collected.stdout[-3000:], collected.stderr[-3000:])
@@ -114,13 +126,26 @@ def main() -> int:
     for i in ids:
         if i not in serial:
             by_file[i.split("::", 1)[0]].append(i)
-    # Round-robin within each file spreads a file's expensive parametrizations over the shards.
+    # Tests known to be slow (an earlier run's list) go first, each to the shard with the least known work;
+    # the rest round-robin within each file, which spreads a file's expensive parametrizations.
+    known = {}
+    if args.history and os.path.exists(args.history):
+        for row in json.load(open(args.history)).get("slowest", []):
+            known[row["test"]] = known.get(row["test"], 0.0) + row["s"]
     shards = [[] for _ in range(args.n)]
+    load = [0.0] * args.n
+    for i in sorted((i for i in ids if i in known and i not in serial), key=lambda i: -known[i]):
+        s = load.index(min(load))
+        shards[s].append(i)
+        load[s] += known[i]
     k = 0
     for f in sorted(by_file):
         for i in by_file[f]:
-            shards[k % args.n].append(i)
-            k += 1
+            if i not in known:
+                s = min(range(args.n), key=lambda j: (load[j], (j - k) % args.n))
+                shards[s].append(i)
+                load[s] += 2.0  # a typical test's seconds: keeps the round-robin even once known work is spread
+                k += 1
     deadline_at = t0 + args.deadline
     # The serial part gets its share of the deadline: reserve time for it out of the shards' window.
     serial_reserve = min(90.0, 6.0 * len(serial))
@@ -128,7 +153,8 @@ def main() -> int:
 
     results, durs, notes = {}, [], []
     with cf.ThreadPoolExecutor(len(shards)) as ex:
-        futs = [ex.submit(_run_shard, f"shard{s}", shard, args.logdir, deadline_at - serial_reserve, args.per_test)
+        futs = [ex.submit(_run_shard, f"shard{s}", shard, args.logdir, deadline_at - serial_reserve, args.per_test,
+                          mark)
                 for s, shard in enumerate(shards) if shard]
         for fut in futs:
             r, d, n = fut.result()
@@ -137,7 +163,7 @@ def main() -> int:
             notes += n
     t_shards = time.time() - t0
     if serial:
-        r, d, n = _run_shard("serial", serial, args.logdir, deadline_at, args.per_test)
+        r, d, n = _run_shard("serial", serial, args.logdir, deadline_at, args.per_test, mark)
         results.update(r)
         durs += d
         notes += n
@@ -145,14 +171,14 @@ def main() -> int:
     counts = collections.Counter(results.values())
     not_run = [i for i in ids if i not in results]
     failures = sorted(i for i, o in results.items() if o in ("FAILED", "ERROR", "XPASS"))
-    slow = sorted(durs, reverse=True)[:25]
+    slow = sorted(durs, reverse=True)[:120]
     by_file_s = collections.Counter()
     for s, _, nid in durs:
         by_file_s[nid.split("::")[0]] += s
     summary = {
         "git": args.git, "collected": len(ids), "passed": counts["PASSED"] + counts["XFAIL"],
         "failed": len(failures), "skipped": counts["SKIPPED"], "not_run": len(not_run),
-        "seconds": round(seconds, 1), "shards": args.n, "shard_seconds": round(t_shards, 1),
+        "seconds": round(seconds, 1), "shards": args.n, "marker": mark, "shard_seconds": round(t_shards, 1),
         "failures": failures, "not_run_ids": not_run[:200], "notes": notes,
         "slowest": [{"s": round(s, 1), "phase": ph, "test": nid} for s, ph, nid in slow],
         "slowest_files": [{"s": round(s, 1), "file": f} for f, s in by_file_s.most_common(15)],

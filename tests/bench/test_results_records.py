@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from warpforge.bench.provenance import missing_provenance, provenance, split_git
-from warpforge.bench.record import RecordError, figure_violations, validate_record
+from warpforge.bench.record import RecordError, check_violations, figure_violations, validate_record
 
 from .conftest import fake_record
 
@@ -83,6 +83,59 @@ def test_no_committed_fraction_above_one_nor_ratio_against_a_failed_peer():
             assert name in r["ratio"] or (r.get("ratio_null") or {}).get(name), f"{where}: peers.{name} unexplained"
 
 
+def test_committed_records_follow_the_rules_for_a_check():
+    """No verdict that could not fail (tol >= 1, judged against itself) and no peer judged at another tolerance
+    than ours against the same reference, unless withdrawn with its reason (benchmarks/mark_rule_breaks.py)."""
+    broken = [f"{where}: {v}" for where, r in BENCH for v in check_violations(r)]
+    assert not broken, "\n".join(broken)
+    for where, r in BENCH:  # "self" is no reference; a baseline peer is the reference, shown as such
+        for c in [r["correct"], *(p.get("correct") or {} for p in r["peers"].values())]:
+            assert c.get("against") != "self", where
+
+
+def test_every_committed_commit_is_in_the_repository():
+    """A record names the exact commit it measured (with -dirty when the tree differed); a sha the repository
+    does not hold is withdrawn with the reason, never left as provenance."""
+    import subprocess
+
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-dir"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    shallow = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True,
+                             text=True).stdout.strip() == "true"
+    if shallow:
+        pytest.skip("a shallow clone lacks the history the records name")
+    shas = {split_git(r.get("git"))[0] for _, r in COMMITTED} - {None}
+    unknown = [s for s in sorted(shas) if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{s}^{{commit}}"],
+                                                         capture_output=True).returncode]
+    assert not unknown, f"records name commits the repository does not hold: {unknown}"
+
+
+def test_mark_script_withdraws_checks_that_cannot_fail_and_rejudges_unequal_peers():
+    r = fake_record("q", ms=1.0, peer_ms=2.0)
+    r["correct"] = {"rel_err": 0.99, "tol": 1.0, "ok": True, "against": "peer:torch"}
+    r["peers"]["torch"]["correct"] = {"rel_err": 0.0, "ok": True, "against": "self",
+                                      "note": "the peer is the baseline"}
+    assert check_violations(r) == ["correct: tol 1 >= 1, a check that cannot fail",
+                                   "peers.torch.correct: judged against itself"]
+    done = mark.mark_bench(r)
+    assert check_violations(r) == [] and figure_violations(r) == [] and done
+    assert r["correct"]["ok"] is False and r["withdrawn"]["correct.ok"]["value"]["ok"] is True
+    assert "torch" not in r["ratio"] and r["withdrawn"]["ratio.torch"]["value"] == pytest.approx(2.0)
+    assert r["peers"]["torch"]["correct"]["against"] == "baseline"
+    validate_record(r, figures=True)
+    # a peer judged more strictly than ours against the same reference is judged again at ours' tolerance
+    u = fake_record("u", ms=1.0, peer_ms=2.0)
+    u["correct"] = {"rel_err": 0.04, "tol": 0.07, "ok": True, "against": "peer:eager-fp32"}
+    u["peers"]["torch"]["correct"] = {"rel_err": 0.037, "tol": 0.02, "ok": False, "against": "peer:eager-fp32"}
+    u["ratio"] = {}
+    u["ratio_null"] = {"torch": "the peer failed its correctness check: it is no baseline"}
+    assert "unequal judging" in check_violations(u)[0]
+    mark.mark_bench(u)
+    assert u["peers"]["torch"]["correct"]["ok"] is True and u["ratio"]["torch"] == pytest.approx(2.0)
+    assert u["withdrawn"]["peers.torch.correct"]["value"] == {"ok": False, "rel_err": 0.037, "tol": 0.02}
+    assert check_violations(u) == [] and mark.mark_bench(u) == []
+
+
 def test_withdrawn_figures_keep_their_value_and_reason():
     marked = [(where, r) for where, r in COMMITTED if r.get("withdrawn")]
     assert marked, "the committed records that broke the rules are marked (benchmarks/mark_rule_breaks.py)"
@@ -127,7 +180,8 @@ def test_split_git():
 def _broken_record() -> dict:
     r = fake_record("c", ms=1.0, peer_ms=2.0)
     r["peers"]["wrong"] = {**r["peers"]["torch"], "ms": 3.0, "p20_ms": 2.9, "p80_ms": 3.1,
-                           "correct": {"rel_err": 0.05, "tol": 0.02, "ok": False, "against": "reference"}}
+                           "correct": {"rel_err": 0.05, "tol": r["correct"]["tol"], "ok": False,
+                                       "against": "reference"}}
     r["ratio"]["wrong"] = 3.0  # against a peer that failed its check
     r["peers"]["fewer"] = {**r["peers"]["torch"], "ms": 0.5, "p20_ms": 0.49, "p80_ms": 0.51, "tokens": 10}
     r["ours"]["tokens"] = 40

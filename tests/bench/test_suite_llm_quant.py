@@ -21,6 +21,20 @@ def test_full_rows_and_targets():
     assert cases["offline-256-8b-fp8"].params["requests"] == 256
 
 
+def test_the_logits_check_fails_past_its_budget():
+    import torch
+
+    from warpforge.bench.suites.llm import agreement_check
+
+    ref = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    ids = {"ids": [[1, 2, 3]], "want": [3]}
+    near = agreement_check({**ids, "logits0": ref + 0.01 * ref.norm() / 1000 ** 0.5, "quantization": "int8"},
+                           {**ids, "logits0": ref})
+    far = agreement_check({**ids, "logits0": ref + 0.2 * torch.randn(1000), "quantization": "int8"},
+                          {**ids, "logits0": ref})
+    assert near["ok"] and near["rel_err"] < 0.02 and not far["ok"] and far["rel_err"] > near["tol"]
+
+
 def test_quick_rows_on_cpu():
     pytest.importorskip("transformers")
     from warpforge.bench.runner import run_suite
@@ -36,6 +50,8 @@ def test_quick_rows_on_cpu():
         validate_record(r)
         assert r["correct"]["ok"], (r["case"], r["correct"])
         assert 0.0 <= r["correct"]["agreement_request0"] <= 1.0
+        c = r["correct"]  # a check that can fail: the logits' error against a budget below 1
+        assert c["against"] == "peer:bf16" and 0 < c["tol"] < 1 and 0 < c["rel_err"] <= c["tol"], c
         ours, peer = r["ours"], r["peers"]["bf16"]
         assert "error" not in ours and "error" not in peer, (ours, peer)
         assert ours["tokens"] == peer["tokens"] > 0 and "ratio_null" not in r

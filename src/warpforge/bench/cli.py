@@ -47,6 +47,10 @@ def _ratio(r: float | None, interval: list[float] | None = None) -> str:
 def _correct(c: dict[str, Any]) -> str:
     err = c.get("rel_err")
     shown = "—" if err is None else f"{err:.1e}"
+    if c.get("against") == "baseline":
+        return "baseline"
+    if c.get("against") == "completion" and c.get("ok"):
+        return "completed"
     if c.get("ok"):
         return f"[green]ok[/] {shown}"
     return f"[bold red]FAIL[/] {shown}" + (f" ({escape(c['note'])})" if c.get("note") else "")

@@ -153,7 +153,10 @@ def _check(case: EndToEndCase, ours: Any, peer: Any, against: str) -> dict[str, 
     except Exception as e:  # noqa: BLE001 - a failing check is a failed check, not a crashed run
         return {"rel_err": None, "ok": False, "note": f"check failed: {_short(e)}"}
     extra = {k: v for k, v in c.items() if k not in ("rel_err", "tol", "ok", "against")}
-    out = _correct({"rel_err": c.get("rel_err"), "tol": c.get("tol"), "ok": bool(c.get("ok")), "against": against})
+    # A case checked without a peer names what its check compared with ("completion", a peer run inside the
+    # session); "self" is never a verdict's reference.
+    out = _correct({"rel_err": c.get("rel_err"), "tol": c.get("tol"), "ok": bool(c.get("ok")),
+                    "against": c.get("against") or against})
     return {**out, **extra}
 
 
@@ -180,7 +183,9 @@ def meets_target(target: dict[str, Any] | None, ours: dict[str, Any], ratio: dic
     return out
 
 
-BASELINE = {"rel_err": 0.0, "ok": True, "against": "self", "note": "the peer is the baseline"}
+# The peer ours is checked against: the reference of the check, not a passed check of its own (tables show
+# "baseline"); ok stays True so that a ratio against it can be formed.
+BASELINE = {"rel_err": None, "tol": None, "ok": True, "against": "baseline", "note": "the peer is the baseline"}
 
 
 def _peer_correct(own: Any) -> dict[str, Any]:
@@ -223,7 +228,7 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
     else:
         ours = _timed(case, ours_runs, ceil, errors)
         if case.check_against is None:
-            correct = _check(case, ours_runs[0].output, None, "self")
+            correct = _check(case, ours_runs[0].output, None, "unnamed")
         elif isinstance(results[case.check_against], str):
             correct = {"rel_err": None, "ok": False, "note": f"peer {case.check_against!r} failed: nothing to check "
                                                              "against"}

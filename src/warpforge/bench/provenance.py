@@ -85,7 +85,8 @@ def missing_provenance(rec: dict[str, Any]) -> list[str]:
     """What a record lacks to say where it came from: a commit, and the torch/Triton (and, on a GPU, driver)
     versions. Empty when it says all of it."""
     p = provenance(rec)
-    out = [] if p["commit"] else ["git: no commit"]
+    withdrawn = rec.get("withdrawn") if isinstance(rec.get("withdrawn"), dict) else {}
+    out = [] if p["commit"] or "git" in withdrawn else ["git: no commit"]
     want = ("torch", "triton") + (("driver",) if p["device"] not in (None, "cpu") else ())
     out += [f"device.{k}: missing" for k in want if not p[k]]
     return out

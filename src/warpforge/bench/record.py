@@ -256,8 +256,46 @@ def _check_correct(c: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: expected an object with a boolean 'ok'")
     elif c.get("rel_err") is not None and (not _num(c["rel_err"]) or c["rel_err"] < 0):
         problems.append(f"{where}.rel_err: expected null or a finite number >= 0")
-    elif c.get("rel_err") is None and c["ok"]:
+    elif c.get("rel_err") is None and c["ok"] and c.get("against") != BASELINE_AGAINST:
         problems.append(f"{where}: ok is true without a rel_err")
+
+
+# The reference a baseline peer's output is: ours is checked against it, it is not checked itself.
+BASELINE_AGAINST = "baseline"
+# What a check must never be judged against: itself (a verdict that cannot fail).
+SELF_AGAINST = "self"
+# Labels of verdicts that say the run completed, not that its output is right: shown as such, never as "ok".
+COMPLETION_AGAINST = "completion"
+
+
+def check_violations(d: dict[str, Any]) -> list[str]:
+    """What in a record breaks the rules for a check (docs/design.md, "Rules for a figure"): a tolerance of 1
+    or more (a relative error that cannot exceed it), an "ok" judged against the record itself, and a peer
+    judged against the same reference as ours at another tolerance (unequal judging). A verdict withdrawn
+    (``withdrawn["correct.ok"]``, ``withdrawn["peers.<name>.correct"]``) is not held against the record."""
+    out: list[str] = []
+    withdrawn = d.get("withdrawn") if isinstance(d.get("withdrawn"), dict) else {}
+    sides = [("correct", "correct.ok", d.get("correct"))]
+    sides += [(f"peers.{n}.correct", f"peers.{n}.correct", p.get("correct")) for n, p in (d.get("peers") or {}).items()
+              if isinstance(p, dict) and "error" not in p]
+    for where, key, c in sides:
+        if not isinstance(c, dict) or not c.get("ok") or key in withdrawn:
+            continue
+        tol = c.get("tol")
+        if _num(tol) and tol >= 1.0:
+            out.append(f"{where}: tol {tol:g} >= 1, a check that cannot fail")
+        if c.get("against") == SELF_AGAINST:
+            out.append(f"{where}: judged against itself")
+    ours = d.get("correct") if isinstance(d.get("correct"), dict) else {}
+    for n, p in (d.get("peers") or {}).items():
+        c = p.get("correct") if isinstance(p, dict) else None
+        if not isinstance(c, dict) or f"peers.{n}.correct" in withdrawn:
+            continue
+        if c.get("against") and c.get("against") == ours.get("against") and _num(c.get("tol")) \
+                and _num(ours.get("tol")) and not math.isclose(c["tol"], ours["tol"], rel_tol=1e-9):
+            out.append(f"peers.{n}.correct: judged at tol {c['tol']:.4g} against {c['against']}, ours at "
+                       f"{ours['tol']:.4g}: unequal judging")
+    return out
 
 
 def _check_extras(d: dict[str, Any], peers: dict[str, Any], problems: list[str]) -> None:
@@ -392,6 +430,7 @@ def validate_record(d: Any, *, figures: bool = False) -> None:
         problems.append(f"not strict JSON: {e}")
     if figures and not problems:
         problems.extend(figure_violations(d))
+        problems.extend(check_violations(d))
     if problems:
         raise RecordError(f"record {d.get('suite')!r}/{d.get('case')!r}: " + "; ".join(problems))
 

@@ -76,7 +76,7 @@ def serve_record(summary: dict[str, Any], *, case: str, params: dict[str, Any], 
         ours = {"ms": ms, "p20_ms": ms, "p80_ms": ms, "iqr_ms": 0.0, "tok/s": summary["output_throughput"],
                 "tokens": summary["output_tokens"], **summary}
     failed = n_requests - summary["completed"]
-    correct = {"rel_err": failed / n_requests, "tol": 0.0, "ok": failed == 0, "against": "self",
+    correct = {"rel_err": failed / n_requests, "tol": 0.0, "ok": failed == 0, "against": "completion",
                "note": "every request completed with a proper end of stream" if failed == 0 else
                f"{failed} of {n_requests} requests failed: {summary['errors']}"}
     if summary.get("short_outputs") and params.get("ignore_eos"):

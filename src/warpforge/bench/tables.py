@@ -123,7 +123,13 @@ def roofline_cell(r: dict[str, Any]) -> str:
 
 
 def check_cell(r: dict[str, Any]) -> str:
+    """The verdict in words: "ok 2.3e-03", "FAIL 0.31", "completed" (a run that finished, no accuracy
+    judged), "withdrawn" (the check could not fail; the record says why)."""
     c = r.get("correct") or {}
+    if "correct.ok" in (r.get("withdrawn") or {}):
+        return "withdrawn (no valid check)"
+    if c.get("against") == "completion":
+        return "completed (no accuracy check)" if c.get("ok") else "FAIL (incomplete)"
     err = c.get("rel_err")
     shown = "" if err is None else f" {err:.1e}"
     return ("ok" if c.get("ok") else "FAIL") + shown

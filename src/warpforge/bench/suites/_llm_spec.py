@@ -73,13 +73,17 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
         runs = []
         for _ in range(rep):
             before = llm.engine.spec.stats.as_dict() if llm.engine.spec else None
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             _sync(device)
             t0 = time.perf_counter()
             outs = [llm.chat(c, params)[0] for c in convs]
             _sync(device)
             wall = (time.perf_counter() - t0) * 1e3
             ids = [list(o.token_ids) for o in outs]
-            extra: dict[str, Any] = {"wall_ms": wall, "requests": len(outs), "batch": 1}
+            extra: dict[str, Any] = {"wall_ms": wall, "requests": len(outs), "batch": 1,
+                                     "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9
+                                     if device.type == "cuda" else None}
             if before is not None:
                 after = llm.engine.spec.stats.as_dict()
                 d = {k: after[k] - before[k] for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens",

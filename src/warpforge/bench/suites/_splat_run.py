@@ -182,7 +182,7 @@ def make_call(render: Render, scene: dict[str, torch.Tensor], backward: bool) ->
 def compare(ours: dict[str, Any], other: dict[str, Any], against: str) -> dict[str, Any]:
     """Ours' images (and gradients) against another candidate's: the record's ``correct``."""
     diff = (ours["img"].float() - other["img"].float()).abs()
-    out: dict[str, Any] = {"rel_err": _finite(diff.mean()), "tol": IMAGE_TOL, "compared_with": against,
+    out: dict[str, Any] = {"rel_err": _finite(diff.mean()), "tol": IMAGE_TOL, "against": against,
                            "image_mean_abs_diff": _finite(diff.mean()), "image_max_abs_diff": _finite(diff.max()),
                            "alpha_mean_abs_diff": _finite((ours["alpha"] - other["alpha"]).abs().mean())}
     ok = out["rel_err"] is not None and out["rel_err"] < IMAGE_TOL

@@ -111,7 +111,8 @@ def check(ours: dict[str, Any], _peer: None) -> dict[str, Any]:
     is within its precision's budget."""
     acc, budget = ours.get("accuracy") or {}, ours.get("budget") or {}
     ok = ours.get("status") == "ok" and ours.get("winner") is not None
-    return {"ok": ok, "rel_err": acc.get("max_rel"), "tol": budget.get("max_rel"), "winner": ours.get("winner"),
+    return {"ok": ok, "rel_err": acc.get("max_rel"), "tol": budget.get("max_rel"), "against": "reference:eager-fp32",
+            "winner": ours.get("winner"),
             "top1": acc.get("top1"), "note": "the winner's gate result against fp32, inside optimize()"}
 
 
