@@ -41,10 +41,20 @@ def records_dir(tmp_path) -> Path:
     return d
 
 
+def test_the_record_cell_names_the_commit_and_staleness_drops_out_of_the_check():
+    from warpforge.bench.tables import STALE_KEY, STALE_NOTE, record_cell
+
+    r = {"suite": "llm", "git": "0123456789abcdef-dirty", "time": "2026-01-03T00:00:00+00:00"}
+    assert record_cell(r) == "llm.jsonl @ 0123456-dirty, 2026-01-03"
+    assert record_cell({**r, "git": None}) == "llm.jsonl @ no commit, 2026-01-03"
+    stale = record_cell({**r, STALE_KEY: "**stale** (12 commits since)"})
+    assert stale.endswith("**stale** (12 commits since)") and STALE_NOTE.sub("", stale) == record_cell(r)
+
+
 def test_render_newest_record_per_case(records_dir):
     md = render_table(dir_loader(records_dir)("kernels"), "kernels").splitlines()
     assert md[0] == "| case | ours | vs peers | roofline | check | record |" and md[1] == "|---|---|---|---|---|---|"
-    assert md[2].startswith("| a | 1 ms") and "2.00x torch" in md[2] and "kernels.jsonl, 2026-01-02" in md[2]
+    assert md[2].startswith("| a | 1 ms") and "2.00x torch" in md[2] and "kernels.jsonl @ " in md[2] and ", 2026-01-02" in md[2]
     assert md[3].startswith("| b | 4 ms") and "(noisy)" in md[3]
     assert "0.50x torch" in md[3] and "— failed (failed its check)" in md[3] and "— (withdrawn)" in md[3]
     assert len(md) == 4  # a's older record is not a row

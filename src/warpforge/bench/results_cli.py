@@ -81,8 +81,9 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
                       store_url: str | None, run: str | None, update: Sequence[str], check: Sequence[str],
                       console: Console) -> int:
     from warpforge.bench.store import StoreError
+    from warpforge.bench.provenance import GitError, repo_root
     from warpforge.bench.tables import (TableError, check_markdown, count_markers, dir_loader, render_suites,
-                                        update_markdown)
+                                        stale_loader, update_markdown)
 
     if update or check:
         if suite or cases or run:
@@ -96,6 +97,10 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
             load = dir_loader(_records_dir_for(md, records))
             try:
                 if write:
+                    try:  # each row says how many commits have touched its timed code since it was measured
+                        load = stale_loader(load, repo_root(md))
+                    except GitError:
+                        pass
                     new, changed = update_markdown(text, load)
                     if new != text:
                         md.write_text(new, encoding="utf-8")

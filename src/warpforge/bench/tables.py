@@ -136,8 +136,41 @@ def check_cell(r: dict[str, Any]) -> str:
 
 
 def record_cell(r: dict[str, Any]) -> str:
-    """Where the figure lives and when it was measured (the commit is in the record; `results stale` uses it)."""
-    return f"{r.get('suite', '?')}.jsonl, {str(r.get('time') or '')[:10]}"
+    """Where the figure lives, the commit and day it was measured, and (when the table was generated with the
+    repository at hand, :func:`stale_loader`) how many commits have touched the code it times since."""
+    git = r.get("git")
+    sha = "no commit" if not git or git == "unknown" else git.split("-")[0][:7] + ("-dirty" if git.endswith("-dirty")
+                                                                                   else "")
+    note = f" {r[STALE_KEY]}" if r.get(STALE_KEY) else ""
+    return f"{r.get('suite', '?')}.jsonl @ {sha}, {str(r.get('time') or '')[:10]}{note}"
+
+
+# The staleness note a generated table carries (`results table --update` with the repository at hand): it moves
+# with every commit to the timed code, so the check of a committed table compares the rest of the row.
+STALE_KEY = "_stale"
+STALE_NOTE = re.compile(r" \*\*stale\*\* \(\d+ commits? since\)")
+
+
+def stale_loader(load: Loader, repo: Path, rev: str = "HEAD") -> Loader:
+    """``load`` with each record's staleness filled in: "**stale** (N commits since)" when commits after the
+    record's own touched the code its suite times (warpforge.bench.provenance), nothing when current."""
+    from warpforge.bench.provenance import Group, check_group, resolve_commit
+
+    head = resolve_commit(repo, rev)
+    seen: dict[tuple[str, str | None], str | None] = {}
+
+    def annotated(suite: str) -> list[dict[str, Any]]:
+        out = []
+        for r in load(suite):
+            key = (str(r.get("suite")), r.get("git"))
+            if key not in seen:
+                g = check_group(Group(file="", suite=key[0], git=key[1]), repo, head) if head else None
+                seen[key] = (f"**stale** ({g.commits} commit{'s' if g.commits != 1 else ''} since)"
+                             if g is not None and g.status in ("stale", "dirty") and g.commits else None)
+            out.append({**r, STALE_KEY: seen[key]} if seen[key] else r)
+        return out
+
+    return annotated
 
 
 def row(r: dict[str, Any], peers: Sequence[str] | None = None) -> dict[str, str]:
@@ -262,8 +295,9 @@ def check_markdown(text: str, load: Loader) -> list[str]:
         except TableError as e:
             problems.append(str(e))
             continue
-        if m.group("body") != want:
-            have = [x for x in m.group("body").strip().splitlines()]
+        body = STALE_NOTE.sub("", m.group("body"))
+        if body != want:
+            have = [x for x in body.strip().splitlines()]
             first = next((i for i, (a, b) in enumerate(zip(have, want.strip().splitlines())) if a != b),
                          min(len(have), len(want.strip().splitlines())))
             problems.append(f"{mk.label()}: the table disagrees with the records from its line {first + 1} "
@@ -293,5 +327,6 @@ def dir_loader(records_dir: str | Path) -> Loader:
     return load
 
 
-__all__ = ["COLUMNS", "MARKER", "Marker", "TableError", "check_markdown", "count_markers", "dir_loader",
+__all__ = ["COLUMNS", "MARKER", "Marker", "STALE_KEY", "STALE_NOTE", "TableError", "check_markdown", "count_markers",
+           "dir_loader", "stale_loader",
            "latest_by_case", "parse_marker", "render_suites", "render_table", "select", "split_case", "update_markdown"]
