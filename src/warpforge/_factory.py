@@ -19,21 +19,29 @@ from typing import Any
 _FILE_MODULES: dict[str, Path] = {}
 
 
-
 def import_file(name: str, path: Path) -> ModuleType:
     """Import the Python file ``path`` as module ``name`` (registered in sys.modules, removed again if running
-    it fails). ImportError: not loadable as a module; anything the file raises propagates."""
+    it fails). Its folder is on sys.path while it runs, so ``import helper`` finds a ``helper.py`` beside it
+    as it would for ``python path``. ImportError: not loadable as a module; anything the file raises propagates."""
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path}: not a loadable Python module")
     mod = importlib.util.module_from_spec(spec)
+    folder = str(Path(path).resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     sys.modules[name] = mod
     try:
         spec.loader.exec_module(mod)
     except BaseException:
         del sys.modules[name]
         raise
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
     return mod
+
 
 def file_modules() -> dict[str, Path]:
     """The factory files imported in this process by path: module name -> file."""
@@ -82,9 +90,7 @@ def load_factory(where: str, attr: str, error: type[Exception], module_prefix: s
         name = _own_name(path) or module_prefix + re.sub(r"[^A-Za-z0-9_]+", "_", str(path.resolve())).strip("_")[-80:]
         try:
             mod = import_file(name, path)
-        except ImportError as e:
-            raise error(f"{where}: cannot be loaded as a Python module") from e
-        except Exception as e:
+        except Exception as e:  # an ImportError too: its message (which module, which name) is what to fix
             raise error(f"{where}: importing it failed: {type(e).__name__}: {e}") from e
         _FILE_MODULES[name] = path.resolve()
     else:

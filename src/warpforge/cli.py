@@ -9,13 +9,14 @@ import sys
 
 import click
 
+from warpforge import dtypes
 from warpforge._cli_support import AliasChoice, WarpforgeGroup, make_console
 
 # optimize.gate.PRECISIONS, spelled out so `--help` does not import torch (a test keeps them equal)
 OPTIMIZE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
 
 # One spelling is documented (fp32, fp16, bf16, as in --precision); torch's names are accepted too.
-DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+DTYPE_ALIASES = dtypes.ALIASES
 
 
 def _console(*, stderr: bool = False):
@@ -291,7 +292,7 @@ def demo(store_url: str | None) -> None:
 @click.option("--top-k", default=-1, show_default=True, type=int, help="Keep the k most likely tokens (-1: off).")
 @click.option("--seed", default=None, type=int, help="Seed of this request's sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
-@click.option("--dtype", default="auto", show_default=True, type=AliasChoice(["auto", "fp32", "fp16", "bf16"], DTYPE_ALIASES),
+@click.option("--dtype", default="auto", show_default=True, type=AliasChoice(["auto", *dtypes.SHORT], DTYPE_ALIASES),
               help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--max-model-len", default=None, type=int,
               help="Longest prompt + output in tokens (default: the model's context).")
@@ -347,7 +348,7 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
               help="Sequences the engine runs at once.")
 @click.option("--max-queue", default=1024, show_default=True, type=click.IntRange(min=0),
               help="Sequences that may wait beyond the running ones; past that, requests get 429 + Retry-After.")
-@click.option("--dtype", default="auto", show_default=True, type=AliasChoice(["auto", "fp32", "fp16", "bf16"], DTYPE_ALIASES),
+@click.option("--dtype", default="auto", show_default=True, type=AliasChoice(["auto", *dtypes.SHORT], DTYPE_ALIASES),
               help="Weights and activations (auto: bf16 on a GPU, fp32 on CPU; float32, float16, bfloat16 also work).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, type=click.Choice(["auto", "fp8"]),
               help="KV-cache pages: the model's dtype, or fp8 (e4m3 with per-head scales).")

@@ -23,6 +23,15 @@ def test_num_pages_too_small_for_max_model_len_is_refused_with_the_numbers():
     assert out.finish_reason == "length" and len(out.token_ids) == 22  # runs to max_model_len, not short of it
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "float32", "torch.float32"])
+def test_llm_takes_the_cli_dtype_spellings(dtype):
+    """``warpforge serve --dtype fp32`` and ``LLM(dtype="fp32")`` take the same spellings (warpforge.dtypes)."""
+    llm = LLM(str(checkpoint("llama")), dtype=dtype, device="cpu", max_model_len=32, page_size=4, num_pages=8)
+    assert llm.engine.model_config.dtype is torch.float32
+    with pytest.raises(ValueError, match=r"^dtype: expected one of \['fp32', 'float32'"):
+        LLM(str(checkpoint("llama")), dtype="fp4", device="cpu")
+
+
 @pytest.mark.parametrize("prompts", [None, 3, {"a": 1}])
 def test_prompts_of_the_wrong_type(prompts):
     llm = LLM(loaded("llama"), max_model_len=64, page_size=4, num_pages=32)

@@ -79,6 +79,43 @@ def test_load_refuses_a_model_that_no_longer_matches(tmp_path):
         load(tmp_path / "nowhere")
 
 
+def test_eager_winner_optimized_at_batch_1_takes_other_batches(tmp_path):
+    """torch.export specializes a batch of 1; the save exports at batch 2 so the reload takes any batch."""
+    opt = optimize(make(SmallNet(c=4)), image(n=1, hw=8), backends=["eager"], **FAST)
+    opt.save(tmp_path)
+    loaded = load(tmp_path)
+    assert loaded.manifest["format"] == "export" and loaded.manifest["format_note"] is None
+    for n in (1, 3):
+        x = image(n=n, hw=8, seed=n)
+        torch.testing.assert_close(loaded(x), opt(x), rtol=1e-6, atol=1e-6)
+
+
+class FixedBatch(torch.nn.Module):
+    """Runs at a batch of 1 only (the reshape fixes it): export can keep no dim free."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 3)
+
+    def forward(self, x):  # [1, 12]
+        return self.fc(x.reshape(1, -1))
+
+
+def test_an_exported_program_with_a_fixed_batch_refuses_another_in_one_line(tmp_path):
+    x = torch.randn(1, 12)
+    opt = optimize(FixedBatch().eval(), (x,), backends=["eager"], **FAST)
+    opt.save(tmp_path)
+    loaded = load(tmp_path)
+    assert loaded.manifest["format"] == "export" and "static shapes" in loaded.manifest["format_note"]
+    torch.testing.assert_close(loaded(x), opt(x))
+    with pytest.raises(ValueError) as e:  # ShapeError, not torch's "Guard failed: args_0.size()[0] == 1"
+        loaded(torch.randn(4, 12))
+    msg = str(e.value)
+    assert type(e.value).__name__ == "ShapeError" and "\n" not in msg
+    assert msg.startswith("input x (argument 0) has shape [4, 12]: dim 0 is 4, but the saved model was exported "
+                          "for [1, 12]"), msg
+
+
 @pytest.mark.gpu
 def test_gpu_fp16_winner_round_trip(tmp_path):
     model, x = make(SmallNet(c=16)), image(n=4, hw=32).cuda()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from warpforge import dtypes
 from warpforge.hw.specs import PRECISIONS, spec_for
 
 # Nominal CPU figures (no probe cache): a few cores of a server CPU. Only the order of magnitude
@@ -47,8 +48,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
     if hasattr(torch, _name):
         _DTYPE_KEYS[getattr(torch, _name)] = "fp8"
 _STR_ALIASES = {
-    "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "uint8": "int8",
+    **dtypes.ALIASES, "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "uint8": "int8",
 }
 
 

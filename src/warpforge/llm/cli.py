@@ -44,9 +44,6 @@ def resolve_model(model: str) -> str:
     return str(path)
 
 
-DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,
                  seed: int | None, chat: bool, dtype: str, max_model_len: int | None,
                  tensor_parallel_size: int = 1, speculative: dict | None = None,
@@ -85,7 +82,7 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
             path = resolve_model(model)
             if gguf_blocks and not str(path).endswith(".gguf"):
                 return fail(f"--gguf-blocks: needs a .gguf model, got {model}")
-            engine = LLMEngine(path, config, dtype=DTYPES.get(dtype, dtype), gguf_blocks=gguf_blocks)
+            engine = LLMEngine(path, config, dtype=dtype, gguf_blocks=gguf_blocks)
         load_s = time.perf_counter() - t0
         err.print(f"loaded {model} in {load_s:.1f} s ({engine.model_config.architecture}, "
                   f"{str(engine.model_config.dtype).replace('torch.', '')}, {engine.device}{tp})"

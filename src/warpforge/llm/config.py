@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
+from warpforge import dtypes
 from warpforge.llm.architectures import GGUF_ARCHITECTURES, check_architecture
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 ROPE_TYPES = ("default", "linear", "llama3")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def read_json(path: Path) -> Any:
@@ -35,17 +35,15 @@ def read_json(path: Path) -> Any:
 
 
 def to_dtype(dtype: torch.dtype | str | None, default: torch.dtype = torch.float32) -> torch.dtype:
-    """A torch dtype from a dtype, its name ("bfloat16", "torch.float16") or None/"auto" (-> ``default``)."""
+    """A torch dtype from a dtype, any spelling of warpforge.dtypes ("bf16", "bfloat16", "torch.float16",
+    "half") or None/"auto" (-> ``default``)."""
     if dtype is None or dtype == "auto":
         return default
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype}")
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype: expected one of {list(dtypes.ALIASES)}, got {dtype}")
         return dtype
-    name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
-    return DTYPES[name]
+    return getattr(torch, dtypes.TORCH_NAMES[dtypes.short_name(str(dtype))])
 
 
 @dataclass

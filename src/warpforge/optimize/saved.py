@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from warpforge.optimize import report as report_mod
 from warpforge.optimize.backends import Built
@@ -86,13 +86,21 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
         from warpforge.optimize.backends import _var_positional
         from warpforge.optimize.runtime import dynamic_batch_shapes
 
-        tries = [shapes.export_shapes(nested=_var_positional(module))] if shapes is not None and shapes.declared \
-            else [dynamic_batch_shapes(module, inputs), None]
-        for dynamic in tries:
+        if shapes is not None and shapes.declared:
+            tries = [(inputs, shapes.export_shapes(nested=_var_positional(module)))]
+        else:
+            # A batch of 1 always specializes, so a model optimized at batch 1 is first exported at batch 2 (the
+            # example twice): the program then takes any batch, and is checked at the example's batch of 1 too.
+            two = _batch_of_two(inputs)
+            batch = dynamic_batch_shapes(module, inputs)
+            tries = ([(two, batch)] if two is not None else []) + [(inputs, batch), (inputs, None)]
+        for at, dynamic in tries:
             try:
-                ep = torch.export.export(module, inputs, dynamic_shapes=dynamic)
+                ep = torch.export.export(module, at, dynamic_shapes=dynamic)
                 with torch.no_grad():
                     got = ep.module()(*inputs)
+                    if at is not inputs and not _same_outputs(module(*at), ep.module()(*at)):
+                        raise RuntimeError("the program exported at batch 2 differs from the module at batch 2")
                 if not _same_outputs(want, got):
                     raise RuntimeError("the exported program's outputs differ from the module's")
                 for end in shapes.at_ends(inputs, torch.Generator().manual_seed(0)) if dynamic is not None and \
@@ -116,6 +124,22 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
         raise ValueError(f"could not save the model: pickling failed ({type(e).__name__}: {e})"
                          + (f"; {note}" if note else "")) from e
     return "pickle", "model.pkl", note
+
+
+def _batch_of_two(inputs: tuple) -> tuple | None:
+    """``inputs`` with each tensor's batch of 1 doubled; None unless every tensor input has a batch of 1."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if not tensors or any(x.dim() == 0 or x.shape[0] != 1 for x in tensors):
+        return None
+    return tuple(torch.cat([x, x]) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _fixed_dims(ep: torch.export.ExportedProgram) -> list[tuple[int | None, ...] | None]:
+    """Each user input's shape as the exported program fixes it (None: a dim it leaves free; None: not a
+    tensor), in the order of the flattened call arguments."""
+    vals = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    return [tuple(k if isinstance(k, int) else None for k in v.shape) if isinstance(v, torch.Tensor) else None
+            for v in (vals.get(name) for name in ep.graph_signature.user_inputs)]
 
 
 class _RecordingPickler(pickle.Pickler):
@@ -194,22 +218,15 @@ def _import_code(d: Path, code: list[dict[str, str]]) -> None:
             missing.append(entry)
     if not missing:
         return
-    code_dir = str((d / "code").resolve())
-    sys.path.insert(0, code_dir)
-    try:
-        for entry in missing:
-            name, path = entry["module"], d / entry["file"]
-            if name in sys.modules:
-                continue
-            try:
-                import_file(name, path)
-            except ImportError as e:
-                raise ValueError(f"{path}: the saved copy of module {name} cannot be loaded") from e
-            except Exception as e:
-                raise ValueError(f"{path}: importing the saved copy of module {name} failed "
-                                 f"({type(e).__name__}: {e})") from e
-    finally:
-        sys.path.remove(code_dir)
+    for entry in missing:  # import_file puts d/code on sys.path, so one saved module's imports of another resolve
+        name, path = entry["module"], d / entry["file"]
+        if name in sys.modules:
+            continue
+        try:
+            import_file(name, path)
+        except Exception as e:  # an ImportError too: its message names what is missing
+            raise ValueError(f"{path}: importing the saved copy of module {name} failed "
+                             f"({type(e).__name__}: {e})") from e
 
 
 def save(opt: Winner, directory: str | Path) -> Path:
@@ -257,19 +274,39 @@ def save(opt: Winner, directory: str | Path) -> Path:
 class Loaded:
     """A saved winner, loaded: call it like the original model. ``manifest`` says what it is."""
 
-    def __init__(self, fn: Any, module: nn.Module | None, manifest: dict[str, Any]) -> None:
+    def __init__(self, fn: Any, module: nn.Module | None, manifest: dict[str, Any],
+                 fixed: list[tuple[int | None, ...] | None] | None = None) -> None:
         from warpforge.optimize.shapes import ShapeSpec
 
         self.fn = fn
         self.module = module
         self.manifest = manifest
         self.shapes = ShapeSpec.from_dict(manifest["shapes"]) if manifest.get("shapes") else None
+        self.fixed = fixed  # an exported program's fixed dims (_fixed_dims); torch's guard would say it cryptically
 
     def __call__(self, *args: Any) -> Any:
         if self.shapes is not None:
             self.shapes.check(args)  # ShapeError: one line naming the dim, its size and the declared range
+        if self.fixed is not None:
+            self._check_fixed(args)
         with torch.no_grad():
             return self.fn(*args)
+
+    def _check_fixed(self, args: tuple) -> None:
+        from warpforge.optimize.shapes import ShapeError
+
+        for i, (a, want) in enumerate(zip(tree_flatten(args)[0], self.fixed or [])):
+            if want is None or not isinstance(a, torch.Tensor):
+                continue
+            got = list(a.shape)
+            k = next((k for k, (g, w) in enumerate(zip(got, want)) if w is not None and g != w), None)
+            if k is None and len(got) == len(want):
+                continue
+            label = self.shapes.label(i) if self.shapes is not None else f"argument {i}"
+            what = f"dim {k} is {got[k]}" if k is not None else f"{len(got)} dims"
+            raise ShapeError(f"{label} has shape {got}: {what}, but the saved model was exported for "
+                             f"{[w if w is not None else '*' for w in want]} (*: any size); optimize again with "
+                             "example inputs of this shape")
 
     def __repr__(self) -> str:
         return f"Loaded({self.manifest['winner']!r}, format={self.manifest['format']!r})"
@@ -301,8 +338,11 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
     inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in check["inputs"])
     fmt, path = manifest["format"], d / manifest["file"]
     module: nn.Module | None = None
+    fixed = None
     if fmt == "export":
-        module = torch.export.load(str(path)).module()  # in inference mode already (no .eval() on it)
+        ep = torch.export.load(str(path))
+        fixed = _fixed_dims(ep)
+        module = ep.module()  # in inference mode already (no .eval() on it)
         if dev != torch.device(manifest["device"]):
             module.to(dev)
         fn: Any = module
@@ -324,7 +364,7 @@ def load(directory: str | Path, *, device: str | torch.device | None = None, ver
         fn = torch.compile(fn, mode=manifest["recompile"])
     if manifest.get("cuda_graph") and dev.type == "cuda" and static_cuda_inputs(inputs):
         fn = GraphBuckets(fn, inputs)
-    loaded = Loaded(fn, module, manifest)
+    loaded = Loaded(fn, module, manifest, fixed)
     if verify:
         got = loaded(*inputs)
         budget = _RELOAD_BUDGET.get(manifest["precision"], _RELOAD_BUDGET["fp32"])

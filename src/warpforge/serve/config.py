@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-DTYPES = ("auto", "fp32", "fp16", "bf16")  # the CLI also takes the torch spellings (DTYPE_ALIASES)
-TORCH_DTYPES = {"auto": None, "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from warpforge import dtypes
+
+DTYPES = ("auto", *dtypes.SHORT)  # documented; every spelling of warpforge.dtypes is taken
+TORCH_DTYPES = {"auto": None, **dtypes.TORCH_NAMES}
 KV_CACHE_DTYPES = ("auto", "fp8")  # llm.engine_config.KV_CACHE_DTYPES, spelled out: this module stays torch-free
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this gets 413 (a 100k-token prompt as JSON is ~0.5 MB)
 
@@ -72,8 +74,7 @@ class ServeConfig:
             _int("max_model_len", self.max_model_len, 2)
         _int("max_num_seqs", self.max_num_seqs, 1)
         _int("max_queue", self.max_queue, 0)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        self.dtype = dtypes.short_name(self.dtype, auto=True)  # "float16" -> "fp16": what TORCH_DTYPES keys
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):

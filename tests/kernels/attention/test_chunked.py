@@ -68,6 +68,19 @@ def test_chunked_equals_flash_attention_on_a_fresh_prompt_cpu(triton_on_cpu, gen
     assert check(paged, dense.float(), torch.float16)["ok"]
 
 
+@pytest.mark.parametrize("page", [60000, -7])
+def test_chunked_unchecked_page_ids_past_the_pool_never_crash_cpu(triton_on_cpu, gen, page):
+    """As paged_decode: with check_values=False a bad page id reads a clamped page, never outside the cache."""
+    lens, q_lens = [9, 6], [3, 6]
+    p = build_paged(lens, page_size=4, num_kv_heads=1, head_dim=64, dtype=torch.float16, device="cpu", gen=gen)
+    bad = p.block_tables.clone()
+    bad[0, 1] = page
+    cu = _cu(q_lens, "cpu")
+    q = torch.randn(int(cu[-1]), 2, 64, generator=gen).half()
+    out = chunked_prefill(q, p.cache, bad, p.seq_lens, cu, max_seqlen_q=6, check_values=False)
+    assert out.shape == q.shape
+
+
 def test_chunked_validation(gen):
     p = build_paged([5, 9], page_size=4, num_kv_heads=2, head_dim=64, dtype=torch.float16, device="cpu", gen=gen)
     q = torch.randn(4, 4, 64, generator=gen).half()

@@ -205,6 +205,24 @@ def test_decode_qk_fp8_cpu(triton_on_cpu, gen, Hq, Hkv, D, window, softcap, num_
     assert torch.equal(out[4], torch.zeros_like(out[4]))
 
 
+@pytest.mark.parametrize("page", [6, 60000, -7])  # just past the pool, far past it (once SIGSEGV), negative
+@pytest.mark.parametrize("kv,qk_fp8", [(torch.float16, False), (torch.float8_e4m3fn, False),
+                                       (torch.float8_e4m3fn, True)])
+def test_decode_unchecked_page_ids_past_the_pool_never_crash_cpu(triton_on_cpu, gen, page, kv, qk_fp8):
+    """check_values=False trusts the table: a bad page id may give garbage out, but the kernel clamps the
+    page address, so it reads inside the cache instead of killing the process."""
+    p = build_paged([5, 9], page_size=4, num_kv_heads=2, head_dim=64, dtype=kv, device="cpu", gen=gen,
+                    spare_pages=0)
+    bad = p.block_tables.clone()
+    bad[1, 1] = page
+    q = torch.randn(2, 4, 64, generator=gen).half()
+    cfg = dataclasses.replace(default_decode_config(64, kv != torch.float16, qk_fp8=qk_fp8), block_n=16)
+    out = paged_decode(q, p.cache, bad, p.seq_lens, check_values=False, config=cfg)
+    assert out.shape == q.shape  # finite or not: unchecked input may give anything but a crash
+    good = paged_decode(q, p.cache, p.block_tables, p.seq_lens, check_values=False, config=cfg)
+    torch.testing.assert_close(out[0], good[0])  # sequence 0 never reads the bad entry
+
+
 def test_decode_reference_path_on_cpu_tensors(gen):
     p = build_paged([5, 9], page_size=4, num_kv_heads=1, head_dim=64, dtype=torch.float16, device="cpu", gen=gen)
     q = torch.randn(2, 2, 64, generator=gen).half()

@@ -77,7 +77,7 @@ def _load_tile(base, row_off, offs_d, n_ok, d_ok, MASK: tl.constexpr, PAD_D: tl.
 @triton.jit
 def attend_blocks(acc, l_i, m_i, q, q_pos,
                   k_base, v_base, stride_kn, stride_vn,
-                  page_row, stride_kp, stride_vp,
+                  page_row, num_pages, stride_kp, stride_vp,
                   k_desc, v_desc, desc_b, desc_row, desc_h,
                   lo, hi, seqlen_k, window_left, window_right,
                   qk_scale, cap_scale, cap_log2,
@@ -90,7 +90,9 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
     acc [M, BLOCK_D] fp32, l_i/m_i [M] fp32 (m in log2 units), q [M, BLOCK_D], q_pos [M] int32.
     Where key n lives:
     * contiguous: k_base + n * stride_kn;
-    * PAGED: k_base + page_row[n // PAGE_SIZE] * stride_kp + (n % PAGE_SIZE) * stride_kn;
+    * PAGED: k_base + page_row[n // PAGE_SIZE] * stride_kp + (n % PAGE_SIZE) * stride_kn, the page clamped
+      to [0, num_pages): a table the launcher did not check (check_values=False) may give wrong
+      values, but never reads outside the cache;
     * TMA: k_desc (a [B, S, H, D] tensor descriptor) at [desc_b, desc_row + n, desc_h, 0]; rows past
       the tensor read as zeros, rows of a neighbouring packed sequence are masked like any n >= seqlen_k.
     Logits: q.k * qk_scale (log2 units), or with SOFTCAP: cap_log2 * tanh(q.k * cap_scale).
@@ -112,7 +114,7 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
         if PAGED:
             next_n = offs_n + BLOCK_N
             page_next = tl.load(page_row + next_n // PAGE_SIZE, mask=next_n < seqlen_k, other=0)
-            page = page.to(tl.int64)
+            page = tl.minimum(tl.maximum(page.to(tl.int64), 0), num_pages - 1)
             tok = offs_n % PAGE_SIZE
             k_off = page * stride_kp + tok * stride_kn
             v_off = page * stride_vp + tok * stride_vn
@@ -163,7 +165,7 @@ def attend_blocks(acc, l_i, m_i, q, q_pos,
 @triton.jit
 def attend_span(acc, l_i, m_i, q, q_pos,
                 k_base, v_base, stride_kn, stride_vn,
-                page_row, stride_kp, stride_vp,
+                page_row, num_pages, stride_kp, stride_vp,
                 k_desc, v_desc, desc_b, desc_row, desc_h,
                 lo, full_lo, full_hi, hi, seqlen_k, window_left, window_right,
                 qk_scale, cap_scale, cap_log2,
@@ -180,17 +182,20 @@ def attend_span(acc, l_i, m_i, q, q_pos,
     """
     if MASK_LEFT:
         acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                      page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                      page_row, num_pages, stride_kp, stride_vp,
+                                      k_desc, v_desc, desc_b, desc_row, desc_h,
                                       lo, full_lo, seqlen_k, window_left, window_right, qk_scale, cap_scale,
                                       cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
                                       PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
     acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                  page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  page_row, num_pages, stride_kp, stride_vp,
+                                  k_desc, v_desc, desc_b, desc_row, desc_h,
                                   full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
                                   BLOCK_N, BLOCK_D, HEAD_DIM, False, MASK_LEFT, MASK_RIGHT, SOFTCAP,
                                   PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
     acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                  page_row, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  page_row, num_pages, stride_kp, stride_vp,
+                                  k_desc, v_desc, desc_b, desc_row, desc_h,
                                   full_hi, hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
                                   BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
                                   PAGED, PAGE_SIZE, TMA, DOT_PRECISION)

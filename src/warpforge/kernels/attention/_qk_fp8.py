@@ -63,7 +63,7 @@ def quantize_rows_e4m3(x):
 
 @triton.jit
 def _attend_blocks_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, stride_vn,
-                       page_row, stride_kp, stride_vp, lo, hi, seqlen_k, window_left,
+                       page_row, num_pages, stride_kp, stride_vp, lo, hi, seqlen_k, window_left,
                        qk_scale, cap_scale, cap_log2,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                        MASK: tl.constexpr, MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -86,7 +86,7 @@ def _attend_blocks_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, st
         n_ok = offs_n < seqlen_k
         next_n = offs_n + BLOCK_N  # block-table entries one step ahead (see attend_blocks)
         page_next = tl.load(page_row + next_n // PAGE_SIZE, mask=next_n < seqlen_k, other=0)
-        page = page.to(tl.int64)
+        page = tl.minimum(tl.maximum(page.to(tl.int64), 0), num_pages - 1)  # see attend_blocks
         tok = offs_n % PAGE_SIZE
         k = _load_tile(k_base, page * stride_kp + tok * stride_kn, offs_d, n_ok, d_ok, MASK, PAD_D)
         s = tl.dot(k, q8_t)  # [BLOCK_N, G] fp32, e4m3 x e4m3
@@ -117,22 +117,25 @@ def _attend_blocks_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, st
 
 @triton.jit
 def attend_span_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, stride_vn,
-                    page_row, stride_kp, stride_vp, lo, full_lo, full_hi, hi, seqlen_k, window_left,
+                    page_row, num_pages, stride_kp, stride_vp, lo, full_lo, full_hi, hi, seqlen_k, window_left,
                     qk_scale, cap_scale, cap_log2,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                     MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """_attend_blocks_qk8 over a key_range: masked left edge (windows only), interior, masked right edge."""
     if MASK_LEFT:
         acc_t, l_i, m_i = _attend_blocks_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                             page_row, stride_kp, stride_vp, lo, full_lo, seqlen_k, window_left,
+                                             page_row, num_pages, stride_kp, stride_vp,
+                                             lo, full_lo, seqlen_k, window_left,
                                              qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM, True,
                                              MASK_LEFT, SOFTCAP, PAGE_SIZE)
     acc_t, l_i, m_i = _attend_blocks_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                         page_row, stride_kp, stride_vp, full_lo, full_hi, seqlen_k, window_left,
+                                         page_row, num_pages, stride_kp, stride_vp,
+                                         full_lo, full_hi, seqlen_k, window_left,
                                          qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM, False,
                                          MASK_LEFT, SOFTCAP, PAGE_SIZE)
     acc_t, l_i, m_i = _attend_blocks_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                         page_row, stride_kp, stride_vp, full_hi, hi, seqlen_k, window_left,
+                                         page_row, num_pages, stride_kp, stride_vp,
+                                         full_hi, hi, seqlen_k, window_left,
                                          qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM, True,
                                          MASK_LEFT, SOFTCAP, PAGE_SIZE)
     return acc_t, l_i, m_i

@@ -32,7 +32,7 @@ DEFAULT_CHUNKED_CONFIG = AttentionConfig(block_m=64, block_n=64, num_warps=4, nu
 
 
 @triton.jit
-def _chunked_kernel(Q, KC, VC, block_tables, seq_lens, cu_q, k_scale, v_scale, O,
+def _chunked_kernel(Q, KC, VC, block_tables, num_pages, seq_lens, cu_q, k_scale, v_scale, O,
                     stride_qt, stride_qh,
                     stride_kp, stride_kh, stride_kt,
                     stride_vp, stride_vh, stride_vt,
@@ -89,7 +89,7 @@ def _chunked_kernel(Q, KC, VC, block_tables, seq_lens, cu_q, k_scale, v_scale, O
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
     acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                page_row, stride_kp, stride_vp, None, None, 0, 0, 0,
+                                page_row, num_pages, stride_kp, stride_vp, None, None, 0, 0, 0,
                                 lo, full_lo, full_hi, hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
                                 BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, True, SOFTCAP,
                                 True, PAGE_SIZE, False, DOT_PRECISION)
@@ -157,7 +157,7 @@ def chunked_prefill(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Te
     block_q = block_m // group
     kc, vc = cache.k_cache, cache.v_cache
     _chunked_kernel[(triton.cdiv(max_seqlen_q, block_q), Hkv, B)](
-        q, kc, vc, block_tables, seq_lens, cu_seqlens_q, cache.k_scale, cache.v_scale, out,
+        q, kc, vc, block_tables, cache.num_pages, seq_lens, cu_seqlens_q, cache.k_scale, cache.v_scale, out,
         q.stride(0), q.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),

@@ -183,7 +183,7 @@ def _merge_when_last(counter, O_part, LSE_part, O, b, kvh, num_splits, stride_ob
 
 
 @triton.jit
-def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_part, LSE_part, counters,
+def _decode_kernel(Q, KC, VC, block_tables, num_pages, seq_lens, k_scale, v_scale, O, O_part, LSE_part, counters,
                    stride_qb, stride_qh,
                    stride_kp, stride_kh, stride_kt,
                    stride_vp, stride_vh, stride_vt,
@@ -244,14 +244,14 @@ def _decode_kernel(Q, KC, VC, block_tables, seq_lens, k_scale, v_scale, O, O_par
         q8, q_scale = quantize_rows_e4m3(q.to(tl.float32))
         acc_t = tl.zeros([BLOCK_D, BLOCK_G], dtype=tl.float32)
         acc_t, l_i, m_i = attend_span_qk8(acc_t, l_i, m_i, q8, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                          page_row, stride_kp, stride_vp, s_lo, a, c, s_hi, L, window_left,
+                                          page_row, num_pages, stride_kp, stride_vp, s_lo, a, c, s_hi, L, window_left,
                                           qk_scale * q_scale, cap_scale * q_scale, cap_log2,
                                           BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, SOFTCAP, PAGE_SIZE)
         acc = tl.trans(acc_t)
     else:
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kt, stride_vt,
-                                    page_row, stride_kp, stride_vp, None, None, 0, 0, 0,
+                                    page_row, num_pages, stride_kp, stride_vp, None, None, 0, 0, 0,
                                     s_lo, a, c, s_hi, L, window_left, 0, qk_scale, cap_scale, cap_log2,
                                     BLOCK_N, BLOCK_D, HEAD_DIM, MASK_LEFT, False, SOFTCAP,
                                     True, PAGE_SIZE, False, DOT_PRECISION)
@@ -385,7 +385,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
     g_p2 = triton.next_power_of_2(group)
     kc, vc = cache.k_cache, cache.v_cache
     _decode_kernel[(B, Hkv, num_splits)](
-        q, kc, vc, block_tables, seq_lens, cache.k_scale, cache.v_scale, out, o_part, lse_part, counters,
+        q, kc, vc, block_tables, cache.num_pages, seq_lens, cache.k_scale, cache.v_scale, out, o_part, lse_part,
+        counters,
         q.stride(0), q.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),

@@ -254,7 +254,8 @@ def check_paged_inputs(q: torch.Tensor, cache: PagedKVCache, block_tables: torch
 
     q [.., Hq, D]; block_tables int32 [B, max_pages]; seq_lens int32 [B]. ``check_values`` also checks
     seq_lens <= max_pages * page_size and that every used page index is a page of the cache: the
-    kernels read K/V at those indices, so a bad one would read outside the cache. Default: checked,
+    kernels read K/V at those indices (clamped into the cache, so an unchecked bad index gives wrong
+    values, not a crash; a length past the table's width still reads past its row). Default: checked,
     except while a CUDA graph is being captured (one host sync on the GPU). The LLM engine passes
     False on the GPU: it builds the tables from its own block manager, tested against these checks on CPU.
     """

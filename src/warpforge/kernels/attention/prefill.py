@@ -160,7 +160,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, q_desc, k_desc, v_desc,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
     acc, l_i, m_i = attend_span(acc, l_i, m_i, q, q_pos, K + k_off, V + v_off, stride_ks, stride_vs,
-                                None, 0, 0, k_desc, v_desc, desc_b, k_start, kvh,
+                                None, 0, 0, 0, k_desc, v_desc, desc_b, k_start, kvh,
                                 lo, full_lo, full_hi, hi, seqlen_k, window_left, window_right,
                                 qk_scale, cap_scale, cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM,
                                 MASK_LEFT, MASK_RIGHT, SOFTCAP, False, 1, TMA, DOT_PRECISION)
