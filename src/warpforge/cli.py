@@ -341,6 +341,8 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
               help="Port to listen on (0: any free port; the startup line says which).")
 @click.option("--api-key", default=None, envvar="WARPFORGE_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
+@click.option("--metrics-without-auth", is_flag=True,
+              help="With --api-key: leave /metrics open too, for a Prometheus scraper that sends no key.")
 @click.option("--served-model-name", default=None, help="The name clients send as `model` (default: MODEL as given).")
 @click.option("--max-model-len", default=None, type=click.IntRange(min=2),
               help="Longest prompt + output in tokens (default: the model's context).")
@@ -359,10 +361,12 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p
 @click.option("--access-log", is_flag=True, help="Log one line per HTTP request.")
 @click.option("--speculative", default=None, type=click.Choice(["ngram", "self"]),
               help="Speculative decoding (exact): n-gram prompt lookup, or the model's first layers drafting.")
-def serve(model: str, host: str, port: int, api_key: str | None, served_model_name: str | None,
-          max_model_len: int | None, max_num_seqs: int, max_queue: int, dtype: str, kv_cache_dtype: str,
-          chat_template: str | None, shutdown_grace: float, access_log: bool, speculative: str | None) -> None:
-    """Serve MODEL over the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+def serve(model: str, host: str, port: int, api_key: str | None, metrics_without_auth: bool,
+          served_model_name: str | None, max_model_len: int | None, max_num_seqs: int, max_queue: int, dtype: str,
+          kv_cache_dtype: str, chat_template: str | None, shutdown_grace: float, access_log: bool,
+          speculative: str | None) -> None:
+    """Serve MODEL over the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+    (and vLLM's /tokenize, /detokenize, /version).
 
     MODEL is what `warpforge generate` takes: a Hugging Face checkpoint directory, a .gguf file, or
     `gemma3-270m`. Streaming (server-sent events), n choices, logprobs, stop strings, seeds; vLLM's
@@ -375,8 +379,8 @@ def serve(model: str, host: str, port: int, api_key: str | None, served_model_na
     """
     from warpforge.serve.cli import cli_serve
 
-    sys.exit(cli_serve(model, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                       max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_queue=max_queue, dtype=dtype,
+    sys.exit(cli_serve(model, host=host, port=port, api_key=api_key, metrics_without_auth=metrics_without_auth,
+                       served_model_name=served_model_name, max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_queue=max_queue, dtype=dtype,
                        kv_cache_dtype=kv_cache_dtype, chat_template=chat_template, shutdown_grace_s=shutdown_grace,
                        access_log=access_log, speculative=speculative))
 

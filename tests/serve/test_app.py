@@ -143,7 +143,7 @@ def test_cli_bad_usage_is_one_line_and_exit_2(tiny_model, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert f"cannot listen on 127.0.0.1:{port}" in run(str(tiny_model), "--port", str(port))
+        assert f"port {port} is in use on 127.0.0.1" in run(str(tiny_model), "--port", str(port))
     broken = shutil.copytree(tiny_model, tmp_path / "broken")
     (broken / "config.json").write_text(json.dumps({"model_type": "nonsense"}))
     run(str(broken))  # a checkpoint the loader refuses: one line, exit 2

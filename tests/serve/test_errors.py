@@ -109,6 +109,31 @@ def test_wrong_types_and_missing_fields_name_the_field(server):
                 "top_logprobs")
 
 
+@pytest.mark.parametrize("field,value", [("max_tokens", True), ("max_tokens", 2.0), ("n", True), ("seed", 1.5),
+                                         ("temperature", True), ("stream", "yes"), ("ignore_eos", 1),
+                                         ("stop_token_ids", [2, True]), ("logprobs", False)])
+def test_json_types_are_not_coerced(server, field, value):
+    """true is not 1, 2.0 is not 2, "yes" is not true: a 400 naming the field, as the docs say."""
+    err = check_error(post(server, "/completions", json=completion(server, **{field: value})), 400, field)
+    assert err["message"].startswith(field) and repr(value if not isinstance(value, list) else value[1]) in err["message"]
+
+
+def test_null_message_content_is_refused(server):
+    chat = {"model": server.model, "max_tokens": 2}
+    for messages in ([{"role": "user", "content": None}], [{"role": "user"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]):
+        check_error(post(server, "/chat/completions", json={**chat, "messages": messages}), 400, "messages",
+                    says="content")
+    # OpenAI allows null content beside tool_calls; tool calling is not supported, and the refusal says that
+    calls = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    check_error(post(server, "/chat/completions", json={**chat, "messages": calls}), 400, "messages",
+                "unsupported_field", "tool_calls")
+    check_error(post(server, "/chat/completions", json={**chat, "max_tokens": True,
+                                                        "messages": [{"role": "user", "content": "hi"}]}),
+                400, "max_tokens")
+
+
 @pytest.mark.parametrize("field,value", [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
     ("tool_choice", "auto"),

@@ -32,7 +32,8 @@ def limited(start_server, tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("method,path", [("GET", "/v1/models"), ("POST", "/v1/completions"),
                                          ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
-                                         ("GET", "/v1/unknown")])
+                                         ("GET", "/v1/unknown"), ("GET", "/v1/models/x"), ("POST", "/tokenize"),
+                                         ("POST", "/detokenize"), ("GET", "/version")])
 def test_every_endpoint_but_health_wants_the_key(limited, method, path):
     body = {"model": limited.model, "prompt": "x", "max_tokens": 1}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
@@ -55,6 +56,14 @@ def test_the_right_key_works_and_is_never_logged(limited):
     assert lower.status_code == 200  # the scheme is case-insensitive (RFC 7235)
     assert httpx.get(limited.root + "/metrics", headers=limited.headers, timeout=10).status_code == 200
     assert KEY not in limited.output()
+
+
+def test_metrics_without_auth_opens_metrics_alone(start_server):
+    with start_server("--api-key", KEY, "--metrics-without-auth") as s:
+        assert httpx.get(s.root + "/metrics", timeout=10).status_code == 200  # a scraper without the key
+        for method, path in [("GET", "/v1/models"), ("POST", "/tokenize"), ("GET", "/version")]:
+            assert httpx.request(method, s.root + path, json={"prompt": "x"}, timeout=10).status_code == 401, path
+        assert httpx.post(s.root + "/tokenize", json={"prompt": "x"}, headers=s.headers, timeout=10).status_code == 200
 
 
 def test_chat_template_flag_replaces_the_missing_template(limited):

@@ -117,3 +117,21 @@ def test_metrics_lists_every_series(server):
     assert m["warpforge_time_to_first_token_seconds_count"] >= 2 and m["warpforge_e2e_request_latency_seconds_sum"] > 0
     assert m["warpforge_request_prompt_tokens_count"] >= 2 and m["warpforge_request_generation_tokens_sum"] >= 10
     assert 0 < m["warpforge_prefix_cache_hit_rate"] <= 1
+
+
+def test_metrics_also_carry_vllms_names_with_the_model_label(server):
+    """vLLM dashboards and autoscalers read these names; each is the same measurement as ours."""
+    server.client().completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=4)
+    m = server.metrics()
+    label = f'{{model_name="{server.model}"}}'
+    for ours, vllm in [("num_requests_running", "num_requests_running"),
+                       ("num_requests_waiting", "num_requests_waiting"),
+                       ("kv_cache_usage_perc", "gpu_cache_usage_perc"), ("kv_cache_usage_perc", "kv_cache_usage_perc"),
+                       ("prompt_tokens_total", "prompt_tokens_total"),
+                       ("generation_tokens_total", "generation_tokens_total"),
+                       ("time_to_first_token_seconds_count", "time_to_first_token_seconds_count"),
+                       ("time_per_output_token_seconds_sum", "time_per_output_token_seconds_sum"),
+                       ("e2e_request_latency_seconds_count", "e2e_request_latency_seconds_count")]:
+        assert m[f"vllm:{vllm}{label}"] == m[f"warpforge_{ours}"], vllm
+    assert m[f"vllm:generation_tokens_total{label}"] >= 4
+    assert m[f'vllm:e2e_request_latency_seconds_bucket{{le="+Inf",model_name="{server.model}"}}'] >= 1

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import functools
 
+import httpx
 import pytest
+
+from tests.serve.conftest import MAX_MODEL_LEN
 
 PROMPTS = ["Who's there? Nay, answer me", "To be, or not to be, that is the question", "The king"]
 GREEDY = {"temperature": 0.0}
@@ -43,6 +46,50 @@ def stream_text(chunks, chat: bool) -> tuple[dict[int, str], dict[int, str], lis
 def test_models_lists_the_served_name(server):
     models = server.client().models.list().data
     assert [m.id for m in models] == [server.model] and models[0].owned_by == "warpforge"
+    # root is the served name: the checkpoint's path on the server's disk is nobody's business
+    assert models[0].root == server.model and str(server.checkpoint) not in str(models[0].model_dump())
+
+
+def test_models_retrieve_by_id(server):
+    import openai
+
+    c = server.client()
+    m = c.models.retrieve(server.model)
+    assert m.id == server.model and m.object == "model" and m.model_dump() == c.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-9")
+    assert e.value.code == "model_not_found" and e.value.param == "model" and "gpt-9" in e.value.message
+    r = httpx.get(server.base_url + "/models/org/some-model", timeout=10)  # an id with a slash
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_tokenize_detokenize_and_version_as_vllm(server, tok):
+    post = functools.partial(httpx.post, timeout=10)
+    r = post(server.root + "/tokenize", json={"model": server.model, "prompt": PROMPTS[1]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == tok.encode(PROMPTS[1]) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == MAX_MODEL_LEN and body["token_strs"] is None
+    plain = post(server.root + "/tokenize", json={"prompt": PROMPTS[1], "add_special_tokens": False,
+                                                  "return_token_strs": True}).json()
+    assert plain["tokens"] == tok.encode(PROMPTS[1], add_special_tokens=False)
+    assert "".join(plain["token_strs"]) == tok.decode(plain["tokens"])
+    # messages: the ids /v1/chat/completions runs, which its usage counts
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    chat = post(server.root + "/tokenize", json={"messages": messages}).json()
+    usage = server.client().chat.completions.create(model=server.model, messages=messages, max_tokens=1).usage
+    assert chat["count"] == usage.prompt_tokens
+    text = post(server.root + "/detokenize", json={"model": server.model, "tokens": plain["tokens"]}).json()
+    assert text == {"prompt": PROMPTS[1]}
+    for path, bad, param in [("/tokenize", {"prompt": "x", "messages": messages}, "prompt"),
+                             ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                             ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
+                             ("/detokenize", {"tokens": [1, True]}, "tokens")]:
+        r = post(server.root + path, json=bad)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, bad, r.text)
+    from warpforge import __version__
+
+    assert httpx.get(server.root + "/version", timeout=10).json() == {"version": __version__}
 
 
 def test_completion_usage_matches_the_tokenizer(server, tok):

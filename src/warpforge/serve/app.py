@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API over one AsyncLLM: ``create_app(llm, config) -> FastAPI``.
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics.
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, GET /health,
+GET /metrics, and vLLM's POST /tokenize, POST /detokenize, GET /version.
 Every error is OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``). A request is
 checked whole (body size, JSON, fields, model, prompt length, sampling values) before it is
 admitted; admission bounds the sequences in the server (``ServeConfig.max_in_flight``: beyond, 429
@@ -24,8 +25,8 @@ from starlette.requests import ClientDisconnect
 
 from warpforge.serve.config import ServeConfig
 from warpforge.serve.metrics import CONTENT_TYPE, ServerMetrics
-from warpforge.serve.protocol import (APIError, ChatRequest, CompletionRequest, bad_request, chat_messages, check_n,
-                                      parse, sampling_kwargs)
+from warpforge.serve.protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                      bad_request, chat_messages, check_n, parse, sampling_kwargs)
 from warpforge.serve.serving import Job, Prompt
 
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait: about one batch's worth of decode steps
@@ -42,7 +43,7 @@ class ServerState:
         if config.chat_template is not None:
             self.tokenizer.chat_template = config.chat_template
             self.tokenizer.__dict__.pop("_template", None)  # the compiled template is cached on first use
-        self.metrics = ServerMetrics(llm)
+        self.metrics = ServerMetrics(llm, config.model_name)
         self.max_model_len: int = llm.engine.config.max_model_len
         self.vocab_size: int = llm.engine.model_config.vocab_size
         self.jobs: dict[str, Job] = {}
@@ -87,14 +88,18 @@ class ServerState:
             for c in job.choices:
                 self.llm.abort(c.rid)
 
-    async def drain(self, grace_s: float) -> None:
-        """Refuse new work; let admitted requests run up to ``grace_s``, then abort the rest (their
-        streams end with finish_reason "abort" and ``[DONE]``)."""
+    async def drain(self, grace_s: float, flush_s: float = 5.0) -> None:
+        """Refuse new work (503, /health too); let admitted requests run up to ``grace_s``, then abort the
+        rest (their streams end with finish_reason "abort" and ``[DONE]``) and give their last chunks up
+        to ``flush_s`` to go out."""
         self.draining = True
         deadline = time.monotonic() + grace_s
         while self.jobs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.abort_all()
+        deadline = time.monotonic() + flush_s
+        while self.jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     # ---- request checks --------------------------------------------------------------------------
 
@@ -183,24 +188,28 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     return job, req.stream
 
 
-def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
+def chat_text(state: ServerState, req, add_generation_prompt: bool = True) -> str:
+    """``req.messages`` through the chat template (the template writes the special tokens it wants)."""
     import jinja2
 
+    messages = chat_messages(req)
+    if state.tokenizer.chat_template is None:
+        raise bad_request("messages: this model has no chat template; start the server with --chat-template FILE "
+                          "or use /v1/completions", param="messages", code="no_chat_template")
+    try:
+        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except (ValueError, jinja2.TemplateError) as e:
+        raise bad_request(f"messages: the chat template refused them: {e}", param="messages") from None
+
+
+def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     req = parse(ChatRequest, body)
     state.check_model(req.model)
     check_n(req.n)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
     stream_flags = _stream_flags(req)
-    messages = chat_messages(req)
-    if state.tokenizer.chat_template is None:
-        raise bad_request("messages: this model has no chat template; start the server with --chat-template FILE "
-                          "or use /v1/completions", param="messages", code="no_chat_template")
-    try:
-        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except (ValueError, jinja2.TemplateError) as e:
-        raise bad_request(f"messages: the chat template refused them: {e}", param="messages") from None
-    prompt = Prompt(state.tokenizer.encode(text, add_special_tokens=False), None)
+    prompt = Prompt(state.tokenizer.encode(chat_text(state, req), add_special_tokens=False), None)
     state.check_length(prompt.ids, "messages")
     asked, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
                    else (req.max_tokens, "max_tokens"))
@@ -210,6 +219,31 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     job = Job.build(state, "/v1/chat/completions", state.config.model_name, [prompt], req.n, params, chat=True,
                     logprobs=logprobs, **stream_flags)
     return job, req.stream
+
+
+def tokenize(state: ServerState, body: dict) -> dict:
+    """vLLM's /tokenize: the ids the completions or chat endpoint would run for this prompt or these messages."""
+    req = parse(TokenizeRequest, body)
+    state.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("prompt, messages: expected exactly one of them", param="prompt")
+    if req.messages is not None:
+        text, special = chat_text(state, req, req.add_generation_prompt), False
+    else:
+        text, special = req.prompt, True
+    special = special if req.add_special_tokens is None else req.add_special_tokens
+    ids = state.tokenizer.encode(text, add_special_tokens=special)
+    strs = [state.token_text(t) for t in ids] if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenize(state: ServerState, body: dict) -> dict:
+    req = parse(DetokenizeRequest, body)
+    state.check_model(req.model)
+    bad = [t for t in req.tokens if not 0 <= t < state.vocab_size]
+    if bad:
+        raise bad_request(f"tokens: token ids must be in [0, {state.vocab_size}), got {bad[:4]}", param="tokens")
+    return {"prompt": state.tokenizer.decode(req.tokens)}
 
 
 # ---- HTTP plumbing -------------------------------------------------------------------------------
@@ -286,14 +320,14 @@ class SSEResponse(StreamingResponse):
 
 
 class _APIKey:
-    """ASGI middleware: every path but /health needs ``Authorization: Bearer <key>`` (compared in
-    constant time; the key is never logged or echoed)."""
+    """ASGI middleware: every path but ``open_paths`` needs ``Authorization: Bearer <key>`` (compared in
+    constant time; the key is never logged or echoed). Deny by default: a route added later is guarded."""
 
-    def __init__(self, app, key: str, metrics: ServerMetrics):
-        self.app, self.key, self.metrics = app, key.encode(), metrics
+    def __init__(self, app, key: str, metrics: ServerMetrics, open_paths: frozenset[str]):
+        self.app, self.key, self.metrics, self.open_paths = app, key.encode(), metrics, open_paths
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
             got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             scheme, _, token = got.partition(b" ")
             # compare_digest's time depends on the lengths only, never on where the bytes differ
@@ -306,10 +340,14 @@ class _APIKey:
         await self.app(scope, receive, send)
 
 
-_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+              "/detokenize", "/version")
 
 
 def _endpoint(path: str) -> str:
+    """The metrics label of a path: one per route (a model id in the path would make a label per id)."""
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{id}"
     return path if path in _ENDPOINTS else "other"
 
 
@@ -361,12 +399,54 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await run(request, "/v1/chat/completions", chat_job)
 
+    async def answer(request: Request, endpoint: str, handle) -> Response:
+        """A JSON body in, ``handle(state, body)`` out; errors in OpenAI's shape, every outcome counted."""
+        try:
+            state.check_available()
+            out = handle(state, await read_json(request, config.max_body_bytes))
+        except APIError as e:
+            m.requests.labels(endpoint, _OUTCOMES.get(e.status, "bad_request")).inc()
+            return error_response(e)
+        except ClientDisconnect:
+            m.requests.labels(endpoint, "disconnected").inc()
+            return Response(status_code=499)
+        m.requests.labels(endpoint, "ok").inc()
+        return JSONResponse(out)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        return await answer(request, "/tokenize", tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> Response:
+        return await answer(request, "/detokenize", detokenize)
+
+    @app.get("/version")
+    async def version() -> Response:
+        from warpforge import __version__
+
+        m.requests.labels("/version", "ok").inc()
+        return JSONResponse({"version": __version__})
+
+    def model_card() -> dict:
+        # root names the served model, not where its files are: a path would show the server's filesystem
+        return {"id": config.model_name, "object": "model", "created": state.started, "owned_by": "warpforge",
+                "root": config.model_name, "parent": None, "max_model_len": state.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> Response:
         m.requests.labels("/v1/models", "ok").inc()
-        return JSONResponse({"object": "list", "data": [{
-            "id": config.model_name, "object": "model", "created": state.started, "owned_by": "warpforge",
-            "root": config.model or config.model_name, "max_model_len": state.max_model_len}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        try:
+            state.check_model(model_id)
+        except APIError as e:
+            m.requests.labels("/v1/models/{id}", "not_found").inc()
+            return error_response(e)
+        m.requests.labels("/v1/models/{id}", "ok").inc()
+        return JSONResponse(model_card())
 
     @app.get("/health")
     async def health() -> Response:
@@ -384,5 +464,6 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
         return Response(m.render(), media_type=CONTENT_TYPE)
 
     if config.api_key is not None:
-        app.add_middleware(_APIKey, key=config.api_key, metrics=m)
+        open_paths = frozenset({"/health", "/metrics"} if config.metrics_without_auth else {"/health"})
+        app.add_middleware(_APIKey, key=config.api_key, metrics=m, open_paths=open_paths)
     return app

@@ -28,6 +28,7 @@ class ServeConfig:
     served_model_name   the name clients send as ``model`` and /v1/models lists (default: ``model`` as given)
     host, port          where to listen (port 0: any free port; the startup line says which)
     api_key             None: open; else every endpoint but /health wants ``Authorization: Bearer <key>``
+    metrics_without_auth  with an api_key, leave /metrics open too (a Prometheus scraper without the key)
     max_model_len       longest prompt + output in tokens (None: the model's context)
     max_num_seqs        sequences the engine runs at once
     max_queue           sequences allowed to wait beyond the max_num_seqs running ones; a request that
@@ -46,6 +47,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)  # never in a repr, a log line or an error
+    metrics_without_auth: bool = False
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_queue: int = 1024
@@ -83,6 +85,8 @@ class ServeConfig:
         g = self.shutdown_grace_s
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
             raise ValueError(f"shutdown_grace_s: expected a number of seconds >= 0, got {g!r}")
+        if not isinstance(self.metrics_without_auth, bool):
+            raise ValueError(f"metrics_without_auth: expected a bool, got {self.metrics_without_auth!r}")
         if not isinstance(self.access_log, bool):
             raise ValueError(f"access_log: expected a bool, got {self.access_log!r}")
         if self.speculative not in (None, "ngram", "self"):  # "draft" needs a second model: Python API only

@@ -1,6 +1,10 @@
 """/metrics: the server's Prometheus series, in a registry of its own (one per app, so tests and
 several apps in one process never share counters).
 
+Each series is ``warpforge_*``; the ones vLLM also exports are there a second time under vLLM's name with
+its ``model_name`` label (``vllm:num_requests_running{model_name="..."}``, ...), so dashboards and
+autoscalers written for vLLM read this server unchanged.
+
 Request-side series are updated as requests run; engine-side gauges (running and waiting
 sequences, KV-cache use, prefix-cache hit rate, preemptions) are read from the engine at scrape
 time, so they are exact whenever Prometheus looks and cost nothing in between.
@@ -12,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "warpforge"
+VLLM = "vllm"
 # Latency buckets (seconds): sub-millisecond inter-token gaps up to minute-long requests.
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
             10.0, 20.0, 40.0, 80.0)
@@ -23,20 +28,31 @@ class _EngineCollector:
     """Gauges and counters read from the engine when scraped (lengths of lists the engine thread
     mutates: each read is atomic; the set of them is a snapshot within one step)."""
 
-    def __init__(self, llm):
-        self.llm = llm
+    def __init__(self, llm, model_name: str):
+        self.llm, self.model_name = llm, model_name
+
+    def _vllm(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(f"{VLLM}:{name}", doc, labels=["model_name"])
+        g.add_metric([self.model_name], value)
+        return g
 
     def collect(self):
         engine = self.llm.engine
         sched, bm = engine.scheduler, engine.block_manager
+        running, waiting = len(sched.running), self.llm.num_waiting()
+        kv_used = 1.0 - bm.num_free_pages / bm.num_pages
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Sequences running in the engine (holding KV pages).",
-                                value=len(sched.running))
+                                value=running)
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting",
-                                "Sequences accepted and waiting for the engine to start them.",
-                                value=self.llm.num_waiting())
+                                "Sequences accepted and waiting for the engine to start them.", value=waiting)
         yield GaugeMetricFamily(f"{PREFIX}_kv_cache_usage_perc",
                                 "Fraction of KV-cache pages in use (1 = full; cached free pages count as free).",
-                                value=1.0 - bm.num_free_pages / bm.num_pages)
+                                value=kv_used)
+        yield self._vllm("num_requests_running", "Sequences running in the engine.", running)
+        yield self._vllm("num_requests_waiting", "Sequences waiting for the engine to start them.", waiting)
+        # vLLM's older name and its current one: dashboards exist for both
+        yield self._vllm("gpu_cache_usage_perc", "KV-cache usage (1 = full).", kv_used)
+        yield self._vllm("kv_cache_usage_perc", "KV-cache usage (1 = full).", kv_used)
         queried = bm.prefix_queried_tokens
         yield GaugeMetricFamily(f"{PREFIX}_prefix_cache_hit_rate",
                                 "Prompt tokens served from the prefix cache over prompt tokens looked up (0 before any).",
@@ -58,31 +74,57 @@ class _EngineCollector:
                                     value=s.acceptance_rate)
 
 
-class ServerMetrics:
-    """Every series /metrics shows; ``render()`` is the scrape body."""
+class _Twin:
+    """One measurement kept in two series: ours and vLLM's name for it (with its model_name label)."""
 
-    def __init__(self, llm):
+    def __init__(self, *series):
+        self.series = series
+
+    def observe(self, value: float) -> None:
+        for s in self.series:
+            s.observe(value)
+
+    def inc(self, value: float = 1) -> None:
+        for s in self.series:
+            s.inc(value)
+
+
+class ServerMetrics:
+    """Every series /metrics shows; ``render()`` is the scrape body. ``model_name`` is the vLLM series' label."""
+
+    def __init__(self, llm, model_name: str = "model"):
         self.registry = r = CollectorRegistry()
+
+        def vllm(kind, name: str, doc: str, **kw):
+            return kind(f"{VLLM}:{name}", doc, ["model_name"], registry=r, **kw).labels(model_name)
+
         self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and outcome (ok, bad_request, "
                                 "unauthorized, not_found, too_large, rejected, disconnected, aborted, error).",
                                 ["endpoint", "outcome"], registry=r)
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
-                              "Request arrival to its first generated token.", buckets=_LATENCY, registry=r)
-        self.tpot = Histogram(f"{PREFIX}_time_per_output_token_seconds",
-                              "Per sequence: (last token - first token) / (output tokens - 1).", buckets=_LATENCY,
-                              registry=r)
+        self.ttft = _Twin(
+            Histogram(f"{PREFIX}_time_to_first_token_seconds", "Request arrival to its first generated token.",
+                      buckets=_LATENCY, registry=r),
+            vllm(Histogram, "time_to_first_token_seconds", "Time to first token in seconds.", buckets=_LATENCY))
+        self.tpot = _Twin(
+            Histogram(f"{PREFIX}_time_per_output_token_seconds",
+                      "Per sequence: (last token - first token) / (output tokens - 1).", buckets=_LATENCY, registry=r),
+            vllm(Histogram, "time_per_output_token_seconds", "Time per output token in seconds.", buckets=_LATENCY))
         self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
                              "Gap between successive outputs of one sequence.", buckets=_LATENCY, registry=r)
-        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request arrival to its last token.",
-                             buckets=_LATENCY, registry=r)
+        self.e2e = _Twin(
+            Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request arrival to its last token.", buckets=_LATENCY,
+                      registry=r),
+            vllm(Histogram, "e2e_request_latency_seconds", "End-to-end request latency in seconds.", buckets=_LATENCY))
         self.prompt_len = Histogram(f"{PREFIX}_request_prompt_tokens", "Prompt length of finished requests (tokens).",
                                     buckets=_TOKENS, registry=r)
         self.output_len = Histogram(f"{PREFIX}_request_generation_tokens",
                                     "Output length of finished sequences (tokens).", buckets=_TOKENS, registry=r)
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of sequences that started generating.",
-                                     registry=r)
-        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r)
-        r.register(_EngineCollector(llm))
+        self.prompt_tokens = _Twin(
+            Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of sequences that started generating.", registry=r),
+            vllm(Counter, "prompt_tokens", "Number of prefill tokens processed."))
+        self.generation_tokens = _Twin(Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r),
+                                       vllm(Counter, "generation_tokens", "Number of generation tokens processed."))
+        r.register(_EngineCollector(llm, model_name))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

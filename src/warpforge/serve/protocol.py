@@ -9,11 +9,17 @@ silently dropped.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 
 MAX_N = 128  # choices per prompt
+
+# JSON types as the API documents them. pydantic's lax mode would take true for 1, 2.0 for 2 and "yes" for
+# true; a client that sends those has a bug worth a 400 naming the field. Numbers still take integers (1 -> 1.0).
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Float = Annotated[float, Strict()]
 
 
 class APIError(Exception):
@@ -45,37 +51,37 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False  # a last chunk with the usage, after every choice finished
-    continuous_usage_stats: bool = False  # vLLM: the usage so far in every chunk too
+    include_usage: Bool = False  # a last chunk with the usage, after every choice finished
+    continuous_usage_stats: Bool = False  # vLLM: the usage so far in every chunk too
 
 
 class _Sampling(_Body):
     """Fields both endpoints share."""
 
     model: str | None = None
-    n: int = 1
-    stream: bool = False
+    n: Int = 1
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    max_tokens: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int | None = None
     user: str | None = None
     # vLLM's extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    top_k: Int | None = None
+    min_p: Float | None = None
+    repetition_penalty: Float | None = None
+    ignore_eos: Bool = False
+    stop_token_ids: list[Int] | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    echo: Bool = False
+    logprobs: Int | None = None
 
 
 class TextPart(_Body):
@@ -85,15 +91,32 @@ class TextPart(_Body):
 
 class ChatMessage(_Body):
     role: str
-    content: str | list[TextPart] | None = None
+    # OpenAI allows null only on an assistant message that carries tool_calls, which ``parse`` refuses first
+    content: str | list[TextPart]
     name: str | None = None
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_completion_tokens: Int | None = None
+    logprobs: Bool = False
+    top_logprobs: Int | None = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a ``prompt`` text, or chat ``messages`` rendered through the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: Bool | None = None  # None: vLLM's defaults, true for a prompt, false for messages
+    add_generation_prompt: Bool = True
+    return_token_strs: Bool = False
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[Int]
 
 
 # Fields that ask for behaviour this server lacks -> (what they ask for, values that ask for nothing).
@@ -127,6 +150,12 @@ def parse(model: type[_Body], body: dict) -> Any:
     if "best_of" in body and body["best_of"] not in (None, 1, body.get("n", 1)):
         raise bad_request("best_of: not supported by this server (only best_of = n)", param="best_of",
                           code="unsupported_field")
+    messages = body.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        for name in ("tool_calls", "function_call"):
+            if isinstance(m, dict) and m.get(name) not in (None, []):
+                raise bad_request(f"messages[{i}].{name}: not supported by this server (tool calling)",
+                                  param="messages", code="unsupported_field")
     try:
         return model.model_validate(body)
     except ValidationError as e:
