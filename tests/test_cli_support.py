@@ -52,8 +52,39 @@ def _run_noisy(tmp_path, *args):
     script.write_text(NOISY)
     env = {**os.environ, "WARPFORGE_CACHE_DIR": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=60)
-    log = tmp_path / "cache" / "logs" / "last-run.log"
-    return r, log.read_text()
+    logs = sorted((tmp_path / "cache" / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
+    return r, logs[-1].read_text()
+
+
+def test_each_process_writes_its_own_log(tmp_path):
+    """Two commands of one user at once (a bench and a serve, say) must not write into one file."""
+    pytest.importorskip("tqdm")
+    import re
+    import subprocess
+
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISY)
+    env = {**os.environ, "WARPFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, str(script), "noisy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=env) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    logs = sorted((tmp_path / "cache" / "logs").glob("*.log"))
+    assert len(logs) == 2, logs
+    assert {int(re.fullmatch(r"\d{8}-\d{6}-(\d+)", p.stem).group(1)) for p in logs} == {p.pid for p in procs}
+    for log in logs:  # each whole: its command line once, its noise once
+        text = log.read_text()
+        assert text.count("warpforge noisy") == 1 and text.count("torchvision is not installed") == 1, text
+
+
+def test_old_logs_are_pruned(tmp_path):
+    for i in range(cs.KEEP_LOGS + 5):
+        old = tmp_path / f"20200101-0000{i:02d}-{i}.log"
+        old.write_text("x")
+        os.utime(old, (1_600_000_000 + i, 1_600_000_000 + i))
+    cs._prune_logs(tmp_path)
+    left = sorted(tmp_path.glob("*.log"))
+    assert len(left) == cs.KEEP_LOGS and (tmp_path / "20200101-000000-0.log") not in left
 
 
 def test_third_party_noise_goes_to_the_log_file(tmp_path):
@@ -98,7 +129,8 @@ def test_unhandled_errors_are_one_line():
     crash = CliRunner().invoke(_group(), ["fails", "crash"])
     assert crash.exit_code == 1 and crash.stderr.count("\n") == 1
     assert crash.stderr.startswith("warpforge fails: internal error: KeyError: 'boom'; the traceback is in")
-    assert "Traceback" in cs.log_path().read_text()
+    log = crash.stderr.rstrip().split("the traceback is in ")[1].split(" (--verbose")[0]
+    assert log == str(cs.log_path()) and "Traceback" in cs.log_path().read_text()
     loud = CliRunner().invoke(_group(), ["--verbose", "fails", "crash"])
     assert loud.exit_code == 1 and "Traceback (most recent call last)" in loud.stderr
 
@@ -115,6 +147,34 @@ def test_tables_keep_their_width_when_stdout_is_not_a_terminal(monkeypatch):
     cs.make_console().print(t)
     text = sys.stdout.getvalue()
     assert "…" not in text and "value 11 that is long" in text and max(map(len, text.splitlines())) > 200
+
+
+def test_rules_are_not_wider_than_a_window_when_stdout_is_not_a_terminal(monkeypatch):
+    """Off a terminal the console is WIDE (whole table rows), but a section rule fills the width it is given:
+    1,000 dashes in a log file. Every command's console comes from make_console, so the rule is in one place."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    console = cs.make_console()
+    console.rule("1/6  a step")
+    console.print("x " * 300)  # text is not cut or wrapped at the rule's width either
+    rule, text = sys.stdout.getvalue().splitlines()[:2]
+    assert len(rule) == cs.RULE_WIDTH and "1/6  a step" in rule
+    assert len(text.rstrip()) == 599
+    monkeypatch.setenv("COLUMNS", "70")  # a width the user set is every line's
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    cs.make_console().rule("t")
+    assert len(sys.stdout.getvalue().rstrip("\n")) == 70
+
+
+def test_every_console_comes_from_make_console():
+    """A bare rich Console off a terminal is 80 columns: its tables would wrap where make_console's do not."""
+    import re
+    from pathlib import Path
+
+    src = Path(cs.PACKAGE_DIR)
+    bare = [f"{p.relative_to(src)}:{i}" for p in sorted(src.rglob("*.py")) if p.name != "_cli_support.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bConsole\(", line)]
+    assert not bare, bare
 
 
 def test_dtype_spellings_are_both_accepted():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -45,3 +46,50 @@ def test_demo_runs_and_reports_measured_figures(tmp_path, monkeypatch):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "ms per view" in flat
     res = CliRunner().invoke(main, ["results", "list", "--store", str(store)])
     assert res.exit_code == 0 and "memory" in res.output
+    # the summary names the run it stored and read back; the committed GPU headline follows the CPU figures
+    assert "bench stored as run 1: warpforge results show 1" in flat
+    assert "committed GPU figures" in flat and " h200 " in flat
+    # off a terminal the section rules stay a window wide (tables keep whole rows)
+    assert max(len(ln) for ln in text.splitlines() if ln.startswith("─")) <= 100
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=400)
+
+
+def test_the_summary_reads_the_demos_own_run_not_the_latest(tmp_path):
+    """Another process may store a run between the demo's bench and its summary: the summary reads its own."""
+    from tests.bench.conftest import fake_record
+    from warpforge.bench.store import Store
+    from warpforge.demo import _headline
+
+    url = str(tmp_path / "r.sqlite")
+    with Store(url) as store:
+        mine = store.add_run("memory", [fake_record("copy", suite="memory")])
+        store.add_run("other", [fake_record("someone else's case", suite="other")])  # stored after the demo's
+    console = _console()
+    _headline(console, url, mine)
+    text = console.file.getvalue()
+    assert "bench  copy:" in text and "someone else" not in text, text
+    assert f"stored as run {mine}: warpforge results show {mine}" in text
+    console = _console()
+    _headline(console, url, None)  # --no-store, or the store failed
+    assert "the memory run was not stored" in console.file.getvalue()
+
+
+def test_the_committed_gpu_figures_follow_the_cpu_ones(monkeypatch):
+    from warpforge.bench import headline
+    from warpforge.demo import _committed
+
+    console = _console()
+    _committed(console)
+    lines = console.file.getvalue().splitlines()
+    assert lines[0].startswith("  committed GPU figures, the README's headline") and len(lines) > 10, lines
+    assert all(ln.startswith(("  h200  ", "  h100  ")) and "(commit " in ln for ln in lines[1:]), lines
+    monkeypatch.setattr(headline, "checkout_root", lambda: None)  # installed from a wheel: no records
+    console = _console()
+    _committed(console)
+    assert console.file.getvalue() == ("  committed GPU figures: not available (warpforge is installed without its "
+                                       "repository's benchmarks/results/)\n")

@@ -5,16 +5,20 @@
 * Errors go to stderr: a bad input is one line and exit 2; anything else is one line naming the
   exception, exit 1, with the traceback in the run's log file.
 * Other libraries' noise (warnings, log records, tqdm bars, native prints of the profiler) goes to
-  the log file, ``<cache dir>/logs/last-run.log``; ``--verbose`` shows it, and tracebacks, on stderr.
+  the command's log file, ``<cache dir>/logs/<time>-<pid>.log``; ``--verbose`` shows it, and tracebacks,
+  on stderr. One file per process: two commands running at once (a bench and a serve) never write into
+  each other's log, and an error line names its own file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,29 +30,83 @@ PACKAGE_DIR = str(Path(__file__).resolve().parent)
 # to run it: its startup, bind errors and the access log a user asked for are the output).
 SHOWN_LOGGERS = ("warpforge", "uvicorn")
 WIDE = 1000  # columns for a console that is not a terminal: rich tables then take their natural width
+# ...but a section rule fills whatever width it is given: off a terminal it takes this many columns instead
+# of WIDE (the width a terminal's rules have on a common 100-column window).
+RULE_WIDTH = 100
+KEEP_LOGS = 50  # the newest command logs kept in <cache dir>/logs; older ones are removed when a command starts
 
-_state = {"verbose": False, "log": None}
+_state = {"verbose": False, "log": None, "path": None}
 
 
 def verbose() -> bool:
     return bool(_state["verbose"])
 
 
-def log_path() -> Path:
+def logs_dir() -> Path:
     from warpforge import settings
 
-    return settings.cache_dir() / "logs" / "last-run.log"
+    return settings.cache_dir() / "logs"
 
 
-def make_console(*, stderr: bool = False):
-    """A rich Console on stdout (or stderr): the terminal's width on a terminal, whole rows elsewhere."""
+def log_path() -> Path:
+    """This process's log file, named once (the time of its first command and the pid): every command the
+    process runs writes there."""
+    folder, pid = logs_dir(), os.getpid()
+    # named again in a forked child, or when the cache dir moved (settings are read per call)
+    if _state["path"] is None or _state["path"].parent != folder or not _state["path"].stem.endswith(f"-{pid}"):
+        _state["path"] = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{pid}.log"
+    return _state["path"]
+
+
+def _prune_logs(folder: Path, keep: int = KEEP_LOGS) -> None:
+    """Remove all but the ``keep`` newest logs (another process may be pruning too: a file already gone is
+    fine)."""
+    try:
+        logs = sorted(folder.glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for old in logs[keep:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
+def note_in_log(text: str) -> None:
+    """A line in the command's log (what it stored, for instance), so the log names what its run left."""
+    log = _state["log"]
+    if log is not None:
+        log.write(text.rstrip("\n") + "\n")
+        log.flush()
+
+
+@functools.lru_cache(maxsize=1)
+def _console_class():
     from rich.console import Console
+    from rich.rule import Rule
 
+    class WarpforgeConsole(Console):
+        """rich's Console whose section rules stay RULE_WIDTH wide when the output is not a terminal (its
+        width is then WIDE so that tables keep whole rows)."""
+
+        def __init__(self, *args, rule_width: int | None = None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rule_width = rule_width
+
+        def rule(self, title="", *, characters: str = "─", style="rule.line", align="center") -> None:
+            width = min(self.width, self.rule_width) if self.rule_width else None
+            self.print(Rule(title=title, characters=characters, style=style, align=align), width=width)
+
+    return WarpforgeConsole
+
+
+def make_console(*, stderr: bool = False, quiet: bool = False):
+    """The one place a command's rich Console is made: on a terminal its width; elsewhere (a pipe, a file)
+    whole table rows (WIDE columns, as ``COLUMNS`` does not say otherwise) and RULE_WIDTH-column rules."""
     stream = sys.stderr if stderr else sys.stdout
     tty = hasattr(stream, "isatty") and stream.isatty()
     columns = os.environ.get("COLUMNS", "")
-    width = None if tty or columns.isdigit() else WIDE
-    return Console(stderr=stderr, width=width)
+    wide = not (tty or columns.isdigit())
+    return _console_class()(stderr=stderr, quiet=quiet, width=WIDE if wide else None,
+                            rule_width=RULE_WIDTH if wide else None)
 
 
 class AliasChoice(click.Choice):
@@ -116,7 +174,8 @@ def routed_output(show_all: bool) -> Iterator[None]:
     """Install the stderr router and the log file for one command (restored afterwards)."""
     path = log_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "w", encoding="utf-8")
+    _prune_logs(path.parent, keep=KEEP_LOGS - 1)
+    log = open(path, "a", encoding="utf-8")  # "a": a second command in this process (a test) adds to it
     log.write(f"warpforge {' '.join(sys.argv[1:])}\n")
     saved = sys.stderr, _state["log"], _state["verbose"]
     sys.stderr = _Router(sys.stderr, log, show_all)
@@ -219,5 +278,5 @@ class WarpforgeGroup(click.Group):
                 sys.exit(report_failure(ctx.meta.get("warpforge.command", "?"), e))
 
 
-__all__ = ["AliasChoice", "WarpforgeGroup", "log_path", "make_console", "native_output_to_log", "report_failure",
-           "routed_output", "verbose"]
+__all__ = ["AliasChoice", "WarpforgeGroup", "log_path", "logs_dir", "make_console", "native_output_to_log",
+           "note_in_log", "report_failure", "routed_output", "verbose"]

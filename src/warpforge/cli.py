@@ -26,8 +26,8 @@ def _console(*, stderr: bool = False):
 @click.group(cls=WarpforgeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="warpforge")
 @click.option("--verbose", is_flag=True,
-              help="Show other libraries' warnings and logs (kept in the cache dir's logs/last-run.log otherwise) "
-                   "and the traceback of an error. Accepted anywhere on the command line.")
+              help="Show other libraries' warnings and logs (kept otherwise in the cache dir's logs/, one file per "
+                   "process) and the traceback of an error. Accepted anywhere on the command line.")
 def main(verbose: bool) -> None:
     """warpforge: fast inference on NVIDIA GPUs, measured.
 

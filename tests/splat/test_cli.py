@@ -26,6 +26,11 @@ def run(tmp_path_factory) -> Path:
     res = CliRunner().invoke(main, ["splat", "train", "street", "--out", str(out), "--steps", "30", *TINY])
     assert res.exit_code == 0, res.output
     assert "held-out PSNR" in res.output and "wrote" in res.output
+    # building the ground truth is said before and after (a 300k street takes minutes on a CPU)
+    before, after = res.output.splitlines()[:2]
+    assert before.startswith("building the street's ground truth: about 1,200 Gaussians, rendering its 96 cameras "
+                             "at 32x24 on cpu"), res.output
+    assert re.fullmatch(r"built the ground truth: [\d,]+ Gaussians, 96 images in \d+\.\d s", after), res.output
     return out
 
 

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from warpforge._cli_support import note_in_log
 from warpforge.settings import default_store_url
 
 UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
@@ -216,6 +217,14 @@ def _main_thread() -> bool:
 
 def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
               no_store: bool, out: str | None, console: Console, json_out: bool = False) -> int:
+    return run_bench(suite, list_suites, quick, case_filter, store_url, no_store, out, console, json_out)[0]
+
+
+def run_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
+              no_store: bool, out: str | None, console: Console,
+              json_out: bool = False) -> tuple[int, int | None]:
+    """`warpforge bench`; -> (exit status, the id of the run it stored or None). A caller that reads the run
+    back uses the id: "latest" may be another process's run by then."""
     from warpforge.bench.record import now_iso, write_jsonl
     from warpforge.bench.runner import UnknownSuiteError, default_device, list_suites as _names, load_suite, run_suite
 
@@ -224,13 +233,13 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
 
         console = make_console(stderr=True)
     if list_suites:
-        return _list(console, quick)
+        return _list(console, quick), None
     if not suite:
-        return _err(f"name a suite: warpforge bench SUITE (available: {', '.join(_names()) or 'none'})")
+        return _err(f"name a suite: warpforge bench SUITE (available: {', '.join(_names()) or 'none'})"), None
     try:
         s = load_suite(suite)
     except UnknownSuiteError as e:
-        return _err(str(e))
+        return _err(str(e)), None
     if out:
         out = out_file(out, s.name)
     device = default_device()
@@ -272,15 +281,15 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
     finished = now_iso()
     if not records:
         if interrupted:
-            return 130
-        return _err(f"-k {case_filter!r}: no case of {s.name} matches (warpforge bench --list shows them)")
+            return 130, None
+        return _err(f"-k {case_filter!r}: no case of {s.name} matches (warpforge bench --list shows them)"), None
     if json_out:
         _print_json(records)
     console.print(records_table(records, title=f"{s.name}" + (" (quick)" if quick else "")))
     _print_errors(records, console)
     _environment(records, console, host_shown=host_warning)
 
-    rc = 130 if interrupted else 0
+    rc, run_id = 130 if interrupted else 0, None
     if out:
         console.print(f"wrote {len(records)} records to {escape(out)}")
     if not no_store:
@@ -292,6 +301,7 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
                                                          "argv": ["warpforge", *sys.argv[1:]]})
                 console.print(f"stored as run {run_id} in {escape(store.where)} "
                               f"([dim]warpforge results show {run_id}[/])")
+                note_in_log(f"stored as run {run_id} in {store.where}")
         except StoreError as e:
             rc = _store_error(e, console)
     failed = [r["case"] for r in records if not r["correct"]["ok"]]
@@ -304,7 +314,7 @@ def cli_bench(suite: str | None, list_suites: bool, quick: bool, case_filter: st
         console.print(f"[bold red]figures above their ceilings in {len(bugs)} case(s) (not stored as figures):[/] "
                       f"{escape(', '.join(bugs))}")
         rc = rc or 1
-    return rc
+    return rc, run_id
 
 
 # ---- warpforge results ---------------------------------------------------------------------------

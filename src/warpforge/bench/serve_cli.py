@@ -259,14 +259,14 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
                     err: Any = None) -> int:
     """The load generator's command: 0 fine, 1 some request failed, 2 bad usage or an unusable server or
     store, 130 interrupted (finished rates are kept). Errors go to ``err`` (stderr), the rest to ``console``."""
-    from rich.console import Console
     from rich.markup import escape
 
+    from warpforge._cli_support import make_console, note_in_log
     from warpforge.settings import default_store_url
     from warpforge.bench.loadgen import ServerError, parse_goodput, parse_rates
     from warpforge.bench.record import now_iso, write_jsonl
 
-    err = err or Console(stderr=True)
+    err = err or make_console(stderr=True)
     try:
         rates, limits = parse_rates(rate), parse_goodput(goodput)
         if not (burstiness > 0 and math.isfinite(burstiness)):
@@ -322,6 +322,7 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
                                                           "argv": _redacted_argv(sys.argv[1:])})
                 console.print(f"stored as run {run_id} in {escape(store.where)} "
                               f"([dim]warpforge results show {run_id}[/])")
+                note_in_log(f"stored as run {run_id} in {store.where}")
         except StoreError as e:
             err.print(f"[bold red]results store error:[/] {escape(str(e))}")
             rc = rc or 2
@@ -413,9 +414,9 @@ class _Rates(click.ParamType):
 @click.pass_context
 def bench_serve(ctx: click.Context, url: str | None, quick: bool, case_filter: str | None, store_url: str | None,
                 no_store: bool, out: str | None, **load: Any) -> None:
-    from rich.console import Console
+    from warpforge._cli_support import make_console
 
-    console, err = Console(), Console(stderr=True)
+    console, err = make_console(), make_console(stderr=True)
     given = [n for n in LOAD_OPTIONS
              if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)
              and not (n == "api_key" and ctx.get_parameter_source(n) == click.core.ParameterSource.ENVIRONMENT)]

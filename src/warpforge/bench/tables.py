@@ -209,19 +209,42 @@ def render_suites(load: Loader, suites: Sequence[str], cases: Sequence[str] | No
     if len(suites) == 1:
         return render_table(load(suites[0]), suites[0], [split_case(c, suites)[1] for c in cases or []] or None,
                             peers, fmt)
+    return _format([row(r, peers) for r in pick(load, suites, cases)], fmt)
+
+
+def pick(load: Loader, suites: Sequence[str], cases: Sequence[str] | None,
+         missing_ok: bool = False) -> list[dict[str, Any]]:
+    """The newest record of each of ``cases`` (each ``SUITE: CASE`` or a name found in exactly one of the
+    suites), in their order. ``missing_ok``: leave out a case or suite these records lack (another device's
+    records hold a subset of the README's cases) instead of raising TableError."""
     if not cases:
         raise TableError(f"a table over several suites ({', '.join(suites)}) needs its cases listed")
-    rows = []
+
+    def records(s: str) -> Sequence[dict[str, Any]]:
+        try:
+            return load(s)
+        except TableError:
+            if missing_ok:
+                return []
+            raise
+
+    out = []
     for name in cases:
         suite, case = split_case(name, suites)
         if suite is None:
-            hits = [s for s in suites if case in latest_by_case([r for r in load(s) if r.get("suite") == s])]
+            hits = [s for s in suites if case in latest_by_case([r for r in records(s) if r.get("suite") == s])]
             if len(hits) != 1:
+                if missing_ok and not hits:
+                    continue
                 raise TableError(f"case {case!r} is in {'none' if not hits else 'several'} of the suites "
                                  f"{', '.join(suites)}: write it as SUITE: CASE")
             suite = hits[0]
-        rows.append(row(select(load(suite), suite, [case])[0], peers))
-    return _format(rows, fmt)
+        try:
+            out.append(select(records(suite), suite, [case])[0])
+        except TableError:
+            if not missing_ok:
+                raise
+    return out
 
 
 # ---- markers -------------------------------------------------------------------------------------
@@ -267,6 +290,11 @@ def parse_marker(args: str, line: int) -> Marker:
 
 def _blocks(text: str) -> list[tuple[re.Match, Marker]]:
     return [(m, parse_marker(m.group("args"), text.count("\n", 0, m.start()) + 1)) for m in MARKER.finditer(text)]
+
+
+def markers(text: str) -> list[Marker]:
+    """The results:table markers of a Markdown text, in order (what each generated table shows)."""
+    return [mk for _, mk in _blocks(text)]
 
 
 def _body(table: str) -> str:
@@ -328,5 +356,5 @@ def dir_loader(records_dir: str | Path) -> Loader:
 
 
 __all__ = ["COLUMNS", "MARKER", "Marker", "STALE_KEY", "STALE_NOTE", "TableError", "check_markdown", "count_markers",
-           "dir_loader", "stale_loader",
-           "latest_by_case", "parse_marker", "render_suites", "render_table", "select", "split_case", "update_markdown"]
+           "dir_loader", "latest_by_case", "markers", "parse_marker", "pick", "render_suites", "render_table", "select",
+           "split_case", "stale_loader", "update_markdown"]

@@ -50,7 +50,7 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
                  gguf_blocks: bool = False, quantization: str | None = None) -> int:
     """Run the command; -> exit status (2: bad input, said in one line on stderr).
 
-    Loading shows a spinner on a terminal's stderr and then one line with the load time; the stats
+    Loading prints a line on stderr (and a spinner on a terminal), then one with the load time; the stats
     line after the text reports the load apart from TTFT, which counts from the request's arrival."""
     import time
 
@@ -77,8 +77,11 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
             return fail("PROMPT: empty prompt (give the text to continue)")
         t0 = time.perf_counter()
         tp = f" on {tensor_parallel_size} ranks" if tensor_parallel_size > 1 else ""
-        with err.status(f"loading {model}{tp}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else ""),
-                        spinner="dots"):
+        loading = f"loading {model}{tp}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else "")
+        # A line first, as `warpforge serve` prints one: the spinner shows only on a terminal, and a load
+        # can take a minute (the GGUF assembled, a large checkpoint read) that a log would show as silence.
+        err.print(f"{loading} ...", highlight=False, markup=False, soft_wrap=True)
+        with err.status(loading, spinner="dots"):
             path = resolve_model(model)
             if gguf_blocks and not str(path).endswith(".gguf"):
                 return fail(f"--gguf-blocks: needs a .gguf model, got {model}")

@@ -217,8 +217,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     """``val_batch``: the validation samples regrouped in calls of this many (see :func:`rebatch`); the latency
     protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls.
     ``dynamic``: ``--dynamic``'s declaration (optimize.shapes), e.g. "x.2=128:512,x.3=128:512"."""
-    from rich.console import Console
-
+    from warpforge._cli_support import make_console
     from warpforge.optimize import report as report_mod
     from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
@@ -226,8 +225,8 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
 
     from warpforge.optimize.logs import logging_to
 
-    console = console or Console()
-    err_console = Console(stderr=True, width=console.width)  # errors on stderr, whatever stdout carries
+    console = console or make_console()
+    err_console = make_console(stderr=True)  # errors on stderr, whatever stdout carries
     if device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:

@@ -39,15 +39,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 def build_llm(config: ServeConfig):
     """The AsyncLLM ``config`` describes, loaded with a progress line (a spinner on a terminal)."""
-    from rich.console import Console
-
+    from warpforge._cli_support import make_console
     from warpforge.llm.async_engine import AsyncLLM
     from warpforge.llm.cli import resolve_model
 
     path = resolve_model(config.model)
     say(f"loading {config.model} (dtype {config.dtype}, kv cache {config.kv_cache_dtype}) ...")
     t0 = time.perf_counter()
-    with Console(stderr=True).status(f"loading {config.model}", spinner="dots"):
+    with make_console(stderr=True).status(f"loading {config.model}", spinner="dots"):
         llm = AsyncLLM(path, dtype=TORCH_DTYPES[config.dtype],
                        max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                        kv_cache_dtype=config.kv_cache_dtype, speculative=config.speculative)

@@ -44,14 +44,25 @@ def _device(name: str) -> torch.device:
 
 
 def load_scene(scene: str, *, gaussians: int, size: tuple[int, int], downscale: int, test_every: int, seed: int,
-               device: torch.device):
-    """SCENE: ``street`` (the built-in procedural street) or a COLMAP folder with images."""
+               device: torch.device, say=None):
+    """SCENE: ``street`` (the built-in procedural street) or a COLMAP folder with images. ``say(text)``, when
+    given, hears a line before and after the street's ground truth is built: rendering every camera of a
+    300k-Gaussian street takes minutes on a CPU, which should not pass in silence."""
     from warpforge.splat.colmap import ColmapError, load_colmap
-    from warpforge.splat.scene import street_scene
+    from warpforge.splat.scene import StreetConfig, street_scene
 
     if scene == STREET:
-        street = street_scene(n=gaussians, width=size[0], height=size[1], test_every=test_every, seed=seed)
-        return street.posed_images(device)
+        cfg = StreetConfig(n=gaussians, width=size[0], height=size[1], test_every=test_every, seed=seed)
+        t0 = time.perf_counter()
+        if say:
+            say(f"building the street's ground truth: about {gaussians:,} Gaussians, rendering its "
+                f"{cfg.n_ring + cfg.n_drive} cameras at {size[0]}x{size[1]} on {device} ...")
+        street = street_scene(cfg)
+        data = street.posed_images(device)
+        if say:
+            say(f"built the ground truth: {street.splats.n:,} Gaussians, {len(street.views)} images in "
+                f"{time.perf_counter() - t0:.1f} s")
+        return data
     path = Path(scene)
     if not path.is_dir():
         raise UsageError(f"SCENE: expected '{STREET}' or a COLMAP folder (images/ and sparse/0/), got {scene!r}")
@@ -83,9 +94,9 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
 def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, size: str, downscale: int,
               sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
               seed: int, quiet: bool = False) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from warpforge._cli_support import make_console
     from warpforge.splat import distributed
     from warpforge.splat.report import write_report
     from warpforge.splat.train import TrainConfig, Trainer
@@ -104,13 +115,13 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
         dev = _device(device)
         world = distributed.init_world("cuda" if dev.type == "cuda" else "cpu")
         dev = world.device if world is not None else dev
+        rank0 = world is None or world.rank == 0
+        console = make_console(quiet=quiet or not rank0)
         cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every)
         data = load_scene(scene, gaussians=gaussians, size=wh, downscale=downscale, test_every=test_every,
-                          seed=seed, device=dev)
+                          seed=seed, device=dev, say=lambda text: console.print(text, highlight=False))
     except (UsageError, ValueError) as e:
         return _fail(str(e))
-    rank0 = world is None or world.rank == 0
-    console = Console(stderr=False, quiet=quiet or not rank0)
     out_dir = Path(out)
     ckpt = out_dir / "ckpt" / "last.pt"
     trainer = Trainer(data, cfg, device=dev, world=world)
