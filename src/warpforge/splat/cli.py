@@ -1,6 +1,8 @@
-"""`warpforge splat train` and `warpforge splat render`: what the click group in warpforge/cli.py runs.
+"""`warpforge splat train|render|export|video`: what the click group in warpforge/cli.py runs.
 
-Each returns an exit status: 0 done, 2 bad input (one line on stderr naming the argument).
+Each returns an exit status: 0 done, 2 bad input. Every message on stderr has one form,
+``warpforge splat: <file or argument>: <what>`` (warnings too, with ``warning:`` after the file), the same
+prefix warpforge/_cli_support.py gives an error a command lets through.
 """
 
 from __future__ import annotations
@@ -20,9 +22,22 @@ class UsageError(ValueError):
     """Bad input from the command line; printed as one line, exit status 2."""
 
 
+PREFIX = "warpforge splat"
+
+
 def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+    """One line on stderr, exit status 2. ``msg`` starts with the file or argument it is about."""
+    print(f"{PREFIX}: {msg}", file=sys.stderr)
     return 2
+
+
+def _warn(where: str | Path, msg: str) -> None:
+    print(f"{PREFIX}: {where}: warning: {msg}", file=sys.stderr)
+
+
+def _about(where: str | Path, msg: str) -> str:
+    """``msg`` led by the file it is about (library messages mostly start with their path already)."""
+    return msg if msg.startswith(str(where)) else f"{where}: {msg}"
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -53,12 +68,13 @@ def load_scene(scene: str, *, gaussians: int, size: tuple[int, int], downscale: 
         street = street_scene(n=gaussians, width=size[0], height=size[1], test_every=test_every, seed=seed)
         return street.posed_images(device)
     path = Path(scene)
-    if not path.is_dir():
-        raise UsageError(f"SCENE: expected '{STREET}' or a COLMAP folder (images/ and sparse/0/), got {scene!r}")
+    if not path.exists():
+        raise UsageError(f"{scene}: no such file or folder (SCENE is '{STREET}', a COLMAP folder or a "
+                         "transforms.json scene)")
     try:
         return load_colmap(path, downscale=downscale, test_every=test_every, device=device)
     except ColmapError as e:
-        raise UsageError(f"SCENE: {e}") from None
+        raise UsageError(_about(path, str(e))) from None
 
 
 def _held_out_views(trainer, limit: int = 8) -> list[dict]:
@@ -93,7 +109,7 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
     try:
         import plyfile  # noqa: F401  (checked before hours of training, not at the export)
     except ImportError:
-        return _fail("splat training writes a PLY and needs plyfile: pip install 'warpforge[splat]'")
+        return _fail("plyfile: not installed; splat training writes a PLY: pip install 'warpforge[splat]'")
     try:
         wh = parse_size(size)
         for name, value, low in (("--steps", steps, 1), ("--batch", batch, 1), ("--gaussians", gaussians, 200),
@@ -116,7 +132,7 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
     trainer = Trainer(data, cfg, device=dev, world=world)
     if resume:
         if not ckpt.is_file():
-            return _fail(f"--resume: no checkpoint at {ckpt}")
+            return _fail(f"{ckpt}: no checkpoint to --resume from")
         trainer.resume(ckpt)
         console.print(f"resumed from {ckpt} at step {trainer.step}")
     where = f"{dev}" + (f", {world.size} ranks" if world is not None else "")
@@ -236,7 +252,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
             raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
         src = Path(source)
         if not src.is_file():
-            raise UsageError(f"CKPT_OR_PLY: no such file: {source!r}")
+            raise UsageError(f"{source}: no such file")
         views, split, bg = None, None, torch.zeros(3)
         if src.suffix.lower() == ".ply":
             from warpforge.splat.ply import load_ply
@@ -247,6 +263,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
 
             d = load_checkpoint(src)
             splats = Splats.from_dict(d["params"])
+            splats.check_values(src)
             v = d["views"]
             views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
             split = {"train": v["train"], "test": v["test"]}
@@ -269,10 +286,16 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
     written = []
     for i, name in enumerate(names):
         c = cams.subset([i])
-        with torch.no_grad():
-            img, _, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree, background=bg)
+        try:
+            with torch.no_grad():
+                img, alpha, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree,
+                                       background=bg)
+        except ValueError as e:  # the Gaussians' or the camera's values; the file is what the user can fix
+            return _fail(f"{source}: {e}")
         path = out_path if single else out_path / f"{name.replace('/', '_').rsplit('.', 1)[0]}.png"
         written.append(write_png(img[0].clamp(0, 1).cpu().numpy().astype(np.float32), path))
+        if not bool(alpha.any()):  # a mistyped EYE@TARGET or a wrong file: say so rather than hand back a blank
+            _warn(path, f"camera {name} sees none of the {splats.n:,} Gaussians; the image is only the background")
     dt = time.perf_counter() - t0
     print(f"rendered {len(written)} view(s) of {splats.n:,} Gaussians at {cams.width}x{cams.height} in {dt:.2f} s: "
           + (str(written[0]) if single else f"{out_path}/"))
