@@ -58,23 +58,48 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_scene(scene: str, *, gaussians: int, size: tuple[int, int], downscale: int, test_every: int, seed: int,
-               device: torch.device):
-    """SCENE: ``street`` (the built-in procedural street) or a COLMAP folder with images."""
-    from warpforge.splat.colmap import ColmapError, load_colmap
+STREET_GAUSSIANS, RANDOM_INIT_POINTS = 300_000, 100_000  # --gaussians' defaults for its two meanings
+
+
+def load_scene(scene: str, *, gaussians: int | None, size: tuple[int, int], downscale: int, test_every: int,
+               seed: int, device: torch.device):
+    """SCENE: ``street`` (the built-in procedural street), a COLMAP folder (a model in sparse/0, sparse or the
+    folder), or a nerfstudio / Blender scene (transforms.json, or transforms_train.json, or the json itself).
+    ``gaussians``: the street's ground truth, or the random initial points of a json scene without a PLY."""
+    from warpforge.splat.colmap import load_colmap
     from warpforge.splat.scene import street_scene
+    from warpforge.splat.transforms import find_transforms, load_transforms
 
     if scene == STREET:
-        street = street_scene(n=gaussians, width=size[0], height=size[1], test_every=test_every, seed=seed)
+        street = street_scene(n=gaussians or STREET_GAUSSIANS, width=size[0], height=size[1],
+                              test_every=test_every, seed=seed)
         return street.posed_images(device)
     path = Path(scene)
     if not path.exists():
         raise UsageError(f"{scene}: no such file or folder (SCENE is '{STREET}', a COLMAP folder or a "
                          "transforms.json scene)")
     try:
-        return load_colmap(path, downscale=downscale, test_every=test_every, device=device)
-    except ColmapError as e:
+        if path.is_dir() and _has_colmap(path):
+            return load_colmap(path, downscale=downscale, test_every=test_every, device=device)
+        if find_transforms(path) is None:
+            raise UsageError(f"{scene}: neither a COLMAP model (sparse/0/cameras.bin or .txt) nor a "
+                             "transforms.json / transforms_train.json")
+        return load_transforms(path, downscale=downscale, test_every=test_every,
+                               init_points=gaussians or RANDOM_INIT_POINTS, seed=seed, device=device)
+    except ValueError as e:  # ColmapError, TransformsError
+        if isinstance(e, UsageError):
+            raise
         raise UsageError(_about(path, str(e))) from None
+
+
+def _has_colmap(folder: Path) -> bool:
+    from warpforge.splat.colmap import ColmapError, find_sparse
+
+    try:
+        find_sparse(folder)
+        return True
+    except ColmapError:
+        return False
 
 
 def _held_out_views(trainer, limit: int = 8) -> list[dict]:
@@ -96,7 +121,7 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
     return out
 
 
-def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, size: str, downscale: int,
+def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
               sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
               seed: int, quiet: bool = False) -> int:
     from rich.console import Console
@@ -112,7 +137,8 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
         return _fail("plyfile: not installed; splat training writes a PLY: pip install 'warpforge[splat]'")
     try:
         wh = parse_size(size)
-        for name, value, low in (("--steps", steps, 1), ("--batch", batch, 1), ("--gaussians", gaussians, 200),
+        n_gauss = 200 if gaussians is None else gaussians
+        for name, value, low in (("--steps", steps, 1), ("--batch", batch, 1), ("--gaussians", n_gauss, 200),
                                  ("--downscale", downscale, 1), ("--test-every", test_every, 2),
                                  ("--eval-every", eval_every, 1), ("--ckpt-every", ckpt_every, 0)):
             if value < low:
