@@ -392,6 +392,7 @@ def splat() -> None:
     \b
     warpforge splat train street --out out/street        # the built-in procedural street
     warpforge splat train path/to/colmap --out out/mine  # a COLMAP folder: images/ + sparse/0/
+    warpforge splat train path/to/lego --out out/lego    # nerfstudio / Blender: transforms.json
     warpforge splat render out/street/ckpt/last.pt --camera test:0 --out view.png
     torchrun --nproc_per_node 8 -m warpforge splat train street --out out/street8   # data parallel
     """
@@ -405,11 +406,12 @@ def splat() -> None:
               help="Training steps. The densification schedule is gsplat's (refine every 100 steps from 500 to "
                    "15000, opacity reset every 3000) whatever the length.")
 @click.option("--batch", default=1, show_default=True, type=int, help="Cameras per step on each rank.")
-@click.option("--gaussians", default=300_000, show_default=True, type=int,
-              help="street: ground-truth Gaussians of the procedural scene.")
+@click.option("--gaussians", default=None, type=int,
+              help="street: ground-truth Gaussians of the procedural scene (300000). A transforms.json scene "
+                   "without a point cloud: random initial Gaussians (100000).")
 @click.option("--size", default="960x540", show_default=True, help="street: image size WIDTHxHEIGHT.")
 @click.option("--downscale", default=1, show_default=True, type=int,
-              help="COLMAP: divide the image size by this (reads images_<N>/ when present).")
+              help="COLMAP or transforms.json: divide the image size by this (reads images_<N>/ when present).")
 @click.option("--sh-degree", default=3, show_default=True, type=click.IntRange(0, 3), help="Highest SH degree.")
 @click.option("--test-every", default=8, show_default=True, type=int, help="Hold out every N-th camera.")
 @click.option("--eval-every", default=1000, show_default=True, type=int,
@@ -421,10 +423,11 @@ def splat() -> None:
               help="auto: cuda when available. Under torchrun each rank takes GPU LOCAL_RANK.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the scene, the initialisation and the camera order.")
 @click.option("--quiet", is_flag=True, help="No progress bar or messages (errors still go to stderr).")
-def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: int, size: str, downscale: int,
+def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
                 sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
                 seed: int, quiet: bool) -> None:
-    """Train Gaussians on SCENE: `street` (the built-in procedural street) or a COLMAP folder.
+    """Train Gaussians on SCENE: `street` (the built-in procedural street), a COLMAP folder, or a nerfstudio /
+    Blender scene (a folder with transforms.json or transforms_train.json, or the json file).
 
     gsplat's default recipe: selective Adam, L1 + 0.2 (1 - SSIM), clone/split/prune/opacity reset, SH degree
     raised every 1000 steps (of 30k). Prints held-out PSNR/SSIM as it goes; writes a checkpoint, an

@@ -42,6 +42,23 @@ def test_non_finite_parameters_name_the_tensor_and_index(s, name, index, value):
     assert str(list(index)) in msg
 
 
+@pytest.mark.parametrize("name,index,value,match", [
+    ("scales", (4, 2), -0.5, r"scales must be >= 0.0 \(linear scales, exp of the log-scales\), got -0.5 at index \[4, 2\]"),
+    ("opacities", (9,), 1.5, r"opacities must be in \[0.0, 1.0\] \(after the sigmoid\), got 1.5 at index \[9\]"),
+    ("opacities", (0,), -2.0, r"opacities must be in \[0.0, 1.0\] \(after the sigmoid\), got -2.0 at index \[0\]"),
+])
+def test_out_of_range_scales_and_opacities(s, name, index, value, match):
+    """The documented ranges: log-scales or logits passed where linear scales and opacities belong are refused
+    (a negative scale would otherwise render as its absolute value, an opacity > 1 as 0.999)."""
+    s[name] = s[name].clone()
+    s[name][index] = value
+    _raises(match, _call, s)
+    _raises(match, project, s["means"], s["quats"], s["scales"], s["opacities"], s["viewmats"], s["Ks"], WIDTH,
+            HEIGHT)
+    s[name][index] = 0.0  # the edges of the ranges are fine
+    _call(s)
+
+
 def test_non_finite_background_and_cameras(s):
     _raises(r"background has a non-finite value \(nan\) at index \[1\]", _call, s,
             background=torch.tensor([0.0, float("nan"), 0.0]))

@@ -140,10 +140,10 @@ def test_render_checkpoint_and_ply(run, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["train", "nowhere", "--out", "x"], "SCENE: expected 'street' or a COLMAP folder"),
-    (["train", "street", "--size", "32by24"], "--size: expected WIDTHxHEIGHT"),
-    (["train", "street", "--steps", "0"], "--steps: must be >= 1, got 0"),
-    (["render", "missing.pt", "--camera", "test:0", "--out", "x.png"], "CKPT_OR_PLY: no such file"),
+    (["train", "nowhere", "--out", "x"], "warpforge splat: nowhere: no such file or folder (SCENE is 'street'"),
+    (["train", "street", "--size", "32by24"], "warpforge splat: --size: expected WIDTHxHEIGHT"),
+    (["train", "street", "--steps", "0"], "warpforge splat: --steps: must be >= 1, got 0"),
+    (["render", "missing.pt", "--camera", "test:0", "--out", "x.png"], "warpforge splat: missing.pt: no such file"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -162,7 +162,44 @@ def test_render_errors_name_the_camera(run, tmp_path):
     res = r.invoke(main, ["splat", "render", str(run / "point_cloud.ply"), "--camera", "test:0", "--out", "x.png"])
     assert res.exit_code == 2 and "a PLY has no cameras" in res.stderr
     res = r.invoke(main, ["splat", "train", "street", "--out", str(tmp_path / "fresh"), "--resume", *TINY])
-    assert res.exit_code == 2 and "--resume: no checkpoint" in res.stderr
+    assert res.exit_code == 2 and "ckpt/last.pt: no checkpoint to --resume from" in res.stderr
+
+
+def test_bad_files_fail_at_load_naming_the_file(run, tmp_path):
+    """A PLY with NaN, or a checkpoint with inf, is refused when it is read: one line naming the file and the
+    first bad Gaussian, in the one error form of `warpforge splat`."""
+    import plyfile
+    import torch
+
+    v = plyfile.PlyData.read(str(run / "point_cloud.ply"))["vertex"].data.copy()
+    v["scale_1"][3] = np.nan
+    bad_ply = tmp_path / "nan.ply"
+    plyfile.PlyData([plyfile.PlyElement.describe(v, "vertex")]).write(str(bad_ply))
+    ck = torch.load(run / "ckpt" / "last.pt", weights_only=False)
+    ck["params"]["opacities"][5] = float("inf")
+    bad_ck = tmp_path / "inf.pt"
+    torch.save(ck, bad_ck)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    for src, msg in [(bad_ply, f"warpforge splat: {bad_ply}: vertex 3: scale_1 = nan is not finite"),
+                     (bad_ck, f"warpforge splat: {bad_ck}: opacities[5] of Gaussian 5 is inf, not finite"),
+                     (tmp_path / "junk.pt", "junk.pt: not a readable checkpoint")]:
+        res = CliRunner().invoke(main, ["splat", "render", str(src), "--camera", "0,-40,20@0,0,0", "--out",
+                                        str(tmp_path / "x.png")])
+        assert res.exit_code == 2, res.output
+        assert msg in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_camera_that_sees_nothing_warns(run, tmp_path):
+    """Looking away from the scene still writes the PNG (the background) and exits 0, with a warning line."""
+    out = tmp_path / "away.png"
+    res = CliRunner().invoke(main, ["splat", "render", str(run / "point_cloud.ply"), "--camera",
+                                    "0,0,500@0,1,600", "--size", "32x24", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"warpforge splat: {out}: warning: camera camera0 sees none of the" in res.stderr
+    assert _png(out).max() == 0
+    res = CliRunner().invoke(main, ["splat", "render", str(run / "point_cloud.ply"), "--camera", "0,-40,20@0,0,0",
+                                    "--size", "32x24", "--out", str(out)])
+    assert res.exit_code == 0 and "warning" not in res.stderr
 
 
 def test_png_encoder():

@@ -75,7 +75,32 @@ def test_errors(tmp_path):
     (tmp_path / "junk.ply").write_bytes(b"not a ply at all")
     with pytest.raises(ValueError, match="not a readable PLY"):
         load_ply(tmp_path / "junk.ply")
+    with pytest.raises(FileNotFoundError, match=r"missing.ply: no such file"):
+        load_ply(tmp_path / "missing.ply")
     rec = np.zeros(2, dtype=[("x", "f4"), ("y", "f4"), ("z", "f4")])
     plyfile.PlyData([plyfile.PlyElement.describe(rec, "vertex")]).write(str(tmp_path / "points.ply"))
     with pytest.raises(ValueError, match="not a 3DGS splat file: missing f_dc_0"):
         load_ply(tmp_path / "points.ply")
+
+
+@pytest.mark.parametrize("prop,row,value,what", [("x", 4, np.nan, "nan is not finite"),
+                                                 ("f_rest_2", 1, -np.inf, "-inf is not finite"),
+                                                 ("scale_1", 2, 95.0, "95.0 is a log-scale whose exp overflows")])
+def test_bad_values_are_refused_at_load(tmp_path, prop, row, value, what):
+    """NaN, inf or an overflowing log-scale fail at load, naming the file, the first bad vertex and the property,
+    rather than at the first render. A negative log-scale or logit is an ordinary Gaussian and loads."""
+    s = random_splats(6, 1)
+    s.scales[0] = -9.0  # scale 1.2e-4: tiny, valid
+    s.opacities[0] = -30.0  # opacity ~1e-13: transparent, valid
+    path = save_ply(s, tmp_path / "ok.ply")
+    assert load_ply(path).n == 6
+    ply = plyfile.PlyData.read(str(path))
+    v = ply["vertex"].data.copy()
+    v[prop][row] = value
+    v["y"][5] = np.nan  # a later bad vertex: the first one is named, the count covers both
+    bad = tmp_path / "bad.ply"
+    plyfile.PlyData([plyfile.PlyElement.describe(v, "vertex")]).write(str(bad))
+    with pytest.raises(ValueError) as e:
+        load_ply(bad)
+    tail = " float32" if "log" in what else ""
+    assert str(e.value) == f"{bad}: vertex {row}: {prop} = {what}{tail} (2 bad vertices in all)"

@@ -1,6 +1,8 @@
-"""`warpforge splat train` and `warpforge splat render`: what the click group in warpforge/cli.py runs.
+"""`warpforge splat train|render|export|video`: what the click group in warpforge/cli.py runs.
 
-Each returns an exit status: 0 done, 2 bad input (one line on stderr naming the argument).
+Each returns an exit status: 0 done, 2 bad input. Every message on stderr has one form,
+``warpforge splat: <file or argument>: <what>`` (warnings too, with ``warning:`` after the file), the same
+prefix warpforge/_cli_support.py gives an error a command lets through.
 """
 
 from __future__ import annotations
@@ -20,9 +22,22 @@ class UsageError(ValueError):
     """Bad input from the command line; printed as one line, exit status 2."""
 
 
+PREFIX = "warpforge splat"
+
+
 def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+    """One line on stderr, exit status 2. ``msg`` starts with the file or argument it is about."""
+    print(f"{PREFIX}: {msg}", file=sys.stderr)
     return 2
+
+
+def _warn(where: str | Path, msg: str) -> None:
+    print(f"{PREFIX}: {where}: warning: {msg}", file=sys.stderr)
+
+
+def _about(where: str | Path, msg: str) -> str:
+    """``msg`` led by the file it is about (library messages mostly start with their path already)."""
+    return msg if msg.startswith(str(where)) else f"{where}: {msg}"
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -43,19 +58,26 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_scene(scene: str, *, gaussians: int, size: tuple[int, int], downscale: int, test_every: int, seed: int,
-               device: torch.device, say=None):
-    """SCENE: ``street`` (the built-in procedural street) or a COLMAP folder with images. ``say(text)``, when
-    given, hears a line before and after the street's ground truth is built: rendering every camera of a
-    300k-Gaussian street takes minutes on a CPU, which should not pass in silence."""
-    from warpforge.splat.colmap import ColmapError, load_colmap
+STREET_GAUSSIANS, RANDOM_INIT_POINTS = 300_000, 100_000  # --gaussians' defaults for its two meanings
+
+
+def load_scene(scene: str, *, gaussians: int | None, size: tuple[int, int], downscale: int, test_every: int,
+               seed: int, device: torch.device, say=None):
+    """SCENE: ``street`` (the built-in procedural street), a COLMAP folder (a model in sparse/0, sparse or the
+    folder), or a nerfstudio / Blender scene (transforms.json, or transforms_train.json, or the json itself).
+    ``gaussians``: the street's ground truth, or the random initial points of a json scene without a PLY.
+    ``say(text)``, when given, hears a line before and after the street's ground truth is built: rendering every
+    camera of a 300k-Gaussian street takes minutes on a CPU, which should not pass in silence."""
+    from warpforge.splat.colmap import load_colmap
     from warpforge.splat.scene import StreetConfig, street_scene
+    from warpforge.splat.transforms import find_transforms, load_transforms
 
     if scene == STREET:
-        cfg = StreetConfig(n=gaussians, width=size[0], height=size[1], test_every=test_every, seed=seed)
+        cfg = StreetConfig(n=gaussians or STREET_GAUSSIANS, width=size[0], height=size[1], test_every=test_every,
+                           seed=seed)
         t0 = time.perf_counter()
         if say:
-            say(f"building the street's ground truth: about {gaussians:,} Gaussians, rendering its "
+            say(f"building the street's ground truth: about {cfg.n:,} Gaussians, rendering its "
                 f"{cfg.n_ring + cfg.n_drive} cameras at {size[0]}x{size[1]} on {device} ...")
         street = street_scene(cfg)
         data = street.posed_images(device)
@@ -64,12 +86,31 @@ def load_scene(scene: str, *, gaussians: int, size: tuple[int, int], downscale: 
                 f"{time.perf_counter() - t0:.1f} s")
         return data
     path = Path(scene)
-    if not path.is_dir():
-        raise UsageError(f"SCENE: expected '{STREET}' or a COLMAP folder (images/ and sparse/0/), got {scene!r}")
+    if not path.exists():
+        raise UsageError(f"{scene}: no such file or folder (SCENE is '{STREET}', a COLMAP folder or a "
+                         "transforms.json scene)")
     try:
-        return load_colmap(path, downscale=downscale, test_every=test_every, device=device)
-    except ColmapError as e:
-        raise UsageError(f"SCENE: {e}") from None
+        if path.is_dir() and _has_colmap(path):
+            return load_colmap(path, downscale=downscale, test_every=test_every, device=device)
+        if find_transforms(path) is None:
+            raise UsageError(f"{scene}: neither a COLMAP model (sparse/0/cameras.bin or .txt) nor a "
+                             "transforms.json / transforms_train.json")
+        return load_transforms(path, downscale=downscale, test_every=test_every,
+                               init_points=gaussians or RANDOM_INIT_POINTS, seed=seed, device=device)
+    except ValueError as e:  # ColmapError, TransformsError
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError(_about(path, str(e))) from None
+
+
+def _has_colmap(folder: Path) -> bool:
+    from warpforge.splat.colmap import ColmapError, find_sparse
+
+    try:
+        find_sparse(folder)
+        return True
+    except ColmapError:
+        return False
 
 
 def _held_out_views(trainer, limit: int = 8) -> list[dict]:
@@ -91,7 +132,7 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
     return out
 
 
-def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, size: str, downscale: int,
+def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
               sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
               seed: int, quiet: bool = False) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -104,10 +145,11 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
     try:
         import plyfile  # noqa: F401  (checked before hours of training, not at the export)
     except ImportError:
-        return _fail("splat training writes a PLY and needs plyfile: pip install 'warpforge[splat]'")
+        return _fail("plyfile: not installed; splat training writes a PLY: pip install 'warpforge[splat]'")
     try:
         wh = parse_size(size)
-        for name, value, low in (("--steps", steps, 1), ("--batch", batch, 1), ("--gaussians", gaussians, 200),
+        n_gauss = 200 if gaussians is None else gaussians
+        for name, value, low in (("--steps", steps, 1), ("--batch", batch, 1), ("--gaussians", n_gauss, 200),
                                  ("--downscale", downscale, 1), ("--test-every", test_every, 2),
                                  ("--eval-every", eval_every, 1), ("--ckpt-every", ckpt_every, 0)):
             if value < low:
@@ -127,7 +169,7 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int, s
     trainer = Trainer(data, cfg, device=dev, world=world)
     if resume:
         if not ckpt.is_file():
-            return _fail(f"--resume: no checkpoint at {ckpt}")
+            return _fail(f"{ckpt}: no checkpoint to --resume from")
         trainer.resume(ckpt)
         console.print(f"resumed from {ckpt} at step {trainer.step}")
     where = f"{dev}" + (f", {world.size} ranks" if world is not None else "")
@@ -247,7 +289,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
             raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
         src = Path(source)
         if not src.is_file():
-            raise UsageError(f"CKPT_OR_PLY: no such file: {source!r}")
+            raise UsageError(f"{source}: no such file")
         views, split, bg = None, None, torch.zeros(3)
         if src.suffix.lower() == ".ply":
             from warpforge.splat.ply import load_ply
@@ -258,6 +300,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
 
             d = load_checkpoint(src)
             splats = Splats.from_dict(d["params"])
+            splats.check_values(src)
             v = d["views"]
             views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
             split = {"train": v["train"], "test": v["test"]}
@@ -280,10 +323,16 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
     written = []
     for i, name in enumerate(names):
         c = cams.subset([i])
-        with torch.no_grad():
-            img, _, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree, background=bg)
+        try:
+            with torch.no_grad():
+                img, alpha, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree,
+                                       background=bg)
+        except ValueError as e:  # the Gaussians' or the camera's values; the file is what the user can fix
+            return _fail(f"{source}: {e}")
         path = out_path if single else out_path / f"{name.replace('/', '_').rsplit('.', 1)[0]}.png"
         written.append(write_png(img[0].clamp(0, 1).cpu().numpy().astype(np.float32), path))
+        if not bool(alpha.any()):  # a mistyped EYE@TARGET or a wrong file: say so rather than hand back a blank
+            _warn(path, f"camera {name} sees none of the {splats.n:,} Gaussians; the image is only the background")
     dt = time.perf_counter() - t0
     print(f"rendered {len(written)} view(s) of {splats.n:,} Gaussians at {cams.width}x{cams.height} in {dt:.2f} s: "
           + (str(written[0]) if single else f"{out_path}/"))

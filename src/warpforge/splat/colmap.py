@@ -247,7 +247,9 @@ def load_colmap(folder: str | Path, *, downscale: int = 1, test_every: int = 8,
     """Posed images from FOLDER/images (or images_<downscale> when present) and the sparse model.
 
     Images are sorted by name; every ``test_every``-th is held out (gsplat's split). Pixels stay uint8 on
-    the host until a step needs them. All images must share one size after ``downscale``.
+    the host until a step needs them. All images must share one size after ``downscale``. An image whose size
+    differs from its camera's (images resized after reconstruction) keeps its size; the intrinsics are scaled by
+    image size / camera size in x and y, as gsplat's parser does (it measures the first image only).
     """
     if downscale < 1:
         raise ValueError(f"load_colmap: downscale must be >= 1, got {downscale}")
@@ -272,15 +274,15 @@ def load_colmap(folder: str | Path, *, downscale: int = 1, test_every: int = 8,
         if not path.is_file():
             raise ColmapError(f"{path}: image {im.id} of the model is missing")
         cam = model.cameras[im.camera_id]
-        w, h = cam.width // downscale, cam.height // downscale
         try:
             with PILImage.open(path) as pil:
                 pil = pil.convert("RGB")
-                if factor > 1 or pil.size != (w, h):
-                    pil = pil.resize((w, h), PILImage.Resampling.BICUBIC)
+                if factor > 1:  # images/ at full size: downscale here (images_N/ is already)
+                    pil = pil.resize((pil.width // factor, pil.height // factor), PILImage.Resampling.BICUBIC)
                 arr = np.asarray(pil, dtype=np.uint8)
         except OSError as e:  # Pillow's UnidentifiedImageError and truncated files are OSErrors
             raise ColmapError(f"{path}: cannot read the image ({e})") from None
+        h, w = arr.shape[:2]
         if size is None:
             size = (w, h)
         elif size != (w, h):

@@ -27,6 +27,7 @@ from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter 
 from warpforge.kernels._dispatch import use_triton
 from warpforge.splat import reference as ref
 from warpforge.splat.camera import Projection, camera_model_code, check_cameras
+from warpforge.splat.checks import check_finite, gaussian_bounds
 
 __all__ = ["Projection", "project"]
 
@@ -561,9 +562,12 @@ def project(means: torch.Tensor,  # [N, 3]
             camera_model: str = "pinhole") -> Projection:
     """means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32 (the opacity-aware box; 0 = culled),
     opacities [C,N]. Gradients flow to means, quats, scales, opacities and viewmats (when it requires grad:
-    camera pose refinement); Ks get one on the torch (CPU) path only."""
+    camera pose refinement); Ks get one on the torch (CPU) path only. NaN or inf, negative scales and
+    opacities outside [0, 1] raise ValueError."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                                   camera_model)
+                                   camera_model, camera_values=False)
+    check_finite([("means", means), ("quats", quats), ("scales", scales), ("opacities", opacities)],
+                 cameras=(viewmats, Ks), bounds=gaussian_bounds(scales, opacities))
     return project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                            camera_model)
 

@@ -15,7 +15,8 @@ import os
 import torch
 
 from warpforge.splat.blend import rasterize_to_pixels
-from warpforge.splat.camera import camera_centers, camera_problems, raise_camera_problem
+from warpforge.splat.camera import camera_centers
+from warpforge.splat.checks import check_finite, gaussian_bounds
 from warpforge.splat.project import check_projection_inputs, project_checked
 from warpforge.splat.reference import RENDER_MODES
 from warpforge.splat.sh import MAX_DEGREE, spherical_harmonics
@@ -136,29 +137,8 @@ def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, h
     named = [("means", means), ("quats", quats), ("scales", scales), ("opacities", opacities), ("colors", colors)]
     if background is not None:
         named.append(("background", background))
-    check_finite(named, cameras=(viewmats, Ks))
+    check_finite(named, cameras=(viewmats, Ks), bounds=gaussian_bounds(scales, opacities))
     return C, N, D
-
-
-def check_finite(named: list[tuple[str, torch.Tensor]], cameras: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> None:
-    """ValueError naming the first tensor with a NaN or inf and its first bad index, or (with ``cameras``) the
-    camera value that is wrong. The common case costs one reduction per tensor and one host sync for all of
-    them: a sum is NaN or inf whenever an element is (it may also overflow on huge finite values, so a
-    non-finite sum is confirmed element by element before anything is raised)."""
-    sums = torch.stack([t.detach().sum(dtype=torch.float32) for _, t in named])
-    ok = torch.isfinite(sums).all()
-    if cameras is not None:
-        ok = ok & ~camera_problems(*cameras)
-    if bool(ok):
-        return
-    if cameras is not None:
-        raise_camera_problem(*cameras)
-    for name, t in named:
-        bad = ~torch.isfinite(t.detach())
-        if bool(bad.any()):
-            idx = bad.nonzero()[0].tolist()
-            raise ValueError(f"{name} has a non-finite value ({t[tuple(idx)].item()}) at index {idx}")
 
 
 def estimate_bytes(C: int, N: int, D: int, width: int, height: int, tile_size: int) -> int:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
 SH_C0 = 0.28209479177387814  # the degree-0 SH basis constant: colour = SH_C0 * sh0 + 0.5
+MAX_LOG_SCALE = math.log(float(np.finfo(np.float32).max))  # exp of a larger log-scale is inf in float32
 
 
 def rgb_to_sh(rgb: Tensor) -> Tensor:
@@ -79,6 +81,19 @@ class Splats:
         """SH coefficients up to ``sh_degree`` (default: all), the ``colors`` argument of ``rasterize``."""
         k = (self.sh_degree if sh_degree is None else sh_degree) + 1
         return torch.cat([self.sh0, self.shN[:, : k * k - 1]], dim=1)
+
+    def check_values(self, where: str | Path) -> None:
+        """ValueError ``<where>: <tensor> of Gaussian i is ...`` for NaN, inf, or a log-scale whose exp overflows
+        float32 (the raw parameters may be anything else: scales are logs, opacities logits)."""
+        for name, t in self.as_dict().items():
+            bad = ~torch.isfinite(t.detach())
+            if name == "scales":
+                bad |= t.detach() > MAX_LOG_SCALE
+            if bool(bad.any()):
+                idx = bad.nonzero()[0].tolist()
+                value = float(t[tuple(idx)])
+                what = "not finite" if not math.isfinite(value) else "a log-scale whose exp overflows float32"
+                raise ValueError(f"{where}: {name}{idx} of Gaussian {idx[0]} is {value}, {what}")
 
     def activated(self) -> tuple[Tensor, Tensor, Tensor]:
         """(quats, scales, opacities) as ``rasterize`` takes them: linear scales, sigmoid opacities."""

@@ -283,8 +283,11 @@ def load_checkpoint(path: str | Path) -> dict:
     """A checkpoint's contents (CPU tensors), for rendering without the training data."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no such checkpoint: {path}")
-    d = torch.load(path, map_location="cpu", weights_only=False)
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - pickle, zip and torch each raise their own type for a bad file
+        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__})") from None
     if not isinstance(d, dict) or d.get("format") != "warpforge.splat.ckpt/1":
         raise ValueError(f"{path}: not a warpforge splat checkpoint")
     return d
