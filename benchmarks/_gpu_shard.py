@@ -1,4 +1,4 @@
-"""pytest plugin for benchmarks/gpu_tests.py: run exactly the node ids listed in $WARPFORGE_SHARD_IDS (matched
+"""pytest plugin for benchmarks/gpu_tests.py: run exactly the node ids listed in $GPU_TESTS_SHARD_IDS (matched
 against the collected items, so ids with spaces or brackets need no quoting), and print a failure's traceback
 the moment it happens: a shard stopped at the deadline never reaches pytest's end-of-run report."""
 import os
@@ -7,7 +7,7 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    path = os.environ.get("WARPFORGE_SHARD_IDS")
+    path = os.environ.get("GPU_TESTS_SHARD_IDS")
     if not path:
         return
     with open(path) as f:

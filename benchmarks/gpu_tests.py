@@ -20,8 +20,12 @@ import tempfile
 import time
 
 # Files or node ids that time the GPU or read its free memory: run alone, after the shards.
-SERIAL = ("tests/hw/test_probe.py", "tests/profile/test_profile_gpu.py",
-          "tests/llm/test_runner.py::test_kv_cache_sized_from_free_memory")
+# Also those that choose kernels or passes by timing them (under twelve shards the choice moves, and with it
+# the counts and outputs the test pins) and the profilers' overhead bars.
+SERIAL = ("tests/hw/test_probe.py", "tests/profile/test_profile_gpu.py", "tests/profile/test_train_gpu.py",
+          "tests/llm/test_runner.py::test_kv_cache_sized_from_free_memory",
+          "tests/optimize/test_fuse_linear.py::test_gpu_vit_block_stack_through_the_kernels",
+          "tests/optimize/test_regions.py::test_gpu_regions_replay_cuda_graphs")
 # A kernel that deadlocks blocks inside CUDA, where pytest-timeout's default signal never lands:
 # the thread method dumps the stacks and ends the process (the shard restarts after that test).
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +76,7 @@ def _run_shard(name, ids, logdir, deadline_at, per_test, mark=MARK):
             f.write("\n".join(left) + "\n")
             argfile = f.name
         files = sorted({i.split("::", 1)[0] for i in left})
-        env = {**os.environ, "WARPFORGE_SHARD_IDS": argfile,
+        env = {**os.environ, "GPU_TESTS_SHARD_IDS": argfile,
                "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
         with open(log_path, "w") as log:
             p = subprocess.Popen([*PYTEST, "-m", mark, "-p", "_gpu_shard", "--timeout", str(per_test), *files],

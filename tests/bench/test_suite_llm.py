@@ -194,7 +194,9 @@ def test_quick_run_on_the_gpu_reports_mbu_and_memory():
         validate_record(r)
         assert "error" not in r["ours"], (r["case"], r["ours"])
         assert r["correct"]["ok"], (r["case"], r["correct"])
-        assert r["ours"]["peak_mem_GB"] > 0 and r["ours"]["mbu"] is not None and r["ours"]["mfu"] is not None
+        assert r["ours"]["peak_mem_GB"] > 0
+        if "speculative" not in r["params"]:  # speculative rows time chats against plain decoding: no work count
+            assert r["ours"]["mbu"] is not None and r["ours"]["mfu"] is not None, (r["case"], r["ours"])
 
 
 def test_bf16_check_scores_ours_teacher_forced_not_by_prefix():

@@ -161,7 +161,7 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
         console = make_console(quiet=quiet or not rank0)
         cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every)
         data = load_scene(scene, gaussians=gaussians, size=wh, downscale=downscale, test_every=test_every,
-                          seed=seed, device=dev, say=lambda text: console.print(text, highlight=False))
+                          seed=seed, device=dev, say=lambda text: console.print(text, highlight=False, soft_wrap=True))
     except (UsageError, ValueError) as e:
         return _fail(str(e))
     out_dir = Path(out)
