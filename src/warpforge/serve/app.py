@@ -369,17 +369,30 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
         code = "not_found" if e.status_code == 404 else None
         return error_response(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code))
 
-    async def run(request: Request, endpoint: str, make) -> Response:
+    async def handled(request: Request, endpoint: str, handle):
+        """``handle(state, body)`` of the request's JSON body, or the Response that refuses it (counted)."""
         try:
             state.check_available()
-            job, stream = make(state, await read_json(request, config.max_body_bytes))
-            state.admit(job)
+            return handle(state, await read_json(request, config.max_body_bytes))
         except APIError as e:
             m.requests.labels(endpoint, _OUTCOMES.get(e.status, "bad_request")).inc()
             return error_response(e)
         except ClientDisconnect:  # gone while sending the body
             m.requests.labels(endpoint, "disconnected").inc()
             return Response(status_code=499)
+
+    def admitted(make):
+        def handle(state: ServerState, body: dict) -> tuple[Job, bool]:
+            job, stream = make(state, body)
+            state.admit(job)
+            return job, stream
+        return handle
+
+    async def run(request: Request, endpoint: str, make) -> Response:
+        got = await handled(request, endpoint, admitted(make))
+        if isinstance(got, Response):
+            return got
+        job, stream = got
         if stream:
             return SSEResponse(job)
         try:
@@ -400,18 +413,12 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
         return await run(request, "/v1/chat/completions", chat_job)
 
     async def answer(request: Request, endpoint: str, handle) -> Response:
-        """A JSON body in, ``handle(state, body)`` out; errors in OpenAI's shape, every outcome counted."""
-        try:
-            state.check_available()
-            out = handle(state, await read_json(request, config.max_body_bytes))
-        except APIError as e:
-            m.requests.labels(endpoint, _OUTCOMES.get(e.status, "bad_request")).inc()
-            return error_response(e)
-        except ClientDisconnect:
-            m.requests.labels(endpoint, "disconnected").inc()
-            return Response(status_code=499)
+        """A JSON body in, the JSON ``handle(state, body)`` returns out."""
+        got = await handled(request, endpoint, handle)
+        if isinstance(got, Response):
+            return got
         m.requests.labels(endpoint, "ok").inc()
-        return JSONResponse(out)
+        return JSONResponse(got)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> Response:

@@ -1,14 +1,17 @@
 """Run the API: load the model (with progress), listen, serve until SIGTERM / Ctrl-C, stop gracefully.
 
-The port is bound before the model loads, so a port in use fails in a second instead of after the
-load. On the first SIGTERM or SIGINT the server stops accepting connections, lets in-flight requests
-run for ``shutdown_grace_s``, aborts what is left (streams end with finish_reason "abort" and
-``[DONE]``), shuts the engine down and exits 0. A second Ctrl-C exits at once.
+The port is bound and listening before the model loads, so a port in use fails in a second instead of
+after the load, and of two servers started on one port exactly one runs. On the first SIGTERM or SIGINT
+the server drains: the listener stays open and /health and new requests answer 503 (a load balancer
+sees the server leave instead of a refused connection), in-flight requests run for ``shutdown_grace_s``,
+what is left is aborted (streams end with finish_reason "abort" and ``[DONE]``); then the listener
+closes, the engine shuts down and the process exits 0. A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import socket
 import sys
@@ -22,18 +25,34 @@ def say(msg: str) -> None:
     print(f"warpforge serve: {msg}", file=sys.stderr, flush=True)
 
 
+BACKLOG = 2048  # uvicorn's default: connections the kernel holds until they are accepted
+
+
 def bind(host: str, port: int) -> socket.socket:
-    """A bound (not yet listening) TCP socket; OSError names the address when it is taken."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    """A listening TCP socket (uvicorn serves it later); OSError says so in one line when the port is taken.
+
+    It listens at once, not at uvicorn's start: a socket that is only bound does not hold the port, so two
+    servers loading at the same time could both bind it and find out a minute later. Connections that
+    arrive while the model loads wait in the backlog and are answered once it is up."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OSError(f"--host: cannot resolve {host!r}: {e.strerror or e}") from None
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sys.platform.startswith("linux"):
+        # A restarted server may take its port while the last run's connections sit in TIME_WAIT. Linux never
+        # lets SO_REUSEADDR share a port with a listening socket; BSD/macOS and Windows would (not set there).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
+        sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise OSError(f"port {port} is in use on {host} (another server listens there; pick another --port)"
+                          ) from None
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
     return sock
 
 
@@ -63,19 +82,23 @@ def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server with our signal policy: the first SIGTERM/SIGINT drains (``on_signal``),
-        a second SIGINT forces; the signal is not re-raised after shutdown (uvicorn does that, which
-        would make the exit status 128 + signal instead of 0)."""
+        """uvicorn's server with our signal policy: the first SIGTERM/SIGINT starts the drain
+        (``on_signal``) and leaves the listener open; the drain sets ``should_exit`` when it is done,
+        and only then does uvicorn close the listener. A second SIGINT forces. The signal is not
+        re-raised after shutdown (uvicorn does that, which would make the exit status 128 + signal
+        instead of 0)."""
 
         def __init__(self, config, on_signal: Callable[[], None], on_ready: Callable[[], None]):
             super().__init__(config)
             self.on_signal, self.on_ready = on_signal, on_ready
+            self.draining = False
 
         def handle_exit(self, sig, frame) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            elif not self.should_exit:
-                self.should_exit = True
+            if self.draining:
+                if sig == signal.SIGINT:
+                    self.should_exit = self.force_exit = True
+            else:
+                self.draining = True
                 self.on_signal()
 
         async def startup(self, sockets=None) -> None:
@@ -97,16 +120,26 @@ def serve(config: ServeConfig, llm=None, sock: socket.socket | None = None) -> i
     app = create_app(llm, config)
     state = app.state.server
     host, port = sock.getsockname()[:2]
+    # By the time uvicorn shuts down, the drain has finished or aborted every request: what is left is
+    # the last chunks of aborted streams.
     uv_config = uvicorn.Config(app, log_level="info" if config.access_log else "warning",
-                               access_log=config.access_log, lifespan="off",
-                               timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5, timeout_keep_alive=5)
+                               access_log=config.access_log, lifespan="off", backlog=BACKLOG,
+                               timeout_graceful_shutdown=5, timeout_keep_alive=5)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task] = set()
+
+        async def drain_then_exit() -> None:
+            try:
+                await state.drain(config.shutdown_grace_s)
+            finally:
+                server.should_exit = True
 
         def on_signal() -> None:
-            say(f"stopping: no new connections; in-flight requests have {config.shutdown_grace_s:g} s to finish")
-            loop.call_soon_threadsafe(lambda: loop.create_task(state.drain(config.shutdown_grace_s)))
+            say(f"stopping: /health and new requests get 503; in-flight requests have {config.shutdown_grace_s:g} s "
+                f"to finish")
+            loop.call_soon_threadsafe(lambda: tasks.add(loop.create_task(drain_then_exit())))
 
         def on_ready() -> None:
             key = "API key required" if config.api_key else "no API key"

