@@ -91,7 +91,7 @@ def run_suite(suite: Suite, *, quick: bool = False, case_filter: str | None = No
         dev = torch.device("cuda", torch.cuda.current_device())
     cases = suite.build(quick)
     if case_filter:  # a substring of the case name; "a|b" for any of several
-        alts = [x.strip() for x in case_filter.split("|") if x.strip()]
+        alts = [x.strip() for x in case_filter.split("|") if x.strip()] if "|" in case_filter else [case_filter]
         cases = [c for c in cases if any(a in c.name for a in alts)]
     warmup, rep = REPEATS[bool(quick)]
     env = {"suite": suite.name, "device": device_info(dev), "git": git_version(), "ceil": _ceilings(dev)}

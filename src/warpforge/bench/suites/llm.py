@@ -36,6 +36,8 @@ from typing import Any
 import torch
 
 from warpforge.bench.suite import EndToEndCase, Run, Suite
+from warpforge.bench.suites._llm_static import NAME as STATIC
+from warpforge.bench.suites._llm_static import static_run
 
 COMPARE = 32  # greedy tokens of request 0 compared with the peer
 PAD = 0  # the random checkpoints' <pad>
@@ -377,14 +379,26 @@ def hf_run(preset: str, prompts: Prompts, out_lens: list[int], *, requests: int 
                             output={"ids": ids, "want": outs_wanted, "exact": dtype == torch.float32},
                             work=generation_work(s, elt, [len(x) for x in p], outs_wanted),
                             ran=ran_of(p, outs_wanted)))
-        if handoff and handoff.get("ids"):
-            seq = handoff["prompt"] + handoff["ids"]
+        def score(prompt: list[int], ids: list[int]) -> dict[str, Any]:
+            seq = prompt + ids
             with torch.no_grad():
                 logits = model(input_ids=torch.tensor([seq], device=device)).logits[0]
-            n0 = len(handoff["prompt"])
-            tf = teacher_forced(logits[n0 - 1:len(seq) - 1], handoff["ids"])
+            return teacher_forced(logits[len(prompt) - 1:len(seq) - 1], ids)
+
+        if handoff and handoff.get("ids"):
+            tf = score(handoff["prompt"], handoff["ids"])
             for r in runs:
                 r.output["teacher_forced"] = tf
+        # Other peers of the case (the plain-PyTorch decode) are judged as ours is: HF scores their continuation
+        # and the same check decides, against the same reference at the same tolerance.
+        for other in (handoff or {}).get("others", {}).values():
+            ids = other["ids"][:COMPARE]
+            mine = {"ids": [ids], "exact": dtype == torch.float32}
+            ref = {"ids": runs[0].output["ids"], "exact": dtype == torch.float32,
+                   "teacher_forced": score(other["prompt"], ids)}
+            verdict = {**prefix_check(mine, ref), "against": "peer:hf"}
+            for r in other["runs"]:
+                r.extra["correct"] = verdict
         model = None  # drop the weights (the closure above holds the name) before freeing the cache
         _free(device)
         return runs
@@ -416,8 +430,12 @@ def _cases(quick: bool) -> list[EndToEndCase]:
             name=f"decode batch 1 {preset} {p_len}+{n_new}",
             params={"row": row, "preset": preset, "batch": 1, "prompt": p_len, "new": n_new},
             ours=ours_run(preset, pr, [n_new], max_model_len=p_len + n_new + 16, max_num_seqs=8, handoff=h),
-            peers={"hf": hf_run(preset, pr, [n_new], handoff=h)}, check=prefix_check, check_against="hf", dtype=bf16,
-            rep=1 if quick else 3, baseline="HF generate; the HBM roofline (mbu)", target={"mbu": mbu}))
+            # the plain-PyTorch peer first: HF, which runs last, scores its continuation as it scores ours'
+            peers={STATIC: static_run(lambda dev, p=preset: _checkpoint(p, dev), pr, [n_new], handoff=h),
+                   "hf": hf_run(preset, pr, [n_new], handoff=h)},
+            check=prefix_check, check_against="hf", dtype=bf16, rep=1 if quick else 3,
+            baseline="HF generate and a compiled static-cache PyTorch decode; the HBM roofline (mbu)",
+            target={"mbu": mbu}))
 
     # 3. offline throughput, nano-vllm's protocol: 256 requests, in and out uniform in 100..1024, ours alone;
     # then ours and HF on the same first 64 of those requests (HF on all 256 would take ~10x ours per row).
