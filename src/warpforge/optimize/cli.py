@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from warpforge._factory import accepts, load_factory
+from warpforge._factory import call_factory, load_factory
 
 
 class ModelError(ValueError):
@@ -43,15 +43,8 @@ def _slug(name: str) -> str:
 def _from_factory(spec: str, batch: int | None, device: torch.device) -> Resolved:
     where, _, attr = spec.rpartition(":")
     factory = load_factory(where, attr, ModelError, "_warpforge_optimize_")
-    kwargs: dict[str, Any] = {}
-    if batch is not None and accepts(factory, "batch"):
-        kwargs["batch"] = batch
-    if accepts(factory, "device"):
-        kwargs["device"] = device
-    try:
-        out = factory(**kwargs)
-    except Exception as e:
-        raise ModelError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    offered = {"device": device} if batch is None else {"batch": batch, "device": device}
+    out, kwargs = call_factory(factory, offered, spec, ModelError)
     notes = [] if batch is None or "batch" in kwargs else [f"--batch {batch} ignored: the factory takes no 'batch'"]
     if isinstance(out, dict):
         model, inputs = out.get("model"), out.get("example_inputs", out.get("inputs"))
