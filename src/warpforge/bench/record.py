@@ -221,6 +221,12 @@ def build_record(result: CaseResult, *, suite: str, device: dict[str, Any], git:
         put_ratio(rec, name, same_work_ratio(ours_side, entry_side(entry, entry.get("correct"))))
     if result.stability is not None:
         rec["stability"] = result.stability
+    return finish_record(rec, host, figure_errors)
+
+
+def finish_record(rec: dict[str, Any], host: dict[str, Any] | None, figure_errors: list[str] | None
+                  ) -> dict[str, Any]:
+    """``rec`` with the host's state and the figures that failed, when there are any, checked (figures too)."""
     if host is not None:
         rec["host"] = host
     if figure_errors:
