@@ -54,8 +54,6 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
     line after the text reports the load apart from TTFT, which counts from the request's arrival."""
     import time
 
-    import torch
-
     from warpforge._cli_support import make_console
 
     err = make_console(stderr=True)
@@ -77,8 +75,8 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
             return fail("PROMPT: empty prompt (give the text to continue)")
         t0 = time.perf_counter()
         tp = f" on {tensor_parallel_size} ranks" if tensor_parallel_size > 1 else ""
-        with err.status(f"loading {model}{tp}" + (" (assembling the GGUF on first use)" if model == GEMMA3_270M else ""),
-                        spinner="dots"):
+        first_use = " (assembling the GGUF on first use)" if model == GEMMA3_270M else ""
+        with err.status(f"loading {model}{tp}{first_use}", spinner="dots"):
             path = resolve_model(model)
             if gguf_blocks and not str(path).endswith(".gguf"):
                 return fail(f"--gguf-blocks: needs a .gguf model, got {model}")

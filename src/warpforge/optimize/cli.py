@@ -73,7 +73,8 @@ def _from_zoo(name: str, batch: int | None, device: torch.device, random_weights
     except ImportError as e:
         raise ModelError(f"{name!r}: the model zoo (warpforge.models) cannot be imported ({e}); give {forms}") from e
     if not callable(getattr(models, "names", None)) or not callable(getattr(models, "get", None)):
-        raise ModelError(f"{name!r}: the model zoo (warpforge.models) is not available yet; give path/to/file.py:factory")
+        raise ModelError(f"{name!r}: the model zoo (warpforge.models) is not available yet; "
+                         "give path/to/file.py:factory")
     available = list(models.names())
     if name not in available:
         raise ModelError(f"unknown model {name!r}; the zoo has: {', '.join(available) or '(nothing yet)'}; "
@@ -212,8 +213,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     ``dynamic``: ``--dynamic``'s declaration (optimize.shapes), e.g. "x.2=128:512,x.3=128:512"."""
     from rich.console import Console
 
-    from warpforge.optimize import report as report_mod
-    from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
+    from warpforge.optimize.api import optimize
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
     from rich.markup import escape
 
@@ -247,9 +247,10 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
 
     def run(progress_cb):
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
-                        precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
-                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
-                        name=resolved.name, exhaustive=exhaustive, capture=capture, dynamic_shapes=dynamic)
+                        precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None,
+                        kind=resolved.kind, device=dev, progress=progress_cb, queries=queries, warmup=warmup,
+                        offline_calls=offline_calls, name=resolved.name, exhaustive=exhaustive, capture=capture,
+                        dynamic_shapes=dynamic)
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -111,7 +111,8 @@ def _random_batches(make: Callable[[torch.Generator], tuple], seeds: range, devi
     return [tuple(t.to(device) for t in make(torch.Generator().manual_seed(s))) for s in seeds]
 
 
-def photo_batches(batch: int, device: torch.device, *, size: int, **views: Any) -> tuple[list[tuple[torch.Tensor]], int]:
+def photo_batches(batch: int, device: torch.device, *, size: int,
+                  **views: Any) -> tuple[list[tuple[torch.Tensor]], int]:
     """The zoo's validation views of the real photos (``images.views``: scikit-image's and scikit-learn's
     natural photos at three scales x five crops x mirrored) in batches, and how many distinct views."""
     from warpforge.models import images

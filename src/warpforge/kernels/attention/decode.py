@@ -337,7 +337,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
     """
     check_paged_inputs(q, cache, block_tables, seq_lens, check_values=check_values)
     if q.dim() != 3 or q.shape[0] != block_tables.shape[0]:
-        raise ValueError(f"q: expected [B={block_tables.shape[0]}, Hq, D] (one token per sequence), got {tuple(q.shape)}")
+        raise ValueError(f"q: expected [B={block_tables.shape[0]}, Hq, D] (one token per sequence), "
+                         f"got {tuple(q.shape)}")
     left, _ = attention_window(window, causal=True)
     scale = check_attention_options(q, scale, softcap, out)
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
