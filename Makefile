@@ -21,7 +21,7 @@ BUILD_FLAGS := --no-build-isolation
 EXTRAS := llm,serve,splat
 endif
 
-.PHONY: install demo test test-gpu bench-memory clean
+.PHONY: install demo test test-gpu lint bench-memory clean
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -60,6 +60,10 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) benchmarks/gpu_tests.py --logdir out/gpu-tests --json out/gpu-tests/gpu_tests.json
+
+# Lint only (pyproject.toml's [tool.ruff]); not part of `make test` while older files still have findings.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -106,6 +106,17 @@ def load_factory(where: str, attr: str, error: type[Exception], module_prefix: s
     return factory
 
 
+def call_factory(factory: Callable[..., Any], offered: dict[str, Any], spec: str,
+                 error: type[Exception]) -> tuple[Any, dict[str, Any]]:
+    """(what ``factory`` returns, the keyword arguments it got): it is called with those of ``offered`` it takes
+    (:func:`accepts`); whatever it raises becomes ``error`` naming ``spec``."""
+    kwargs = {k: v for k, v in offered.items() if accepts(factory, k)}
+    try:
+        return factory(**kwargs), kwargs
+    except Exception as e:
+        raise error(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+
+
 def accepts(fn: Callable, name: str) -> bool:
     """Does ``fn`` take a keyword argument ``name`` (by name or through **kwargs)?"""
     try:

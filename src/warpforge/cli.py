@@ -99,7 +99,8 @@ class _BenchCommand(click.Command):
 @click.option("--out", "out", type=click.Path(), default=None,
               help="Also write the records as JSON lines: a directory gets SUITE.jsonl; a path ending in .jsonl "
                    "is that file.")
-@click.option("--json", "json_out", is_flag=True, help="Print the records as JSON on stdout (the table goes to stderr).")
+@click.option("--json", "json_out", is_flag=True,
+              help="Print the records as JSON on stdout (the table goes to stderr).")
 def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,
           no_store: bool, out: str | None, json_out: bool) -> None:
     """Run a benchmark SUITE: ours and each peer on the same inputs, checked and recorded.
@@ -401,7 +402,8 @@ def splat() -> None:
 @splat.command("train")
 @click.argument("scene")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Directory for ckpt/last.pt, point_cloud.ply, report.html, summary.json (default: out/splat/<scene>).")
+              help="Directory for ckpt/last.pt, point_cloud.ply, report.html, summary.json "
+                   "(default: out/splat/<scene>).")
 @click.option("--steps", default=30_000, show_default=True, type=int,
               help="Training steps. The densification schedule is gsplat's (refine every 100 steps from 500 to "
                    "15000, opacity reset every 3000) whatever the length.")
@@ -421,7 +423,8 @@ def splat() -> None:
 @click.option("--resume", is_flag=True, help="Continue from OUT/ckpt/last.pt (parameters, optimizer, step, RNG).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="auto: cuda when available. Under torchrun each rank takes GPU LOCAL_RANK.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the scene, the initialisation and the camera order.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seeds the scene, the initialisation and the camera order.")
 @click.option("--quiet", is_flag=True, help="No progress bar or messages (errors still go to stderr).")
 def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
                 sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
@@ -530,18 +533,20 @@ def profile(target: str | None, input_shapes: tuple[str, ...], warmup: int, iter
               help="Batch size of the example inputs (zoo models; factories that take `batch`).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
               help="Where to optimize and measure (auto: cuda when available).")
-@click.option("--precision", "precisions", multiple=True, type=AliasChoice(list(OPTIMIZE_PRECISIONS), DTYPE_ALIASES),
-              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA; torch's names such as "
-                   "float16 work too). Only when "
+@click.option("--precision", "precisions", multiple=True,
+              type=AliasChoice(list(OPTIMIZE_PRECISIONS), DTYPE_ALIASES),
+              help="Precisions to try (repeatable; default: fp32, fp16, bf16; fp16/bf16 need CUDA; torch's names "
+                   "such as float16 work too). Only when "
                    "named: int8 (W8A8 convs and linears, calibrated on the validation inputs), fp8 (e4m3 linears, "
                    "compute capability >= 8.9), w8 / w4 (weight-only int8 / int4-g128 linears, for planners).")
 @click.option("--backend", "backends", multiple=True, metavar="NAME",
               help="Candidates to try (repeatable): a family (eager, warpforge, torch.compile, onnxruntime) or a "
-                   "candidate name such as torch.compile-max-autotune-fp16. Default: all but torch.compile max-autotune "
-                   "(minutes to compile) and, on CPU, torch.compile: those only when named (`--backend "
+                   "candidate name such as torch.compile-max-autotune-fp16. Default: all but torch.compile "
+                   "max-autotune (minutes to compile) and, on CPU, torch.compile: those only when named (`--backend "
                    "torch.compile` names both modes). eager-fp32 is always measured as the baseline.")
 @click.option("--max-rel", type=float, default=None,
-              help="Budget: max |error| / max |reference output| (default per precision: optimize.gate.DEFAULT_BUDGETS).")
+              help="Budget: max |error| / max |reference output| "
+                   "(default per precision: optimize.gate.DEFAULT_BUDGETS).")
 @click.option("--max-abs", type=float, default=None, help="Budget: max absolute error (default: unchecked).")
 @click.option("--min-cosine", type=float, default=None,
               help="Budget: worst per-sample cosine similarity (default per precision: optimize.gate.DEFAULT_BUDGETS).")

@@ -29,8 +29,8 @@ def test_warpforge_winner_round_trip(tmp_path):
     assert man["versions"]["torch"] == torch.__version__ and man["versions"]["warpforge"] == warpforge.__version__
     assert man["accuracy"]["max_rel"] < 1e-5 and man["budget"]["max_rel"] == 1e-3
     assert man["format"] == "pickle" and "fused modules" in man["format_note"]
-    assert [p["name"] for p in man["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention", "fuse_norm",
-                                                "fuse_linear"]
+    assert [p["name"] for p in man["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool",
+                                                "attention", "fuse_norm", "fuse_linear"]
     for f in ("check.pt", "report.json", "report.html", man["file"]):
         assert (tmp_path / f).is_file()
     loaded = load(tmp_path)
@@ -135,7 +135,8 @@ def test_onnxruntime_candidate_and_round_trip(tmp_path):
     model, x = make(SmallNet()), image()
     opt = optimize(model, (x,), backends=["onnxruntime"], **FAST)
     rec = next(r for r in opt.report["candidates"] if r["family"] == "onnxruntime")
-    if rec["status"] == "failed" and "export failed" in rec["reason"] and importlib.util.find_spec("onnxscript") is None:
+    if (rec["status"] == "failed" and "export failed" in rec["reason"]
+            and importlib.util.find_spec("onnxscript") is None):
         pytest.skip(f"no working ONNX exporter here: {rec['reason']}")
     assert opt.family == "onnxruntime", rec
     assert isinstance(rec["details"]["input_shapes"][0][0], str), rec["details"]  # the batch dim stayed symbolic

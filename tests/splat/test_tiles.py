@@ -190,7 +190,7 @@ def test_bad_input_names_the_argument():
         tiles.intersect_tiles(s["means2d"], s["radii"].float(), s["depths"], s["conics"], s["opacities"], 16, 2, 2)
     with pytest.raises(ValueError, match=r"depths must have shape \[1, 10\]"):
         tiles.intersect_tiles(s["means2d"], s["radii"], s["depths"][:, :5], s["conics"], s["opacities"], 16, 2, 2)
-    with pytest.raises(ValueError, match="tile_size must be an int >= 1"):
+    with pytest.raises(ValueError, match="tile_size: expected an integer >= 1, got 0"):
         tiles.intersect_tiles(*_args(s), 0, 2, 2)
     with pytest.raises(ValueError, match="key bits"):
         tiles.intersect_tiles(*_args(s), 16, 2**16, 2**15)

@@ -31,7 +31,7 @@ import torch
 
 from warpforge.bench.compare import _short, case_seed
 from warpforge.bench.ratio import Side, check_note, put_ratio, same_work_ratio
-from warpforge.bench.record import _correct, _finite, now_iso, validate_record
+from warpforge.bench.record import _correct, _finite, finish_record, now_iso
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.timing import NOISE_BOUND, spread_of, summarize
 
@@ -273,12 +273,7 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
         "timing": case.timing or {"method": METHOD, "warmup": 1, "rep": case.rep, "interleaved": False},
         "stability": stability({"ours": ours, **peers}, attempts),
     }
-    if host is not None:
-        rec["host"] = host
-    if errors:
-        rec["figure_errors"] = errors
-    validate_record(rec, figures=True)
-    return rec
+    return finish_record(rec, host, errors)
 
 
 def _side(entry: dict[str, Any], correct: dict[str, Any], ran: Any) -> Side:

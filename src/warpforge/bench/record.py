@@ -221,6 +221,12 @@ def build_record(result: CaseResult, *, suite: str, device: dict[str, Any], git:
         put_ratio(rec, name, same_work_ratio(ours_side, entry_side(entry, entry.get("correct"))))
     if result.stability is not None:
         rec["stability"] = result.stability
+    return finish_record(rec, host, figure_errors)
+
+
+def finish_record(rec: dict[str, Any], host: dict[str, Any] | None, figure_errors: list[str] | None
+                  ) -> dict[str, Any]:
+    """``rec`` with the host's state and the figures that failed, when there are any, checked (figures too)."""
     if host is not None:
         rec["host"] = host
     if figure_errors:
@@ -333,7 +339,8 @@ def _check_extras(d: dict[str, Any], peers: dict[str, Any], problems: list[str])
         problems.append("figure_errors: expected a list of messages")
     gone = d.get("withdrawn")
     if gone is not None and not (isinstance(gone, dict) and all(
-            isinstance(v, dict) and "value" in v and isinstance(v.get("why"), str) and v["why"] for v in gone.values())):
+            isinstance(v, dict) and "value" in v and isinstance(v.get("why"), str) and v["why"]
+            for v in gone.values())):
         problems.append("withdrawn: expected an object field -> {value, why} (why a non-empty string)")
     elif gone:
         problems.extend(f"ratio.{n}: also in withdrawn" for n in ratio if f"ratio.{n}" in gone)
@@ -421,7 +428,8 @@ def validate_record(d: Any, *, figures: bool = False) -> None:
         elif roof.get("bound") not in BOUNDS:
             problems.append(f"roofline.bound: expected one of {BOUNDS}, got {roof.get('bound')!r}")
     _check_correct(d["correct"], "correct", problems)
-    if isinstance(d["ours"], dict) and "error" in d["ours"] and isinstance(d["correct"], dict) and d["correct"].get("ok"):
+    if (isinstance(d["ours"], dict) and "error" in d["ours"] and isinstance(d["correct"], dict)
+            and d["correct"].get("ok")):
         problems.append("correct.ok: cannot be true when ours failed")
     _check_extras(d, peers, problems)
     try:

@@ -11,6 +11,8 @@ row-major [M, K] and ``b`` column-major [K, N] (``b.T`` contiguous), which is al
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from warpforge.kernels import reference
@@ -70,6 +72,28 @@ def check_scaled_gemm(a, b, dtype: torch.dtype, scale_a, scale_b, *, bias, activ
     return M, N, sa_mode, sb_mode, act
 
 
+def scaled_gemm(a, b, scale_a, scale_b, *, bias, activation, residual, out_dtype, out, config, dtype: torch.dtype,
+                what: str, min_cc: tuple[int, int], ref: Callable, tuner: Tuner,
+                interpret_config: MatmulConfig) -> torch.Tensor:
+    """The launcher of matmul_fp8 and matmul_int8 (``dtype`` operands, named ``what`` in errors): check the
+    arguments, run ``ref`` off the Triton path, refuse a GPU below ``min_cc``, allocate, launch."""
+    M, N, sa_mode, sb_mode, act = check_scaled_gemm(a, b, dtype, scale_a, scale_b, bias=bias, activation=activation,
+                                                    residual=residual, out_dtype=out_dtype, out=out, config=config)
+    device = a.device
+    if not use_triton(a, b, scale_a, scale_b, bias, residual, out):
+        y = ref(a, b, scale_a, scale_b, bias, activation, residual, out_dtype)
+        return out.copy_(y) if out is not None else y
+    if a.is_cuda and torch.cuda.get_device_capability(device) < min_cc:
+        raise ValueError(f"a: {what} tensor-core matmul needs compute capability >= {min_cc[0]}.{min_cc[1]}, "
+                         f"device {device} has {torch.cuda.get_device_capability(device)}")
+    if out is None:
+        out = torch.empty((M, N), device=device, dtype=out_dtype)
+    launch_gemm(a, b, out, scale_a=scale_a, scale_b=scale_b, scale_a_mode=sa_mode, scale_b_mode=sb_mode,
+                bias=bias, activation=act, residual=residual, config=config, tuner=tuner,
+                interpret_config=interpret_config)
+    return out
+
+
 def matmul_fp8(
     a: torch.Tensor,  # [M, K] float8_e4m3fn, row-major
     b: torch.Tensor,  # [K, N] float8_e4m3fn, column-major (b.T contiguous)
@@ -84,20 +108,7 @@ def matmul_fp8(
     config: MatmulConfig | None = None,
 ) -> torch.Tensor:  # [M, N] out_dtype
     """Scaled e4m3 matmul: ``activation((a @ b) * scale_a * scale_b + bias) + residual``."""
-    M, N, sa_mode, sb_mode, act = check_scaled_gemm(a, b, FP8_DTYPE, scale_a, scale_b, bias=bias,
-                                                    activation=activation, residual=residual,
-                                                    out_dtype=out_dtype, out=out, config=config)
-    device = a.device
-    if not use_triton(a, b, scale_a, scale_b, bias, residual, out):
-        ref = reference.matmul_fp8_ref(a, b, scale_a, scale_b, bias, activation, residual, out_dtype)
-        return out.copy_(ref) if out is not None else ref
-    if a.is_cuda and torch.cuda.get_device_capability(device) < (8, 9):
-        raise ValueError(f"a: e4m3 tensor-core matmul needs compute capability >= 8.9, device {device} has "
-                         f"{torch.cuda.get_device_capability(device)}")
-    if out is None:
-        out = torch.empty((M, N), device=device, dtype=out_dtype)
-    launch_gemm(a, b, out, scale_a=scale_a, scale_b=scale_b, scale_a_mode=sa_mode, scale_b_mode=sb_mode,
-                bias=bias, activation=act, residual=residual, config=config, tuner=FP8_TUNER,
-                interpret_config=FP8_INTERPRET_CONFIG)
-    return out
+    return scaled_gemm(a, b, scale_a, scale_b, bias=bias, activation=activation, residual=residual,
+                       out_dtype=out_dtype, out=out, config=config, dtype=FP8_DTYPE, what="e4m3", min_cc=(8, 9),
+                       ref=reference.matmul_fp8_ref, tuner=FP8_TUNER, interpret_config=FP8_INTERPRET_CONFIG)
 

@@ -18,9 +18,8 @@ import torch
 
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner
-from warpforge.kernels._dispatch import use_triton
-from warpforge.kernels.matmul import MatmulConfig, _ptr_configs, _tma_configs, check_tensor, launch_gemm
-from warpforge.kernels.matmul_fp8 import check_scaled_gemm
+from warpforge.kernels.matmul import MatmulConfig, _ptr_configs, _tma_configs, check_tensor
+from warpforge.kernels.matmul_fp8 import scaled_gemm
 
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never produced, so -q is always representable
 
@@ -48,22 +47,9 @@ def matmul_int8(
     config: MatmulConfig | None = None,  # fixed launch config (skips autotuning; for sweeps and tests)
 ) -> torch.Tensor:  # [M, N] out_dtype
     """W8A8 matmul: ``activation(float(a @ b) * scale_a * scale_b + bias) + residual``, a @ b in int32."""
-    M, N, sa_mode, sb_mode, act = check_scaled_gemm(a, b, torch.int8, scale_a, scale_b, bias=bias,
-                                                    activation=activation, residual=residual,
-                                                    out_dtype=out_dtype, out=out, config=config)
-    device = a.device
-    if not use_triton(a, b, scale_a, scale_b, bias, residual, out):
-        ref = reference.matmul_int8_ref(a, b, scale_a, scale_b, bias, activation, residual, out_dtype)
-        return out.copy_(ref) if out is not None else ref
-    if a.is_cuda and torch.cuda.get_device_capability(device) < (8, 0):
-        raise ValueError(f"a: int8 tensor-core matmul needs compute capability >= 8.0, device {device} has "
-                         f"{torch.cuda.get_device_capability(device)}")
-    if out is None:
-        out = torch.empty((M, N), device=device, dtype=out_dtype)
-    launch_gemm(a, b, out, scale_a=scale_a, scale_b=scale_b, scale_a_mode=sa_mode, scale_b_mode=sb_mode,
-                bias=bias, activation=act, residual=residual, config=config, tuner=INT8_TUNER,
-                interpret_config=INT8_INTERPRET_CONFIG)
-    return out
+    return scaled_gemm(a, b, scale_a, scale_b, bias=bias, activation=activation, residual=residual,
+                       out_dtype=out_dtype, out=out, config=config, dtype=torch.int8, what="int8", min_cc=(8, 0),
+                       ref=reference.matmul_int8_ref, tuner=INT8_TUNER, interpret_config=INT8_INTERPRET_CONFIG)
 
 
 def quantize_rows_int8(

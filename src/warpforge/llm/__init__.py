@@ -10,8 +10,7 @@ is the step-by-step core both drive. Names load on first use, so ``import warpfo
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from warpforge._lazy import lazy_exports
 
 _LAZY = {
     "LLM": "engine", "LLMEngine": "engine",
@@ -27,15 +26,4 @@ _LAZY = {
 }
 
 __all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"warpforge.llm.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'warpforge.llm' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

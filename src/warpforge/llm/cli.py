@@ -54,8 +54,6 @@ def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float
     line after the text reports the load apart from TTFT, which counts from the request's arrival."""
     import time
 
-    import torch
-
     from warpforge._cli_support import make_console
 
     err = make_console(stderr=True)

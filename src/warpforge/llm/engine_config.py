@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from warpforge import settings
+from warpforge._validate import check_int
 from warpforge.llm.speculative import speculative_config
 
 # Decode batch sizes captured as CUDA graphs by default (nano-vllm's set): small sizes one by one
@@ -13,11 +14,6 @@ from warpforge.llm.speculative import speculative_config
 _GRAPH_SIZES = [1, 2, 4, 8, *range(16, 513, 16)]
 KV_CACHE_DTYPES = ("auto", "fp8")
 QUANTIZATION_MODES = ("int8", "int4", "int4-awq", "fp8")  # see llm/quantize.py
-
-
-def _check_int(name: str, value, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
 
 
 @dataclass
@@ -77,17 +73,17 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
-            _check_int("max_model_len", self.max_model_len, 2)  # at least one prompt token + one new token
-        _check_int("max_num_seqs", self.max_num_seqs, 1)
-        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _check_int("page_size", self.page_size, 1)
-        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+            check_int("max_model_len", self.max_model_len, 2)  # at least one prompt token + one new token
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("page_size", self.page_size, 1)
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.pdl is None:
             self.pdl = settings.current().pdl
         if self.fused_norm is None:
             self.fused_norm = settings.current().fused_norm
         if self.num_pages is not None:
-            _check_int("num_pages", self.num_pages, 1)
+            check_int("num_pages", self.num_pages, 1)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"gpu_memory_utilization: expected 0 < x <= 1, got {u!r}")
@@ -117,7 +113,7 @@ class EngineConfig:
         else:
             sizes = list(self.cuda_graph_batch_sizes)
             for s in sizes:
-                _check_int("cuda_graph_batch_sizes", s, 1)
+                check_int("cuda_graph_batch_sizes", s, 1)
             self.cuda_graph_batch_sizes = sorted(set(sizes))
 
     def for_model(self, max_position_embeddings: int) -> EngineConfig:

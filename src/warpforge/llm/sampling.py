@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from warpforge._validate import check_int
+
 # Temperatures below this are greedy (as vLLM): dividing logits by ~0 would overflow to inf.
 GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20  # the OpenAI API's cap on top-n logprobs
@@ -16,12 +18,6 @@ def _number(name: str, value, lo: float, hi: float, *, lo_open: bool = False, hi
     if not ok:
         rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
         raise ValueError(f"{name}: expected a number in {rng}, got {value!r}")
-
-
-def _integer(name: str, value, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name}: expected an integer {rng}, got {value!r}")
 
 
 @dataclass
@@ -62,13 +58,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         _number("temperature", self.temperature, 0.0, math.inf, hi_open=True)
         _number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        _integer("top_k", self.top_k, -1)
+        check_int("top_k", self.top_k, -1)
         _number("min_p", self.min_p, 0.0, 1.0)
         _number("repetition_penalty", self.repetition_penalty, 0.0, math.inf, lo_open=True, hi_open=True)
         _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         if self.seed is not None:
-            _integer("seed", self.seed, 0, 2**63 - 1)
+            check_int("seed", self.seed, 0, 2**63 - 1)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is None:
@@ -78,10 +74,10 @@ class SamplingParams:
             raise ValueError(f"stop: expected non-empty strings, got {self.stop!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
         for t in self.stop_token_ids:
-            _integer("stop_token_ids", t, 0)
-        _integer("max_tokens", self.max_tokens, 1)
+            check_int("stop_token_ids", t, 0)
+        check_int("max_tokens", self.max_tokens, 1)
         if self.logprobs is not None:
-            _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+            check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warpforge._validate import check_int
+
 METHODS = ("ngram", "draft", "self")
 MAX_K = 32
 VERIFY_TOKEN_COST = 0.05  # one more query token in the target's forward, in decode steps (see the docstring)
@@ -33,12 +35,6 @@ MIN_GAIN = 1.1  # expected tokens per unit of cost below which a step runs witho
 PROBE_EVERY = 16  # plain steps (speculation off by the rule above) between probes with k = 1
 _PRIOR_WEIGHT = 4.0  # pseudo-observations behind the starting acceptance estimate
 _DECAY = 0.95  # per update: the estimate follows the last ~20 steps
-
-
-def _int(name: str, value, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"speculative.{name}: expected an integer {rng}, got {value!r}")
 
 
 @dataclass
@@ -73,7 +69,7 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative.method: expected one of {METHODS}, got {self.method!r}")
-        _int("k", self.k, 1, MAX_K)
+        check_int("speculative.k", self.k, 1, MAX_K)
         if self.method == "draft":
             if self.draft_model is None:
                 raise ValueError("speculative.draft_model: method 'draft' needs a draft model (a checkpoint path, "
@@ -88,12 +84,12 @@ class SpeculativeConfig:
             if self.method != "self":
                 raise ValueError(f"speculative.draft_layers: only method 'self' takes draft_layers, "
                                  f"got {self.draft_layers!r} with method {self.method!r}")
-            _int("draft_layers", self.draft_layers, 1)
-        _int("ngram_max", self.ngram_max, 1, 16)
-        _int("ngram_min", self.ngram_min, 1, self.ngram_max)
+            check_int("speculative.draft_layers", self.draft_layers, 1)
+        check_int("speculative.ngram_max", self.ngram_max, 1, 16)
+        check_int("speculative.ngram_min", self.ngram_min, 1, self.ngram_max)
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"speculative.adaptive: expected a bool, got {self.adaptive!r}")
-        _int("max_batch_size", self.max_batch_size, 1)
+        check_int("speculative.max_batch_size", self.max_batch_size, 1)
 
 
 def speculative_config(value) -> SpeculativeConfig | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from warpforge._factory import accepts, load_factory
+from warpforge._factory import call_factory, load_factory
 
 
 class ModelError(ValueError):
@@ -43,15 +43,8 @@ def _slug(name: str) -> str:
 def _from_factory(spec: str, batch: int | None, device: torch.device) -> Resolved:
     where, _, attr = spec.rpartition(":")
     factory = load_factory(where, attr, ModelError, "_warpforge_optimize_")
-    kwargs: dict[str, Any] = {}
-    if batch is not None and accepts(factory, "batch"):
-        kwargs["batch"] = batch
-    if accepts(factory, "device"):
-        kwargs["device"] = device
-    try:
-        out = factory(**kwargs)
-    except Exception as e:
-        raise ModelError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    offered = {"device": device} if batch is None else {"batch": batch, "device": device}
+    out, kwargs = call_factory(factory, offered, spec, ModelError)
     notes = [] if batch is None or "batch" in kwargs else [f"--batch {batch} ignored: the factory takes no 'batch'"]
     if isinstance(out, dict):
         model, inputs = out.get("model"), out.get("example_inputs", out.get("inputs"))
@@ -80,7 +73,8 @@ def _from_zoo(name: str, batch: int | None, device: torch.device, random_weights
     except ImportError as e:
         raise ModelError(f"{name!r}: the model zoo (warpforge.models) cannot be imported ({e}); give {forms}") from e
     if not callable(getattr(models, "names", None)) or not callable(getattr(models, "get", None)):
-        raise ModelError(f"{name!r}: the model zoo (warpforge.models) is not available yet; give path/to/file.py:factory")
+        raise ModelError(f"{name!r}: the model zoo (warpforge.models) is not available yet; "
+                         "give path/to/file.py:factory")
     available = list(models.names())
     if name not in available:
         raise ModelError(f"unknown model {name!r}; the zoo has: {', '.join(available) or '(nothing yet)'}; "
@@ -253,9 +247,10 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
 
     def run(progress_cb):
         return optimize(resolved.model, resolved.inputs, val=resolved.val, budget=budgets,
-                        precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None, kind=resolved.kind,
-                        device=dev, progress=progress_cb, queries=queries, warmup=warmup, offline_calls=offline_calls,
-                        name=resolved.name, exhaustive=exhaustive, capture=capture, dynamic_shapes=dynamic)
+                        precisions=precisions or DEFAULT_PRECISIONS, backends=list(backends) or None,
+                        kind=resolved.kind, device=dev, progress=progress_cb, queries=queries, warmup=warmup,
+                        offline_calls=offline_calls, name=resolved.name, exhaustive=exhaustive, capture=capture,
+                        dynamic_shapes=dynamic)
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_fp8 import FP8_DTYPE, matmul_fp8
 from warpforge.kernels.reference import FP8_E4M3_MAX, FP8_MIN_AMAX
 from warpforge.optimize.quant import (
-    KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, make_observer, swap,
+    KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, calibrating, make_observer, plan_layers, swap,
 )
 from warpforge.optimize.weight_only import linears, why_float
 
@@ -185,71 +185,56 @@ def quantize_fp8(model: nn.Module, calib_inputs: list[tuple] | None = None, *, a
         raise ValueError(f"min_features: expected an integer >= 1, got {min_features!r}")
 
     report = FP8Report(activations)
-    plan: dict[nn.Module, str] = {}
-    for name, m, parent in linears(model):
-        reason = "skipped by request" if name in skip else why_float_fp8(m, parent, min_features)
-        if reason is None:
-            plan[m] = name
-        else:
-            report.kept.append(KeptLayer(name, type(m).__name__, reason))
+    plan = plan_layers(linears(model), skip, lambda m, parent: why_float_fp8(m, parent, min_features), report.kept)
     if not plan:
         return model, report
 
     at = [0]  # the calibration input being run (for error messages)
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    handles: list[Any] = []
     ref_outputs = q_outputs = None
-    try:
-        with torch.no_grad():
-            observers = {}
-            if calib_inputs is not None:
-                # 1. The float model's outputs (for the end-to-end error) and, for static scales, its layer inputs.
-                called: set[nn.Module] = set()
-                observers = {m: make_observer(observer) for m in plan} if activations == "static" else {}
+    with calibrating(model) as hooks:
+        observers = {}
+        if calib_inputs is not None:
+            # 1. The float model's outputs (for the end-to-end error) and, for static scales, its layer inputs.
+            called: set[nn.Module] = set()
+            observers = {m: make_observer(observer) for m in plan} if activations == "static" else {}
 
-                def observe_hook(m, args):
-                    x = args[0] if args else None
-                    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != m.in_features:
-                        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                        raise ValueError(f"calib_inputs[{at[0]}]: Linear {plan[m] or '<model>'!r} expects an input "
-                                         f"[..., {m.in_features}], got {got}")
-                    if m in observers:
-                        observers[m].observe(x)
-                    called.add(m)
+            def observe_hook(m, args):
+                x = args[0] if args else None
+                if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != m.in_features:
+                    got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                    raise ValueError(f"calib_inputs[{at[0]}]: Linear {plan[m] or '<model>'!r} expects an input "
+                                     f"[..., {m.in_features}], got {got}")
+                if m in observers:
+                    observers[m].observe(x)
+                called.add(m)
 
-                handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
-                ref_outputs = _run(model, calib_inputs, at)
-                for h in handles:
-                    h.remove()
-                if activations == "static":
-                    for m in [m for m in plan if m not in called]:
-                        report.kept.append(KeptLayer(plan.pop(m), type(m).__name__,
-                                                     "not called on the calibration inputs (no input scale)"))
+            hooks += [m.register_forward_pre_hook(observe_hook) for m in plan]
+            ref_outputs = _run(model, calib_inputs, at)
+            for h in hooks:
+                h.remove()
+            if activations == "static":
+                for m in [m for m in plan if m not in called]:
+                    report.kept.append(KeptLayer(plan.pop(m), type(m).__name__,
+                                                 "not called on the calibration inputs (no input scale)"))
 
-            # 2. Build the fp8 layers and swap them in wherever each layer is held.
-            scales = {m: max(observers[m].threshold(), FP8_MIN_AMAX) / FP8_E4M3_MAX for m in observers if m in plan}
-            quant = {m: FP8Linear(m, scales.get(m)) for m in plan}
-            new_model = swap(model, quant)
+        # 2. Build the fp8 layers and swap them in wherever each layer is held.
+        scales = {m: max(observers[m].threshold(), FP8_MIN_AMAX) / FP8_E4M3_MAX for m in observers if m in plan}
+        quant = {m: FP8Linear(m, scales.get(m)) for m in plan}
+        new_model = swap(model, quant)
 
-            # 3. Per-layer error against the float layer in fp32 on the quantized model's own layer inputs.
-            stats = {q: _ErrorStats() for q in quant.values()}
-            if calib_inputs is not None:
-                floats = {q: m for m, q in quant.items()}
+        # 3. Per-layer error against the float layer in fp32 on the quantized model's own layer inputs.
+        stats = {q: _ErrorStats() for q in quant.values()}
+        if calib_inputs is not None:
+            floats = {q: m for m, q in quant.items()}
 
-                def error_hook(q, args, out):
-                    m = floats[q]
-                    ref = nn.functional.linear(args[0].float(), m.weight.float(),
-                                               None if m.bias is None else m.bias.float())
-                    stats[q].add(out, ref)
+            def error_hook(q, args, out):
+                m = floats[q]
+                ref = nn.functional.linear(args[0].float(), m.weight.float(),
+                                           None if m.bias is None else m.bias.float())
+                stats[q].add(out, ref)
 
-                handles = [q.register_forward_hook(error_hook) for q in quant.values()]
-                q_outputs = _run(new_model, calib_inputs, at)
-    finally:
-        for h in handles:
-            h.remove()
-        for m, training in modes.items():
-            m.training = training
+            hooks += [q.register_forward_hook(error_hook) for q in quant.values()]
+            q_outputs = _run(new_model, calib_inputs, at)
     if new_model is not model:
         new_model.train(model.training)
 

@@ -26,8 +26,10 @@ tensor arguments against 1831 (benchmarks/sweeps/launch_count.py; before: 77 ker
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 import operator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -632,6 +634,38 @@ def _check_calib_inputs(calib_inputs) -> list[tuple]:
     return list(calib_inputs)
 
 
+def plan_layers(candidates: Iterable[tuple[str, nn.Module, Any]], skip: Collection[str],
+                why_float: Callable[[nn.Module, Any], str | None], kept: list[KeptLayer]) -> dict[nn.Module, str]:
+    """module -> name of the layers to quantize among ``candidates`` (name, module, its parent): each one not
+    named in ``skip`` and for which ``why_float(module, parent)`` gives no reason; the others go to ``kept``
+    with their reason."""
+    plan: dict[nn.Module, str] = {}
+    for name, m, parent in candidates:
+        reason = "skipped by request" if name in skip else why_float(m, parent)
+        if reason is None:
+            plan[m] = name
+        else:
+            kept.append(KeptLayer(name, type(m).__name__, reason))
+    return plan
+
+
+@contextlib.contextmanager
+def calibrating(model: nn.Module) -> Iterator[list]:
+    """Calibration of ``model``: eval mode and no_grad; yields a list for the hook handles registered meanwhile.
+    Afterwards (also on an error) those hooks are removed and every module's training flag is restored."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    hooks: list = []
+    try:
+        with torch.no_grad():
+            yield hooks
+    finally:
+        for h in hooks:
+            h.remove()  # one already removed: a no-op
+        for m, training in modes.items():
+            m.training = training
+
+
 def _run(model: nn.Module, calib_inputs: list[tuple], at: list[int]) -> list:
     """Forward every calibration input (``at[0]`` = the index being run, for error messages); the outputs."""
     outputs = []
@@ -668,98 +702,88 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     make_observer(observer)  # validate before running anything
     report = QuantReport()
     parents = {child: parent for parent in model.modules() for child in parent.children()}
-    plan: dict[nn.Module, str] = {}
-    seen: set[nn.Module] = set()
-    for name, m in model.named_modules():  # named_modules yields a shared module once, under its first name
-        kind = _kind(m)
-        if kind is None or m in seen or (kind == "conv" and not convs) or (kind == "linear" and not linears):
-            continue
-        seen.add(m)
-        reason = "skipped by request" if name in skip else _why_float(m, parents.get(m), min_channels)
-        if reason is None:
-            plan[m] = name
-        else:
-            report.kept.append(KeptLayer(name, type(m).__name__, reason))
+
+    def candidates():
+        seen: set[nn.Module] = set()
+        for name, m in model.named_modules():  # named_modules yields a shared module once, under its first name
+            kind = _kind(m)
+            if kind is None or m in seen or (kind == "conv" and not convs) or (kind == "linear" and not linears):
+                continue
+            seen.add(m)
+            yield name, m, parents.get(m)
+
+    plan = plan_layers(candidates(), skip, lambda m, parent: _why_float(m, parent, min_channels), report.kept)
     if not plan:
         return model, report
 
     at = [0]  # the calibration input being run
-    modes = {m: m.training for m in model.modules()}  # restored module by module afterwards
-    model.eval()
-    handles = []
-    try:
-        with torch.no_grad():
-            # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
-            observers = {m: make_observer(observer) for m in plan}
-            called: set[nn.Module] = set()
-            nonneg: dict[nn.Module, bool] = {}
-            # the residual inputs too (int8_residual): a shortcut conv's output gets its scale from these
-            res_obs = {m: make_observer(observer) for m in plan if int8_residual and getattr(m, "has_residual", False)}
-            res_nonneg: dict[nn.Module, bool] = {}
+    with calibrating(model) as hooks:
+        # 1. Observe the float model's layer inputs; keep its outputs for the end-to-end error.
+        observers = {m: make_observer(observer) for m in plan}
+        called: set[nn.Module] = set()
+        nonneg: dict[nn.Module, bool] = {}
+        # the residual inputs too (int8_residual): a shortcut conv's output gets its scale from these
+        res_obs = {m: make_observer(observer) for m in plan if int8_residual and getattr(m, "has_residual", False)}
+        res_nonneg: dict[nn.Module, bool] = {}
 
-            x_sums: dict[nn.Module, list] = {}  # bias_correction: per input channel [sum, count]
+        x_sums: dict[nn.Module, list] = {}  # bias_correction: per input channel [sum, count]
 
-            def observe_hook(m, args):
-                x = _layer_input(plan[m], m, args, at[0])
-                observers[m].observe(x)
-                called.add(m)
-                if bias_correction:
-                    xf = x.detach().float()
-                    part = (xf.reshape(-1, xf.shape[-1]).sum(0), xf.numel() // xf.shape[-1]) if isinstance(
-                        m, nn.Linear) else (xf.sum((0, 2, 3)), xf.numel() // xf.shape[1])
-                    acc = x_sums.setdefault(m, [0.0, 0])
-                    acc[0], acc[1] = acc[0] + part[0], acc[1] + part[1]
-                if unsigned and not isinstance(m, nn.Linear):
-                    nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
-                if m in res_obs and len(args) > 1 and isinstance(args[1], torch.Tensor):
-                    res_obs[m].observe(args[1])
-                    res_nonneg[m] = res_nonneg.get(m, True) and bool((args[1] >= 0).all())
+        def observe_hook(m, args):
+            x = _layer_input(plan[m], m, args, at[0])
+            observers[m].observe(x)
+            called.add(m)
+            if bias_correction:
+                xf = x.detach().float()
+                part = (xf.reshape(-1, xf.shape[-1]).sum(0), xf.numel() // xf.shape[-1]) if isinstance(
+                    m, nn.Linear) else (xf.sum((0, 2, 3)), xf.numel() // xf.shape[1])
+                acc = x_sums.setdefault(m, [0.0, 0])
+                acc[0], acc[1] = acc[0] + part[0], acc[1] + part[1]
+            if unsigned and not isinstance(m, nn.Linear):
+                nonneg[m] = nonneg.get(m, True) and bool((x >= 0).all())
+            if m in res_obs and len(args) > 1 and isinstance(args[1], torch.Tensor):
+                res_obs[m].observe(args[1])
+                res_nonneg[m] = res_nonneg.get(m, True) and bool((args[1] >= 0).all())
 
-            handles = [m.register_forward_pre_hook(observe_hook) for m in plan]
-            ref_outputs = _run(model, calib_inputs, at)
-            for h in handles:
-                h.remove()
-            for m in [m for m in plan if m not in called]:
-                report.kept.append(KeptLayer(plan.pop(m), type(m).__name__, "not called on the calibration inputs"))
-
-            # 2. Build the int8 layers; swap them in wherever each layer is held; fuse requantization.
-            for m in plan:
-                if nonneg.get(m, False):
-                    observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
-            quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
-            for m, (total, count) in x_sums.items():
-                q = quant[m]
-                corr = weight_bias_correction(q, m.weight, getattr(m, "groups", 1), total / max(count, 1))
-                q.bias = corr if q.bias is None else q.bias + corr
-            for m, o in res_obs.items():
-                if m in res_nonneg:
-                    if unsigned and res_nonneg[m]:
-                        o.levels = 2 * INT8_MAX + 1
-                    quant[m].residual_calib = (o.scale(), bool(unsigned and res_nonneg[m]))
-            new_model: nn.Module = swap(model, quant)
-            int8_out, dual_out = (_fuse_requant(new_model, int8_residual)
-                                  if requant and isinstance(new_model, fx.GraphModule) else (set(), set()))
-
-            # 3. Per-layer error: each int8 layer against its float layer in fp32 on the same input (that of
-            #    the quantized model, so earlier layers' errors are not counted again). An int8 output is
-            #    compared dequantized: its requantization counts as this layer's error.
-            stats = {q: _ErrorStats() for q in quant.values()}
-            floats = {q: m for m, q in quant.items()}
-
-            def error_hook(q, args, out):
-                if isinstance(out, tuple):  # dual_out: (float, int8) of the same y; judge the float one
-                    out = out[0]
-                ref = _float_reference(floats[q], q, args)
-                y = (out.float() - q.out_zero_point) * q.out_scale if out.dtype == torch.int8 else out
-                stats[q].add(y, ref)
-
-            handles = [q.register_forward_hook(error_hook) for q in quant.values()]
-            q_outputs = _run(new_model, calib_inputs, at)
-    finally:
-        for h in handles:
+        hooks += [m.register_forward_pre_hook(observe_hook) for m in plan]
+        ref_outputs = _run(model, calib_inputs, at)
+        for h in hooks:
             h.remove()
-        for m, training in modes.items():
-            m.training = training
+        for m in [m for m in plan if m not in called]:
+            report.kept.append(KeptLayer(plan.pop(m), type(m).__name__, "not called on the calibration inputs"))
+
+        # 2. Build the int8 layers; swap them in wherever each layer is held; fuse requantization.
+        for m in plan:
+            if nonneg.get(m, False):
+                observers[m].levels = 2 * INT8_MAX + 1  # 255 steps over [0, threshold]
+        quant = {m: _quantized(m, observers[m].scale(), nonneg.get(m, False)) for m in plan}
+        for m, (total, count) in x_sums.items():
+            q = quant[m]
+            corr = weight_bias_correction(q, m.weight, getattr(m, "groups", 1), total / max(count, 1))
+            q.bias = corr if q.bias is None else q.bias + corr
+        for m, o in res_obs.items():
+            if m in res_nonneg:
+                if unsigned and res_nonneg[m]:
+                    o.levels = 2 * INT8_MAX + 1
+                quant[m].residual_calib = (o.scale(), bool(unsigned and res_nonneg[m]))
+        new_model: nn.Module = swap(model, quant)
+        int8_out, dual_out = (_fuse_requant(new_model, int8_residual)
+                              if requant and isinstance(new_model, fx.GraphModule) else (set(), set()))
+
+        # 3. Per-layer error: each int8 layer against its float layer in fp32 on the same input (that of
+        #    the quantized model, so earlier layers' errors are not counted again). An int8 output is
+        #    compared dequantized: its requantization counts as this layer's error.
+        stats = {q: _ErrorStats() for q in quant.values()}
+        floats = {q: m for m, q in quant.items()}
+
+        def error_hook(q, args, out):
+            if isinstance(out, tuple):  # dual_out: (float, int8) of the same y; judge the float one
+                out = out[0]
+            ref = _float_reference(floats[q], q, args)
+            y = (out.float() - q.out_zero_point) * q.out_scale if out.dtype == torch.int8 else out
+            stats[q].add(y, ref)
+
+        hooks += [q.register_forward_hook(error_hook) for q in quant.values()]
+        q_outputs = _run(new_model, calib_inputs, at)
     if new_model is not model:
         new_model.train(model.training)
 

@@ -111,7 +111,8 @@ def _store_module(module: nn.Module, inputs: tuple, prefer: str, d: Path, want: 
                                                f"{[list(x.shape) for x in end if isinstance(x, torch.Tensor)]}")
                 torch.export.save(ep, d / "model.pt2")
                 # No range constraint: every dim specialized (a batch of 1 always is): fixed shapes.
-                static = None if ep.range_constraints else "static shapes: the saved model takes the example shapes only"
+                static = (None if ep.range_constraints
+                          else "static shapes: the saved model takes the example shapes only")
                 return "export", "model.pt2", static
             except Exception as e:  # noqa: BLE001 - export refuses many real models; pickle is the fallback
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -29,7 +29,7 @@ from torch import nn
 from warpforge.kernels.gemv import linear
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.quant_linear import QuantizedWeight, packed_view, quantize_weight
-from warpforge.optimize.quant import KeptLayer, swap
+from warpforge.optimize.quant import KeptLayer, plan_layers, swap
 
 __all__ = ["SCHEMES", "LayerWeightReport", "WeightOnlyLinear", "WeightOnlyReport", "quantize_weights"]
 
@@ -196,11 +196,8 @@ def quantize_weights(model: nn.Module, precision: str = "w8", *, dtype: torch.dt
     float_dtype = dtype or (found[0][1].weight.dtype if found else torch.float32)
     report = WeightOnlyReport(precision, scheme, str(float_dtype).removeprefix("torch."))
     new: dict[nn.Module, nn.Module] = {}
-    for name, m, parent in found:
-        reason = "skipped by request" if name in skip else why_float(m, parent, min_features)
-        if reason is not None:
-            report.kept.append(KeptLayer(name, type(m).__name__, reason))
-            continue
+    plan = plan_layers(found, skip, lambda m, parent: why_float(m, parent, min_features), report.kept)
+    for m, name in plan.items():
         q = WeightOnlyLinear(m, scheme, dtype)
         w = m.weight.detach().to(q.dtype)
         err = (q.packed().dequantize().float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from warpforge._factory import accepts, load_factory
+from warpforge._factory import call_factory, load_factory
 
 FORMS = ("path/to/file.py:factory", "package.module:factory", "bench:SUITE/CASE[@PEER]", "llm:CHECKPOINT",
          "llm-prefill:CHECKPOINT", "a zoo model NAME", "optimized:NAME")
@@ -156,15 +156,8 @@ def _to(x: Any, dev: torch.device) -> Any:
 
 
 def _from_factory(spec: str, factory: Callable, shapes: list[tuple[int, ...]] | None, dev: torch.device) -> Target:
-    kwargs: dict[str, Any] = {}
-    if shapes and accepts(factory, "input_shape"):
-        kwargs["input_shape"] = shapes if len(shapes) > 1 else shapes[0]
-    if accepts(factory, "device"):
-        kwargs["device"] = dev
-    try:
-        out = factory(**kwargs)
-    except Exception as e:
-        raise TargetError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    offered = {"input_shape": shapes if len(shapes) > 1 else shapes[0], "device": dev} if shapes else {"device": dev}
+    out, kwargs = call_factory(factory, offered, spec, TargetError)
     if shapes and "input_shape" not in kwargs and not (callable(out) and not isinstance(out, (tuple, dict))):
         raise TargetError(f"--input-shape: {spec}'s factory takes no input_shape argument and returns its own "
                           "inputs, so the shape would be ignored; drop --input-shape, or give the factory an "

@@ -9,21 +9,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from warpforge._lazy import lazy_exports
 
 _LAZY = {"ServeConfig": "config", "create_app": "app", "serve": "server", "build_llm": "server"}
 
 __all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"warpforge.serve.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'warpforge.serve' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -6,17 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 from warpforge import dtypes
+from warpforge._validate import check_int
 
 DTYPES = ("auto", *dtypes.SHORT)  # documented; every spelling of warpforge.dtypes is taken
 TORCH_DTYPES = {"auto": None, **dtypes.TORCH_NAMES}
 KV_CACHE_DTYPES = ("auto", "fp8")  # llm.engine_config.KV_CACHE_DTYPES, spelled out: this module stays torch-free
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this gets 413 (a 100k-token prompt as JSON is ~0.5 MB)
-
-
-def _int(name: str, value, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name}: expected an integer {rng}, got {value!r}")
 
 
 @dataclass
@@ -69,19 +64,19 @@ class ServeConfig:
             raise ValueError("model: expected a checkpoint (or a served_model_name), got neither")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host: expected an address such as 127.0.0.1 or 0.0.0.0, got {self.host!r}")
-        _int("port", self.port, 0, 65535)
+        check_int("port", self.port, 0, 65535)
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key: expected a non-empty string")
         if self.max_model_len is not None:
-            _int("max_model_len", self.max_model_len, 2)
-        _int("max_num_seqs", self.max_num_seqs, 1)
-        _int("max_queue", self.max_queue, 0)
+            check_int("max_model_len", self.max_model_len, 2)
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("max_queue", self.max_queue, 0)
         self.dtype = dtypes.short_name(self.dtype, auto=True)  # "float16" -> "fp16": what TORCH_DTYPES keys
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):
             raise ValueError("chat_template: expected non-empty jinja text")
-        _int("max_body_bytes", self.max_body_bytes, 1024)
+        check_int("max_body_bytes", self.max_body_bytes, 1024)
         g = self.shutdown_grace_s
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
             raise ValueError(f"shutdown_grace_s: expected a number of seconds >= 0, got {g!r}")

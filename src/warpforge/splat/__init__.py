@@ -12,8 +12,7 @@ render the tests hold it to. Names load on first use, so
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from warpforge._lazy import lazy_exports
 
 _LAZY = {
     "rasterize": "render",
@@ -25,15 +24,4 @@ _LAZY = {
 }
 
 __all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"warpforge.splat.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'warpforge.splat' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from warpforge._validate import check_int
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import use_triton
 from warpforge.splat import reference as ref
@@ -160,11 +161,6 @@ def _check(name: str, t, shape: tuple, dtype: torch.dtype, device) -> None:
         raise ValueError(f"{name} must be on {device} like means2d, got {t.device}")
 
 
-def _check_int(name: str, v, lo: int = 1) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-
-
 def _check_bits(n_cameras: int, tile_width: int, tile_height: int) -> int:
     tile_bits, cam_bits = ref.isect_bits(n_cameras, tile_width, tile_height)
     if tile_bits + cam_bits > 31:  # the key stays a positive int64
@@ -196,9 +192,9 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     _check("depths", depths, (C, N), torch.float32, dev)
     _check("conics", conics, (C, N, 3), torch.float32, dev)
     _check("opacities", opacities, (C, N), torch.float32, dev)
-    _check_int("tile_size", tile_size)
-    _check_int("tile_width", tile_width)
-    _check_int("tile_height", tile_height)
+    check_int("tile_size", tile_size, 1)
+    check_int("tile_width", tile_width, 1)
+    check_int("tile_height", tile_height, 1)
     tile_bits = _check_bits(C, tile_width, tile_height)
     if not use_triton(means2d):
         with torch.no_grad():  # integer outputs: no graph through the (differentiable) inputs
@@ -248,9 +244,9 @@ def tile_offsets(isect_ids: torch.Tensor,  # [M] int64, sorted
         raise ValueError("isect_ids must be a 1-D int64 tensor, got "
                          + (f"{list(isect_ids.shape)} {isect_ids.dtype}" if isinstance(isect_ids, torch.Tensor)
                             else type(isect_ids).__name__))
-    _check_int("n_cameras", n_cameras)
-    _check_int("tile_width", tile_width)
-    _check_int("tile_height", tile_height)
+    check_int("n_cameras", n_cameras, 1)
+    check_int("tile_width", tile_width, 1)
+    check_int("tile_height", tile_height, 1)
     tile_bits = _check_bits(n_cameras, tile_width, tile_height)
     if not use_triton(isect_ids):
         return ref.tile_offsets_reference(isect_ids, n_cameras, tile_width, tile_height)

@@ -27,6 +27,7 @@ import torch
 
 from warpforge.bench.compare import _short
 from warpforge.bench.suite import Run
+from warpforge.bench.suites import _session
 from warpforge.timing import time_interleaved
 
 OURS = "ours"
@@ -350,50 +351,21 @@ def time_stages(run: Callable[[dict, _Clock], None], scene: dict, device: torch.
 
 # ---- the session ------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Protocol:
-    """Harness timing: ``blocks`` calls of time_interleaved, each ``warmup`` + ``rep`` calls of everyone."""
-
-    warmup: int
-    rep: int
-    blocks: int
-
+class Protocol(_session.Protocol):
     def as_timing(self, device_note: str) -> dict[str, Any]:
         return {"method": f"warpforge.timing.time_interleaved, L2 flushed, host not hidden ({device_note})",
                 "warmup": self.warmup, "rep": self.rep, "blocks": self.blocks, "interleaved": True,
                 "statistic": "ms: median of the block medians; p20/p80 across blocks"}
 
 
-class Session:
+class Session(_session.CaseSession):
     """Builds, checks, measures and times every candidate of one case once; each callable reads its share."""
 
     def __init__(self, workload: Workload, names: list[str], protocol: Protocol, *, stages: bool = False) -> None:
         if names[0] != OURS:
             raise ValueError(f"names must start with {OURS!r}, got {names}")
-        self.workload, self.names, self.protocol, self.stages = workload, names, protocol, stages
-        self._results: dict[str, list[Run] | str] | None = None
-        self._unread: set[str] = set()
-        self._correct: dict[str, Any] | None = None
-
-    def fn(self, name: str) -> Callable[[torch.device, int], list[Run]]:
-        """The EndToEndCase run function of candidate ``name`` (rep: ignored, the protocol decides)."""
-        def run(device: torch.device, rep: int) -> list[Run]:
-            if self._results is None:
-                try:
-                    self._results = self._measure(device)
-                except Exception as e:  # noqa: BLE001 - measured once: every callable reports the failure
-                    self._results = {n: f"session failed: {_short(e)}" for n in self.names}
-                    print(f"{self.workload.label}: the session failed:\n{traceback.format_exc(limit=-16)}",
-                          file=sys.stderr)
-                self._unread = set(self.names)
-            got = self._results[name]
-            self._unread.discard(name)
-            if not self._unread:  # every callable has read its share: a re-run measures again
-                self._results = None
-            if isinstance(got, str):
-                raise RuntimeError(got)
-            return got
-        return run
+        super().__init__(names, workload.label)
+        self.workload, self.protocol, self.stages = workload, protocol, stages
 
     def check(self, ours: Any, _peer: Any) -> dict[str, Any]:
         """EndToEndCase.check (check_against None): what the session compared in the same run."""

@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from warpforge import timing
 from warpforge.bench.compare import _short
 from warpforge.bench.suite import Run
+from warpforge.bench.suites import _session
 # The peers' names (vision.py and the tests read them here) and their builders:
 from warpforge.bench.suites._vision_peers import (COMPILE, COMPILE_MAX, CONVNETS, EAGER16, GRAPH,  # noqa: F401
                                                   PEERS, REFERENCE, Shared)
@@ -110,7 +111,8 @@ def _random_batches(make: Callable[[torch.Generator], tuple], seeds: range, devi
     return [tuple(t.to(device) for t in make(torch.Generator().manual_seed(s))) for s in seeds]
 
 
-def photo_batches(batch: int, device: torch.device, *, size: int, **views: Any) -> tuple[list[tuple[torch.Tensor]], int]:
+def photo_batches(batch: int, device: torch.device, *, size: int,
+                  **views: Any) -> tuple[list[tuple[torch.Tensor]], int]:
     """The zoo's validation views of the real photos (``images.views``: scikit-image's and scikit-learn's
     natural photos at three scales x five crops x mirrored) in batches, and how many distinct views."""
     from warpforge.models import images
@@ -396,14 +398,7 @@ def count_flops(model: nn.Module, inputs: tuple) -> float:
 
 # ---- the session --------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Protocol:
-    """Harness timing: ``blocks`` calls of time_interleaved, each ``warmup`` + ``rep`` calls of everyone."""
-
-    warmup: int
-    rep: int
-    blocks: int
-
+class Protocol(_session.Protocol):
     def as_timing(self, device_note: str) -> dict[str, Any]:
         return {"method": f"warpforge.timing.time_interleaved, no CUDA-graph wrapper, host not hidden ({device_note})",
                 "warmup": self.warmup, "rep": self.rep, "blocks": self.blocks, "interleaved": True,
@@ -413,38 +408,16 @@ class Protocol:
                              "within the median block"}
 
 
-class Session:
+class Session(_session.CaseSession):
     """Builds, checks and times every candidate of one case once; each callable reads its share."""
 
     def __init__(self, workload: Workload, names: list[str], protocol: Protocol, *, judge_top1: bool = False,
                  min_top1: float | None = None, top1_tie: float | None = None) -> None:
         if names[0] != REFERENCE or OURS not in names:
             raise ValueError(f"names must start with {REFERENCE!r} and hold {OURS!r}, got {names}")
-        self.workload, self.names, self.protocol = workload, names, protocol
+        super().__init__(names, f"{workload.model} batch {workload.batch}")
+        self.workload, self.protocol = workload, protocol
         self.judge_top1, self.min_top1, self.top1_tie = judge_top1, min_top1, top1_tie
-        self._results: dict[str, list[Run] | str] | None = None
-        self._unread: set[str] = set()
-
-    def fn(self, name: str) -> Callable[[torch.device, int], list[Run]]:
-        """The EndToEndCase run function of candidate ``name`` (rep: ignored, the protocol decides)."""
-        def run(device: torch.device, rep: int) -> list[Run]:
-            if self._results is None:
-                try:
-                    self._results = self._measure(device)
-                except Exception as e:  # noqa: BLE001 - measured once: every callable reports the failure
-                    self._results = {n: f"session failed: {_short(e)}" for n in self.names}
-                    # the record keeps the message; where it failed (a kernel fault needs the frames) goes to stderr
-                    print(f"{self.workload.model} batch {self.workload.batch}: the session failed:\n"
-                          f"{traceback.format_exc(limit=-16)}", file=sys.stderr)
-                self._unread = set(self.names)
-            got = self._results[name]
-            self._unread.discard(name)
-            if not self._unread:  # every callable has read its share: a re-run measures again
-                self._results = None
-            if isinstance(got, str):
-                raise RuntimeError(got)
-            return got
-        return run
 
     def check(self, ours: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
         """EndToEndCase.check: ours' validation outputs against eager fp32's, in the same run."""

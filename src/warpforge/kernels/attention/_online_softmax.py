@@ -75,6 +75,25 @@ def _load_tile(base, row_off, offs_d, n_ok, d_ok, MASK: tl.constexpr, PAD_D: tl.
 
 
 @triton.jit
+def head_scales(k_scale, v_scale, kvh, sm_scale, softcap, FP8: tl.constexpr):
+    """(v_scale, qk_scale, cap_scale, cap_log2) of KV head ``kvh`` for the paged kernels. fp8 pages carry
+    per-head scales: k's folds into the logit scales, v's multiplies the output (16-bit pages: 1). With
+    fp8 pages the callers run the dots in fp16: e4m3 -> fp16 is one conversion per element pair, -> bf16
+    costs a second one per element, and at fp8 streaming rates that ALU work matters (a bf16 query must
+    then stay within fp16's +-65504, true of attention queries in practice)."""
+    if FP8:
+        ks = tl.load(k_scale + kvh)
+        vs = tl.load(v_scale + kvh)
+    else:
+        ks = 1.0
+        vs = 1.0
+    qk_scale = sm_scale * ks * 1.4426950408889634  # log2(e): the loops work in exp2
+    cap_scale = sm_scale * ks / softcap
+    cap_log2 = softcap * 1.4426950408889634
+    return vs, qk_scale, cap_scale, cap_log2
+
+
+@triton.jit
 def attend_blocks(acc, l_i, m_i, q, q_pos,
                   k_base, v_base, stride_kn, stride_vn,
                   page_row, num_pages, stride_kp, stride_vp,
@@ -181,21 +200,18 @@ def attend_span(acc, l_i, m_i, q, q_pos,
     never compiled for sm_90. tests/kernels/attention/_sm90_compile.py compiles that case.
     """
     if MASK_LEFT:
-        acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                      page_row, num_pages, stride_kp, stride_vp,
-                                      k_desc, v_desc, desc_b, desc_row, desc_h,
+        acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn, page_row,
+                                      num_pages, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
                                       lo, full_lo, seqlen_k, window_left, window_right, qk_scale, cap_scale,
                                       cap_log2, BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
                                       PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
     acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                  page_row, num_pages, stride_kp, stride_vp,
-                                  k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  page_row, num_pages, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
                                   full_lo, full_hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
                                   BLOCK_N, BLOCK_D, HEAD_DIM, False, MASK_LEFT, MASK_RIGHT, SOFTCAP,
                                   PAGED, PAGE_SIZE, TMA, DOT_PRECISION)
     acc, l_i, m_i = attend_blocks(acc, l_i, m_i, q, q_pos, k_base, v_base, stride_kn, stride_vn,
-                                  page_row, num_pages, stride_kp, stride_vp,
-                                  k_desc, v_desc, desc_b, desc_row, desc_h,
+                                  page_row, num_pages, stride_kp, stride_vp, k_desc, v_desc, desc_b, desc_row, desc_h,
                                   full_hi, hi, seqlen_k, window_left, window_right, qk_scale, cap_scale, cap_log2,
                                   BLOCK_N, BLOCK_D, HEAD_DIM, True, MASK_LEFT, MASK_RIGHT, SOFTCAP,
                                   PAGED, PAGE_SIZE, TMA, DOT_PRECISION)

@@ -18,7 +18,7 @@ import torch
 
 from warpforge.kernels._checks import refuse_interpreted_bf16, resolve_check_values
 from warpforge.kernels._dispatch import INTERPRET, use_triton
-from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
+from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, head_scales, key_range
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.attention.prefill import (FP32_CONFIG, INTERPRET_CONFIG, AttentionConfig,
                                                  check_attention_options)
@@ -68,19 +68,9 @@ def _chunked_kernel(Q, KC, VC, block_tables, num_pages, seq_lens, cu_q, k_scale,
     max_pos = ctx + tl.minimum(q_len, (pid_m + 1) * BLOCK_Q) - 1
     lo, full_lo, full_hi, hi = key_range(min_pos, max_pos, L, window_left, 0, BLOCK_N, MASK_LEFT, True)
 
-    if FP8:  # per-head scales: k's folds into the logit scale, v's into the output
-        ks = tl.load(k_scale + kvh)
-        vs = tl.load(v_scale + kvh)
-        # e4m3 -> fp16 is one conversion per element pair, -> bf16 costs a second one per element:
-        # at fp8 streaming rates that ALU work matters, so the dots run in fp16 (a bf16 query must
-        # then stay within fp16's +-65504, true of attention queries in practice).
-        q = q.to(tl.float16)
-    else:
-        ks = 1.0
-        vs = 1.0
-    qk_scale = sm_scale * ks * 1.4426950408889634  # log2(e): the loop works in exp2
-    cap_scale = sm_scale * ks / softcap
-    cap_log2 = softcap * 1.4426950408889634
+    vs, qk_scale, cap_scale, cap_log2 = head_scales(k_scale, v_scale, kvh, sm_scale, softcap, FP8)
+    if FP8:
+        q = q.to(tl.float16)  # see head_scales
 
     k_base = KC + kvh.to(tl.int64) * stride_kh
     v_base = VC + kvh.to(tl.int64) * stride_vh

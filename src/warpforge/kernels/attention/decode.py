@@ -25,7 +25,7 @@ import torch
 
 from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
-from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, key_range
+from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, head_scales, key_range
 from warpforge.kernels.attention._qk_fp8 import attend_span_qk8, quantize_rows_e4m3
 from warpforge.kernels.attention.kv_cache import PagedKVCache, check_paged_inputs
 from warpforge.kernels.attention.prefill import check_attention_options
@@ -220,20 +220,10 @@ def _decode_kernel(Q, KC, VC, block_tables, num_pages, seq_lens, k_scale, v_scal
     a = tl.minimum(tl.maximum(full_lo, s_lo), s_hi)
     c = tl.minimum(tl.maximum(full_hi, a), s_hi)
 
-    if FP8:  # per-head scales: k's folds into the logit scale, v's into the output
-        ks = tl.load(k_scale + kvh)
-        vs = tl.load(v_scale + kvh)
-        # e4m3 -> fp16 is one conversion per element pair, -> bf16 costs a second one per element:
-        # at fp8 streaming rates that ALU work matters, so the dots run in fp16 (a bf16 query must
-        # then stay within fp16's +-65504, true of attention queries in practice).
+    vs, qk_scale, cap_scale, cap_log2 = head_scales(k_scale, v_scale, kvh, sm_scale, softcap, FP8)
+    if FP8:
         if not QK_FP8:
-            q = q.to(tl.float16)
-    else:
-        ks = 1.0
-        vs = 1.0
-    qk_scale = sm_scale * ks * 1.4426950408889634  # log2(e): the loop works in exp2
-    cap_scale = sm_scale * ks / softcap
-    cap_log2 = softcap * 1.4426950408889634
+            q = q.to(tl.float16)  # see head_scales
 
     k_base = KC + kvh.to(tl.int64) * stride_kh
     v_base = VC + kvh.to(tl.int64) * stride_vh
@@ -347,7 +337,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tenso
     """
     check_paged_inputs(q, cache, block_tables, seq_lens, check_values=check_values)
     if q.dim() != 3 or q.shape[0] != block_tables.shape[0]:
-        raise ValueError(f"q: expected [B={block_tables.shape[0]}, Hq, D] (one token per sequence), got {tuple(q.shape)}")
+        raise ValueError(f"q: expected [B={block_tables.shape[0]}, Hq, D] (one token per sequence), "
+                         f"got {tuple(q.shape)}")
     left, _ = attention_window(window, causal=True)
     scale = check_attention_options(q, scale, softcap, out)
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):

@@ -10,25 +10,20 @@ and the MLP outputs are normalized again before they join the residual stream.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from warpforge.llm.config import ModelConfig
-from warpforge.llm.layers import Attention, GatedMLP, Rotary
-from warpforge.llm.models.decoder import CausalLM, norm
+from warpforge.llm.layers import Rotary
+from warpforge.llm.models.decoder import CausalLM, DecoderLayer, norm
 
 
-class Gemma3DecoderLayer(nn.Module):
-    """x + post_attn_norm(attn(input_norm(x))), then + post_ff_norm(mlp(pre_ff_norm(.)))."""
+class Gemma3DecoderLayer(DecoderLayer):
+    """x + post_attn_norm(attn(input_norm(x))), then + post_ff_norm(mlp(pre_ff_norm(.))). With
+    CausalLM.fuse_norms the input and pre-ff norms run inside qkv_proj / gate_up_proj."""
 
     def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
-        super().__init__()
-        self.self_attn = Attention(config, layer, rotary)
-        self.mlp = GatedMLP(config)
-        self.input_layernorm = norm(config)
-        self.post_attention_layernorm = norm(config)
+        super().__init__(config, layer, rotary)
         self.pre_feedforward_layernorm = norm(config)
         self.post_feedforward_layernorm = norm(config)
-        self.fused_norm = False  # CausalLM.fuse_norms: input and pre-ff norms inside qkv_proj / gate_up_proj
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None):
         # x [T, H]: the previous layer's (post-normed) output, not yet added to the residual stream. The

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
+
+
+def require_graph(model: nn.Module, pass_name: str) -> None:
+    """ValueError unless ``model`` is an FX graph, the only thing a rewriting pass takes."""
+    if not isinstance(model, fx.GraphModule):
+        raise ValueError(f"{pass_name} needs a torch.fx.GraphModule (see optimize.capture), got {type(model).__name__}")
+
+
+def prepare(model: nn.Module, pass_name: str, ctx) -> tuple[dict[str, int], dict[int, int]]:
+    """A fusing pass's start: ``model`` checked (:func:`require_graph`), the shapes of the PassContext's example
+    inputs propagated when it has some (a fused add must not broadcast); its :func:`call_sites` and :func:`aliases`."""
+    require_graph(model, pass_name)
+    if ctx.example_inputs:
+        propagate_shapes(model, ctx.example_inputs)
+    return call_sites(model), aliases(model)
 
 
 def propagate_shapes(gm: fx.GraphModule, example_inputs: tuple) -> None:
@@ -31,6 +48,16 @@ def shape_of(node: fx.Node) -> tuple[int, ...] | None:
 
 def called_module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
     return gm.get_submodule(node.target) if node.op == "call_module" else None
+
+
+def calls_to(gm: fx.GraphModule, module_type: type[nn.Module]) -> Iterator[tuple[fx.Node, nn.Module]]:
+    """(node, module) for each node calling a module of exactly ``module_type`` (a subclass is another layer),
+    over the graph's nodes as they were at the first step, each looked up when reached (a pass rewrites as
+    it goes)."""
+    for node in list(gm.graph.nodes):
+        m = called_module(gm, node)
+        if type(m) is module_type:
+            yield node, m
 
 
 def replace_module(gm: nn.Module, target: str, new: nn.Module) -> nn.Module:

@@ -235,8 +235,7 @@ class ReplaceAttention:
         self.cuda_only = cuda_only
 
     def apply(self, model: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-        if not isinstance(model, fx.GraphModule):
-            raise ValueError(f"{self.name} needs a torch.fx.GraphModule (see optimize.capture), got {type(model).__name__}")
+        _fx.require_graph(model, self.name)
         candidates = [n for n in model.graph.nodes
                       if n.target is F.scaled_dot_product_attention or _softmax(model, n) is not None]
         if not candidates:

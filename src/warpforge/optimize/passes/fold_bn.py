@@ -70,8 +70,7 @@ class FoldBatchNorm:
     name = "fold_bn"
 
     def apply(self, model: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-        if not isinstance(model, fx.GraphModule):
-            raise ValueError(f"{self.name} needs a torch.fx.GraphModule (see optimize.capture), got {type(model).__name__}")
+        _fx.require_graph(model, self.name)
         bn_nodes = [n for n in model.graph.nodes
                     if isinstance(_fx.called_module(model, n), nn.modules.batchnorm._BatchNorm)]
         if any(isinstance(_fx.called_module(model, n.args[0]), nn.Linear) for n in bn_nodes

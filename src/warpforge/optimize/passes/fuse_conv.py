@@ -101,15 +101,8 @@ class FuseConvEpilogue:
     name = "fuse_conv"
 
     def apply(self, model: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-        if not isinstance(model, fx.GraphModule):
-            raise ValueError(f"{self.name} needs a torch.fx.GraphModule (see optimize.capture), got {type(model).__name__}")
-        if ctx.example_inputs:
-            _fx.propagate_shapes(model, ctx.example_inputs)  # the residual add must not broadcast
-        sites, aliases = _fx.call_sites(model), _fx.aliases(model)
-        for conv_node in list(model.graph.nodes):
-            conv = _fx.called_module(model, conv_node)
-            if type(conv) is not nn.Conv2d:
-                continue
+        sites, aliases = _fx.prepare(model, self.name, ctx)
+        for conv_node, conv in _fx.calls_to(model, nn.Conv2d):
             reason = self._why_not(conv, conv_node, sites, aliases)
             if reason is not None:
                 ctx.record(self.name, "skipped", conv_node.target, reason)
@@ -130,7 +123,8 @@ class FuseConvEpilogue:
             last.replace_all_uses_with(new)
             for n in reversed(chain):
                 model.graph.erase_node(n)
-            parts = [conv_node.target] + ([f"+ {residual.name}"] if residual is not None else []) + ([act] if act else [])
+            parts = ([conv_node.target] + ([f"+ {residual.name}"] if residual is not None else [])
+                     + ([act] if act else []))
             ctx.record(self.name, "fused" if len(chain) > 1 else "replaced", " -> ".join(parts),
                        f"{len(chain)} op(s) into {fused_name}")
         return _fx.finish(model)

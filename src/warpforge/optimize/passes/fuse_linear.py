@@ -156,16 +156,9 @@ class FuseLinear:
         self.select = select  # on CUDA: time each fused linear both ways, keep the faster (select_impl)
 
     def apply(self, model: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-        if not isinstance(model, fx.GraphModule):
-            raise ValueError(f"{self.name} needs a torch.fx.GraphModule (see optimize.capture), got {type(model).__name__}")
-        if ctx.example_inputs:
-            _fx.propagate_shapes(model, ctx.example_inputs)  # the residual add must not broadcast
-        sites, aliases = _fx.call_sites(model), _fx.aliases(model)
+        sites, aliases = _fx.prepare(model, self.name, ctx)
         ok: list[fx.Node] = []
-        for node in list(model.graph.nodes):
-            lin = _fx.called_module(model, node)
-            if type(lin) is not nn.Linear:
-                continue
+        for node, lin in _fx.calls_to(model, nn.Linear):
             reason = self._why_not(lin, node, sites, aliases)
             if reason is not None:
                 ctx.record(self.name, "skipped", node.target, reason)

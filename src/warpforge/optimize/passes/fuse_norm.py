@@ -71,15 +71,8 @@ class FuseNorm:
     name = "fuse_norm"
 
     def apply(self, model: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-        if not isinstance(model, fx.GraphModule):
-            raise ValueError(f"{self.name} needs a torch.fx.GraphModule (see optimize.capture), got {type(model).__name__}")
-        if ctx.example_inputs:
-            _fx.propagate_shapes(model, ctx.example_inputs)  # the add must not broadcast
-        sites, aliases = _fx.call_sites(model), _fx.aliases(model)
-        for node in list(model.graph.nodes):
-            ln = _fx.called_module(model, node)
-            if type(ln) is not nn.LayerNorm:
-                continue
+        sites, aliases = _fx.prepare(model, self.name, ctx)
+        for node, ln in _fx.calls_to(model, nn.LayerNorm):
             if len(ln.normalized_shape) != 1:
                 ctx.record(self.name, "skipped", node.target, f"normalized_shape {tuple(ln.normalized_shape)}: over "
                            "more than the last dim")
