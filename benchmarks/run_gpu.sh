@@ -45,6 +45,11 @@ HEADLINE=(
   "bench:llm:decode batch 1 llama-8b 128+256|throughput 1024 requests llama-8b|prefix cache 256 requests llama-8b"
   "bench:vision:mobilenet_v2 batch 1 real weights|vit_b16 batch 32|resnet50 batch 32 int8"
   "bench:splat:forward N=1M 1920x1080 SH3|stages forward+backward N=1M 1920x1080 SH3")
+if [ ${#stages[@]} -eq 1 ] && [[ ${stages[0]} == verify || ${stages[0]} == verify:bench ]] &&
+   ! [[ ${WARPFORGE_GIT} =~ ^[0-9a-f]{40}(-dirty)?$ ]]; then
+  echo "${stages[0]}: WARPFORGE_GIT must be the full sha (+ -dirty): WARPFORGE_GIT=\$(git describe --always --dirty --abbrev=40)"
+  exit 2
+fi
 if [ ${#stages[@]} -eq 1 ] && [ "${stages[0]}" = verify ]; then
   stages=(install "test-par:${TEST_SHARDS:-12}")
 elif [ ${#stages[@]} -eq 1 ] && [ "${stages[0]}" = verify:bench ]; then
