@@ -152,9 +152,9 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
         skips = 0
         prefill, step = model, model
         if compiled:
-            from torch._dynamo.utils import counters
+            from warpforge.bench.suites._inductor import cudagraph_skips
 
-            before = counters["inductor"]["cudagraph_skips"]
+            before = cudagraph_skips()
             step = torch.compile(model, mode="reduce-overhead", fullgraph=True)
             prefill = torch.compile(model, fullgraph=True, dynamic=True)
 
@@ -176,7 +176,7 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
         generate(warm, min(16, max(out_lens)))  # compile and capture (the step graph at every position count)
         generate(warm, min(16, max(out_lens)))
         if compiled:
-            skips = counters["inductor"]["cudagraph_skips"] - before
+            skips = cudagraph_skips() - before
         runs = []
         for i in range(rep):
             p = prompts(i)

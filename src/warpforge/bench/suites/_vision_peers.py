@@ -112,6 +112,9 @@ def _build_compiled(s: Shared, device: torch.device, name: str, mode: str) -> tu
     if not s.dynamo_reset:  # once per case: earlier cases' code never counts against its limits; a second
         torch._dynamo.reset()  # reset would throw away this case's other compiled peer (recompiling it while timed)
         s.dynamo_reset = True
+    from warpforge.bench.suites._inductor import cudagraph_skips
+
+    skips0 = cudagraph_skips()
     compiled = torch.compile(s.half(), mode=mode)
 
     def fn(*args: Any) -> Any:
@@ -123,7 +126,11 @@ def _build_compiled(s: Shared, device: torch.device, name: str, mode: str) -> tu
     with torch.no_grad():
         for _ in range(3):  # compile, then cudagraph trees' warm-up and recording runs
             fn(*s.loaded.inputs)
-    return fn, {"candidate": name, "precision": "fp16", "compile_mode": mode, "layout": _layout(s)}
+    info = {"candidate": name, "precision": "fp16", "compile_mode": mode, "layout": _layout(s),
+            "cudagraph_skips": cudagraph_skips() - skips0}
+    if info["cudagraph_skips"]:
+        info["note"] = "Inductor skipped CUDA graphs for part of the model: kernels launched one by one there"
+    return fn, info
 
 
 def build_compile(s: Shared, device: torch.device) -> tuple[Callable, dict[str, Any]]:
