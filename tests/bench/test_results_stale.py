@@ -158,3 +158,23 @@ def test_stale_cli(repo, monkeypatch):
     assert run.exit_code == 2 and "no records at" in run.output
     run = CliRunner().invoke(main, ["results", "stale", str(repo / "results"), "--rev", "nope"])
     assert run.exit_code == 2 and "--rev 'nope'" in run.output
+
+
+def test_a_generated_table_marks_rows_whose_timed_code_changed(repo):
+    """`results table --update` with the repository at hand: a row measured before a change to its suite's
+    timed code says "**stale** (N commits since)"; the committed-table check ignores that moving note."""
+    from warpforge.bench.tables import STALE_NOTE, check_markdown, stale_loader, update_markdown
+
+    first = _git(repo, "rev-parse", "HEAD")
+    rec = dict(fake_record("copy", suite="memory"), git=first)
+    _write(repo, "memory.jsonl", [rec])
+    load = lambda suite: [rec] if suite == "memory" else []  # noqa: E731
+    doc = "<!-- results:table suite=memory -->\n<!-- /results:table -->\n"
+    fresh, _ = update_markdown(doc, stale_loader(load, repo))
+    assert "stale" not in fresh and f"@ {first[:7]}" in fresh
+    for i in (2, 3):
+        (repo / "src/warpforge/kernels/memory.py").write_text(f"x = {i}\n")
+        _git(repo, "commit", "-q", "-am", f"kernel change {i}")
+    marked, _ = update_markdown(doc, stale_loader(load, repo))
+    assert "**stale** (2 commits since)" in marked and STALE_NOTE.sub("", marked) == fresh
+    assert check_markdown(marked, load) == [] and check_markdown(fresh, load) == []

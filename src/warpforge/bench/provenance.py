@@ -32,13 +32,17 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "attention": (_B + "suites/attention.py", _K),
     "memory": (_B + "suites/memory.py", _K),
     # the engine's quantized weights reuse the optimizer's quantizers (optimize/weight_only.py, fp8.py)
-    "llm": (_B + "suites/llm.py", _B + "suites/_llm_spec.py", "src/warpforge/llm/", "src/warpforge/optimize/", _K),
-    "vision": (_B + "suites/vision.py", _B + "suites/_vision_peers.py", _B + "suites/_vision_run.py",
+    "llm": (_B + "suites/llm.py", _B + "suites/_llm_spec.py", _B + "suites/_llm_static.py", _B + "suites/_inductor.py",
+            "src/warpforge/llm/", "src/warpforge/optimize/", _K),
+    "vision": (_B + "suites/vision.py", _B + "suites/_vision_peers.py", _B + "suites/_inductor.py",
+               _B + "suites/_session.py", _B + "suites/_vision_run.py",
                _B + "suites/_vision_stages.py", _B + "suites/_vision_wall.py", "src/warpforge/models/",
                "src/warpforge/optimize/", "src/warpforge/_factory.py", _K),
-    "splat": (_B + "suites/splat.py", _B + "suites/_splat_run.py", "src/warpforge/splat/", _K),
+    "splat": (_B + "suites/splat.py", _B + "suites/_splat_run.py", _B + "suites/_session.py", "src/warpforge/splat/",
+              _K),
     "splat_train": (_B + "suites/splat_train.py", "src/warpforge/splat/", _K),
     "serve": (_B + "suites/serve.py", _B + "suites/_serve_stub.py", _B + "suites/llm.py", _B + "suites/_llm_spec.py",
+              _B + "suites/_llm_static.py", _B + "suites/_inductor.py",
               _B + "loadgen/", _B + "serve_cli.py", "src/warpforge/serve/", "src/warpforge/llm/",
               "src/warpforge/optimize/", "src/warpforge/_cli_support.py", _K),
     # benchmarks/profile_h200.py: the profiler against the bench on kernel cases, and model reports
@@ -54,6 +58,8 @@ NOT_TIMED: tuple[str, ...] = (
     "src/warpforge/__init__.py", _B + "__init__.py", _B + "suites/__init__.py", "src/warpforge/_cli_support.py",
     _B + "cli.py", _B + "record.py", _B + "store.py", "src/warpforge/hw/probe.py", "src/warpforge/hw/probe_plan.py",
     "src/warpforge/hw/_probe_kernels.py", "src/warpforge/hw/_probe_measure.py",
+    # lazy package names, argument checks and dtype spellings: read before anything is timed
+    "src/warpforge/_lazy.py", "src/warpforge/_validate.py", "src/warpforge/dtypes.py",
 )
 
 
