@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warpforge.bench.tables import check_cell
+
 FLOOR = 0.02  # the store's compare flag floor: below 2% two runs are "the same" whatever their spreads
 UNKNOWN_SPREAD = 0.10  # warpforge.timing.NOISE_BOUND - 1: what one repeat is trusted to
 REGRESSED = ("slower", "check failed", "failed to run")
@@ -179,6 +181,7 @@ class Point:
     flag: str = ""  # against the previous point: "slower", "faster", "check failed", "failed to run", ""
     change: float | None = None  # ms / previous ms
     band: float | None = None
+    check: str = ""  # the verdict in words, as tables show it ("ok 2.3e-03", "withdrawn (no valid check)", ...)
     record: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -197,7 +200,7 @@ def point(s: Sourced) -> Point:
                  p80_ms=ours.get("p80_ms"), ok=bool((r.get("correct") or {}).get("ok")),
                  noisy=bool((r.get("stability") or {}).get("noisy")), ratio=dict(r.get("ratio") or {}),
                  ratio_interval=dict(r.get("ratio_interval") or {}), ratio_null=dict(r.get("ratio_null") or {}),
-                 fraction=roof.get("fraction"), bound=roof.get("bound"), spread=sp, record=r)
+                 fraction=roof.get("fraction"), bound=roof.get("bound"), spread=sp, check=check_cell(r), record=r)
 
 
 def _setup(r: dict[str, Any]) -> tuple[Any, Any]:

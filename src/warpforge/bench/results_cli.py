@@ -193,7 +193,8 @@ def cli_results_history(case: str, suite: str | None, records: Sequence[str], st
         t.add_row(p.time[:16].replace("T", " "), escape((p.git or "—")[:12]), escape(p.source),
                   ms + (" noisy" if p.noisy else ""), escape(ratios or "—"),
                   "—" if p.fraction is None else f"{100 * p.fraction:.0f}% {p.bound or ''}",
-                  "ok" if p.ok else "[red]FAIL[/]", f"[{color}]{escape(flag)}[/]" if color else escape(flag))
+                  escape(p.check) if p.ok else f"[red]{escape(p.check)}[/]",
+                  f"[{color}]{escape(flag)}[/]" if color else escape(flag))
     console.print(t)
     console.print(f"[dim]{len(pts)} record(s) from {escape('; '.join(names))}. vs previous: ours' time against the "
                   "record before it, flagged beyond the noise band (the larger spread of the two, +2%).[/]")
