@@ -111,7 +111,9 @@ def test_gpu_vit_block_stack_through_the_kernels(dtype):
     low = torch.nn.Module.to(__import__("copy").deepcopy(model), dtype)
     gm, rep = optimize_graph(low, (x.to(dtype),), float_passes(), device=torch.device("cuda"), dtype=dtype)
     counts = next(p for p in rep["passes"] if p["name"] == "fuse_linear")["counts"]
-    assert counts == {"merged": 2, "fused": 6, "replaced": 1, "timed": 9}, counts
+    # Every site is timed and decided; which of the seven goes to our kernel and which to cuBLAS is the
+    # device's timing (an H200 chose 6 / 1, an H100 2 / 5): the test pins the decisions' count, not their side.
+    assert counts["merged"] == 2 and counts["timed"] == 9 and counts["fused"] + counts["replaced"] == 7, counts
     timed = [c for c in next(p for p in rep["passes"] if p["name"] == "fuse_linear")["changes"] if c["action"] == "timed"]
     assert all(" us, cuBLAS + torch epilogue " in c["detail"] for c in timed)
     with torch.no_grad():
