@@ -418,9 +418,11 @@ def splat() -> None:
               help="auto: cuda when available. Under torchrun each rank takes GPU LOCAL_RANK.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the scene, the initialisation and the camera order.")
 @click.option("--quiet", is_flag=True, help="No progress bar or messages (errors still go to stderr).")
+@click.option("--antialiased", is_flag=True,
+              help="Train with rasterize_mode='antialiased' (Mip-Splatting's 2D filter; gsplat's --antialiased).")
 def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
                 sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
-                seed: int, quiet: bool) -> None:
+                seed: int, quiet: bool, antialiased: bool) -> None:
     """Train Gaussians on SCENE: `street` (the built-in procedural street), a COLMAP folder, or a nerfstudio /
     Blender scene (a folder with transforms.json or transforms_train.json, or the json file).
 
@@ -435,7 +437,7 @@ def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: 
     out = out or str(Path("out") / "splat" / (Path(scene).name or "scene"))
     sys.exit(cli_train(scene, out=out, steps=steps, batch=batch, gaussians=gaussians, size=size, downscale=downscale,
                        sh_degree=sh_degree, test_every=test_every, eval_every=eval_every, ckpt_every=ckpt_every,
-                       resume=resume, device=device, seed=seed, quiet=quiet))
+                       resume=resume, device=device, seed=seed, quiet=quiet, antialiased=antialiased))
 
 
 @splat.command("render")
@@ -450,13 +452,15 @@ def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: 
 @click.option("--sh-degree", default=None, type=int, help="SH degree to render with (default: all the file has).")
 @click.option("--background", default=None, help="r,g,b in [0, 1] (default: the training background, or black).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--antialiased/--classic", "antialiased", default=None,
+              help="rasterize_mode (default: as the checkpoint was trained; classic for a PLY).")
 def splat_render(source: str, cameras: tuple[str, ...], out: str, size: str | None, fov: float, sh_degree: int | None,
-                 background: str | None, device: str) -> None:
+                 background: str | None, device: str, antialiased: bool | None) -> None:
     """Render views of a training checkpoint or a 3DGS PLY file to PNG."""
     from warpforge.splat.cli import cli_render
 
     sys.exit(cli_render(source, cameras=cameras, out=out, size=size, fov=fov, sh_degree=sh_degree, device=device,
-                        background=background))
+                        background=background, antialiased=antialiased))
 
 
 @main.command()

@@ -113,7 +113,8 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
         v = trainer.views.subset([i])
         with torch.no_grad():
             img, _, _ = render(splats, v.viewmats, v.Ks, v.width, v.height, sh_degree=trainer.sh_degree_now(),
-                               background=trainer.background, tile_size=trainer.cfg.tile_size)
+                               background=trainer.background, tile_size=trainer.cfg.tile_size,
+                               rasterize_mode=trainer.rasterize_mode)
         gt = trainer.data.batch([i], trainer.device)
         img = img.clamp(0, 1)
         out.append({"name": v.names[0], "render": img[0].cpu().numpy(), "truth": gt[0].cpu().numpy(),
@@ -123,7 +124,7 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
 
 def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
               sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
-              seed: int, quiet: bool = False) -> int:
+              seed: int, quiet: bool = False, antialiased: bool = False) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -146,7 +147,8 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
         dev = _device(device)
         world = distributed.init_world("cuda" if dev.type == "cuda" else "cpu")
         dev = world.device if world is not None else dev
-        cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every)
+        cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every,
+                          antialiased=antialiased)
         data = load_scene(scene, gaussians=gaussians, size=wh, downscale=downscale, test_every=test_every,
                           seed=seed, device=dev)
     except (UsageError, ValueError) as e:
@@ -267,7 +269,7 @@ def resolve_cameras(specs: tuple[str, ...], views, split: dict[str, list[int]] |
 
 
 def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | None, fov: float,
-               sh_degree: int | None, device: str, background: str | None) -> int:
+               sh_degree: int | None, device: str, background: str | None, antialiased: bool | None = None) -> int:
     from warpforge.splat.report import write_png
     from warpforge.splat.scene import Splats, Views, render
 
@@ -279,7 +281,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
         src = Path(source)
         if not src.is_file():
             raise UsageError(f"{source}: no such file")
-        views, split, bg = None, None, torch.zeros(3)
+        views, split, bg, trained_aa = None, None, torch.zeros(3), False
         if src.suffix.lower() == ".ply":
             from warpforge.splat.ply import load_ply
 
@@ -294,6 +296,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
             views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
             split = {"train": v["train"], "test": v["test"]}
             bg = d["background"]
+            trained_aa = bool(d["config"].get("antialiased", False))
         if background is not None:
             bg = torch.tensor(_parse_vec(background, "--background"))
             if not all(0.0 <= x <= 1.0 for x in bg.tolist()):
@@ -308,6 +311,8 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
     out_path = Path(out)
     single = len(names) == 1 and out_path.suffix.lower() == ".png"
     splats, cams, bg = splats.to(dev), cams.to(dev), bg.to(dev)
+    # a checkpoint renders the way it was trained unless told otherwise
+    mode = "antialiased" if (trained_aa if antialiased is None else antialiased) else "classic"
     t0 = time.perf_counter()
     written = []
     for i, name in enumerate(names):
@@ -315,7 +320,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
         try:
             with torch.no_grad():
                 img, alpha, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree,
-                                       background=bg)
+                                       background=bg, rasterize_mode=mode)
         except ValueError as e:  # the Gaussians' or the camera's values; the file is what the user can fix
             return _fail(f"{source}: {e}")
         path = out_path if single else out_path / f"{name.replace('/', '_').rsplit('.', 1)[0]}.png"

@@ -51,6 +51,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     tile_size: int = 16
+    antialiased: bool = False  # rasterize_mode="antialiased" (Mip-Splatting's 2D filter), as gsplat's flag
 
     def __post_init__(self) -> None:
         if isinstance(self.densify, dict):
@@ -133,6 +134,10 @@ class Trainer:
     def splats(self) -> Splats:
         return Splats.from_dict(self.params).detach()
 
+    @property
+    def rasterize_mode(self) -> str:
+        return "antialiased" if self.cfg.antialiased else "classic"
+
     def sh_degree_now(self) -> int:
         return min(self.step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
 
@@ -157,7 +162,8 @@ class Trainer:
         gt = self.data.batch(cams, self.device)
         images, _, meta = render(Splats.from_dict(self.params), v.viewmats, v.Ks, v.width, v.height,
                                  sh_degree=self.sh_degree_now(), background=self.background,
-                                 absgrad=cfg.densify.absgrad, tile_size=cfg.tile_size)
+                                 absgrad=cfg.densify.absgrad, tile_size=cfg.tile_size,
+                                 rasterize_mode=self.rasterize_mode)
         clock.lap("render")
         l1 = (images - gt).abs().mean()
         s = ssim(images, gt).mean()
@@ -208,7 +214,8 @@ class Trainer:
         for i in idx:
             v = self.views.subset([i])
             img, _, _ = render(splats, v.viewmats, v.Ks, v.width, v.height, sh_degree=self.sh_degree_now(),
-                               background=self.background, tile_size=self.cfg.tile_size)
+                               background=self.background, tile_size=self.cfg.tile_size,
+                               rasterize_mode=self.rasterize_mode)
             gt = self.data.batch([i], self.device)
             img = img.clamp(0, 1)
             ps.append(float(psnr(img, gt)[0]))
