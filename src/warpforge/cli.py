@@ -382,13 +382,15 @@ def serve(model: str, host: str, port: int, api_key: str | None, served_model_na
 
 @main.group()
 def splat() -> None:
-    """3D Gaussian splatting: train a scene from posed images, render views of the result.
+    """3D Gaussian splatting: train a scene from posed images, render, export and film the result.
 
     \b
     warpforge splat train street --out out/street        # the built-in procedural street
     warpforge splat train path/to/colmap --out out/mine  # a COLMAP folder: images/ + sparse/0/
     warpforge splat train path/to/lego --out out/lego    # nerfstudio / Blender: transforms.json
     warpforge splat render out/street/ckpt/last.pt --camera test:0 --out view.png
+    warpforge splat export out/street/ckpt/last.pt --out street.splat   # for web viewers
+    warpforge splat video out/street/ckpt/last.pt --out street.mp4 --path orbit
     torchrun --nproc_per_node 8 -m warpforge splat train street --out out/street8   # data parallel
     """
 
@@ -461,6 +463,42 @@ def splat_render(source: str, cameras: tuple[str, ...], out: str, size: str | No
 
     sys.exit(cli_render(source, cameras=cameras, out=out, size=size, fov=fov, sh_degree=sh_degree, device=device,
                         background=background, antialiased=antialiased))
+
+
+@splat.command("export")
+@click.argument("source", metavar="CKPT_OR_PLY")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The file to write.")
+@click.option("--format", "fmt", default=None, type=click.Choice(["splat", "ply"]),
+              help="splat: the 32-bytes-a-Gaussian file web viewers load; ply: the Inria layout (default: from "
+                   "--out's suffix, else splat).")
+def splat_export(source: str, out: str, fmt: str | None) -> None:
+    """Export a checkpoint or PLY as .splat (web viewers) or .ply."""
+    from warpforge.splat.cli import cli_export
+
+    sys.exit(cli_export(source, out=out, fmt=fmt))
+
+
+@splat.command("video")
+@click.argument("source", metavar="CKPT_OR_PLY")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The MP4 file to write.")
+@click.option("--path", "path", default="orbit", show_default=True, type=click.Choice(["orbit", "train"]),
+              help="orbit: a circle around the scene; train: through the training cameras (a checkpoint's).")
+@click.option("--frames", default=120, show_default=True, type=int, help="Frames in the video.")
+@click.option("--size", default=None, help="WIDTHxHEIGHT, both even (default: the checkpoint's, or 640x360).")
+@click.option("--fps", default=30, show_default=True, type=int)
+@click.option("--fov", default=None, type=float,
+              help="orbit: horizontal field of view (default: the training cameras', or 60).")
+@click.option("--background", default=None, help="r,g,b in [0, 1] (default: the training background, or black).")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--antialiased/--classic", "antialiased", default=None,
+              help="rasterize_mode (default: as the checkpoint was trained; classic for a PLY).")
+def splat_video(source: str, out: str, path: str, frames: int, size: str | None, fps: int, fov: float | None,
+                background: str | None, device: str, antialiased: bool | None) -> None:
+    """Render a camera path through a checkpoint or PLY to an MP4 (H.264, imageio-ffmpeg's ffmpeg)."""
+    from warpforge.splat.cli import cli_video
+
+    sys.exit(cli_video(source, out=out, path=path, frames=frames, size=size, fps=fps, fov=fov, device=device,
+                       background=background, antialiased=antialiased))
 
 
 @main.command()

@@ -268,35 +268,40 @@ def resolve_cameras(specs: tuple[str, ...], views, split: dict[str, list[int]] |
     return names, Views(torch.stack(mats), torch.stack(ks), w, h, names)
 
 
+def load_source(source: str):
+    """CKPT_OR_PLY -> (splats, views or None, {"train", "test"} or None, background [3], trained antialiased).
+    Values are checked here, so a bad file fails naming itself before anything renders."""
+    from warpforge.splat.scene import Splats, Views
+
+    src = Path(source)
+    if not src.is_file():
+        raise UsageError(f"{source}: no such file")
+    if src.suffix.lower() == ".ply":
+        from warpforge.splat.ply import load_ply
+
+        return load_ply(src), None, None, torch.zeros(3), False
+    from warpforge.splat.train import load_checkpoint
+
+    d = load_checkpoint(src)
+    splats = Splats.from_dict(d["params"])
+    splats.check_values(src)
+    v = d["views"]
+    views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
+    return (splats, views, {"train": v["train"], "test": v["test"]}, d["background"],
+            bool(d["config"].get("antialiased", False)))
+
+
 def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | None, fov: float,
                sh_degree: int | None, device: str, background: str | None, antialiased: bool | None = None) -> int:
     from warpforge.splat.report import write_png
-    from warpforge.splat.scene import Splats, Views, render
+    from warpforge.splat.scene import render
 
     try:
         dev = _device(device)
         wh = parse_size(size) if size else None
         if not 1.0 <= fov < 179.0:
             raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
-        src = Path(source)
-        if not src.is_file():
-            raise UsageError(f"{source}: no such file")
-        views, split, bg, trained_aa = None, None, torch.zeros(3), False
-        if src.suffix.lower() == ".ply":
-            from warpforge.splat.ply import load_ply
-
-            splats = load_ply(src)
-        else:
-            from warpforge.splat.train import load_checkpoint
-
-            d = load_checkpoint(src)
-            splats = Splats.from_dict(d["params"])
-            splats.check_values(src)
-            v = d["views"]
-            views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
-            split = {"train": v["train"], "test": v["test"]}
-            bg = d["background"]
-            trained_aa = bool(d["config"].get("antialiased", False))
+        splats, views, split, bg, trained_aa = load_source(source)
         if background is not None:
             bg = torch.tensor(_parse_vec(background, "--background"))
             if not all(0.0 <= x <= 1.0 for x in bg.tolist()):
@@ -330,6 +335,101 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
     dt = time.perf_counter() - t0
     print(f"rendered {len(written)} view(s) of {splats.n:,} Gaussians at {cams.width}x{cams.height} in {dt:.2f} s: "
           + (str(written[0]) if single else f"{out_path}/"))
+    return 0
+
+
+# ---- export, video -----------------------------------------------------------------------------------------
+
+EXPORT_FORMATS = ("splat", "ply")
+
+
+def cli_export(source: str, *, out: str, fmt: str | None) -> int:
+    """CKPT_OR_PLY -> a .splat (web viewers) or an Inria-layout .ply."""
+    try:
+        fmt = fmt or (Path(out).suffix.lower().lstrip(".") if Path(out).suffix.lower() in (".splat", ".ply")
+                      else "splat")
+        if fmt not in EXPORT_FORMATS:
+            raise UsageError(f"--format: one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
+        splats = load_source(source)[0]
+        if fmt == "splat":
+            from warpforge.splat.export import RECORD, save_splat
+
+            path = save_splat(splats, out)
+            detail = f"{RECORD.itemsize} bytes each, SH beyond the DC band dropped"
+        else:
+            from warpforge.splat.ply import save_ply
+
+            path = save_ply(splats, out)
+            detail = f"Inria layout, SH degree {splats.sh_degree}"
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    print(f"wrote {splats.n:,} Gaussians to {path} ({detail}; {path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cli_video(source: str, *, out: str, path: str, frames: int, size: str | None, fps: int, fov: float | None,
+              device: str, background: str | None, antialiased: bool | None) -> int:
+    """CKPT_OR_PLY -> an MP4 along an orbit or through the training cameras."""
+    from warpforge.splat.scene import render
+    from warpforge.splat.video import PATHS, orbit_path, train_path, write_mp4
+
+    try:
+        dev = _device(device)
+        if path not in PATHS:
+            raise UsageError(f"--path: one of {', '.join(PATHS)}, got {path!r}")
+        if frames < 2:
+            raise UsageError(f"--frames: at least 2, got {frames}")
+        if not 1 <= fps <= 240:
+            raise UsageError(f"--fps: 1..240, got {fps}")
+        if fov is not None and not 1.0 <= fov < 179.0:
+            raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
+        splats, views, split, bg, trained_aa = load_source(source)
+        if size:
+            w, h = parse_size(size)
+        elif views is not None:
+            w, h = views.width, views.height
+        else:
+            w, h = 640, 360
+        if size is None:
+            w, h = w - w % 2, h - h % 2  # a checkpoint's odd size, rounded down for H.264
+        elif w % 2 or h % 2:
+            raise UsageError(f"--size: H.264 (yuv420p) needs an even width and height, got {size!r}")
+        if background is not None:
+            bg = torch.tensor(_parse_vec(background, "--background"))
+        if path == "train":
+            if views is None:
+                raise UsageError(f"{source}: a PLY has no training cameras; use --path orbit or a checkpoint")
+            cams = train_path(views, split["train"], frames, w, h)
+        else:
+            cams = orbit_path(splats, views, frames, w, h, fov)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    mode = "antialiased" if (trained_aa if antialiased is None else antialiased) else "classic"
+    splats, cams, bg = splats.to(dev), cams.to(dev), bg.to(dev)
+    blank = []
+    t0 = time.perf_counter()
+
+    def frames_rgb():
+        for i in range(len(cams)):
+            c = cams.subset([i])
+            with torch.no_grad():
+                img, alpha, _ = render(splats, c.viewmats, c.Ks, w, h, background=bg, rasterize_mode=mode)
+            if not bool(alpha.any()):
+                blank.append(i)
+            yield (img[0].clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
+
+    try:
+        written = write_mp4(frames_rgb(), out, w, h, fps)
+    except ImportError as e:
+        return _fail(f"imageio-ffmpeg: {e}")
+    except ValueError as e:  # the Gaussians' or a camera's values
+        return _fail(f"{source}: {e}")
+    if blank:
+        _warn(written, f"{len(blank)} of {len(cams)} frames see none of the {splats.n:,} Gaussians (first: "
+                       f"frame {blank[0]}); they are only the background")
+    dt = time.perf_counter() - t0
+    print(f"wrote {written}: {len(cams)} frames at {w}x{h}, {fps} fps ({path} path) of {splats.n:,} Gaussians in "
+          f"{dt:.1f} s")
     return 0
 
 
