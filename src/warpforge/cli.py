@@ -422,9 +422,13 @@ def splat() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar or messages (errors still go to stderr).")
 @click.option("--antialiased", is_flag=True,
               help="Train with rasterize_mode='antialiased' (Mip-Splatting's 2D filter; gsplat's --antialiased).")
+@click.option("--strategy", default="default", show_default=True, type=click.Choice(["default", "mcmc"]),
+              help="Densification: default (clone/split/prune, gsplat's DefaultStrategy) or mcmc (3DGS-MCMC: "
+                   "relocate dead Gaussians, add noise, at most --cap-max).")
+@click.option("--cap-max", default=None, type=int, help="mcmc: the most Gaussians there will be (1000000).")
 def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
                 sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
-                seed: int, quiet: bool, antialiased: bool) -> None:
+                seed: int, quiet: bool, antialiased: bool, strategy: str, cap_max: int | None) -> None:
     """Train Gaussians on SCENE: `street` (the built-in procedural street), a COLMAP folder, or a nerfstudio /
     Blender scene (a folder with transforms.json or transforms_train.json, or the json file).
 
@@ -439,7 +443,8 @@ def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: 
     out = out or str(Path("out") / "splat" / (Path(scene).name or "scene"))
     sys.exit(cli_train(scene, out=out, steps=steps, batch=batch, gaussians=gaussians, size=size, downscale=downscale,
                        sh_degree=sh_degree, test_every=test_every, eval_every=eval_every, ckpt_every=ckpt_every,
-                       resume=resume, device=device, seed=seed, quiet=quiet, antialiased=antialiased))
+                       resume=resume, device=device, seed=seed, quiet=quiet, antialiased=antialiased,
+                       strategy=strategy, cap_max=cap_max))
 
 
 @splat.command("render")

@@ -124,13 +124,15 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
 
 def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
               sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
-              seed: int, quiet: bool = False, antialiased: bool = False) -> int:
+              seed: int, quiet: bool = False, antialiased: bool = False, strategy: str = "default",
+              cap_max: int | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from warpforge.splat import distributed
     from warpforge.splat.report import write_report
-    from warpforge.splat.train import TrainConfig, Trainer
+    from warpforge.splat.mcmc import MCMCConfig
+    from warpforge.splat.train import STRATEGY_PRESETS, TrainConfig, Trainer
 
     try:
         import plyfile  # noqa: F401  (checked before hours of training, not at the export)
@@ -147,8 +149,15 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
         dev = _device(device)
         world = distributed.init_world("cuda" if dev.type == "cuda" else "cpu")
         dev = world.device if world is not None else dev
+        if strategy not in STRATEGY_PRESETS:
+            raise UsageError(f"--strategy: one of {', '.join(STRATEGY_PRESETS)}, got {strategy!r}")
+        if cap_max is not None and strategy != "mcmc":
+            raise UsageError("--cap-max: only with --strategy mcmc (the default strategy has no cap)")
+        if cap_max is not None and cap_max < 1:
+            raise UsageError(f"--cap-max: must be >= 1, got {cap_max}")
+        mcmc = MCMCConfig(**({} if cap_max is None else {"cap_max": cap_max}))
         cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every,
-                          antialiased=antialiased)
+                          antialiased=antialiased, strategy=strategy, mcmc=mcmc, **STRATEGY_PRESETS[strategy])
         data = load_scene(scene, gaussians=gaussians, size=wh, downscale=downscale, test_every=test_every,
                           seed=seed, device=dev)
     except (UsageError, ValueError) as e:
@@ -161,7 +170,10 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
     if resume:
         if not ckpt.is_file():
             return _fail(f"{ckpt}: no checkpoint to --resume from")
-        trainer.resume(ckpt)
+        try:
+            trainer.resume(ckpt)
+        except ValueError as e:
+            return _fail(f"{ckpt}: {e}")
         console.print(f"resumed from {ckpt} at step {trainer.step}")
     where = f"{dev}" + (f", {world.size} ranks" if world is not None else "")
     console.print(f"training {data.name}: {len(data.train)} cameras ({len(data.test)} held out), "
@@ -199,7 +211,9 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
         summary = {"scene": data.name, "device": where, "steps": trainer.step, "n": trainer.n,
                    "steps_per_s": rate, "wall_s": trainer.wall_s, "held_out_psnr": ev["psnr"],
                    "held_out_ssim": ev["ssim"], "stage_ms": stage_ms,
-                   "config_line": f"batch {batch} x {trainer.world_size} rank(s), SH degree {sh_degree}"}
+                   "config_line": f"batch {batch} x {trainer.world_size} rank(s), SH degree {sh_degree}, "
+                                  f"{strategy} densification"
+                                  + (f" (cap {cfg.mcmc.cap_max:,})" if strategy == "mcmc" else "")}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         report = write_report({**summary, "history": trainer.history, "evals": trainer.evals,
                                "stage_steps": trainer.stage_steps, "views": _held_out_views(trainer)},

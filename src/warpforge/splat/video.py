@@ -4,8 +4,9 @@ Two paths, each a ``Views`` of N frames:
 
 - ``orbit_path``: a circle around where the scene is, looking at its centre. With training cameras the centre is
   where their axes meet (``scene.camera_focus``), "up" is opposite their mean image-down axis, and the radius and
-  height are the median of the farther half of the cameras; without cameras (a PLY) it circles the Gaussians' median at twice their spread,
-  30 degrees above them, world z up (as ``warpforge splat render`` takes EYE@TARGET).
+  height are the median of the farther half of the cameras; without cameras (a PLY) it circles the Gaussians'
+  median at twice their spread, 30 degrees above them, world z up (as ``warpforge splat render`` takes
+  EYE@TARGET).
 - ``train_path``: through the training cameras in their order, positions interpolated linearly and rotations
   by slerp, so the video retraces the capture.
 
@@ -58,7 +59,8 @@ def orbit_path(splats: Splats, views: Views | None, frames: int, width: int, hei
         height_up = rel @ up
         radius = float((rel - height_up[:, None] * up).norm(dim=-1).median())
         lift = float(height_up.median())
-        fov = fov_deg if fov_deg is not None else math.degrees(2 * math.atan(0.5 * views.width / float(views.Ks[0, 0, 0])))
+        own = math.degrees(2 * math.atan(0.5 * views.width / float(views.Ks[0, 0, 0])))
+        fov = fov_deg if fov_deg is not None else own
     else:
         m = splats.means.detach().double()
         center = m.median(0).values
