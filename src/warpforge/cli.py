@@ -388,13 +388,15 @@ def serve(model: str, host: str, port: int, api_key: str | None, metrics_without
 
 @main.group()
 def splat() -> None:
-    """3D Gaussian splatting: train a scene from posed images, render views of the result.
+    """3D Gaussian splatting: train a scene from posed images, render, export and film the result.
 
     \b
     warpforge splat train street --out out/street        # the built-in procedural street
     warpforge splat train path/to/colmap --out out/mine  # a COLMAP folder: images/ + sparse/0/
     warpforge splat train path/to/lego --out out/lego    # nerfstudio / Blender: transforms.json
     warpforge splat render out/street/ckpt/last.pt --camera test:0 --out view.png
+    warpforge splat export out/street/ckpt/last.pt --out street.splat   # for web viewers
+    warpforge splat video out/street/ckpt/last.pt --out street.mp4 --path orbit
     torchrun --nproc_per_node 8 -m warpforge splat train street --out out/street8   # data parallel
     """
 
@@ -426,9 +428,15 @@ def splat() -> None:
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seeds the scene, the initialisation and the camera order.")
 @click.option("--quiet", is_flag=True, help="No progress bar or messages (errors still go to stderr).")
+@click.option("--antialiased", is_flag=True,
+              help="Train with rasterize_mode='antialiased' (Mip-Splatting's 2D filter; gsplat's --antialiased).")
+@click.option("--strategy", default="default", show_default=True, type=click.Choice(["default", "mcmc"]),
+              help="Densification: default (clone/split/prune, gsplat's DefaultStrategy) or mcmc (3DGS-MCMC: "
+                   "relocate dead Gaussians, add noise, at most --cap-max).")
+@click.option("--cap-max", default=None, type=int, help="mcmc: the most Gaussians there will be (1000000).")
 def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
                 sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
-                seed: int, quiet: bool) -> None:
+                seed: int, quiet: bool, antialiased: bool, strategy: str, cap_max: int | None) -> None:
     """Train Gaussians on SCENE: `street` (the built-in procedural street), a COLMAP folder, or a nerfstudio /
     Blender scene (a folder with transforms.json or transforms_train.json, or the json file).
 
@@ -443,7 +451,8 @@ def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: 
     out = out or str(Path("out") / "splat" / (Path(scene).name or "scene"))
     sys.exit(cli_train(scene, out=out, steps=steps, batch=batch, gaussians=gaussians, size=size, downscale=downscale,
                        sh_degree=sh_degree, test_every=test_every, eval_every=eval_every, ckpt_every=ckpt_every,
-                       resume=resume, device=device, seed=seed, quiet=quiet))
+                       resume=resume, device=device, seed=seed, quiet=quiet, antialiased=antialiased,
+                       strategy=strategy, cap_max=cap_max))
 
 
 @splat.command("render")
@@ -458,13 +467,51 @@ def splat_train(scene: str, out: str | None, steps: int, batch: int, gaussians: 
 @click.option("--sh-degree", default=None, type=int, help="SH degree to render with (default: all the file has).")
 @click.option("--background", default=None, help="r,g,b in [0, 1] (default: the training background, or black).")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--antialiased/--classic", "antialiased", default=None,
+              help="rasterize_mode (default: as the checkpoint was trained; classic for a PLY).")
 def splat_render(source: str, cameras: tuple[str, ...], out: str, size: str | None, fov: float, sh_degree: int | None,
-                 background: str | None, device: str) -> None:
+                 background: str | None, device: str, antialiased: bool | None) -> None:
     """Render views of a training checkpoint or a 3DGS PLY file to PNG."""
     from warpforge.splat.cli import cli_render
 
     sys.exit(cli_render(source, cameras=cameras, out=out, size=size, fov=fov, sh_degree=sh_degree, device=device,
-                        background=background))
+                        background=background, antialiased=antialiased))
+
+
+@splat.command("export")
+@click.argument("source", metavar="CKPT_OR_PLY")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The file to write.")
+@click.option("--format", "fmt", default=None, type=click.Choice(["splat", "ply"]),
+              help="splat: the 32-bytes-a-Gaussian file web viewers load; ply: the Inria layout (default: from "
+                   "--out's suffix, else splat).")
+def splat_export(source: str, out: str, fmt: str | None) -> None:
+    """Export a checkpoint or PLY as .splat (web viewers) or .ply."""
+    from warpforge.splat.cli import cli_export
+
+    sys.exit(cli_export(source, out=out, fmt=fmt))
+
+
+@splat.command("video")
+@click.argument("source", metavar="CKPT_OR_PLY")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The MP4 file to write.")
+@click.option("--path", "path", default="orbit", show_default=True, type=click.Choice(["orbit", "train"]),
+              help="orbit: a circle around the scene; train: through the training cameras (a checkpoint's).")
+@click.option("--frames", default=120, show_default=True, type=int, help="Frames in the video.")
+@click.option("--size", default=None, help="WIDTHxHEIGHT, both even (default: the checkpoint's, or 640x360).")
+@click.option("--fps", default=30, show_default=True, type=int)
+@click.option("--fov", default=None, type=float,
+              help="orbit: horizontal field of view (default: the training cameras', or 60).")
+@click.option("--background", default=None, help="r,g,b in [0, 1] (default: the training background, or black).")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--antialiased/--classic", "antialiased", default=None,
+              help="rasterize_mode (default: as the checkpoint was trained; classic for a PLY).")
+def splat_video(source: str, out: str, path: str, frames: int, size: str | None, fps: int, fov: float | None,
+                background: str | None, device: str, antialiased: bool | None) -> None:
+    """Render a camera path through a checkpoint or PLY to an MP4 (H.264, imageio-ffmpeg's ffmpeg)."""
+    from warpforge.splat.cli import cli_video
+
+    sys.exit(cli_video(source, out=out, path=path, frames=frames, size=size, fps=fps, fov=fov, device=device,
+                       background=background, antialiased=antialiased))
 
 
 @main.command()

@@ -20,7 +20,7 @@ def main() -> None:
 
     res = {}
     for cam, name in enumerate(("pinhole", "fisheye")):
-        base = dict(CAMERA=cam, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, BLOCK=P.BLOCK)
+        base = dict(CAMERA=cam, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, ANTIALIAS=False, BLOCK=P.BLOCK)
         res[f"project_fwd {name}"] = sm90.compile_one(
             P._project_fwd_kernel, types(P._project_fwd_kernel),
             dict(base, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS),
@@ -29,6 +29,13 @@ def main() -> None:
                                                       dict(base, VIEW_GRAD=False), P.NUM_WARPS, 1)
         res[f"project_bwd {name} poses"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel),
                                                             dict(base, VIEW_GRAD=True), P.NUM_WARPS, 1)
+    aa = dict(CAMERA=0, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, ANTIALIAS=True, BLOCK=P.BLOCK)
+    res["project_fwd pinhole antialiased"] = sm90.compile_one(
+        P._project_fwd_kernel, types(P._project_fwd_kernel),
+        dict(aa, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS),
+        P.NUM_WARPS, 1)
+    res["project_bwd pinhole antialiased"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel),
+                                                              dict(aa, VIEW_GRAD=False), P.NUM_WARPS, 1)
     res["sh_fwd d3"] = sm90.compile_one(S._sh_fwd_kernel, types(S._sh_fwd_kernel),
                                         dict(DEGREE=3, KB=16, BLOCK=S.BLOCK), S.NUM_WARPS, 1)
     res["sh_bwd d3"] = sm90.compile_one(S._sh_bwd_kernel, types(S._sh_bwd_kernel),

@@ -43,7 +43,8 @@ def test_non_finite_parameters_name_the_tensor_and_index(s, name, index, value):
 
 
 @pytest.mark.parametrize("name,index,value,match", [
-    ("scales", (4, 2), -0.5, r"scales must be >= 0.0 \(linear scales, exp of the log-scales\), got -0.5 at index \[4, 2\]"),
+    ("scales", (4, 2), -0.5,
+     r"scales must be >= 0.0 \(linear scales, exp of the log-scales\), got -0.5 at index \[4, 2\]"),
     ("opacities", (9,), 1.5, r"opacities must be in \[0.0, 1.0\] \(after the sigmoid\), got 1.5 at index \[9\]"),
     ("opacities", (0,), -2.0, r"opacities must be in \[0.0, 1.0\] \(after the sigmoid\), got -2.0 at index \[0\]"),
 ])

@@ -88,6 +88,43 @@ def test_projection_matches_gsplat_torch(camera_model):
     assert (p.means2d[~keep] == 0).all() and (p.conics[~keep] == 0).all() and (p.depths[~keep] == 0).all()
 
 
+@pytest.mark.parametrize("camera_model", ["pinhole", "fisheye"])
+def test_antialiased_compensation_matches_gsplat_torch(camera_model):
+    """gsplat's torch projection with calc_compensations=True (what rasterization() multiplies the opacities by
+    in its "antialiased" mode): our per-camera opacity / the opacity is its compensation on every kept pair."""
+    s = make_scene(96, 3, seed=8)
+    p = ref.project_reference(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmats"], s["Ks"], WIDTH,
+                              HEIGHT, camera_model=camera_model, antialiased=True)
+    covars = gs._quat_scale_to_covar_preci(s["quats"], s["scales"], compute_preci=False)[0]
+    _, _, _, g_conics, g_comp = gs._fully_fused_projection(
+        s["means"], covars, s["viewmats"], s["Ks"], WIDTH, HEIGHT, eps2d=0.3, calc_compensations=True,
+        camera_model=camera_model)
+    keep = (p.radii > 0).all(-1)
+    assert keep.sum() > 100
+    comp = p.opacities / s["opacities"][None]
+    torch.testing.assert_close(comp[keep], g_comp[keep], rtol=2e-5, atol=1e-6)
+    assert g_comp[keep].min() < 0.3  # small splats are dimmed strongly, ...
+    # ... so fewer pairs pass the opacity test than in classic mode, and the boxes are never larger
+    classic = ref.project_reference(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmats"], s["Ks"],
+                                    WIDTH, HEIGHT, camera_model=camera_model)
+    assert keep.sum() < (classic.radii > 0).all(-1).sum()
+    assert (p.radii[keep] <= classic.radii[keep]).all()
+    torch.testing.assert_close(p.conics[keep], classic.conics[keep])  # the blur itself is the same
+
+
+def test_antialiased_render_reference_gradcheck():
+    means, quats, scales, opacities, sh, viewmats, Ks = _tiny(n=3)  # under a pixel: the compensation is 0.24 to 0.42
+    inputs = [t.clone().requires_grad_() for t in (means, quats, scales, opacities)]
+
+    def f(means, quats, scales, opacities):
+        img, alpha, _ = ref.render_reference(means, quats, scales, opacities, sh, viewmats, Ks, 10, 8,
+                                             sh_degree=1, rasterize_mode="antialiased")
+        return img, alpha
+
+    assert float(f(*inputs)[1].detach().max()) > 0.3
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=True)
+
+
 def test_culling_rules():
     s = make_scene(64, 2, seed=0)
     p = ref.project_reference(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmats"], s["Ks"], WIDTH,

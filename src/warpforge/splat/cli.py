@@ -124,7 +124,8 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
         v = trainer.views.subset([i])
         with torch.no_grad():
             img, _, _ = render(splats, v.viewmats, v.Ks, v.width, v.height, sh_degree=trainer.sh_degree_now(),
-                               background=trainer.background, tile_size=trainer.cfg.tile_size)
+                               background=trainer.background, tile_size=trainer.cfg.tile_size,
+                               rasterize_mode=trainer.rasterize_mode)
         gt = trainer.data.batch([i], trainer.device)
         img = img.clamp(0, 1)
         out.append({"name": v.names[0], "render": img[0].cpu().numpy(), "truth": gt[0].cpu().numpy(),
@@ -134,13 +135,15 @@ def _held_out_views(trainer, limit: int = 8) -> list[dict]:
 
 def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | None, size: str, downscale: int,
               sh_degree: int, test_every: int, eval_every: int, ckpt_every: int, resume: bool, device: str,
-              seed: int, quiet: bool = False) -> int:
+              seed: int, quiet: bool = False, antialiased: bool = False, strategy: str = "default",
+              cap_max: int | None = None) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from warpforge._cli_support import make_console
     from warpforge.splat import distributed
     from warpforge.splat.report import write_report
-    from warpforge.splat.train import TrainConfig, Trainer
+    from warpforge.splat.mcmc import MCMCConfig
+    from warpforge.splat.train import STRATEGY_PRESETS, TrainConfig, Trainer
 
     try:
         import plyfile  # noqa: F401  (checked before hours of training, not at the export)
@@ -159,7 +162,15 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
         dev = world.device if world is not None else dev
         rank0 = world is None or world.rank == 0
         console = make_console(quiet=quiet or not rank0)
-        cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every)
+        if strategy not in STRATEGY_PRESETS:
+            raise UsageError(f"--strategy: one of {', '.join(STRATEGY_PRESETS)}, got {strategy!r}")
+        if cap_max is not None and strategy != "mcmc":
+            raise UsageError("--cap-max: only with --strategy mcmc (the default strategy has no cap)")
+        if cap_max is not None and cap_max < 1:
+            raise UsageError(f"--cap-max: must be >= 1, got {cap_max}")
+        mcmc = MCMCConfig(**({} if cap_max is None else {"cap_max": cap_max}))
+        cfg = TrainConfig(steps=steps, batch=batch, sh_degree=sh_degree, seed=seed, eval_every=eval_every,
+                          antialiased=antialiased, strategy=strategy, mcmc=mcmc, **STRATEGY_PRESETS[strategy])
         data = load_scene(scene, gaussians=gaussians, size=wh, downscale=downscale, test_every=test_every,
                           seed=seed, device=dev, say=lambda text: console.print(text, highlight=False, soft_wrap=True))
     except (UsageError, ValueError) as e:
@@ -170,7 +181,10 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
     if resume:
         if not ckpt.is_file():
             return _fail(f"{ckpt}: no checkpoint to --resume from")
-        trainer.resume(ckpt)
+        try:
+            trainer.resume(ckpt)
+        except ValueError as e:
+            return _fail(f"{ckpt}: {e}")
         console.print(f"resumed from {ckpt} at step {trainer.step}")
     where = f"{dev}" + (f", {world.size} ranks" if world is not None else "")
     console.print(f"training {data.name}: {len(data.train)} cameras ({len(data.test)} held out), "
@@ -208,7 +222,9 @@ def cli_train(scene: str, *, out: str, steps: int, batch: int, gaussians: int | 
         summary = {"scene": data.name, "device": where, "steps": trainer.step, "n": trainer.n,
                    "steps_per_s": rate, "wall_s": trainer.wall_s, "held_out_psnr": ev["psnr"],
                    "held_out_ssim": ev["ssim"], "stage_ms": stage_ms,
-                   "config_line": f"batch {batch} x {trainer.world_size} rank(s), SH degree {sh_degree}"}
+                   "config_line": f"batch {batch} x {trainer.world_size} rank(s), SH degree {sh_degree}, "
+                                  f"{strategy} densification"
+                                  + (f" (cap {cfg.mcmc.cap_max:,})" if strategy == "mcmc" else "")}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         report = write_report({**summary, "history": trainer.history, "evals": trainer.evals,
                                "stage_steps": trainer.stage_steps, "views": _held_out_views(trainer)},
@@ -277,34 +293,40 @@ def resolve_cameras(specs: tuple[str, ...], views, split: dict[str, list[int]] |
     return names, Views(torch.stack(mats), torch.stack(ks), w, h, names)
 
 
+def load_source(source: str):
+    """CKPT_OR_PLY -> (splats, views or None, {"train", "test"} or None, background [3], trained antialiased).
+    Values are checked here, so a bad file fails naming itself before anything renders."""
+    from warpforge.splat.scene import Splats, Views
+
+    src = Path(source)
+    if not src.is_file():
+        raise UsageError(f"{source}: no such file")
+    if src.suffix.lower() == ".ply":
+        from warpforge.splat.ply import load_ply
+
+        return load_ply(src), None, None, torch.zeros(3), False
+    from warpforge.splat.train import load_checkpoint
+
+    d = load_checkpoint(src)
+    splats = Splats.from_dict(d["params"])
+    splats.check_values(src)
+    v = d["views"]
+    views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
+    return (splats, views, {"train": v["train"], "test": v["test"]}, d["background"],
+            bool(d["config"].get("antialiased", False)))
+
+
 def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | None, fov: float,
-               sh_degree: int | None, device: str, background: str | None) -> int:
+               sh_degree: int | None, device: str, background: str | None, antialiased: bool | None = None) -> int:
     from warpforge.splat.report import write_png
-    from warpforge.splat.scene import Splats, Views, render
+    from warpforge.splat.scene import render
 
     try:
         dev = _device(device)
         wh = parse_size(size) if size else None
         if not 1.0 <= fov < 179.0:
             raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
-        src = Path(source)
-        if not src.is_file():
-            raise UsageError(f"{source}: no such file")
-        views, split, bg = None, None, torch.zeros(3)
-        if src.suffix.lower() == ".ply":
-            from warpforge.splat.ply import load_ply
-
-            splats = load_ply(src)
-        else:
-            from warpforge.splat.train import load_checkpoint
-
-            d = load_checkpoint(src)
-            splats = Splats.from_dict(d["params"])
-            splats.check_values(src)
-            v = d["views"]
-            views = Views(v["viewmats"], v["Ks"], v["width"], v["height"], v["names"])
-            split = {"train": v["train"], "test": v["test"]}
-            bg = d["background"]
+        splats, views, split, bg, trained_aa = load_source(source)
         if background is not None:
             bg = torch.tensor(_parse_vec(background, "--background"))
             if not all(0.0 <= x <= 1.0 for x in bg.tolist()):
@@ -319,6 +341,8 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
     out_path = Path(out)
     single = len(names) == 1 and out_path.suffix.lower() == ".png"
     splats, cams, bg = splats.to(dev), cams.to(dev), bg.to(dev)
+    # a checkpoint renders the way it was trained unless told otherwise
+    mode = "antialiased" if (trained_aa if antialiased is None else antialiased) else "classic"
     t0 = time.perf_counter()
     written = []
     for i, name in enumerate(names):
@@ -326,7 +350,7 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
         try:
             with torch.no_grad():
                 img, alpha, _ = render(splats, c.viewmats, c.Ks, c.width, c.height, sh_degree=sh_degree,
-                                       background=bg)
+                                       background=bg, rasterize_mode=mode)
         except ValueError as e:  # the Gaussians' or the camera's values; the file is what the user can fix
             return _fail(f"{source}: {e}")
         path = out_path if single else out_path / f"{name.replace('/', '_').rsplit('.', 1)[0]}.png"
@@ -336,6 +360,101 @@ def cli_render(source: str, *, cameras: tuple[str, ...], out: str, size: str | N
     dt = time.perf_counter() - t0
     print(f"rendered {len(written)} view(s) of {splats.n:,} Gaussians at {cams.width}x{cams.height} in {dt:.2f} s: "
           + (str(written[0]) if single else f"{out_path}/"))
+    return 0
+
+
+# ---- export, video -----------------------------------------------------------------------------------------
+
+EXPORT_FORMATS = ("splat", "ply")
+
+
+def cli_export(source: str, *, out: str, fmt: str | None) -> int:
+    """CKPT_OR_PLY -> a .splat (web viewers) or an Inria-layout .ply."""
+    try:
+        fmt = fmt or (Path(out).suffix.lower().lstrip(".") if Path(out).suffix.lower() in (".splat", ".ply")
+                      else "splat")
+        if fmt not in EXPORT_FORMATS:
+            raise UsageError(f"--format: one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
+        splats = load_source(source)[0]
+        if fmt == "splat":
+            from warpforge.splat.export import RECORD, save_splat
+
+            path = save_splat(splats, out)
+            detail = f"{RECORD.itemsize} bytes each, SH beyond the DC band dropped"
+        else:
+            from warpforge.splat.ply import save_ply
+
+            path = save_ply(splats, out)
+            detail = f"Inria layout, SH degree {splats.sh_degree}"
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    print(f"wrote {splats.n:,} Gaussians to {path} ({detail}; {path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cli_video(source: str, *, out: str, path: str, frames: int, size: str | None, fps: int, fov: float | None,
+              device: str, background: str | None, antialiased: bool | None) -> int:
+    """CKPT_OR_PLY -> an MP4 along an orbit or through the training cameras."""
+    from warpforge.splat.scene import render
+    from warpforge.splat.video import PATHS, orbit_path, train_path, write_mp4
+
+    try:
+        dev = _device(device)
+        if path not in PATHS:
+            raise UsageError(f"--path: one of {', '.join(PATHS)}, got {path!r}")
+        if frames < 2:
+            raise UsageError(f"--frames: at least 2, got {frames}")
+        if not 1 <= fps <= 240:
+            raise UsageError(f"--fps: 1..240, got {fps}")
+        if fov is not None and not 1.0 <= fov < 179.0:
+            raise UsageError(f"--fov: degrees in [1, 179), got {fov}")
+        splats, views, split, bg, trained_aa = load_source(source)
+        if size:
+            w, h = parse_size(size)
+        elif views is not None:
+            w, h = views.width, views.height
+        else:
+            w, h = 640, 360
+        if size is None:
+            w, h = w - w % 2, h - h % 2  # a checkpoint's odd size, rounded down for H.264
+        elif w % 2 or h % 2:
+            raise UsageError(f"--size: H.264 (yuv420p) needs an even width and height, got {size!r}")
+        if background is not None:
+            bg = torch.tensor(_parse_vec(background, "--background"))
+        if path == "train":
+            if views is None:
+                raise UsageError(f"{source}: a PLY has no training cameras; use --path orbit or a checkpoint")
+            cams = train_path(views, split["train"], frames, w, h)
+        else:
+            cams = orbit_path(splats, views, frames, w, h, fov)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        return _fail(str(e))
+    mode = "antialiased" if (trained_aa if antialiased is None else antialiased) else "classic"
+    splats, cams, bg = splats.to(dev), cams.to(dev), bg.to(dev)
+    blank = []
+    t0 = time.perf_counter()
+
+    def frames_rgb():
+        for i in range(len(cams)):
+            c = cams.subset([i])
+            with torch.no_grad():
+                img, alpha, _ = render(splats, c.viewmats, c.Ks, w, h, background=bg, rasterize_mode=mode)
+            if not bool(alpha.any()):
+                blank.append(i)
+            yield (img[0].clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
+
+    try:
+        written = write_mp4(frames_rgb(), out, w, h, fps)
+    except ImportError as e:
+        return _fail(f"imageio-ffmpeg: {e}")
+    except ValueError as e:  # the Gaussians' or a camera's values
+        return _fail(f"{source}: {e}")
+    if blank:
+        _warn(written, f"{len(blank)} of {len(cams)} frames see none of the {splats.n:,} Gaussians (first: "
+                       f"frame {blank[0]}); they are only the background")
+    dt = time.perf_counter() - t0
+    print(f"wrote {written}: {len(cams)} frames at {w}x{h}, {fps} fps ({path} path) of {splats.n:,} Gaussians in "
+          f"{dt:.1f} s")
     return 0
 
 

@@ -72,4 +72,5 @@ class SelectiveAdam:
                                      f"{list(self.params[k].shape)}")
         self.lrs, self.betas, self.eps = dict(d["lrs"]), tuple(d["betas"]), d["eps"]
         dev = next(iter(self.params.values())).device
-        self.state = {k: {n: t.to(dev) for n, t in s.items()} for k, s in d["state"].items()}
+        # copies: the moments are updated in place, and the caller's state dict must not change under them
+        self.state = {k: {n: t.to(dev, copy=True) for n, t in s.items()} for k, s in d["state"].items()}

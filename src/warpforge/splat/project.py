@@ -232,8 +232,8 @@ def _camera_gaussian(mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
                      r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy, W, H, near, far, eps2d,
                      CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr):
     """One camera's view of a block of Gaussians: the safe camera-space point, projected centre, Jacobian,
-    camera covariance, Sigma_c J^T columns, the blurred 2D covariance (a, b, c) and whether depth and
-    determinant allow it."""
+    camera covariance, Sigma_c J^T columns, the blurred 2D covariance (a, b, c), whether depth and
+    determinant allow it, and the determinant before the blur (for the antialiased compensation)."""
     px = r00 * mx + r01 * my + r02 * mz + t0
     py = r10 * mx + r11 * my + r12 * mz + t1
     pz = r20 * mx + r21 * my + r22 * mz + t2
@@ -259,23 +259,26 @@ def _camera_gaussian(mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
     w0 = k00 * j10 + k01 * j11 + k02 * j12  # Sigma_c J1^T
     w1 = k01 * j10 + k11 * j11 + k12 * j12
     w2 = k02 * j10 + k12 * j11 + k22 * j12
-    a = j00 * u0 + j01 * u1 + j02 * u2 + eps2d
+    a_raw = j00 * u0 + j01 * u1 + j02 * u2
     b = j00 * w0 + j01 * w1 + j02 * w2
-    c = j10 * w0 + j11 * w1 + j12 * w2 + eps2d
+    c_raw = j10 * w0 + j11 * w1 + j12 * w2
+    a = a_raw + eps2d
+    c = c_raw + eps2d
     det = a * c - b * b
     ok = in_range & (det > 0)
     return (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
-            u0, u1, u2, w0, w1, w2, a, b, c, tl.where(ok, det, 1.0), ok)
+            u0, u1, u2, w0, w1, w2, a, b, c, tl.where(ok, det, 1.0), ok, a_raw * c_raw - b * b)
 
 
 # ---- forward -----------------------------------------------------------------------------------------------
 
 @triton.jit
 def _project_fwd_kernel(means_ptr, quats_ptr, scales_ptr, opac_ptr, view_ptr, K_ptr,
-                        means2d_ptr, conics_ptr, depths_ptr, radii_ptr,
+                        means2d_ptr, conics_ptr, depths_ptr, radii_ptr, comp_ptr,
                         N, C, W, H, near, far, eps2d,
                         CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, CUT_REL: tl.constexpr,
-                        CUT_ABS: tl.constexpr, ALPHA_MIN: tl.constexpr, MAX_R: tl.constexpr, BLOCK: tl.constexpr):
+                        CUT_ABS: tl.constexpr, ALPHA_MIN: tl.constexpr, MAX_R: tl.constexpr,
+                        ANTIALIAS: tl.constexpr, BLOCK: tl.constexpr):
     # one program per BLOCK Gaussians, all cameras; outputs [C, N, ...]
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = g < N
@@ -293,14 +296,27 @@ def _project_fwd_kernel(means_ptr, quats_ptr, scales_ptr, opac_ptr, view_ptr, K_
     for cam in range(C):
         r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
         (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
-         u0, u1, u2, w0, w1, w2, a, b, c, det, ok) = _camera_gaussian(
+         u0, u1, u2, w0, w1, w2, a, b, c, det, ok, det_raw) = _camera_gaussian(
             mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, r00, r01, r02, t0, r10, r11, r12, t1,
             r20, r21, r22, t2, fx, fy, cx, cy, Wf, Hf, near, far, eps2d, CAMERA, CLAMP, EPS)
-        rx = tl.ceil(tl.sqrt(cut * a))
-        ry = tl.ceil(tl.sqrt(cut * c))
+        if ANTIALIAS:
+            # Mip-Splatting's 2D filter: the blur keeps the splat's integral, so its opacity shrinks by
+            # sqrt(det(Sigma2d) / det(Sigma2d + eps2d I)); the radii and culling use the compensated opacity
+            ratio = det_raw / det
+            comp = tl.where(ok & (ratio > 0), tl.sqrt(tl.maximum(ratio, 0.0)), 0.0)
+            op_c = op * comp
+            cut_c = 2.0 * tl.log(tl.maximum(op_c * 255.0, 1e-30))
+            cut_c = tl.maximum(cut_c * (1.0 + CUT_REL) + CUT_ABS, 0.0)
+        else:
+            op_c = op
+            cut_c = cut
+        rx = tl.ceil(tl.sqrt(cut_c * a))
+        ry = tl.ceil(tl.sqrt(cut_c * c))
         on_screen = (c0 + rx > 0) & (c0 - rx < Wf) & (c1 + ry > 0) & (c1 - ry < Hf)
-        keep = mask & ok & (op >= ALPHA_MIN) & on_screen
+        keep = mask & ok & (op_c >= ALPHA_MIN) & on_screen
         out = cam * n64 + g
+        if ANTIALIAS:
+            tl.store(comp_ptr + out, tl.where(keep, comp, 0.0), mask=mask)
         tl.store(means2d_ptr + 2 * out, tl.where(keep, c0, 0.0), mask=mask)
         tl.store(means2d_ptr + 2 * out + 1, tl.where(keep, c1, 0.0), mask=mask)
         tl.store(conics_ptr + 3 * out, tl.where(keep, c / det, 0.0), mask=mask)
@@ -315,10 +331,10 @@ def _project_fwd_kernel(means_ptr, quats_ptr, scales_ptr, opac_ptr, view_ptr, K_
 
 @triton.jit
 def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii_ptr,
-                        v_means2d_ptr, v_conics_ptr, v_depths_ptr, v_means_ptr, v_quats_ptr, v_scales_ptr,
-                        v_view_ptr, N, C, W, H, near, far, eps2d,
+                        v_means2d_ptr, v_conics_ptr, v_depths_ptr, v_comp_ptr, v_means_ptr, v_quats_ptr,
+                        v_scales_ptr, v_view_ptr, N, C, W, H, near, far, eps2d,
                         CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, VIEW_GRAD: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        ANTIALIAS: tl.constexpr, BLOCK: tl.constexpr):
     # one program per BLOCK Gaussians; gradients summed over the cameras in registers, stored once. With
     # VIEW_GRAD, each camera's [R | t] gradient is summed over the block and added atomically (12 per camera).
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -343,7 +359,7 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
     for cam in range(C):
         r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
         (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
-         u0, u1, u2, w0, w1, w2, a, b, c, det, ok) = _camera_gaussian(
+         u0, u1, u2, w0, w1, w2, a, b, c, det, ok, det_raw) = _camera_gaussian(
             mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, r00, r01, r02, t0, r10, r11, r12, t1,
             r20, r21, r22, t2, fx, fy, cx, cy, Wf, Hf, near, far, eps2d, CAMERA, CLAMP, EPS)
         out = cam * n64 + g
@@ -361,6 +377,15 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
         v_a = -(A * A * vA + A * B * vB + B * B * vC)
         v_b = -(2.0 * A * B * vA + (A * Cn + B * B) * vB + 2.0 * B * Cn * vC)
         v_c = -(B * B * vA + B * Cn * vB + Cn * Cn * vC)
+        if ANTIALIAS:
+            # comp = sqrt(r), r = det_raw / det with det_raw = (a - eps)(c - eps) - b^2 and det = ac - b^2
+            v_comp = tl.load(v_comp_ptr + out, mask=keep, other=0.0)
+            ratio = det_raw / det
+            comp = tl.sqrt(tl.maximum(ratio, 0.0))
+            v_r = tl.where(keep & (ratio > 0), v_comp * 0.5 / tl.where(comp > 0, comp, 1.0), 0.0) / det
+            v_a += v_r * ((c - eps2d) - ratio * c)
+            v_c += v_r * ((a - eps2d) - ratio * a)
+            v_b += v_r * (2.0 * b * (ratio - 1.0))
         # (a, b, c) = (J0 Sc J0^T, J0 Sc J1^T, J1 Sc J1^T): the Jacobian's gradient ...
         vj00 = 2.0 * v_a * u0 + v_b * w0
         vj01 = 2.0 * v_a * u1 + v_b * w1
@@ -487,12 +512,15 @@ def _check_kernel_args(named: list[tuple[str, torch.Tensor, tuple]], device) -> 
             raise ValueError(f"{name} must be contiguous (the kernel indexes it densely)")
 
 
-def _consts(camera: int) -> dict:
-    return dict(CAMERA=camera, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, BLOCK=BLOCK, num_warps=NUM_WARPS)
+def _consts(camera: int, antialiased: bool) -> dict:
+    return dict(CAMERA=camera, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, ANTIALIAS=antialiased, BLOCK=BLOCK,
+                num_warps=NUM_WARPS)
 
 
-def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera):
-    """Forward launcher: (means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32)."""
+def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera,
+                       antialiased: bool = False):
+    """Forward launcher: (means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32, compensation
+    [C,N] (antialiased; 0 where culled) or None)."""
     N, C, dev = means.shape[0], viewmats.shape[0], means.device
     _check_kernel_args([("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
                         ("opacities", opacities, (N,)), ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3))],
@@ -501,53 +529,64 @@ def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, hei
     conics = _alloc((C, N, 3), torch.float32, dev)
     depths = _alloc((C, N), torch.float32, dev)
     radii = _alloc((C, N, 2), torch.int32, dev)
+    comp = _alloc((C, N), torch.float32, dev) if antialiased else None
     if N:
         _project_fwd_kernel[(triton.cdiv(N, BLOCK),)](
-            means, quats, scales, opacities, viewmats, Ks, means2d, conics, depths, radii, N, C, width, height,
-            float(near), float(far), float(eps2d), CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS,
-            ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS, **_consts(camera))
-    return means2d, conics, depths, radii
+            means, quats, scales, opacities, viewmats, Ks, means2d, conics, depths, radii,
+            comp if antialiased else depths, N, C, width, height, float(near), float(far), float(eps2d),
+            CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS,
+            **_consts(camera, antialiased))
+    return means2d, conics, depths, radii, comp
 
 
 def project_bwd_triton(means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, width, height,
-                       near, far, eps2d, camera, view_grad: bool = False):
-    """Backward launcher: (v_means [N,3], v_quats [N,4], v_scales [N,3], v_viewmats [C,4,4] or None)."""
+                       near, far, eps2d, camera, view_grad: bool = False, v_comp: torch.Tensor | None = None):
+    """Backward launcher: (v_means [N,3], v_quats [N,4], v_scales [N,3], v_viewmats [C,4,4] or None).
+    ``v_comp`` [C,N]: the antialiased compensation's gradient (None: classic mode)."""
     N, C, dev = means.shape[0], viewmats.shape[0], means.device
-    _check_kernel_args([("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
-                        ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3)), ("radii", radii, (C, N, 2)),
-                        ("v_means2d", v_means2d, (C, N, 2)), ("v_conics", v_conics, (C, N, 3)),
-                        ("v_depths", v_depths, (C, N))], dev)
+    named = [("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
+             ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3)), ("radii", radii, (C, N, 2)),
+             ("v_means2d", v_means2d, (C, N, 2)), ("v_conics", v_conics, (C, N, 3)), ("v_depths", v_depths, (C, N))]
+    _check_kernel_args(named + ([("v_comp", v_comp, (C, N))] if v_comp is not None else []), dev)
     v_means = _alloc((N, 3), torch.float32, dev)
     v_quats = _alloc((N, 4), torch.float32, dev)
     v_scales = _alloc((N, 3), torch.float32, dev)
     v_view = torch.zeros((C, 4, 4), dtype=torch.float32, device=dev) if view_grad else None  # atomics add into it
     if N:
         _project_bwd_kernel[(triton.cdiv(N, BLOCK),)](
-            means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, v_means, v_quats, v_scales,
+            means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths,
+            v_comp if v_comp is not None else v_depths, v_means, v_quats, v_scales,
             v_view if view_grad else v_means, N, C, width, height, float(near), float(far), float(eps2d),
-            VIEW_GRAD=view_grad, **_consts(camera))
+            VIEW_GRAD=view_grad, **_consts(camera, v_comp is not None))
     return v_means, v_quats, v_scales, v_view
 
 
 class _Project(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera):
+    def forward(ctx, means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera,
+                antialiased):
         means, quats, scales, opacities, viewmats, Ks = (t.detach().contiguous() for t in
                                                          (means, quats, scales, opacities, viewmats, Ks))
-        means2d, conics, depths, radii = project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width,
-                                                            height, near, far, eps2d, camera)
+        means2d, conics, depths, radii, comp = project_fwd_triton(means, quats, scales, opacities, viewmats, Ks,
+                                                                  width, height, near, far, eps2d, camera,
+                                                                  antialiased)
         ctx.save_for_backward(means, quats, scales, viewmats, Ks, radii)
         ctx.cfg = (width, height, near, far, eps2d, camera)
+        ctx.antialiased = antialiased
         ctx.mark_non_differentiable(radii)
-        return means2d, conics, depths, radii
+        if comp is None:  # classic mode: an empty stand-in keeps the outputs' count fixed
+            comp = means.new_empty(0)
+            ctx.mark_non_differentiable(comp)
+        return means2d, conics, depths, radii, comp
 
     @staticmethod
-    def backward(ctx, v_means2d, v_conics, v_depths, _v_radii):
+    def backward(ctx, v_means2d, v_conics, v_depths, _v_radii, v_comp):
         means, quats, scales, viewmats, Ks, radii = ctx.saved_tensors
         v_means, v_quats, v_scales, v_view = project_bwd_triton(
             means, quats, scales, viewmats, Ks, radii, v_means2d.contiguous(), v_conics.contiguous(),
-            v_depths.contiguous(), *ctx.cfg, view_grad=ctx.needs_input_grad[4])
-        return v_means, v_quats, v_scales, None, v_view, None, None, None, None, None, None, None
+            v_depths.contiguous(), *ctx.cfg, view_grad=ctx.needs_input_grad[4],
+            v_comp=v_comp.contiguous() if ctx.antialiased else None)
+        return v_means, v_quats, v_scales, None, v_view, None, None, None, None, None, None, None, None
 
 
 # ---- public ------------------------------------------------------------------------------------------------
@@ -559,29 +598,33 @@ def project(means: torch.Tensor,  # [N, 3]
             viewmats: torch.Tensor,  # [C, 4, 4] world -> camera
             Ks: torch.Tensor,  # [C, 3, 3]
             width: int, height: int, *, near: float = 0.01, far: float = 1e10, eps2d: float = 0.3,
-            camera_model: str = "pinhole") -> Projection:
+            camera_model: str = "pinhole", antialiased: bool = False) -> Projection:
     """means2d [C,N,2], conics [C,N,3], depths [C,N], radii [C,N,2] int32 (the opacity-aware box; 0 = culled),
     opacities [C,N]. Gradients flow to means, quats, scales, opacities and viewmats (when it requires grad:
     camera pose refinement); Ks get one on the torch (CPU) path only. NaN or inf, negative scales and
-    opacities outside [0, 1] raise ValueError."""
+    opacities outside [0, 1] raise ValueError. ``antialiased``: each camera's opacity is multiplied by
+    sqrt(det(Sigma2d) / det(Sigma2d + eps2d I)) (gsplat's "antialiased" mode, Mip-Splatting's 2D filter); culled
+    pairs then get opacity 0."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                                    camera_model, camera_values=False)
     check_finite([("means", means), ("quats", quats), ("scales", scales), ("opacities", opacities)],
                  cameras=(viewmats, Ks), bounds=gaussian_bounds(scales, opacities))
     return project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                           camera_model)
+                           camera_model, antialiased)
 
 
 def project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                    camera_model) -> Projection:
+                    camera_model, antialiased: bool = False) -> Projection:
     """``project`` on inputs the caller has already validated (``rasterize`` checks everything once)."""
     C, N = viewmats.shape[0], means.shape[0]
     if not use_triton(means):
         return ref.project_reference(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                                     camera_model)
-    means2d, conics, depths, radii = _Project.apply(means, quats, scales, opacities, viewmats, Ks, width, height,
-                                                    near, far, eps2d, camera_model_code(camera_model))
-    return Projection(means2d, conics, depths, radii, opacities[None].expand(C, N))
+                                     camera_model, antialiased)
+    means2d, conics, depths, radii, comp = _Project.apply(means, quats, scales, opacities, viewmats, Ks, width,
+                                                          height, near, far, eps2d, camera_model_code(camera_model),
+                                                          bool(antialiased))
+    opac = opacities[None] * comp if antialiased else opacities[None].expand(C, N)
+    return Projection(means2d, conics, depths, radii, opac)
 
 
 def check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,

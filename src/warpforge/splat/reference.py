@@ -32,6 +32,7 @@ SH_C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005, -1.092548
 SH_C3 = (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154, -0.4570457994644658,
          1.445305721320277, -0.5900435899266435)
 RENDER_MODES = ("RGB", "D", "ED", "RGB+ED")
+RASTERIZE_MODES = ("classic", "antialiased")
 
 
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:  # [..., 4] (w, x, y, z), any norm -> [..., 3, 3]
@@ -89,10 +90,13 @@ def project_reference(means: torch.Tensor,  # [N, 3]
                       viewmats: torch.Tensor,  # [C, 4, 4]
                       Ks: torch.Tensor,  # [C, 3, 3]
                       width: int, height: int, near: float = 0.01, far: float = 1e10, eps2d: float = 0.3,
-                      camera_model: str = "pinhole") -> Projection:
+                      camera_model: str = "pinhole", antialiased: bool = False) -> Projection:
     """Reference of ``project.project``, differentiable by autograd. Culled (camera, Gaussian) pairs (centre
     nearer than ``near`` or beyond ``far``, opacity below ALPHA_MIN, a non-positive determinant, a box that
-    misses the image) get radii 0, zeros elsewhere and no gradient."""
+    misses the image) get radii 0, zeros elsewhere and no gradient. ``antialiased`` (gsplat's "antialiased"
+    rasterize_mode, Mip-Splatting's 2D filter): the blur eps2d widens the splat without adding to its integral,
+    so each camera's opacity is multiplied by sqrt(det(Sigma2d) / det(Sigma2d + eps2d I)) before the culling and
+    the radii; culled pairs then get opacity 0."""
     C, N = viewmats.shape[0], means.shape[0]
     R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
     p = torch.einsum("cij,nj->cni", R, means) + t[:, None, :]  # [C, N, 3] camera-space centres
@@ -114,6 +118,11 @@ def project_reference(means: torch.Tensor,  # [N, 3]
     det = torch.where(ok, det, torch.ones_like(det))
     conics = torch.stack([c / det, -b / det, a / det], -1)
     opac = opacities[None].expand(C, N)
+    if antialiased:
+        ratio = (cov2d[..., 0, 0] * cov2d[..., 1, 1] - b * b) / det
+        pos = ok & (ratio > 0)  # sqrt's gradient is infinite at 0: where the ratio is not positive, comp is 0
+        comp = torch.where(pos, torch.sqrt(torch.where(pos, ratio, torch.ones_like(ratio))), torch.zeros_like(ratio))
+        opac = opac * comp
     with torch.no_grad():
         cut = torch.clamp(alpha_cutoff(opac), min=0.0)  # q at which alpha falls to ALPHA_MIN
         rx = torch.ceil(torch.sqrt(cut * a))
@@ -123,7 +132,7 @@ def project_reference(means: torch.Tensor,  # [N, 3]
         keep = ok & (opac >= ALPHA_MIN) & on_screen
         radii = torch.where(keep[..., None], torch.stack([rx, ry], -1).clamp(max=MAX_RADIUS), 0.0).int()
     zero = lambda v: torch.where(keep.view(*keep.shape, *[1] * (v.dim() - 2)), v, torch.zeros_like(v))  # noqa: E731
-    return Projection(zero(means2d), zero(conics), zero(z), radii, opac)
+    return Projection(zero(means2d), zero(conics), zero(z), radii, zero(opac) if antialiased else opac)
 
 
 def sh_basis(degree: int, d: torch.Tensor) -> torch.Tensor:  # unit dirs [..., 3] -> [..., (degree + 1)^2]
@@ -208,7 +217,8 @@ def blend_dense(means2d: torch.Tensor,  # [N, 2], or [P, N, 2]: one copy per pix
 def render_reference(means, quats, scales, opacities, colors, viewmats, Ks, width: int, height: int, *,
                      sh_degree: int | None = None, near: float = 0.01, far: float = 1e10, tile_size: int = 16,
                      background: torch.Tensor | None = None, render_mode: str = "RGB",
-                     camera_model: str = "pinhole", absgrad: bool = False, eps2d: float = 0.3):
+                     camera_model: str = "pinhole", absgrad: bool = False, eps2d: float = 0.3,
+                     rasterize_mode: str = "classic"):
     """The whole pipeline with no tiles (``render.rasterize``'s signature and outputs): project, colours,
     then every visible Gaussian blended at every pixel of each camera, nearest first (``blend_dense``).
     Differentiable by autograd in every float input; ``tile_size`` and ``absgrad`` are accepted and unused.
@@ -217,8 +227,10 @@ def render_reference(means, quats, scales, opacities, colors, viewmats, Ks, widt
     if render_mode not in RENDER_MODES:
         raise ValueError(f"render_mode must be one of {RENDER_MODES}, got {render_mode!r}")
     C = viewmats.shape[0]
+    if rasterize_mode not in RASTERIZE_MODES:
+        raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
     proj = project_reference(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                             camera_model)
+                             camera_model, rasterize_mode == "antialiased")
     feats, bg = [], None
     if render_mode in ("RGB", "RGB+ED"):
         feats.append(view_colors(colors, means, viewmats, sh_degree))

@@ -18,11 +18,11 @@ from warpforge.splat.blend import rasterize_to_pixels
 from warpforge.splat.camera import camera_centers
 from warpforge.splat.checks import check_finite, gaussian_bounds
 from warpforge.splat.project import check_projection_inputs, project_checked
-from warpforge.splat.reference import RENDER_MODES
+from warpforge.splat.reference import RASTERIZE_MODES, RENDER_MODES
 from warpforge.splat.sh import MAX_DEGREE, spherical_harmonics
 from warpforge.splat.tiles import intersect_tiles, tile_offsets
 
-__all__ = ["rasterize", "RENDER_MODES"]
+__all__ = ["rasterize", "RASTERIZE_MODES", "RENDER_MODES"]
 
 
 def rasterize(means: torch.Tensor,  # [N, 3]
@@ -36,7 +36,7 @@ def rasterize(means: torch.Tensor,  # [N, 3]
               sh_degree: int | None = None, near: float = 0.01, far: float = 1e10, tile_size: int = 16,
               background: torch.Tensor | None = None,  # [D] or [C, D] behind the colour channels
               render_mode: str = "RGB", camera_model: str = "pinhole", absgrad: bool = False,
-              eps2d: float = 0.3) -> tuple[torch.Tensor, torch.Tensor, dict]:
+              eps2d: float = 0.3, rasterize_mode: str = "classic") -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Render N Gaussians into C cameras: images [C, H, W, D'], alphas [C, H, W, 1], meta.
 
     ``render_mode``: "RGB" (D' = D, the colour channels), "D" (accumulated camera-space depth), "ED" (expected
@@ -44,14 +44,19 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     evaluated along mean - camera centre, plus 0.5, clamped at 0. ``meta["means2d"]`` is the tensor the blend
     consumed; after backward its ``.grad`` (and, with ``absgrad=True``, ``.absgrad``: the sum over pixels of
     |dL/dmeans2d|) are what densification reads. Differentiable in means, quats, scales, opacities, colors,
-    background and viewmats (Ks on the CPU path only). Bad input raises ValueError with one line naming what
-    is wrong.
+    background and viewmats (Ks on the CPU path only). ``rasterize_mode="antialiased"``: gsplat's mode of that
+    name (Mip-Splatting's 2D filter), each camera's opacity times sqrt(det(Sigma2d) / det(Sigma2d + eps2d I)),
+    so small or distant splats fade instead of swelling to the eps2d blur. Bad input raises ValueError with one
+    line naming what is wrong.
     """
     C, N, D = check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near,
                            far, tile_size, background, render_mode, camera_model, eps2d)
+    if rasterize_mode not in RASTERIZE_MODES:
+        raise ValueError(f"rasterize_mode must be one of {', '.join(map(repr, RASTERIZE_MODES))}, "
+                         f"got {rasterize_mode!r}")
     check_memory(C, N, D + (render_mode != "RGB"), width, height, tile_size, means.device)
     proj = project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                           camera_model)
+                           camera_model, rasterize_mode == "antialiased")
     feats, backgrounds = _features(colors, means, viewmats, sh_degree, proj.depths, background, render_mode, C)
     tile_width, tile_height = -(-width // tile_size), -(-height // tile_size)
     tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles(proj.means2d, proj.radii, proj.depths, proj.conics,

@@ -210,6 +210,17 @@ def intrinsics(width: int, height: int, fov_x_deg: float, n: int = 1) -> Tensor:
     return k.expand(n, 3, 3).clone()
 
 
+def camera_focus(viewmats: Tensor) -> tuple[Tensor, float]:  # [C, 4, 4] -> [3], distance
+    """Where the cameras look: the point nearest every optical axis (least squares), and the median camera
+    distance to it. Cameras whose axes are (nearly) parallel, which meet nowhere, give their mean centre."""
+    c2w = torch.linalg.inv(viewmats.double())
+    centers, axes = c2w[:, :3, 3], c2w[:, :3, 2]  # OpenCV: z is the viewing direction
+    proj = torch.eye(3, dtype=torch.float64)[None] - axes[:, :, None] * axes[:, None, :]  # I - d d^T
+    a, b = proj.sum(0), torch.einsum("cij,cj->i", proj, centers)
+    focus = torch.linalg.solve(a, b) if float(torch.linalg.cond(a)) < 1e6 else centers.mean(0)
+    return focus.float(), float((centers - focus).norm(dim=-1).median())
+
+
 # ---- rendering a set of splats ---------------------------------------------------------------------------
 
 def render(splats: Splats, viewmats: Tensor, Ks: Tensor, width: int, height: int, *, sh_degree: int | None = None,

@@ -22,11 +22,18 @@ import torch
 from torch import Tensor
 
 from warpforge.splat.densify import DensifyConfig, Densifier
+from warpforge.splat.mcmc import MCMCConfig, MCMCDensifier
 from warpforge.splat.metrics import psnr, ssim
 from warpforge.splat.optim import SelectiveAdam
 from warpforge.splat.scene import PosedImages, Splats, render, rgb_to_sh
 
 STAGES = ("render", "loss", "backward", "optimizer", "densify")
+STRATEGIES = ("default", "mcmc")
+# What each densification strategy changes in TrainConfig: gsplat simple_trainer's presets. MCMC starts denser
+# and brighter (opacity 0.5, scale 0.1 x the neighbour distance) and regularises opacity and scale so that
+# Gaussians it does not need fade and get relocated.
+STRATEGY_PRESETS = {"default": {}, "mcmc": {"init_opacity": 0.5, "init_scale": 0.1, "opacity_reg": 0.01,
+                                            "scale_reg": 0.01}}
 
 
 @dataclass
@@ -47,14 +54,26 @@ class TrainConfig:
     sh0_lr: float = 2.5e-3
     shN_lr: float = 2.5e-3 / 20
     densify: DensifyConfig = field(default_factory=DensifyConfig)
+    strategy: str = "default"  # "default" (clone/split/prune: densify) or "mcmc" (relocation and noise: mcmc)
+    mcmc: MCMCConfig = field(default_factory=MCMCConfig)
+    opacity_reg: float = 0.0  # + opacity_reg * mean(sigmoid(opacities)) in the loss
+    scale_reg: float = 0.0  # + scale_reg * mean(exp(scales))
     eval_every: int = 1000  # held-out PSNR/SSIM every this many steps, and after the last one
     log_every: int = 10
     seed: int = 0
     tile_size: int = 16
+    antialiased: bool = False  # rasterize_mode="antialiased" (Mip-Splatting's 2D filter), as gsplat's flag
 
     def __post_init__(self) -> None:
         if isinstance(self.densify, dict):
             self.densify = DensifyConfig(**self.densify)
+        if isinstance(self.mcmc, dict):
+            self.mcmc = MCMCConfig(**self.mcmc)
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"TrainConfig.strategy: one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        for name in ("opacity_reg", "scale_reg"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"TrainConfig.{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("steps", "batch", "sh_degree_interval", "eval_every", "log_every", "tile_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}: must be >= 1, got {getattr(self, name)}")
@@ -109,7 +128,11 @@ class Trainer:
         self.rank, self.world_size = (world.rank, world.size) if world is not None else (0, 1)
         self.scene_scale = data.scene_scale
         gen = torch.Generator().manual_seed(cfg.seed)
-        s = init_splats(data.points.to(self.device), data.points_rgb.to(self.device), cfg, gen)
+        points, rgb = data.points, data.points_rgb
+        if cfg.strategy == "mcmc" and points.shape[0] > cfg.mcmc.cap_max:  # start within the cap
+            keep = torch.randperm(points.shape[0], generator=gen)[:cfg.mcmc.cap_max].sort().values
+            points, rgb = points[keep.to(points.device)], rgb[keep.to(rgb.device)]
+        s = init_splats(points.to(self.device), rgb.to(self.device), cfg, gen)
         self.params: dict[str, Tensor] = {k: v.requires_grad_() for k, v in s.as_dict().items()}
         bs = cfg.batch * self.world_size  # gsplat scales learning rates with the global batch like this
         self.base_lrs = {"means": cfg.means_lr * self.scene_scale, "scales": cfg.scales_lr, "quats": cfg.quats_lr,
@@ -118,7 +141,10 @@ class Trainer:
         self.opt = SelectiveAdam(self.params, self.base_lrs, betas=(1 - bs * 0.1, 1 - bs * 0.001),
                                  eps=1e-15 / math.sqrt(bs))
         reduce = world.all_reduce_ if world is not None else None
-        self.densifier = Densifier(cfg.densify, self.scene_scale, seed=cfg.seed + 1, all_reduce=reduce)
+        if cfg.strategy == "mcmc":  # no statistics to reduce: identical seeds make identical moves on every rank
+            self.densifier = MCMCDensifier(cfg.mcmc, seed=cfg.seed + 1, device=self.device)
+        else:
+            self.densifier = Densifier(cfg.densify, self.scene_scale, seed=cfg.seed + 1, all_reduce=reduce)
         self.camera_gen = torch.Generator().manual_seed(cfg.seed + 2)  # same on every rank: one global order
         self.order: list[int] = []
         self.step = 0
@@ -132,6 +158,10 @@ class Trainer:
     @property
     def splats(self) -> Splats:
         return Splats.from_dict(self.params).detach()
+
+    @property
+    def rasterize_mode(self) -> str:
+        return "antialiased" if self.cfg.antialiased else "classic"
 
     def sh_degree_now(self) -> int:
         return min(self.step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
@@ -157,11 +187,16 @@ class Trainer:
         gt = self.data.batch(cams, self.device)
         images, _, meta = render(Splats.from_dict(self.params), v.viewmats, v.Ks, v.width, v.height,
                                  sh_degree=self.sh_degree_now(), background=self.background,
-                                 absgrad=cfg.densify.absgrad, tile_size=cfg.tile_size)
+                                 absgrad=cfg.densify.absgrad, tile_size=cfg.tile_size,
+                                 rasterize_mode=self.rasterize_mode)
         clock.lap("render")
         l1 = (images - gt).abs().mean()
         s = ssim(images, gt).mean()
         loss = (1 - cfg.ssim_lambda) * l1 + cfg.ssim_lambda * (1 - s)
+        if cfg.opacity_reg:
+            loss = loss + cfg.opacity_reg * torch.sigmoid(self.params["opacities"]).mean()
+        if cfg.scale_reg:
+            loss = loss + cfg.scale_reg * torch.exp(self.params["scales"]).mean()
         clock.lap("loss")
         loss.backward()
         visible = (meta["radii"] > 0).all(-1).any(0)  # [N] seen by some camera of the step
@@ -208,7 +243,8 @@ class Trainer:
         for i in idx:
             v = self.views.subset([i])
             img, _, _ = render(splats, v.viewmats, v.Ks, v.width, v.height, sh_degree=self.sh_degree_now(),
-                               background=self.background, tile_size=self.cfg.tile_size)
+                               background=self.background, tile_size=self.cfg.tile_size,
+                               rasterize_mode=self.rasterize_mode)
             gt = self.data.batch([i], self.device)
             img = img.clamp(0, 1)
             ps.append(float(psnr(img, gt)[0]))
@@ -261,8 +297,13 @@ class Trainer:
     def load_state_dict(self, d: dict) -> None:
         if d.get("format") != "warpforge.splat.ckpt/1":
             raise ValueError(f"not a warpforge splat checkpoint (format {d.get('format')!r})")
+        saved = d["config"].get("strategy", "default")
+        if saved != self.cfg.strategy:
+            raise ValueError(f"the checkpoint was trained with --strategy {saved}, not {self.cfg.strategy}")
         self.params.clear()
-        self.params.update({k: v.to(self.device).requires_grad_() for k, v in d["params"].items()})
+        # copies: the optimizer and MCMC's noise update parameters in place, and a state dict held in memory
+        # (loaded into two trainers, or kept by the caller) must not change under them
+        self.params.update({k: v.to(self.device, copy=True).requires_grad_() for k, v in d["params"].items()})
         self.opt.load_state_dict(d["optimizer"])
         self.densifier.load_state_dict({k: (v.to(self.device) if isinstance(v, Tensor) and k != "generator" else v)
                                         for k, v in d["densify"].items()})

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from warpforge.splat.scene import PosedImages, Views
+from warpforge.splat.scene import PosedImages, Views, camera_focus
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips camera y and z: right-multiplied on camera-to-world
 INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y", "camera_model",
@@ -160,16 +160,12 @@ def _ply_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def random_cube_points(viewmats: np.ndarray, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` uniform points (grey) in a cube centred on the point nearest every camera's optical axis, half-size
-    CUBE_FRACTION x the median camera distance to it (the cameras' mean centre when the axes are parallel)."""
-    c2w = np.linalg.inv(viewmats)
-    centers, axes = c2w[:, :3, 3], c2w[:, :3, 2]  # OpenCV: z is the viewing direction
-    proj = np.eye(3)[None] - axes[:, :, None] * axes[:, None, :]  # I - d d^T: off-axis component
-    a, b = proj.sum(0), np.einsum("cij,cj->i", proj, centers)
-    focus = np.linalg.solve(a, b) if np.linalg.cond(a) < 1e6 else centers.mean(0)
-    half = CUBE_FRACTION * float(np.median(np.linalg.norm(centers - focus, axis=1)) or 1.0)
+    """``n`` uniform points (grey) in a cube centred where the cameras look (``scene.camera_focus``), half-size
+    CUBE_FRACTION x the median camera distance to it."""
+    focus, dist = camera_focus(torch.as_tensor(viewmats))
+    half = CUBE_FRACTION * (dist or 1.0)
     rng = np.random.default_rng(seed)
-    return focus + rng.uniform(-half, half, (n, 3)), np.full((n, 3), 0.5)
+    return focus.double().numpy() + rng.uniform(-half, half, (n, 3)), np.full((n, 3), 0.5)
 
 
 def load_transforms(path: str | Path, *, downscale: int = 1, test_every: int = 8, init_points: int = 100_000,
