@@ -198,6 +198,10 @@ def _stream_flags(req) -> dict:
 
 
 def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
+    for name in ("tools", "tool_choice"):
+        if body.get(name) not in (None, [], "none"):
+            raise bad_request(f"{name}: tool calling is a /v1/chat/completions feature", param=name,
+                              code="unsupported_field")
     req = parse(CompletionRequest, body)
     state.check_model(req.model)
     check_n(req.n)
