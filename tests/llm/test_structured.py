@@ -116,7 +116,8 @@ def test_regex_choice_grammar_and_json_object():
     choices = [["Hamlet", "Ophelia", "Polonius"], ["to be", "not to be"], ["a", "ab", "abc"], ["ü", "naïve"]]
     grammar = 'root ::= "(" num (" + " num)* ")"\nnum ::= [1-9] [0-9]?'  # * unbounded: sampled exits end it
     so = [StructuredOutputsParams(regex=x) for x in regexes] + [StructuredOutputsParams(choice=c) for c in choices]
-    so += [StructuredOutputsParams(grammar=grammar), StructuredOutputsParams(json_object=True, disable_any_whitespace=True)]
+    so += [StructuredOutputsParams(grammar=grammar),
+           StructuredOutputsParams(json_object=True, disable_any_whitespace=True)]
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=64, structured_outputs=s) for i, s in enumerate(so)]
     outs = llm().generate([PROMPTS[i % len(PROMPTS)] for i in range(len(so))], params)
     for x, out in zip(regexes, outs):

@@ -73,6 +73,7 @@ def guided_cases(quick: bool) -> list[EndToEndCase]:
         name=f"structured outputs JSON schema batch {n_req} {model} + {new}",
         params={"row": "guided-json-b64", "preset": model, "requests": n_req, "new": new, "batch": n_req,
                 "schema": SCHEMA, "backend": "xgrammar"},
-        ours=guided_run(model, n_req, new, True, **engine), peers={"free": guided_run(model, n_req, new, False, **engine)},
+        ours=guided_run(model, n_req, new, True, **engine),
+        peers={"free": guided_run(model, n_req, new, False, **engine)},
         check=guided_check, check_against="free", dtype=torch.bfloat16, rep=1 if quick else 3,
         baseline="the same requests unconstrained (same decode steps)", target={"ratio": {"free": 0.91}})]
