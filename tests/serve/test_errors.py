@@ -124,21 +124,22 @@ def test_null_message_content_is_refused(server):
                      [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]):
         check_error(post(server, "/chat/completions", json={**chat, "messages": messages}), 400, "messages",
                     says="content")
-    # OpenAI allows null content beside tool_calls; tool calling is not supported, and the refusal says that
+    # OpenAI allows null content beside tool_calls (tests/serve/test_structured.py); the legacy function_call is
+    # refused by name
     calls = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
-    check_error(post(server, "/chat/completions", json={**chat, "messages": calls}), 400, "messages",
-                "unsupported_field", "tool_calls")
+    assert post(server, "/chat/completions", json={**chat, "messages": calls}).status_code == 200
+    legacy = [calls[0], {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}]
+    check_error(post(server, "/chat/completions", json={**chat, "messages": legacy}), 400, "messages",
+                "unsupported_field", "function_call")
     check_error(post(server, "/chat/completions", json={**chat, "max_tokens": True,
                                                         "messages": [{"role": "user", "content": "hi"}]}),
                 400, "max_tokens")
 
 
 @pytest.mark.parametrize("field,value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("response_format", {"type": "json_object"}),
+    ("functions", [{"name": "f", "parameters": {}}]),
+    ("function_call", "auto"),
     ("logit_bias", {"50": 10}),
     ("best_of", 3),
 ])
@@ -167,7 +168,7 @@ def test_the_openai_client_raises_its_typed_errors(server):
     assert e.value.param == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}],
-                                  tools=[{"type": "function", "function": {"name": "f"}}])
+                                  tools=[{"type": "function", "function": {"description": "no name"}}])
     assert e.value.param == "tools"
 
 

@@ -17,7 +17,7 @@ _LAZY = {
     "AsyncLLM": "async_engine",
     "EngineConfig": "engine_config",
     "SpeculativeConfig": "speculative",
-    "SamplingParams": "sampling",
+    "SamplingParams": "sampling", "StructuredOutputsParams": "structured",
     "RequestOutput": "outputs", "RequestMetrics": "outputs",
     "ModelConfig": "config",
     "load": "loader", "Loaded": "loader",

@@ -7,6 +7,7 @@ engine (:mod:`warpforge.llm.async_engine`) steps the same engine from an asyncio
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -149,6 +150,13 @@ class LLMEngine:
         self.lookahead_steps = 0  # steps queued by async scheduling (stats and tests)
         self._ahead = None  # (batch, PendingStep): a lookahead step queued on the device, not yet postprocessed
 
+    @functools.cached_property
+    def grammars(self):
+        """Structured outputs' compiler over this model's vocabulary (built on the first such request)."""
+        from warpforge.llm.structured import GrammarBackend
+
+        return GrammarBackend(self.tokenizer, self.model_config.vocab_size, sorted(self.scheduler.eos_token_ids))
+
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (also done at interpreter exit); a no-op on one rank."""
         if self.workers is not None:
@@ -184,6 +192,8 @@ class LLMEngine:
             raise ValueError(f"request {rid}: a request with this id is still running")
         t = now()
         seq = Sequence(ids, params, seq_id=rid)
+        if params.structured_outputs is not None:
+            seq.grammar = self.grammars.matcher(params.structured_outputs)
         return Request(rid, text, ids, seq, Detokenizer(self.tokenizer, ids),
                        RequestMetrics(t, num_prompt_tokens=len(ids)), stream)
 

@@ -4,11 +4,13 @@ Per row, in HF's order: repetition penalty (HF: over prompt + output tokens, pos
 negative x p), presence and frequency penalties (OpenAI: over output tokens, counted with one
 scatter_add), then temperature, top-k, top-p, min-p, and a draw by the exponential race
 (argmax of probs / Exp(1) noise: a categorical sample without a host sync or a cumsum search).
-Greedy rows (temperature < 1e-5) take the exact argmax of the penalized logits.
+Greedy rows (temperature < 1e-5) take the exact argmax of the penalized logits. Rows of a
+structured-outputs request first have the tokens their grammar forbids set to -inf (the token bitmask
+``SamplingTensors.from_sequences`` fills on the host; llm/structured.py).
 
 Logprobs are log_softmax of the penalized logits, *before* temperature and filtering: the
 model's distribution under the request's penalties, so the chosen token's logprob is always
-finite and does not depend on the sampling knobs.
+finite and does not depend on the sampling knobs. A constrained row's are under its grammar's mask.
 
 Seeds. Unseeded rows draw their noise in one call from the sampler's generator (seeded from
 EngineConfig.seed). A seeded row draws its own noise row from a generator reseeded with
@@ -26,6 +28,7 @@ import torch
 from warpforge.kernels.argmax import argmax_rows
 from warpforge.llm.sampling import SamplingParams
 from warpforge.llm.sequence import Sequence
+from warpforge.llm.structured import apply_token_bitmask, token_bitmask
 
 
 def _row_seed(seed: int, position: int) -> int:
@@ -60,6 +63,9 @@ class SamplingTensors:
     row_seeds: list[tuple[int, int]]  # (row, generator seed for this step) of seeded rows
     num_logprobs: list[int | None]  # per row: None or top-n count
     all_greedy: bool
+    # Structured outputs: allowed next tokens, 1 bit per id (llm/structured.py); None when no row is constrained
+    token_bitmask: torch.Tensor | None = None  # [B, ceil(V/32)] int32
+    bitmask_rows: list[int] | None = None  # the constrained rows (None: every row)
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], prompt_ids: list[list[int]] | None,
@@ -108,6 +114,15 @@ class SamplingTensors:
 
     @classmethod
     def from_sequences(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str) -> SamplingTensors:
+        st = cls._from_sequences(seqs, vocab_size, device)
+        # Host work while the forward runs; nothing at all when no sequence is constrained.
+        mask = token_bitmask([s.grammar for s in seqs], vocab_size, st.temperature.device)
+        if mask is not None:
+            st.token_bitmask, st.bitmask_rows = mask
+        return st
+
+    @classmethod
+    def _from_sequences(cls, seqs: list[Sequence], vocab_size: int, device: torch.device | str) -> SamplingTensors:
         params = [s.params for s in seqs]
         if any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
                for p in params):
@@ -222,6 +237,8 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != t.temperature.shape[0]:
             raise ValueError(f"logits: expected [B={t.temperature.shape[0]}, V], got {tuple(logits.shape)}")
         logits = apply_penalties(logits.float(), t)  # [B, V]
+        if t.token_bitmask is not None:  # before every read: logprobs too are under the grammar
+            apply_token_bitmask(logits, t.token_bitmask, t.bitmask_rows)
         greedy_ids = argmax_rows(logits)  # [B]; a chunked Triton argmax on CUDA (torch's is one block per row)
         if t.all_greedy:
             ids = greedy_ids

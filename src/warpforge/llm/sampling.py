@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from warpforge._validate import check_int
+from warpforge.llm.structured import StructuredOutputsParams
 
 # Temperatures below this are greedy (as vLLM): dividing logits by ~0 would overflow to inf.
 GREEDY_EPS = 1e-5
@@ -39,6 +40,8 @@ class SamplingParams:
     max_tokens          >= 1 new tokens at most
     logprobs            None: none; n in [0, 20]: the chosen token's logprob and the top n
     ignore_eos          keep going past the model's EOS tokens (stop_token_ids still stop)
+    structured_outputs  None, or StructuredOutputsParams (or a dict of its keywords): constrain the output
+                        to a JSON schema, regex, choice or grammar (llm/structured.py)
     """
 
     temperature: float = 1.0
@@ -54,6 +57,7 @@ class SamplingParams:
     max_tokens: int = 16
     logprobs: int | None = None
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _number("temperature", self.temperature, 0.0, math.inf, hi_open=True)
@@ -80,6 +84,7 @@ class SamplingParams:
             check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
 
     @property
     def greedy(self) -> bool:

@@ -14,6 +14,7 @@ recomputed when readmitted) and no new sequence is admitted in that step.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Sequence as Seq
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from functools import cached_property
 from warpforge.llm.block_manager import BlockManager
 from warpforge.llm.engine_config import EngineConfig
 from warpforge.llm.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -198,7 +201,8 @@ class Scheduler:
 
         Only where the result is the batch schedule() would form once ``batch`` is postprocessed:
         ``batch`` is decode-only and holds every running sequence, nothing is waiting, no sequence can
-        end by length at this step, none needs its output ids to sample (penalties), and every next
+        end by length at this step, none needs its output ids to sample (penalties) or its token to
+        mask the next step's logits (structured outputs), and every next
         slot is free without preemption. None otherwise (the engine then schedules as usual). A
         sequence that stops at this step (EOS, stop id or string, abort) has its lookahead row
         computed and dropped: postprocess skips finished sequences."""
@@ -211,7 +215,8 @@ class Scheduler:
             p = seq.params
             if (seq is not run or seq.is_finished or seq.pending_token
                     or seq.num_output_tokens + 1 >= p.max_tokens or seq.num_tokens + 1 >= max_len
-                    or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+                    or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+                    or seq.grammar is not None):
                 return None
         bm = self.block_manager
         for seq in batch.seqs:
@@ -263,13 +268,25 @@ class Scheduler:
             seq.append_token(token, None if logprobs is None else logprobs[j])
             j += 1
             out.append(seq)
-            p = seq.params
-            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-                seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, (
-                    token if token in p.stop_token_ids else None)
-            elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_len:
-                seq.status = SequenceStatus.FINISHED_LENGTH
+            check_end(seq, token, self.eos_token_ids, max_len)
         for seq in out:
             if seq.is_finished:
                 self.finish(seq)
         return out
+
+
+def check_end(seq: Sequence, token: int, eos: frozenset[int], max_len: int) -> bool:
+    """After ``token`` was appended: advance the sequence's grammar, set its finished status when it
+    ended (EOS, a stop id, a finished grammar, max_tokens, max_model_len); -> True when it ended."""
+    p = seq.params
+    if seq.grammar is not None and not seq.grammar.accept_token(token):
+        # Only reachable when the mask did not hold (a bug): end it rather than emit text off the grammar.
+        log.warning("request %s: token %d is outside its grammar; stopping it", seq.seq_id, token)
+        seq.status = SequenceStatus.FINISHED_STOPPED
+    elif token in p.stop_token_ids or (not p.ignore_eos and token in eos):
+        seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, (token if token in p.stop_token_ids else None)
+    elif seq.grammar is not None and seq.grammar.is_terminated():  # its stop token, even with ignore_eos
+        seq.status = SequenceStatus.FINISHED_STOPPED
+    elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_len:
+        seq.status = SequenceStatus.FINISHED_LENGTH
+    return seq.is_finished

@@ -38,6 +38,8 @@ class Sequence:
     output_text          the detokenized output, kept by the engine
     finish_reason        "stop" | "length" | "abort" once finished; stop_reason: the stop token id
                          or stop string that matched (None for EOS and length)
+    grammar              the xgrammar GrammarMatcher of a structured-outputs request (else None): it
+                         masks each step's logits and advances with every sampled token
     """
 
     def __init__(self, token_ids: list[int], params: SamplingParams | None = None, *,
@@ -60,6 +62,7 @@ class Sequence:
         self.output_text = ""
         self.stop_reason: int | str | None = None
         self._stop_scanned = 0  # output_text chars already searched for stop strings
+        self.grammar = None
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, {self.status.name}, prompt={self.num_prompt_tokens}, "

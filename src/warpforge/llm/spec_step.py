@@ -17,7 +17,8 @@ engine then runs the batch as usual. Inside:
    drafts wrote stays in the kept page's tail, unread, until later tokens overwrite it.
 
 Eligible: greedy rows, and sampled rows without penalties or a seed (a seeded request's tokens depend
-only on its seed, which a batch-dependent k would break); none asking for logprobs. The others, and
+only on its seed, which a batch-dependent k would break); none asking for logprobs or structured outputs
+(their next mask needs the previous token). The others, and
 prefill chunks, run in the same forward as in a plain step, sampled by the engine's Sampler.
 """
 
@@ -31,8 +32,8 @@ from warpforge.kernels.argmax import argmax_rows
 from warpforge.llm.context import set_context
 from warpforge.llm.drafters import build_drafter, load_draft_model
 from warpforge.llm.sampler import Sampler, SamplingTensors
-from warpforge.llm.scheduler import ScheduledBatch
-from warpforge.llm.sequence import Sequence, SequenceStatus
+from warpforge.llm.scheduler import ScheduledBatch, check_end
+from warpforge.llm.sequence import Sequence
 from warpforge.llm.speculative import AdaptiveK, SpecStats, SpeculativeConfig
 
 
@@ -90,7 +91,8 @@ def _repeat_rows(st: SamplingTensors, n: int) -> SamplingTensors:
 
 def eligible(seq: Sequence) -> bool:
     p = seq.params
-    return not p.has_penalties and p.logprobs is None and (p.greedy or p.seed is None) and not seq.pending_token
+    return (not p.has_penalties and p.logprobs is None and (p.greedy or p.seed is None) and not seq.pending_token
+            and seq.grammar is None)
 
 
 def draft_page_bytes(loaded, page_size: int) -> int:
@@ -246,7 +248,7 @@ class SpecDecoder:
                 if id(seq) in plain_tok:
                     t, lp = plain_tok[id(seq)]
                     seq.append_token(t, lp)
-                    _check_stop(seq, t, eos, max_len)
+                    check_end(seq, t, eos, max_len)
                     out.append(seq)
                 continue
             d, a, t, start = v
@@ -254,7 +256,7 @@ class SpecDecoder:
             for tok in d[:a] + [t]:
                 seq.append_token(tok)
                 emitted += 1
-                if _check_stop(seq, tok, eos, max_len):
+                if check_end(seq, tok, eos, max_len):
                     break
             # KV is valid for the last token and the accepted drafts; the new last token is not computed.
             seq.num_computed_tokens = seq.num_tokens - 1
@@ -274,12 +276,3 @@ class SpecDecoder:
         self.drafter.forget({q.seq_id for q in sched.running})
         return out
 
-
-def _check_stop(seq: Sequence, token: int, eos: frozenset, max_len: int) -> bool:
-    """Scheduler.postprocess's end conditions after ``token`` was appended; True when ``seq`` ended."""
-    p = seq.params
-    if token in p.stop_token_ids or (not p.ignore_eos and token in eos):
-        seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, (token if token in p.stop_token_ids else None)
-    elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_len:
-        seq.status = SequenceStatus.FINISHED_LENGTH
-    return seq.is_finished

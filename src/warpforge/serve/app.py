@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import time
 
 from fastapi import FastAPI, Request
@@ -26,8 +27,9 @@ from starlette.requests import ClientDisconnect
 from warpforge.serve.config import ServeConfig
 from warpforge.serve.metrics import CONTENT_TYPE, ServerMetrics
 from warpforge.serve.protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                                      bad_request, chat_messages, check_n, parse, sampling_kwargs)
+                                      bad_request, chat_messages, check_n, parse, sampling_kwargs, structured_outputs)
 from warpforge.serve.serving import Job, Prompt
+from warpforge.serve.tools import ToolPlan, tool_plan
 
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait: about one batch's worth of decode steps
 _OUTCOMES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "not_found", 413: "too_large",
@@ -161,6 +163,29 @@ def _sampling(kw: dict, names: dict[str, str]) -> dict:
     return kw
 
 
+def _structured(state: ServerState, req, params: dict, tools: ToolPlan | None = None) -> dict:
+    """``params`` with the body's output constraint (or the one tool_choice forces), compiled now so that a
+    bad schema, regex or grammar is a 400 naming its field before the request is admitted."""
+    so, field = structured_outputs(req)
+    compact = bool((req.structured_outputs or {}).get("disable_any_whitespace", False))
+    forced = tools.constraint(compact) if tools is not None else None
+    if forced is not None:
+        if so is not None:
+            raise bad_request(f"{field}: not together with tool_choice {req.tool_choice!r:.60} (it constrains the "
+                              f"output to the tool call)", param=field.split(".")[0])
+        names = [t["function"]["name"] for t in tools.tools]
+        so, field = forced, (f"tools[{names.index(tools.name)}].function.parameters" if tools.mode == "named"
+                             else "tools")
+    if so is None:
+        return params
+    try:
+        state.llm.engine.grammars.compile(so)
+    except ValueError as e:
+        msg = str(e) if field == "structured_outputs" else re.sub(r"^structured_outputs(\.\w+)?", field, str(e))
+        raise bad_request(msg, param=field.split(".")[0].split("[")[0]) from None
+    return {**params, "structured_outputs": so}
+
+
 def _stream_flags(req) -> dict:
     """Job keywords from ``stream_options`` (only with ``stream``)."""
     opts = req.stream_options
@@ -173,6 +198,10 @@ def _stream_flags(req) -> dict:
 
 
 def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
+    for name in ("tools", "tool_choice"):
+        if body.get(name) not in (None, [], "none"):
+            raise bad_request(f"{name}: tool calling is a /v1/chat/completions feature", param=name,
+                              code="unsupported_field")
     req = parse(CompletionRequest, body)
     state.check_model(req.model)
     check_n(req.n)
@@ -182,7 +211,7 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     stream_flags = _stream_flags(req)
     prompts = state.completion_prompts(req.prompt)
     max_tokens = state.max_tokens(prompts, req.max_tokens, "max_tokens", default=16)
-    params = _sampling(sampling_kwargs(req, max_tokens, req.logprobs), {})
+    params = _structured(state, req, _sampling(sampling_kwargs(req, max_tokens, req.logprobs), {}))
     job = Job.build(state, "/v1/completions", state.config.model_name, prompts, req.n, params, chat=False,
                     logprobs=req.logprobs, echo=req.echo, **stream_flags)
     return job, req.stream
@@ -196,8 +225,9 @@ def chat_text(state: ServerState, req, add_generation_prompt: bool = True) -> st
     if state.tokenizer.chat_template is None:
         raise bad_request("messages: this model has no chat template; start the server with --chat-template FILE "
                           "or use /v1/completions", param="messages", code="no_chat_template")
+    tools = getattr(req, "tools", None) or None  # rendered by the template, as HF passes them
     try:
-        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     except (ValueError, jinja2.TemplateError) as e:
         raise bad_request(f"messages: the chat template refused them: {e}", param="messages") from None
 
@@ -209,6 +239,7 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
     stream_flags = _stream_flags(req)
+    tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
     prompt = Prompt(state.tokenizer.encode(chat_text(state, req), add_special_tokens=False), None)
     state.check_length(prompt.ids, "messages")
     asked, name = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens is not None
@@ -216,8 +247,9 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     max_tokens = state.max_tokens([prompt], asked, name, default=None)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(sampling_kwargs(req, max_tokens, logprobs), {"max_tokens": name, "logprobs": "top_logprobs"})
+    params = _structured(state, req, params, tools)
     job = Job.build(state, "/v1/chat/completions", state.config.model_name, [prompt], req.n, params, chat=True,
-                    logprobs=logprobs, **stream_flags)
+                    logprobs=logprobs, tools=tools, **stream_flags)
     return job, req.stream
 
 

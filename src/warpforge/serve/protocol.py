@@ -2,16 +2,21 @@
 
 Bodies follow the OpenAI reference for ``/v1/completions`` and ``/v1/chat/completions`` plus vLLM's
 documented sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
-``stop_token_ids``). Unknown fields are ignored, as OpenAI does; fields that ask for something this
-server does not do (tools, structured output, ...) are refused with a 400 naming the field, never
-silently dropped.
+``stop_token_ids``) and structured outputs (``response_format``; vLLM's ``guided_json``, ``guided_regex``,
+``guided_choice``, ``guided_grammar``, ``structured_outputs``). Unknown fields are ignored, as OpenAI
+does; fields that ask for something this server does not do (logit_bias, legacy functions, ...) are
+refused with a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+
+from warpforge.llm.structured import StructuredOutputsParams
 
 MAX_N = 128  # choices per prompt
 
@@ -76,6 +81,13 @@ class _Sampling(_Body):
     repetition_penalty: Float | None = None
     ignore_eos: Bool = False
     stop_token_ids: list[Int] | None = None
+    # structured outputs: OpenAI's response_format, vLLM's guided_* and structured_outputs (one of them)
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -91,9 +103,10 @@ class TextPart(_Body):
 
 class ChatMessage(_Body):
     role: str
-    # OpenAI allows null only on an assistant message that carries tool_calls, which ``parse`` refuses first
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # null: an assistant message that carries tool_calls
     name: str | None = None
+    tool_calls: list[dict] | None = None  # assistant: [{"id", "type": "function", "function": {"name", "arguments"}}]
+    tool_call_id: str | None = None  # role "tool": the call this message answers
 
 
 class ChatRequest(_Sampling):
@@ -101,6 +114,9 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Int | None = None
     logprobs: Bool = False
     top_logprobs: Int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: Bool | None = None
 
 
 class TokenizeRequest(_Body):
@@ -121,11 +137,8 @@ class DetokenizeRequest(_Body):
 
 # Fields that ask for behaviour this server lacks -> (what they ask for, values that ask for nothing).
 _UNSUPPORTED: dict[str, tuple[str, tuple]] = {
-    "tools": ("tool calling", (None, [])),
-    "functions": ("function calling", (None, [])),
-    "tool_choice": ("tool calling", (None, "none")),
-    "function_call": ("function calling", (None, "none")),
-    "response_format": ("structured output", (None, {"type": "text"})),
+    "functions": ("legacy function calling: use tools", (None, [])),
+    "function_call": ("legacy function calling: use tool_choice", (None, "none")),
     "logit_bias": ("logit_bias", (None, {})),
     "suffix": ("suffix (insertion)", (None, "")),
     "audio": ("audio output", (None,)),
@@ -134,11 +147,6 @@ _UNSUPPORTED: dict[str, tuple[str, tuple]] = {
     "min_tokens": ("min_tokens", (None, 0)),
     "use_beam_search": ("beam search", (None, False)),
     "prompt_logprobs": ("prompt logprobs", (None,)),
-    "guided_json": ("structured output", (None,)),
-    "guided_regex": ("structured output", (None,)),
-    "guided_choice": ("structured output", (None,)),
-    "guided_grammar": ("structured output", (None,)),
-    "structured_outputs": ("structured output", (None,)),
 }
 
 
@@ -152,10 +160,9 @@ def parse(model: type[_Body], body: dict) -> Any:
                           code="unsupported_field")
     messages = body.get("messages")
     for i, m in enumerate(messages if isinstance(messages, list) else []):
-        for name in ("tool_calls", "function_call"):
-            if isinstance(m, dict) and m.get(name) not in (None, []):
-                raise bad_request(f"messages[{i}].{name}: not supported by this server (tool calling)",
-                                  param="messages", code="unsupported_field")
+        if isinstance(m, dict) and m.get("function_call") not in (None, []):
+            raise bad_request(f"messages[{i}].function_call: not supported by this server (legacy function "
+                              f"calling: use tool_calls)", param="messages", code="unsupported_field")
     try:
         return model.model_validate(body)
     except ValidationError as e:
@@ -198,7 +205,9 @@ def sampling_kwargs(req: _Sampling, max_tokens: int, logprobs: int | None) -> di
 
 
 def chat_messages(req: ChatRequest) -> list[dict]:
-    """Messages as the chat template reads them: text content only (parts joined)."""
+    """Messages as the chat template reads them: text content only (parts joined); an assistant's
+    tool_calls with their arguments as objects (HF templates write them with ``tojson``, as vLLM
+    passes them), a tool message's tool_call_id."""
     if not req.messages:
         raise bad_request("messages: expected at least one message", param="messages")
     out = []
@@ -212,11 +221,81 @@ def chat_messages(req: ChatRequest) -> list[dict]:
                                       f"{part.type!r}", param="messages")
                 texts.append(part.text)
             content = "".join(texts)
+        if content is None and not m.tool_calls:
+            raise bad_request(f"messages[{i}].content: expected a string or a list of text parts, got null "
+                              f"(null content goes with tool_calls)", param="messages")
         msg = {"role": m.role, "content": content or ""}
         if m.name is not None:
             msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [_template_call(i, j, c) for j, c in enumerate(m.tool_calls)]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
+
+
+def _template_call(i: int, j: int, call: dict) -> dict:
+    where = f"messages[{i}].tool_calls[{j}]"
+    f = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        raise bad_request(f"{where}: expected {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                          param="messages")
+    args = f.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            raise bad_request(f"{where}.function.arguments: expected JSON text, got {_short(args)}",
+                              param="messages") from None
+    return {**call, "type": call.get("type", "function"), "function": {**f, "arguments": args}}
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def structured_outputs(req: _Sampling) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The body's output constraint -> (params, the field that asked for it), or (None, None). At most one
+    of response_format (json_object / json_schema), guided_* and structured_outputs gives it;
+    structured_outputs may also carry only options (disable_any_whitespace) for the others."""
+    asked: list[tuple[str, dict]] = []
+    options: dict = {}
+    rf = req.response_format
+    if rf is not None:
+        kind = rf.get("type")
+        if kind == "json_object":
+            asked.append(("response_format", {"json_object": True}))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema", js.get("json_schema")) if isinstance(js, dict) else None
+            if not isinstance(schema, dict):
+                raise bad_request("response_format.json_schema.schema: expected a JSON schema object",
+                                  param="response_format")
+            asked.append(("response_format.json_schema.schema", {"json": schema}))
+        elif kind != "text":
+            raise bad_request(f"response_format.type: expected 'text', 'json_object' or 'json_schema', got {kind!r}",
+                              param="response_format")
+    for name, key in _GUIDED.items():
+        if getattr(req, name) is not None:
+            asked.append((name, {key: getattr(req, name)}))
+    if req.structured_outputs is not None:
+        so = dict(req.structured_outputs)
+        if "disable_any_whitespace" in so:
+            options["disable_any_whitespace"] = so.pop("disable_any_whitespace")
+        if so:
+            asked.append(("structured_outputs", so))
+    if len(asked) > 1:
+        raise bad_request(f"{asked[1][0]}: only one output constraint per request, got {asked[0][0]} too",
+                          param=asked[1][0].split(".")[0])
+    if not asked:
+        return None, None
+    field, kw = asked[0]
+    try:
+        return StructuredOutputsParams.of({**kw, **options}), field
+    except ValueError as e:
+        msg = str(e)
+        msg = msg if field == "structured_outputs" else re.sub(r"^structured_outputs(\.\w+)?", field, msg)
+        raise bad_request(msg, param=field.split(".")[0]) from None
 
 
 def check_n(n: int) -> None:

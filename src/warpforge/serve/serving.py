@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from warpforge.llm.outputs import RequestOutput
 from warpforge.llm.sampling import SamplingParams
 from warpforge.serve.protocol import APIError, usage
+from warpforge.serve.tools import ToolPlan, ToolStream
 
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf (vLLM clamps the same way)
 DONE = b"data: [DONE]\n\n"
@@ -60,6 +61,7 @@ class Job:
     echo: bool = False
     include_usage: bool = False
     continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's continuous_usage_stats)
+    tools: ToolPlan | None = None  # chat with tools: replies may be tool calls (serve/tools.py)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.perf_counter)
@@ -134,10 +136,12 @@ class Job:
     async def sse(self) -> AsyncIterator[bytes]:
         """The response as server-sent events, ending in ``data: [DONE]``."""
         outcome = "disconnected"
+        tool_streams = {c.index: ToolStream(self.tools) for c in self.choices} if self.tools is not None else {}
         try:
             for c in self.choices:  # the role (chat) or the echoed prompt first: headers go out now
                 if self.chat:
-                    yield self._event(self._chunk(c, {"role": "assistant", "content": ""}, None, None))
+                    first = tool_streams[c.index].first() if tool_streams else {"role": "assistant", "content": ""}
+                    yield self._event(self._chunk(c, first, None, None))
                 elif self.echo:
                     yield self._event(self._chunk(c, self._prompt_text(c), None, None))
             async for i, out in _merge(self._streams()):
@@ -145,10 +149,17 @@ class Job:
                 self._observe(c, out)
                 if not out.delta_text and not out.finished:
                     continue  # no text yet (a stop string forming, a partial UTF-8 char): tokens ride the next chunk
+                text, reason = out.delta_text, out.finish_reason
+                delta = {"content": text} if self.chat else text
+                if tool_streams:
+                    ts = tool_streams[c.index]
+                    delta = ts.feed(out.text, text, out.finished)
+                    reason = ts.finish_reason(out.text, reason) if out.finished else None
+                    if delta is None:
+                        continue  # held back (a call forming): its tokens' logprobs ride the next chunk
                 lps = self._logprobs(c, out, c.sent_tokens)
                 c.sent_tokens = len(out.token_ids)
-                text = out.delta_text
-                yield self._event(self._chunk(c, {"content": text} if self.chat else text, out.finish_reason, lps))
+                yield self._event(self._chunk(c, delta, reason, lps))
             if self.include_usage:
                 yield self._event({"id": self.id, "object": self._object(True), "created": self.created,
                                    "model": self.model, "choices": [], "usage": self._usage()})
@@ -210,8 +221,13 @@ class Job:
         out = c.final
         lps = self._logprobs(c, out, 0)
         if self.chat:
-            return {"index": c.index, "message": {"role": "assistant", "content": out.text}, "logprobs": lps,
-                    "finish_reason": out.finish_reason}
+            message, reason = {"role": "assistant", "content": out.text}, out.finish_reason
+            if self.tools is not None and out.finish_reason == "stop":
+                content, calls = self.tools.calls(out.text)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": [t.body() for t in calls]}
+                    reason = "tool_calls"
+            return {"index": c.index, "message": message, "logprobs": lps, "finish_reason": reason}
         text = (self._prompt_text(c) + out.text) if self.echo else out.text
         return {"index": c.index, "text": text, "logprobs": lps, "finish_reason": out.finish_reason}
 

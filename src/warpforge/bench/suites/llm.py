@@ -545,7 +545,10 @@ def _cases(quick: bool) -> list[EndToEndCase]:
     from warpforge.bench.suites._llm_spec import spec_cases
 
     # 10. quantized weights against our bf16 engine (quant_cases, below).
-    return cases + spec_cases(quick) + quant_cases(quick)
+    # 11. structured outputs at batch 64: every request JSON-constrained against the same requests free.
+    from warpforge.bench.suites._llm_guided import guided_cases
+
+    return cases + spec_cases(quick) + quant_cases(quick) + guided_cases(quick)
 
 
 def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
