@@ -16,6 +16,7 @@ from warpforge.cli import main
 @pytest.mark.timeout(900)  # a loaded 2-core box runs it 2-3x slower; a hang still fails
 def test_demo_runs_and_reports_measured_figures(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the optimizer step saves under ./out/demo
+    monkeypatch.delenv("COLUMNS")  # output to a file, as a user's `warpforge demo > demo.txt` (conftest sets 200)
     store = tmp_path / "r.sqlite"
     out = CliRunner().invoke(main, ["demo", "--store", str(store)])
     assert out.exit_code == 0, out.output
