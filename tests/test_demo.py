@@ -16,6 +16,7 @@ from warpforge.cli import main
 @pytest.mark.timeout(900)  # a loaded 2-core box runs it 2-3x slower; a hang still fails
 def test_demo_runs_and_reports_measured_figures(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the optimizer step saves under ./out/demo
+    monkeypatch.delenv("COLUMNS")  # output to a file, as a user's `warpforge demo > demo.txt` (conftest sets 200)
     store = tmp_path / "r.sqlite"
     out = CliRunner().invoke(main, ["demo", "--store", str(store)])
     assert out.exit_code == 0, out.output
@@ -48,7 +49,7 @@ def test_demo_runs_and_reports_measured_figures(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["results", "list", "--store", str(store)])
     assert res.exit_code == 0 and "memory" in res.output
     # the summary names the run it stored and read back; the committed GPU headline follows the CPU figures
-    assert "bench stored as run 1: warpforge results show 1" in flat
+    assert "the memory run is stored as run 1: warpforge results show 1" in flat
     assert "committed GPU figures" in flat and " h200 " in flat
     # off a terminal the section rules stay a window wide (tables keep whole rows)
     assert max(len(ln) for ln in text.splitlines() if ln.startswith("─")) <= 100
@@ -74,7 +75,7 @@ def test_the_summary_reads_the_demos_own_run_not_the_latest(tmp_path):
     _headline(console, url, mine)
     text = console.file.getvalue()
     assert "bench  copy:" in text and "someone else" not in text, text
-    assert f"stored as run {mine}: warpforge results show {mine}" in text
+    assert f"(the memory run is stored as run {mine}: warpforge results show {mine})" in text
     console = _console()
     _headline(console, url, None)  # --no-store, or the store failed
     assert "the memory run was not stored" in console.file.getvalue()

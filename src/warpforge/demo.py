@@ -46,7 +46,7 @@ def _headline(console: Console, store_url: str | None, run_id: int | None) -> No
         fig = _figure(rec)
         ok = "[green]ok[/]" if rec["correct"]["ok"] else "[red]WRONG[/]"
         console.print(f"  bench  {rec['case']}: [bold]{fig}[/] {ratios} correct={ok}")
-    console.print(f"  bench  stored as run {run_id}: warpforge results show {run_id}", highlight=False)
+    console.print(f"  (the memory run is stored as run {run_id}: warpforge results show {run_id})", highlight=False)
 
 
 def _committed(console: Console) -> None:

@@ -141,6 +141,20 @@ def test_declarations_that_cannot_hold_are_refused_in_one_line():
     shared.check((torch.randn(5, 3, 40, 40),))
 
 
+def test_an_argument_is_named_as_forward_names_it_or_given_by_position():
+    """nn.Sequential's forward is forward(self, input): `x.2` is not its argument, `input.2` and `0.2` are."""
+    seq = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+    x = image(n=2, hw=24)
+    by_name, by_position = parse("input.2=16:48,input.3=16:48", seq, (x,)), parse("0.2=16:48,0.3=16:48", seq, (x,))
+    assert by_name == by_position and by_name.describe() == "input.2=16:48, input.3=16:48"
+    with pytest.raises(ValueError) as err:
+        parse("x.2=16:48", seq, (x,))
+    assert str(err.value) == ("--dynamic: 'x.2': no argument 'x'; the forward's arguments are input (names from "
+                              "forward()'s signature; by position: 0.2 is dim 2 of the first)")
+    with pytest.raises(ValueError, match="the model takes 1 argument"):
+        parse("1.2=16:48", seq, (x,))
+
+
 def test_the_cli_takes_dynamic_and_says_a_bad_one_in_one_line(tmp_path):
     (tmp_path / "m.py").write_text(
         "import torch\n"

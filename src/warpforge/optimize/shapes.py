@@ -3,7 +3,8 @@
 A model is captured at its example inputs' shapes. The batch (dim 0) stays free as before; any other dim
 varies only when declared, with a range, as torch.export's ``Dim`` does:
 
-    --dynamic x.2=128:512,x.3=128:512          # dims 2 and 3 of the forward's argument x (or 0.2: by position)
+    --dynamic x.2=128:512,x.3=128:512          # dims 2 and 3 of the forward's argument x (its name in forward()'s
+                                               # signature: nn.Sequential's is `input`), or 0.2,0.3 by position
     --dynamic ids.1=mask.1=8:128               # one dim shared by two inputs (a sequence and its mask)
     dynamic_shapes={"x": {2: (128, 512), 3: (128, 512)}}            # Python: by argument name or position
     dynamic_shapes=({2: Dim("H", min=128, max=512)},)               # torch.export's form; a Dim used twice is shared
@@ -210,8 +211,11 @@ def _target(text: str, names: tuple[str, ...]) -> tuple[int, int]:
             raise ValueError(f"--dynamic: {text.strip()!r}: the model takes {len(names)} argument(s)")
         return i, int(dim)
     if arg not in names:
+        # nn.Sequential's forward names its argument `input`, not `x`: say where names come from, and the
+        # positional spelling that works whatever they are
         raise ValueError(f"--dynamic: {text.strip()!r}: no argument {arg!r}; the forward's arguments are "
-                         f"{', '.join(names) or '(none)'}")
+                         f"{', '.join(names) or '(none)'} (names from forward()'s signature; by position: "
+                         f"0.{dim} is dim {dim} of the first)")
     return names.index(arg), int(dim)
 
 
@@ -308,7 +312,8 @@ def _parse_text(text: str, names: tuple[str, ...]) -> tuple[DynamicDim, ...]:
             raise ValueError(f"--dynamic: {part!r} must be ARG.DIM=MIN:MAX (ARG: the forward's argument name or "
                              "position; ARG.DIM=ARG.DIM=MIN:MAX for one dim shared by several inputs)")
         targets = tuple(_target(t, names) for t in m["targets"].split("="))
-        dims.append(DynamicDim(m["targets"].replace(" ", ""), int(m["lo"]), int(m["hi"]), targets))
+        # named by the forward's argument names whichever way it was written (0.2 and input.2 are one dim)
+        dims.append(DynamicDim("=".join(f"{names[i]}.{k}" for i, k in targets), int(m["lo"]), int(m["hi"]), targets))
     if not dims:
         raise ValueError("--dynamic: nothing declared; expected ARG.DIM=MIN:MAX[,...]")
     return tuple(dims)
