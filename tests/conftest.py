@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,28 @@ def triton_on_cpu():
 
     with force_triton():
         yield
+
+
+def find_chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium (Debian's ``chromium`` package) for the browser tests: the report pages and the splat
+    viewer. Installed when missing and allowed (root with apt-get), else the tests that ask for it skip."""
+    exe = find_chromium()
+    if exe is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        # Parallel workers each come here: the lock timeout makes the second wait for the first's install
+        # instead of failing on dpkg's lock. An offline machine fails (or times out): the tests then skip.
+        apt = "apt-get -o DPkg::Lock::Timeout=600"
+        try:
+            subprocess.run(f"{apt} update -qq && DEBIAN_FRONTEND=noninteractive {apt} install -y -qq chromium",
+                           shell=True, check=False, timeout=900, capture_output=True)
+        except subprocess.TimeoutExpired:
+            pass
+        exe = find_chromium()
+    if exe is None:
+        pytest.skip("headless Chromium is not installed and cannot be installed here "
+                    "(needs root and apt-get: apt-get install chromium)")
+    return exe

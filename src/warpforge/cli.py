@@ -388,7 +388,7 @@ def serve(model: str, host: str, port: int, api_key: str | None, metrics_without
 
 @main.group()
 def splat() -> None:
-    """3D Gaussian splatting: train a scene from posed images, render, export and film the result.
+    """3D Gaussian splatting: train a scene from posed images, render, export, film and view the result.
 
     \b
     warpforge splat train street --out out/street        # the built-in procedural street
@@ -397,6 +397,7 @@ def splat() -> None:
     warpforge splat render out/street/ckpt/last.pt --camera test:0 --out view.png
     warpforge splat export out/street/ckpt/last.pt --out street.splat   # for web viewers
     warpforge splat video out/street/ckpt/last.pt --out street.mp4 --path orbit
+    warpforge splat view out/street                      # interactive, in the browser (viser)
     torchrun --nproc_per_node 8 -m warpforge splat train street --out out/street8   # data parallel
     """
 
@@ -512,6 +513,25 @@ def splat_video(source: str, out: str, path: str, frames: int, size: str | None,
 
     sys.exit(cli_video(source, out=out, path=path, frames=frames, size=size, fps=fps, fov=fov, device=device,
                        background=background, antialiased=antialiased))
+
+
+@splat.command("view")
+@click.argument("source", metavar="SCENE_OR_PLY_OR_CHECKPOINT")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", default=8080, show_default=True, type=int, help="Port to listen on (0: any free port).")
+@click.option("--size", default=None,
+              help="WIDTHxHEIGHT: the largest frame; each browser gets its canvas's aspect inside it "
+                   "(default: 320x240 on a CPU, 1280x960 on a GPU).")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--antialiased/--classic", "antialiased", default=None,
+              help="rasterize_mode (default: as the checkpoint was trained; classic for a PLY).")
+def splat_view(source: str, host: str, port: int, size: str | None, device: str, antialiased: bool | None) -> None:
+    """Serve an interactive viewer (viser): orbit and zoom with the mouse, every frame drawn by warpforge's
+    rasterizer. SOURCE: a `warpforge splat train` output folder, a checkpoint, a 3DGS PLY, or `street` (the
+    built-in street's ground truth). Ctrl-C stops it."""
+    from warpforge.splat.cli import cli_view
+
+    sys.exit(cli_view(source, host=host, port=port, size=size, device=device, antialiased=antialiased))
 
 
 @main.command()

@@ -1,7 +1,7 @@
 """The HTML report: self-contained, escaped, chart drawn — and rendered by headless Chromium without errors.
 
-Chromium comes from Debian's ``chromium`` package; the fixture installs it when missing and allowed
-(root with apt-get), else the browser tests skip with the reason. Screenshots are kept under
+Chromium comes from Debian's ``chromium`` package; the ``chromium`` fixture (tests/conftest.py) installs it when
+missing and allowed (root with apt-get), else the browser tests skip with the reason. Screenshots are kept under
 ``$WARPFORGE_TEST_ARTIFACTS`` (default ``build/test-artifacts``) for a person to look at.
 """
 
@@ -89,26 +89,6 @@ def test_compare_reports_what_moved():
 
 
 # ---- headless Chromium -------------------------------------------------------------------------------
-
-def _find_chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    exe = _find_chromium()
-    if exe is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        try:  # an offline machine fails here (or times out): the tests then skip
-            subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
-                           shell=True, check=False, timeout=600, capture_output=True)
-        except subprocess.TimeoutExpired:
-            pass
-        exe = _find_chromium()
-    if exe is None:
-        pytest.skip("headless Chromium is not installed and cannot be installed here "
-                    "(needs root and apt-get: apt-get install chromium)")
-    return exe
-
 
 def _run(exe: str, page: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from test_profile_report import ARTIFACTS, _console_lines, _run, chromium  # noqa: F401  (fixture)
+from test_profile_report import ARTIFACTS, _console_lines, _run
 from torch import nn
 
 from warpforge.profile.train import TrainConfig, TrainSetup
@@ -45,7 +45,7 @@ def test_json_twin_and_self_contained_html(merged, tmp_path):
     assert html.count('data-part="forward"') >= 3 + 2  # a segment per step and per rank
 
 
-def test_training_report_renders_in_chromium(chromium, merged, tmp_path):  # noqa: F811
+def test_training_report_renders_in_chromium(chromium, merged, tmp_path):
     page = write(merged, tmp_path / "train")["html"]
     dom = _run(chromium, page, tmp_path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]

@@ -216,15 +216,6 @@ def test_png_encoder():
 
 # ---- the report in headless Chromium (as tests/profile/test_profile_report.py checks the profiler's) ----------
 
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium); "
-                    "tests/profile/test_profile_report.py installs it when it can")
-    return exe
-
-
 def _chromium(exe: str, page: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",

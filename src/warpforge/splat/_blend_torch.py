@@ -63,8 +63,8 @@ class _Chunk:
 
 def blend_forward(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets, flatten_ids):
     """-> colours [C,H,W,D], alphas [C,H,W,1], final T [C,H,W], last contributing position [C,H,W] int64."""
-    C, N, D = colors.shape
-    th, tw = offsets.shape[1:]
+    C, th, tw = offsets.shape  # colors are [C, N, D] or packed [nnz, D]: read only through flatten_ids
+    D = colors.shape[-1]
     n_all, P, dev = C * th * tw, tile_size * tile_size, means2d.device
     flat = (means2d.reshape(-1, 2), conics.reshape(-1, 3), colors.reshape(-1, D), opacities.reshape(-1))
     starts, ends = _ranges(offsets, flatten_ids.numel())
@@ -111,9 +111,9 @@ def blend_backward(means2d, conics, colors, opacities, backgrounds, width, heigh
                    T_img, last_img, v_out, v_alphas, absgrad):
     """-> [v_means2d, v_conics, v_colors, v_opacities], v_absgrad (or None). The background's gradient is
     the caller's (sum over pixels of T * v_out)."""
-    C, N, D = colors.shape
-    th, tw = offsets.shape[1:]
-    n_all, P, dev = C * th * tw, tile_size * tile_size, means2d.device
+    C, th, tw = offsets.shape
+    D = colors.shape[-1]
+    n_all, dev = C * th * tw, means2d.device
     flat = (means2d.reshape(-1, 2), conics.reshape(-1, 3), colors.reshape(-1, D), opacities.reshape(-1))
     grads = [torch.zeros_like(v) for v in flat]
     v_abs = torch.zeros_like(flat[0]) if absgrad else None
@@ -178,5 +178,5 @@ def blend_backward(means2d, conics, colors, opacities, backgrounds, width, heigh
             if not bool(more.all()):
                 act, hi, st, x0, y0, T_a, behind_a, fin_a, vc_a, last_a = (
                     v[more] for v in (act, hi, st, x0, y0, T_a, behind_a, fin_a, vc_a, last_a))
-    grads = [grads[0].view(C, N, 2), grads[1].view(C, N, 3), grads[2].view(C, N, D), grads[3].view(C, N)]
-    return grads, (v_abs.view(C, N, 2) if absgrad else None)
+    grads = [g.view(v.shape) for g, v in zip(grads, (means2d, conics, colors, opacities))]
+    return grads, (v_abs.view(means2d.shape) if absgrad else None)

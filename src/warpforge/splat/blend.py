@@ -390,8 +390,8 @@ def _alloc(shape, dtype, device) -> torch.Tensor:
 
 
 def _fwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets, flatten_ids):
-    C, N, D = colors.shape
-    th, tw = offsets.shape[1:]
+    C, th, tw = offsets.shape  # the layout's own leading dims ([C, N] or packed [nnz]) do not matter here
+    D = colors.shape[-1]
     dev = means2d.device
     out = _alloc((C, height, width, D), torch.float32, dev)
     alphas = _alloc((C, height, width, 1), torch.float32, dev)
@@ -413,8 +413,7 @@ def _fwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
 
 def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets, flatten_ids,
                 T, last, v_out, v_alphas, absgrad):
-    C, N, D = colors.shape
-    th, tw = offsets.shape[1:]
+    C, th, tw = offsets.shape  # the layout's own leading dims ([C, N] or packed [nnz]) do not matter here
     n_tiles = C * th * tw
     grads = [torch.zeros_like(v) for v in (means2d, conics, colors, opacities)]
     v_abs = torch.zeros_like(means2d) if absgrad else grads[0]
@@ -471,10 +470,10 @@ def _check(name: str, t, shape: tuple, dtype: torch.dtype, device) -> None:
         raise ValueError(f"{name} must be on {device} like means2d, got {t.device}")
 
 
-def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2]
-                        conics: torch.Tensor,  # [C, N, 3]
-                        colors: torch.Tensor,  # [C, N, D]
-                        opacities: torch.Tensor,  # [C, N]
+def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2], or packed [nnz, 2]
+                        conics: torch.Tensor,  # [C, N, 3] / [nnz, 3]
+                        colors: torch.Tensor,  # [C, N, D] / [nnz, D]
+                        opacities: torch.Tensor,  # [C, N] / [nnz]
                         width: int, height: int, tile_size: int,
                         tile_offsets: torch.Tensor,  # [C, tile_height, tile_width] int32
                         flatten_ids: torch.Tensor,  # [M] int32, sorted by camera | tile | depth
@@ -482,16 +481,24 @@ def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2]
                         absgrad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Blend each tile's Gaussians front to back: render_colors [C,H,W,D], render_alphas [C,H,W,1].
 
+    Two layouts of the per-(camera, Gaussian) inputs, as gsplat's: dense [C, N, ...], flatten_ids indexing the
+    flattened C * N; or packed [nnz, ...] (2-D colors), flatten_ids indexing the nnz rows. The blend reads them
+    only through flatten_ids, and the camera of a tile from tile_offsets, so both run the same code.
     Differentiable in means2d, conics, colors, opacities and backgrounds. With ``absgrad`` the backward
-    also sets ``means2d.absgrad`` [C,N,2]: the sum over pixels of |dL/dmeans2d| of each pixel's term
+    also sets ``means2d.absgrad`` (means2d's shape): the sum over pixels of |dL/dmeans2d| of each pixel's term
     (what gsplat's densification reads).
     """
-    if not isinstance(colors, torch.Tensor) or colors.dim() != 3:
-        raise ValueError("colors must be a [C, N, D] tensor, got "
+    if not isinstance(colors, torch.Tensor) or colors.dim() not in (2, 3):
+        raise ValueError("colors must be a [C, N, D] tensor (or [nnz, D], packed), got "
                          + (str(list(colors.shape)) if isinstance(colors, torch.Tensor) else type(colors).__name__))
-    C, N, D = colors.shape
+    lead, D = tuple(colors.shape[:-1]), colors.shape[-1]
     if not isinstance(means2d, torch.Tensor):
         raise ValueError(f"means2d must be a tensor, got {type(means2d).__name__}")
+    if not isinstance(tile_offsets, torch.Tensor) or tile_offsets.dim() != 3:
+        raise ValueError("tile_offsets must be a [C, tile_height, tile_width] tensor, got "
+                         + (str(list(tile_offsets.shape)) if isinstance(tile_offsets, torch.Tensor)
+                            else type(tile_offsets).__name__))
+    C = lead[0] if len(lead) == 2 else tile_offsets.shape[0]
     dev = means2d.device
     for name, v in (("width", width), ("height", height), ("tile_size", tile_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -499,10 +506,10 @@ def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2]
     if D < 1:
         raise ValueError(f"colors must have at least one channel, got D={D}")
     th, tw = -(-height // tile_size), -(-width // tile_size)
-    _check("means2d", means2d, (C, N, 2), torch.float32, dev)
-    _check("conics", conics, (C, N, 3), torch.float32, dev)
-    _check("colors", colors, (C, N, D), torch.float32, dev)
-    _check("opacities", opacities, (C, N), torch.float32, dev)
+    _check("means2d", means2d, (*lead, 2), torch.float32, dev)
+    _check("conics", conics, (*lead, 3), torch.float32, dev)
+    _check("colors", colors, (*lead, D), torch.float32, dev)
+    _check("opacities", opacities, lead, torch.float32, dev)
     _check("tile_offsets", tile_offsets, (C, th, tw), torch.int32, dev)
     if not isinstance(flatten_ids, torch.Tensor) or flatten_ids.dim() != 1 or flatten_ids.dtype != torch.int32:
         raise ValueError("flatten_ids must be a 1-D int32 tensor")

@@ -1,4 +1,4 @@
-"""`warpforge splat train|render|export|video`: what the click group in warpforge/cli.py runs.
+"""`warpforge splat train|render|export|video|view`: what the click group in warpforge/cli.py runs.
 
 Each returns an exit status: 0 done, 2 bad input. Every message on stderr has one form,
 ``warpforge splat: <file or argument>: <what>`` (warnings too, with ``warning:`` after the file), the same
@@ -455,6 +455,92 @@ def cli_video(source: str, *, out: str, path: str, frames: int, size: str | None
     dt = time.perf_counter() - t0
     print(f"wrote {written}: {len(cams)} frames at {w}x{h}, {fps} fps ({path} path) of {splats.n:,} Gaussians in "
           f"{dt:.1f} s")
+    return 0
+
+
+# ---- view --------------------------------------------------------------------------------------------------
+
+VIEW_STREET_GAUSSIANS = {"cpu": 20_000, "cuda": STREET_GAUSSIANS}  # the street's ground truth: a CPU redraws 20k
+VIEW_SIZE = {"cpu": "320x240", "cuda": "1280x960"}  # --size's default: the largest frame, the canvas's aspect inside
+
+
+def load_view_source(source: str, device: torch.device):
+    """SCENE_OR_PLY_OR_CHECKPOINT -> (splats, views or None, background [3], trained antialiased, title).
+    ``street``: the built-in street's ground truth (its cameras place the first view); a folder: a
+    `warpforge splat train` output (ckpt/last.pt, else point_cloud.ply); a file: a checkpoint or PLY."""
+    if source == STREET:
+        from warpforge.splat.scene import street_scene
+
+        n = VIEW_STREET_GAUSSIANS["cuda" if device.type == "cuda" else "cpu"]
+        street = street_scene(n=n, n_ring=8, n_drive=8)
+        return street.splats, street.views, street.background, False, "street (ground truth)"
+    path = Path(source)
+    if path.is_dir():
+        found = [p for p in (path / "ckpt" / "last.pt", path / "point_cloud.ply") if p.is_file()]
+        if not found:
+            raise UsageError(f"{source}: no ckpt/last.pt or point_cloud.ply in this folder (expected the --out "
+                             "folder of `warpforge splat train`, a .ply, a checkpoint or 'street')")
+        path = found[0]
+    elif not path.exists():
+        raise UsageError(f"{source}: no such file or folder (expected 'street', a `warpforge splat train` output "
+                         "folder, a .ply or a checkpoint)")
+    splats, views, _, bg, trained_aa = load_source(str(path))
+    return splats, views, bg, trained_aa, str(path)
+
+
+def _interrupt(*_) -> None:
+    """SIGTERM (a service manager, a test) stops the viewer the way Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def cli_view(source: str, *, host: str, port: int, size: str | None, device: str,
+             antialiased: bool | None = None) -> int:
+    """Serve the viewer until Ctrl-C (SIGINT) or SIGTERM; exit status 0 then."""
+    import signal
+    import socket
+
+    from warpforge.splat.video import orbit_around
+
+    try:
+        dev = _device(device)
+        wh = parse_size(size or VIEW_SIZE[dev.type if dev.type in VIEW_SIZE else "cpu"])
+        if not 0 <= port <= 65535:
+            raise UsageError(f"--port: 0..65535 (0: any free port), got {port}")
+        # viser moves on to the next port when one is taken and never returns when the host cannot be bound:
+        # try the address here so either is one line naming it
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+        except OSError as e:
+            raise UsageError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); "
+                             "--port 0 takes any free port") from None
+        try:
+            import viser  # noqa: F401  (checked before the scene loads)
+        except ImportError:
+            raise UsageError("viser: not installed; the viewer serves its page with it: "
+                             "pip install 'warpforge[splat]'") from None
+        splats, views, bg, trained_aa, title = load_view_source(source, dev)
+        home = orbit_around(splats, views)
+    except (UsageError, ValueError, FileNotFoundError, ImportError) as e:
+        return _fail(_about(source, str(e)) if isinstance(e, FileNotFoundError) else str(e))
+    from warpforge.splat.viewer import Viewer
+
+    mode = "antialiased" if (trained_aa if antialiased is None else antialiased) else "classic"
+    viewer = Viewer(splats, background=bg, home=home, size=wh, device=dev, rasterize_mode=mode, title=title)
+    url = viewer.start(host, port)
+    print(f"viewing {title}: {splats.n:,} Gaussians on {dev}, frames up to {wh[0]}x{wh[1]}, at {url} "
+          "(Ctrl-C to stop)", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        viewer.stop()
+    print(f"stopped after {viewer.frames} frame(s)", flush=True)
     return 0
 
 

@@ -250,7 +250,7 @@ def render_reference(means, quats, scales, opacities, colors, viewmats, Ks, widt
         images = torch.cat([images[..., :-1], images[..., -1:] / alphas.clamp_min(1e-10)], -1)
     meta = {"radii": proj.radii, "means2d": proj.means2d, "depths": proj.depths, "conics": proj.conics,
             "opacities": proj.opacities, "colors": feats, "width": width, "height": height, "n_cameras": C,
-            "gaussian_ids": None}
+            "camera_ids": None, "gaussian_ids": None}
     return images, alphas, meta
 
 

@@ -3,6 +3,9 @@
     project -> colours (SH + 0.5, clamped at 0) -> intersect_tiles (+ the key sort) -> tile_offsets
     -> rasterize_to_pixels
 
+``packed=True`` runs the same stages on the visible pairs only (``packed.project_packed`` and
+``packed.intersect_tiles_packed`` around the same kernels).
+
 Each stage is a function of its own module, dispatched as ``warpforge.kernels`` does: Triton kernels on CUDA
 tensors, their torch reference on CPU. ``reference.render_reference`` is the same render with no tiles (every
 Gaussian at every pixel), the ground truth the tests hold this one to.
@@ -17,6 +20,7 @@ import torch
 from warpforge.splat.blend import rasterize_to_pixels
 from warpforge.splat.camera import camera_centers
 from warpforge.splat.checks import check_finite, gaussian_bounds
+from warpforge.splat.packed import PACK_PAIRS, intersect_tiles_packed, project_packed
 from warpforge.splat.project import check_projection_inputs, project_checked
 from warpforge.splat.reference import RASTERIZE_MODES, RENDER_MODES
 from warpforge.splat.sh import MAX_DEGREE, spherical_harmonics
@@ -36,7 +40,8 @@ def rasterize(means: torch.Tensor,  # [N, 3]
               sh_degree: int | None = None, near: float = 0.01, far: float = 1e10, tile_size: int = 16,
               background: torch.Tensor | None = None,  # [D] or [C, D] behind the colour channels
               render_mode: str = "RGB", camera_model: str = "pinhole", absgrad: bool = False,
-              eps2d: float = 0.3, rasterize_mode: str = "classic") -> tuple[torch.Tensor, torch.Tensor, dict]:
+              eps2d: float = 0.3, rasterize_mode: str = "classic",
+              packed: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Render N Gaussians into C cameras: images [C, H, W, D'], alphas [C, H, W, 1], meta.
 
     ``render_mode``: "RGB" (D' = D, the colour channels), "D" (accumulated camera-space depth), "ED" (expected
@@ -46,21 +51,40 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     |dL/dmeans2d|) are what densification reads. Differentiable in means, quats, scales, opacities, colors,
     background and viewmats (Ks on the CPU path only). ``rasterize_mode="antialiased"``: gsplat's mode of that
     name (Mip-Splatting's 2D filter), each camera's opacity times sqrt(det(Sigma2d) / det(Sigma2d + eps2d I)),
-    so small or distant splats fade instead of swelling to the eps2d blur. Bad input raises ValueError with one
-    line naming what is wrong.
+    so small or distant splats fade instead of swelling to the eps2d blur. ``packed=True``: gsplat's packed mode,
+    only the visible (camera, Gaussian) pairs in a flat list (``warpforge.splat.packed``); the same images, and
+    meta's per-pair fields are [nnz, ...] with ``camera_ids`` and ``gaussian_ids`` [nnz]. Bad input raises
+    ValueError with one line naming what is wrong.
     """
     C, N, D = check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near,
                            far, tile_size, background, render_mode, camera_model, eps2d)
     if rasterize_mode not in RASTERIZE_MODES:
         raise ValueError(f"rasterize_mode must be one of {', '.join(map(repr, RASTERIZE_MODES))}, "
                          f"got {rasterize_mode!r}")
-    check_memory(C, N, D + (render_mode != "RGB"), width, height, tile_size, means.device)
-    proj = project_checked(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
-                           camera_model, rasterize_mode == "antialiased")
-    feats, backgrounds = _features(colors, means, viewmats, sh_degree, proj.depths, background, render_mode, C)
+    if not isinstance(packed, bool):
+        raise ValueError(f"packed must be a bool, got {packed!r}")
+    # packed: the pairs' memory is counted for one group of cameras (the visible pairs are not known yet)
+    check_memory(min(C, max(1, PACK_PAIRS // max(N, 1))) if packed else C, N, D + (render_mode != "RGB"), width,
+                 height, tile_size, means.device)
     tile_width, tile_height = -(-width // tile_size), -(-height // tile_size)
-    tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles(proj.means2d, proj.radii, proj.depths, proj.conics,
-                                                              proj.opacities, tile_size, tile_width, tile_height)
+    args = (means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera_model,
+            rasterize_mode == "antialiased")
+    if packed:
+        # colours per camera group in the dense layout, then only the visible rows kept (see packed.py)
+        def group_features(c0: int, c1: int, depths: torch.Tensor) -> torch.Tensor:  # -> [c1 - c0, N, D']
+            own = colors[c0:c1] if colors.dim() == (3 if sh_degree is None else 4) else colors  # per camera
+            return _features(own, means, viewmats[c0:c1], sh_degree, depths, render_mode, c1 - c0)
+
+        pk = project_packed(*args, features=group_features)
+        proj, feats, ids = pk.proj, pk.features, (pk.camera_ids, pk.gaussian_ids)
+        tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles_packed(pk, C, tile_size, tile_width, tile_height)
+    else:
+        proj, ids = project_checked(*args), None
+        feats = _features(colors, means, viewmats, sh_degree, proj.depths, render_mode, C)
+        tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles(proj.means2d, proj.radii, proj.depths,
+                                                                  proj.conics, proj.opacities, tile_size,
+                                                                  tile_width, tile_height)
+    backgrounds = _backgrounds(background, render_mode, C)
     offsets = tile_offsets(isect_ids, C, tile_width, tile_height)
     means2d = proj.means2d
     if means2d.requires_grad:
@@ -69,17 +93,18 @@ def rasterize(means: torch.Tensor,  # [N, 3]
                                          offsets, flatten_ids, backgrounds=backgrounds, absgrad=absgrad)
     if render_mode in ("ED", "RGB+ED"):
         images = torch.cat([images[..., :-1], images[..., -1:] / alphas.clamp_min(1e-10)], -1)
+    cam_ids, gauss_ids = ids if ids is not None else (None, None)
     meta = {"radii": proj.radii, "means2d": means2d, "depths": proj.depths, "conics": proj.conics,
             "opacities": proj.opacities, "tiles_per_gauss": tiles_per_gauss, "isect_ids": isect_ids,
             "flatten_ids": flatten_ids, "isect_offsets": offsets, "tile_width": tile_width,
             "tile_height": tile_height, "tile_size": tile_size, "width": width, "height": height, "n_cameras": C,
-            "gaussian_ids": None}
+            "camera_ids": cam_ids, "gaussian_ids": gauss_ids}
     return images, alphas, meta
 
 
-def _features(colors, means, viewmats, sh_degree, depths, background, render_mode, C):
-    """What the blend accumulates per (camera, Gaussian), [C, N, D'], and its backgrounds [C, D'] or None."""
-    feats, bg = [], None
+def _features(colors, means, viewmats, sh_degree, depths, render_mode, C):
+    """What the blend accumulates per (camera, Gaussian), [C, N, D']."""
+    feats = []
     if render_mode in ("RGB", "RGB+ED"):
         if sh_degree is None:
             feats.append(colors if colors.dim() == 3 else colors[None].expand(C, *colors.shape))
@@ -87,14 +112,19 @@ def _features(colors, means, viewmats, sh_degree, depths, background, render_mod
             dirs = means[None] - camera_centers(viewmats)[:, None]  # [C, N, 3]
             # [N, K, 3] coefficients are shared by the cameras: the SH kernel reads them once per Gaussian
             feats.append(torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors) + 0.5, 0.0))
-        if background is not None:
-            bg = background.expand(C, -1) if background.dim() == 1 else background
     if render_mode != "RGB":
         feats.append(depths[..., None])
-        if bg is not None:  # depth channels have no background (gsplat's rule)
-            bg = torch.cat([bg, bg.new_zeros(C, 1)], -1)
-    feats = feats[0] if len(feats) == 1 else torch.cat(feats, -1)
-    return feats, (None if bg is None else bg.contiguous())
+    return feats[0] if len(feats) == 1 else torch.cat(feats, -1)
+
+
+def _backgrounds(background, render_mode, C):
+    """The blend's backgrounds [C, D'] or None: the colour channels' background, 0 behind depth channels."""
+    if background is None or render_mode not in ("RGB", "RGB+ED"):
+        return None  # depth channels have no background (gsplat's rule)
+    bg = background.expand(C, -1) if background.dim() == 1 else background
+    if render_mode != "RGB":
+        bg = torch.cat([bg, bg.new_zeros(C, 1)], -1)
+    return bg.contiguous()
 
 
 def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near, far,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -45,9 +46,28 @@ def _intrinsics(width: int, height: int, fov_x: float) -> Tensor:  # radians -> 
     return torch.tensor([[f, 0.0, width / 2.0], [0.0, f, height / 2.0], [0.0, 0.0, 1.0]])
 
 
-def orbit_path(splats: Splats, views: Views | None, frames: int, width: int, height: int,
-               fov_deg: float | None = None) -> Views:
-    """``frames`` cameras on a circle around the scene (see the module docstring), one turn, evenly spaced."""
+class Orbit(NamedTuple):
+    """A circle around the scene: its centre, up axis, radius, height above the centre, horizontal fov."""
+
+    center: Tensor  # [3] float64
+    up: Tensor  # [3] float64, unit
+    radius: float
+    lift: float
+    fov_deg: float
+
+    def eyes(self, angles: Tensor) -> Tensor:  # [F] radians -> [F, 3] float64
+        # two axes of the circle's plane, perpendicular to up
+        a = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+        if abs(float(a @ self.up)) > 0.9:
+            a = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+        e1 = torch.nn.functional.normalize(a - (a @ self.up) * self.up, dim=0)
+        e2 = torch.cross(self.up, e1, dim=0)
+        ring = torch.cos(angles)[:, None] * e1 + torch.sin(angles)[:, None] * e2
+        return self.center + self.radius * ring + self.lift * self.up
+
+
+def orbit_around(splats: Splats, views: Views | None, fov_deg: float | None = None) -> Orbit:
+    """The orbit of the module docstring: from the training cameras when there are any, else the Gaussians."""
     if views is not None and len(views):
         vm = views.viewmats.double()
         center, _ = camera_focus(vm)
@@ -69,16 +89,17 @@ def orbit_path(splats: Splats, views: Views | None, frames: int, width: int, hei
         radius = 2.0 * max(spread, 1e-3)
         lift = radius * math.tan(math.radians(30.0))
         fov = fov_deg if fov_deg is not None else 60.0
-    # two axes of the circle's plane, perpendicular to up
-    a = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
-    if abs(float(a @ up)) > 0.9:
-        a = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
-    e1 = torch.nn.functional.normalize(a - (a @ up) * up, dim=0)
-    e2 = torch.cross(up, e1, dim=0)
-    t = torch.arange(frames, dtype=torch.float64) / frames * 2 * math.pi
-    eyes = center + radius * (torch.cos(t)[:, None] * e1 + torch.sin(t)[:, None] * e2) + lift * up
-    ks = _intrinsics(width, height, math.radians(fov)).expand(frames, 3, 3).clone()
-    return Views(_look(eyes, center, up).float(), ks, width, height, [f"orbit{i:04d}" for i in range(frames)])
+    return Orbit(center, up, radius, lift, fov)
+
+
+def orbit_path(splats: Splats, views: Views | None, frames: int, width: int, height: int,
+               fov_deg: float | None = None) -> Views:
+    """``frames`` cameras on a circle around the scene (see the module docstring), one turn, evenly spaced."""
+    orbit = orbit_around(splats, views, fov_deg)
+    eyes = orbit.eyes(torch.arange(frames, dtype=torch.float64) / frames * 2 * math.pi)
+    ks = _intrinsics(width, height, math.radians(orbit.fov_deg)).expand(frames, 3, 3).clone()
+    return Views(_look(eyes, orbit.center, orbit.up).float(), ks, width, height,
+                 [f"orbit{i:04d}" for i in range(frames)])
 
 
 def _slerp(q0: np.ndarray, q1: np.ndarray, t: float) -> np.ndarray:
