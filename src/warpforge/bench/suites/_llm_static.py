@@ -14,6 +14,7 @@ Whether Inductor skipped its CUDA graphs (a handicapped peer: every kernel launc
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -143,7 +144,8 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
     ``preset_dir(device)`` gives the checkpoint folder; ``handoff["others"][NAME]`` receives the runs and the
     prompt/ids of request 0 so that the HF peer scores this continuation as it scores ours."""
     def fn(device: torch.device, rep: int) -> list:
-        from warpforge.bench.suites.llm import Run, _free, _sync, ran_of
+        from warpforge.bench.suite import Run
+        from warpforge.bench.suites._llm_spec import _sync
 
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         max_len = max(len(p) for p in prompts(0)) + max(out_lens) + 8
@@ -189,14 +191,17 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
                             extra={"wall_ms": wall, "batch": 1, "compile": "reduce-overhead, fullgraph" if compiled
                                    else "none (CPU: eager)", "cudagraph_skips": skips},
                             output={"ids": ids, "want": out_lens, "exact": dtype == torch.float32},
-                            ran=ran_of(p, out_lens)))
+                            ran={"requests": len(p), "prompt_tokens": sum(map(len, p)),
+                                 "output_tokens": sum(out_lens)}))
         if handoff is not None:
             handoff.setdefault("others", {})[NAME] = {"prompt": list(prompts(0)[0]), "ids": runs[0].output["ids"][0],
                                                       "runs": runs}
         del model, step, prefill
         if compiled:
             torch._dynamo.reset()
-        _free(device)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         return runs
     return fn
 
