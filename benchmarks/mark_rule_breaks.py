@@ -78,7 +78,7 @@ def _relabel(rec: dict[str, Any], c: dict[str, Any], against: str) -> str:
 def mark_checks(rec: dict[str, Any]) -> list[str]:
     """The rules for a check (record.check_violations) on a stored record: a verdict that could not fail is
     withdrawn (ok false, the old verdict kept in ``withdrawn``); a check labelled "self" gets the label of
-    what it compared with; a peer judged at another tolerance than ours against the same reference is
+    what it compared with; a peer judged more strictly than ours against the same reference is
     judged again at ours' tolerance from its stored rel_err (the old verdict kept)."""
     done: list[str] = []
     peers = rec.get("peers") or {}
@@ -109,7 +109,8 @@ def mark_checks(rec: dict[str, Any]) -> list[str]:
         c = p.get("correct") if isinstance(p, dict) else None
         if not isinstance(c, dict) or c.get("against") != ours_c.get("against") or not c.get("against"):
             continue
-        if _num(c.get("tol")) and _num(ours_c.get("tol")) and not math.isclose(c["tol"], ours_c["tol"], rel_tol=1e-9):
+        if _num(c.get("tol")) and _num(ours_c.get("tol")) and c["tol"] < ours_c["tol"] \
+                and not math.isclose(c["tol"], ours_c["tol"]):
             old = {k: c[k] for k in ("ok", "rel_err", "tol") if k in c}
             why = (f"judged at tol {c['tol']:.4g} while ours was judged at {ours_c['tol']:.4g} against the same "
                    "reference: judged again at ours' tolerance from its stored rel_err")

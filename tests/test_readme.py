@@ -82,3 +82,22 @@ def test_snippet_runs_as_pasted(index, tmp_path, request):
         code = code.replace("http://127.0.0.1:8000", url)
     r = _run(code, tmp_path, timeout=1500)
     assert r.returncode == 0, f"README snippet {index + 1}:\n{code}\n--- stderr:\n{r.stderr[-4000:]}"
+
+
+@pytest.mark.slow
+def test_the_cpu_sized_splat_line_runs_in_under_two_minutes(tmp_path):
+    """The README's line marked "small enough for a CPU" runs as written, in under two minutes on a 2-core CI
+    machine (the street's ground truth included)."""
+    import shlex
+    import time
+
+    line = next(ln for ln in README.read_text(encoding="utf-8").splitlines() if "small enough for a CPU" in ln)
+    argv = shlex.split(line.split("#")[0])
+    assert argv[:3] == ["warpforge", "splat", "train"], line
+    exe = Path(sys.executable).with_name("warpforge")
+    t0 = time.perf_counter()
+    r = subprocess.run([str(exe), *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    took = time.perf_counter() - t0
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "out" / "tiny" / "ckpt" / "last.pt").is_file()
+    assert took < 120, f"{took:.0f} s: the README calls this line small enough for a CPU"

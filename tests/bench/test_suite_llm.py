@@ -20,7 +20,8 @@ from warpforge.bench.suites import llm as llm_suite
 ROWS = {"decode-b1-8b", "decode-b1-1b", "offline-1b", "offline-8b", "offline-1b-vs-hf", "offline-8b-vs-hf",
         "throughput-8b-1000", "throughput-8b-1000-kv-fp8", "prefix-cache", "long-prompt", "gemma3-270m-b1",
         "gemma3-270m-b64", "gemma3-270m-gguf-blocks-b1", "spec-ngram-b1", "spec-self-b1", "spec-draft-b1"} | {
-        "decode-b1-8b-int8", "decode-b1-8b-int4", "offline-256-8b-fp8"}  # quantized rows
+        "decode-b1-8b-int8", "decode-b1-8b-int4", "offline-256-8b-fp8"} | {  # quantized rows
+        "guided-json-b64"}  # structured outputs: constrained vs free decode steps
 SPEC_ROWS = {"spec-ngram-b1", "spec-self-b1", "spec-draft-b1"}  # checked in test_suite_llm_spec.py
 CPU = {"name": "cpu", "torch": torch.__version__}
 

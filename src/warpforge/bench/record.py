@@ -277,8 +277,9 @@ COMPLETION_AGAINST = "completion"
 def check_violations(d: dict[str, Any]) -> list[str]:
     """What in a record breaks the rules for a check (docs/design.md, "Rules for a figure"): a tolerance of 1
     or more (a relative error that cannot exceed it), an "ok" judged against the record itself, and a peer
-    judged against the same reference as ours at another tolerance (unequal judging). A verdict withdrawn
-    (``withdrawn["correct.ok"]``, ``withdrawn["peers.<name>.correct"]``) is not held against the record."""
+    judged against the same reference as ours more strictly than ours (unequal judging: a handicapped peer).
+    A verdict withdrawn (``withdrawn["correct.ok"]``, ``withdrawn["peers.<name>.correct"]``) is not held
+    against the record."""
     out: list[str] = []
     withdrawn = d.get("withdrawn") if isinstance(d.get("withdrawn"), dict) else {}
     sides = [("correct", "correct.ok", d.get("correct"))]
@@ -298,9 +299,9 @@ def check_violations(d: dict[str, Any]) -> list[str]:
         if not isinstance(c, dict) or f"peers.{n}.correct" in withdrawn:
             continue
         if c.get("against") and c.get("against") == ours.get("against") and _num(c.get("tol")) \
-                and _num(ours.get("tol")) and not math.isclose(c["tol"], ours["tol"], rel_tol=1e-9):
-            out.append(f"peers.{n}.correct: judged at tol {c['tol']:.4g} against {c['against']}, ours at "
-                       f"{ours['tol']:.4g}: unequal judging")
+                and _num(ours.get("tol")) and c["tol"] < ours["tol"] and not math.isclose(c["tol"], ours["tol"]):
+            out.append(f"peers.{n}.correct: judged at tol {c['tol']:.4g} against {c['against']}, more strictly than "
+                       f"ours at {ours['tol']:.4g}: unequal judging")
     return out
 
 
