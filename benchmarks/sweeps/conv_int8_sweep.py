@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
               f"tma8 {row.get('tma_int8_us', 0):7.1f}  "
               f"fp16/best {row['fp16_us'] / row['best_us'] if row['best_us'] else 0:5.2f}x"
               + (f"  WRONG: {bad}" if bad else ""), flush=True)
-        del d, x16, w16, xq, wq, want, out_q
+        # Free this layer's tensors before the next layer's are made (rebound, not del: the lambdas above read them).
+        d = x16 = w16 = xq = wq = want = out_q = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     # The stem stays fp16 in warpforge-int8: count its fp16 time on the int8 side too.
