@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     # one launch each under the profiler
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for name, la, fn, want in cases:
+    for _name, _la, fn, _want in cases:
         fn()
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()

@@ -151,7 +151,7 @@ def test_radii_bound_the_alpha_ellipse():
     p = ref.project_reference(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmats"], s["Ks"], WIDTH,
                               HEIGHT)
     keep = (p.radii > 0).all(-1)
-    m, con, op, r = p.means2d[keep], p.conics[keep], p.opacities[keep], p.radii[keep].float()
+    con, op, r = p.conics[keep], p.opacities[keep], p.radii[keep].float()
     u = torch.linspace(-1, 1, 201)
     for scale in (1.0, 1.05):  # on the box's border and just outside it
         dx = (u[None, :, None] * r[:, None, :1] * scale).expand(-1, -1, 201)

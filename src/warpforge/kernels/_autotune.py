@@ -27,6 +27,7 @@ Settings (:mod:`warpforge.settings`, docs/settings.md):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -145,7 +146,7 @@ class Tuner(Generic[C]):
         for cfg in candidates:
             try:
                 run(cfg)  # compile outside the timed region
-                ms = _time_ms(lambda: run(cfg))
+                ms = _time_ms(functools.partial(run, cfg))
             except Exception as e:  # noqa: BLE001 - out of shared memory, unsupported combination
                 ms = float("inf")
                 if verbose:

@@ -113,7 +113,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         c0 = (lo - tap * c_steps) * BLOCK_K
         kh = tap // KW
         kw = tap - kh * KW
-        for step in range(lo, hi):
+        for _step in range(lo, hi):
             if BITS:
                 inside = ((inside_bits >> tap) & 1) != 0
             else:

@@ -711,8 +711,8 @@ def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]
             except Exception as e:  # noqa: BLE001
                 by_name[n].update(status="failed", reason=f"timing failed: {_err(e)}")
                 del live[n]
-    for n, l in lat.items():
-        by_name[n]["latency"] = l.as_dict()
+    for n, stats in lat.items():
+        by_name[n]["latency"] = stats.as_dict()
         try:
             by_name[n]["throughput"] = offline(live[n][1].fn, inputs, calls=offline_calls,
                                                warmup=min(warmup, 5), device=dev).as_dict()
