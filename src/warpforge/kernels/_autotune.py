@@ -79,7 +79,8 @@ class Tuner(Generic[C]):
     # ---- disk cache ---------------------------------------------------------------------------
     def _path(self, device: torch.device) -> Path:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        return settings.cache_dir() / "autotune" / f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
+        file = f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
+        return settings.cache_dir() / "autotune" / file
 
     def _shipped(self, path: Path) -> dict[str, Any]:
         """The package's winners for the same device, Triton version and kernel (see the module docstring)."""
