@@ -85,7 +85,8 @@ def model_layers(name: str) -> list[ConvLayer]:
 def inputs(layer: ConvLayer, batch: int, dev: torch.device, gen: torch.Generator):
     """fp16 x/w/b, and int8 x (unsigned, zero point -128, and signed), w, scales, as warpforge-int8 has them."""
     x = torch.randn(batch, layer.cin, layer.hw, layer.hw, generator=gen, device=dev).relu()
-    w = torch.randn(layer.cout, layer.cin, layer.k, layer.k, generator=gen, device=dev) * (2.0 / (layer.cin * layer.k ** 2)) ** 0.5
+    he = (2.0 / (layer.cin * layer.k ** 2)) ** 0.5
+    w = torch.randn(layer.cout, layer.cin, layer.k, layer.k, generator=gen, device=dev) * he
     b = torch.randn(layer.cout, generator=gen, device=dev) * 0.1
     x16, w16 = x.half().contiguous(memory_format=CL), w.half().contiguous(memory_format=CL)
     xs = torch.tensor([float(x.abs().max()) / 255], device=dev)  # unsigned grid: 255 steps over [0, max]
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
               f"tma8 {row.get('tma_int8_us', 0):7.1f}  "
               f"fp16/best {row['fp16_us'] / row['best_us'] if row['best_us'] else 0:5.2f}x"
               + (f"  WRONG: {bad}" if bad else ""), flush=True)
-        del d, x16, w16, xq, wq, want, out_q
+        # Free this layer's tensors before the next layer's are made (rebound, not del: the lambdas above read them).
+        d = x16 = w16 = xq = wq = want = out_q = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     # The stem stays fp16 in warpforge-int8: count its fp16 time on the int8 side too.

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         pts = "  ".join(f"{k} {v['us']:.1f}" for k, v in row["points"].items() if "us" in v)
         print(f"{la.label:22s} x{la.count} fp16 {row['fp16_us']:6.1f} int8 tuned {row['int8_tuned_us']:6.1f} best "
               f"{row['best_us'] or 0:6.1f} [{best}]" + (f" WRONG {bad}" if bad else "") + f"\n    {pts}", flush=True)
-        del d, want
+        # Free this layer's tensors before the next layer's are made (rebound, not del: the lambda above reads d).
+        d = want = None
         torch.cuda.empty_cache()
     tot = {k: sum((r[k] or r["int8_tuned_us"]) * r["count"] for r in rows) for k in ("fp16_us", "int8_tuned_us",
                                                                                       "best_us")}

@@ -195,7 +195,8 @@ def main() -> None:
         results.append({"B": B, "ctx": ctx, "fp8": fp8, "kv_bytes": kv, "default_splits": default_splits,
                         "default_ms": t_def.median_ms, "default_GBps": kv / t_def.median_ms / 1e6,
                         "best": best, "top5": top, "rows": rows})
-        summary.append(f"B{B:<4d} ctx{ctx:<7d} {'fp8 ' if fp8 else 'bf16'} default {kv / t_def.median_ms / 1e6:7.0f} GB/s "
+        summary.append(f"B{B:<4d} ctx{ctx:<7d} {'fp8 ' if fp8 else 'bf16'} "
+                       f"default {kv / t_def.median_ms / 1e6:7.0f} GB/s "
                        f"({default_splits} splits, {t_def.median_ms * 1e3:6.1f} us)  best {best['GBps']:7.0f} GB/s "
                        f"{best['cfg']} splits {best['splits']} ({best['ms'] * 1e3:6.1f} us)")
         print(summary[-1], flush=True)

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     real_f32w = conv_depthwise._dw_fp32_weights
     for c, hw, s, count in SHAPES:
         n = a.batch
-        x = torch.randn(n, c, hw, hw, device=dev, generator=gen).clamp(0, 6).half().to(memory_format=torch.channels_last)
+        x = torch.randn(n, c, hw, hw, device=dev, generator=gen).clamp(0, 6).half()
+        x = x.to(memory_format=torch.channels_last)
         w = (torch.randn(c, 1, 3, 3, device=dev, generator=gen) / 3).half()
         b = torch.randn(c, device=dev, generator=gen).half()
         kw = dict(stride=s, padding=1, groups=c, activation="relu6")
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"shape": label, "c": c, "hw": hw, "stride": s, "count": count, "mode": mode,
                              "variant": vname, "config": [used.block_p, used.block_c, used.num_warps], "us": us,
                              "gbs": (in_b + out_b) / us / 1e3, "err": err})
-        print(f"{label}: " + "  ".join(
-            f"{m} {min(r['us'] for r in rows if r['shape'] == label and r['mode'] == m):.1f}" for m in MODES), flush=True)
+        best_us = {m: min(r["us"] for r in rows if r["shape"] == label and r["mode"] == m) for m in MODES}
+        print(f"{label}: " + "  ".join(f"{m} {us:.1f}" for m, us in best_us.items()), flush=True)
 
     # summary: default vs best tiling per shape and mode, weighted by MobileNetV2's counts
     print(f"\n{'shape':18s} {'mode':7s} {'default us':>10s} {'GB/s':>6s} {'best us':>8s} {'GB/s':>6s}  best "

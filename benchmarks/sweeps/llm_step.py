@@ -46,7 +46,8 @@ def main() -> None:
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     path = cached_checkpoint(args.preset, dtype=torch.bfloat16)
-    llm = LLM(str(path), dtype=torch.bfloat16, device=dev, max_model_len=128 + args.new + 16, max_num_seqs=max(8, args.batch))
+    llm = LLM(str(path), dtype=torch.bfloat16, device=dev, max_model_len=128 + args.new + 16,
+              max_num_seqs=max(8, args.batch))
     build_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(16, 100000, (128,), generator=g).tolist() for _ in range(args.batch)]
@@ -115,7 +116,8 @@ def main() -> None:
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
     res["host_profile_64_tokens"] = s.getvalue()[-6000:]
-    print(json.dumps({k: v for k, v in res.items() if k not in ("kernels_32_steps", "host_profile_64_tokens")}, indent=1))
+    long_parts = ("kernels_32_steps", "host_profile_64_tokens")
+    print(json.dumps({k: v for k, v in res.items() if k not in long_parts}, indent=1))
     for r in rows[:25]:
         print(f"{r['gpu_us_total'] / 32:9.1f} us/step {r['calls'] // 32:4d}x  {r['name']}")
     print(res["host_profile_64_tokens"][:3500])

@@ -114,14 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         us = time_fn(fn, cuda_graph=True, device=dev, warmup=10, rep=50).median_ms * 1e3
         m = a.batch * (la.hw // la.stride) ** 2
         flop = 2.0 * m * la.cout * la.cin * la.k ** 2 / getattr(la, "groups", 1)
-        chosen = [str(v) for k, v in conv_tuning._CHOSEN.items() if k[0].endswith("int8_gemm") == name.startswith("int8")
+        chosen = [str(v) for k, v in conv_tuning._CHOSEN.items()
+                  if k[0].endswith("int8_gemm") == name.startswith("int8")
                   and k[2][5] == la.k and k[2][4] == la.cin and k[2][3] == la.cout]
         rows.append({"case": name, "us": us, "max_diff": diff, "tflops": flop / us / 1e6, "config": chosen})
         print(f"{name:28s} {us:8.1f} us  {flop / us / 1e6:6.0f} TFLOP/s  diff {diff}  {chosen}", flush=True)
     # one launch each under the profiler
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for name, la, fn, want in cases:
+    for _name, _la, fn, _want in cases:
         fn()
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()

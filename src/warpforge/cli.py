@@ -381,7 +381,8 @@ def serve(model: str, host: str, port: int, api_key: str | None, metrics_without
     from warpforge.serve.cli import cli_serve
 
     sys.exit(cli_serve(model, host=host, port=port, api_key=api_key, metrics_without_auth=metrics_without_auth,
-                       served_model_name=served_model_name, max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_queue=max_queue, dtype=dtype,
+                       served_model_name=served_model_name, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       max_queue=max_queue, dtype=dtype,
                        kv_cache_dtype=kv_cache_dtype, chat_template=chat_template, shutdown_grace_s=shutdown_grace,
                        access_log=access_log, speculative=speculative))
 

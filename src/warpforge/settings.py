@@ -192,5 +192,5 @@ def default_store_url() -> str:
     return current().store or f"sqlite:///{data_dir() / 'results.sqlite'}"
 
 
-__all__ = ["AUTOTUNE_MODES", "CLI_VARIABLES", "Settings", "VARIABLES", "cache_dir", "current", "data_dir", "default_store_url",
-           "knobs", "reload"]
+__all__ = ["AUTOTUNE_MODES", "CLI_VARIABLES", "Settings", "VARIABLES", "cache_dir", "current", "data_dir",
+           "default_store_url", "knobs", "reload"]

@@ -36,7 +36,8 @@ def test_full_case_list_has_every_row_of_the_table():
     cases = {c.params["row"]: c for c in _suite().build(quick=False)}
     assert set(cases) == ROWS
     p = {k: c.params for k, c in cases.items()}
-    assert (p["decode-b1-8b"]["preset"], p["decode-b1-8b"]["prompt"], p["decode-b1-8b"]["new"]) == ("llama-8b", 128, 256)
+    b8 = p["decode-b1-8b"]
+    assert (b8["preset"], b8["prompt"], b8["new"]) == ("llama-8b", 128, 256)
     assert p["decode-b1-1b"]["preset"] == "llama-1b" and cases["decode-b1-1b"].target == {"mbu": 0.70}
     assert cases["decode-b1-8b"].target == {"mbu": 0.85}
     for row, preset in (("offline-1b", "llama-1b"), ("offline-8b", "llama-8b")):
@@ -52,7 +53,8 @@ def test_full_case_list_has_every_row_of_the_table():
     assert p["throughput-8b-1000-kv-fp8"]["kv_cache_dtype"] == "fp8"
     assert "tok/s" not in cases["throughput-8b-1000-kv-fp8"].target
     pc = cases["prefix-cache"]
-    assert (p["prefix-cache"]["system"], p["prefix-cache"]["question"], p["prefix-cache"]["requests"]) == (2000, 100, 256)
+    pp = p["prefix-cache"]
+    assert (pp["system"], pp["question"], pp["requests"]) == (2000, 100, 256)
     assert pc.metric == "ms" and pc.target == {"ratio": {"no-prefix-cache": 3.0}}
     assert p["long-prompt"]["prompt"] == 100_000 and p["long-prompt"]["new"] == 128
     assert p["gemma3-270m-b64"]["batch"] == 64 and "hf" in cases["gemma3-270m-b1"].peers

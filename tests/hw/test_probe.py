@@ -205,7 +205,8 @@ def test_probe_meets_h200_targets(tmp_path):
     assert r["elapsed_s"] < 60
     assert max(r["hbm"]["copy_GBps"], r["hbm"]["torch_copy_GBps"]) >= 4000, r["hbm"]
     assert r["hbm"]["copy_GBps"] >= 4000, r["hbm"]
-    mm = {p: (round(v["tflops"]), [round(t, 3) for t in v["trial_ms"]]) for p, v in r["matmul"].items() if "tflops" in v}
+    mm = {p: (round(v["tflops"]), [round(t, 3) for t in v["trial_ms"]])
+          for p, v in r["matmul"].items() if "tflops" in v}
     assert r["matmul"]["bf16"]["tflops"] >= 740 and r["matmul"]["fp8"]["tflops"] >= 1300, mm
     assert r["launch"]["graph_us"] < 2.0 and r["launch"]["eager_us"] > r["launch"]["graph_us"]
     sw = r["sweep"]

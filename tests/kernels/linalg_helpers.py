@@ -1,4 +1,5 @@
-"""Shared by the matmul, GEMV and quantized-linear tests: random inputs and the dtype-keyed check (the `gen` fixture is in conftest.py)."""
+"""Shared by the matmul, GEMV and quantized-linear tests: random inputs and the dtype-keyed check (the `gen`
+fixture is in conftest.py)."""
 
 from __future__ import annotations
 

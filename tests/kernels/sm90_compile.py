@@ -297,10 +297,10 @@ def conv_depthwise(cout: int, k: int = 3, quant_out: bool = False) -> dict:
     """The depthwise conv (fp16, bias + relu6) at dw_mod.depthwise_config(cout); quant_out: int8 out, unsigned
     (a depthwise conv feeding an int8 projection, as in MobileNetV2's int8 candidate)."""
     cfg = dw_mod.depthwise_config(cout)
-    sig = {"x_ptr": "*fp16", "w_ptr": "*fp32" if dw_mod._dw_fp32_weights(quant_out) else "*fp16", "b_ptr": "*fp32", "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out
-           else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8", **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn",
-                                                                   "s_xh", "s_xw", "s_wh", "s_ww", "stride_h",
-                                                                   "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
+    sig = {"x_ptr": "*fp16", "w_ptr": "*fp32" if dw_mod._dw_fp32_weights(quant_out) else "*fp16", "b_ptr": "*fp32",
+           "r_ptr": "*fp16", "o_ptr": "*i8" if quant_out else "*fp16", "os_ptr": "*fp32", "q_ptr": "*i8",
+           **{n: "i32" for n in ("M", "OH", "OW", "H", "W", "COUT", "MULT", "s_xn", "s_xh", "s_xw", "s_wh", "s_ww",
+                                 "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w")}}
     # MULT (output channels per input channel) is 1 in every depthwise conv of the zoo, and the JIT specializes
     # an integer argument equal to 1: as a runtime value the channel index co // MULT hides the channels'
     # contiguity and every load compiles to 2-byte scalars (144 ld.global.b16 a thread, 96 registers and a
@@ -393,7 +393,8 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                                                                                  c in conv_int8.INT8_RESIDUAL_TILINGS)):
             out.append((f"conv int8 pointwise int8-res fold residual-tuner {cfg}", lambda cfg=cfg: conv_pointwise(
                 cfg, "i8", "i8", int8=True, quant_out=True, zero=-128, res_int8=True, fold=True, res_dot=cfg.res_dot)))
-        for cfg in (c for c in conv_tuning._RES_TUNER.configs if c.persistent and (c.res_dot or c in conv_tuning.RESIDUAL_TILINGS)):
+        for cfg in (c for c in conv_tuning._RES_TUNER.configs
+                    if c.persistent and (c.res_dot or c in conv_tuning.RESIDUAL_TILINGS)):
             out.append((f"conv fp16 pointwise residual-tuner {cfg}",
                         lambda cfg=cfg: conv_pointwise(cfg, res_dot=cfg.res_dot)))
         for cfg in (c for c in conv.CONV_CONFIGS if c.persistent):
@@ -416,7 +417,8 @@ def jobs(every: bool) -> list[tuple[str, object]]:
                     out.append((f"linear fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear(cfg, fmt, g)))
         for cfg in pick([c for c in cfgs if c.words]):
             for fmt, group in ((1, None), (2, 128)):
-                out.append((f"linear words fmt={fmt} {cfg}", lambda cfg=cfg, fmt=fmt, g=group: linear_words(cfg, fmt, g)))
+                out.append((f"linear words fmt={fmt} {cfg}",
+                            lambda cfg=cfg, fmt=fmt, g=group: linear_words(cfg, fmt, g)))
     # Programmatic dependent launch (the LLM decode graphs): griddepcontrol wait + launch_dependents.
     cfg = next(c for c in gemv.LINEAR_CONFIGS[min(gemv.LINEAR_CONFIGS)] if not c.words)
     out.append((f"linear pdl {cfg}", lambda cfg=cfg: linear(cfg, 0, None, pdl=1)))  # trigger after the loop

@@ -82,7 +82,8 @@ def test_bf16_through_the_interpreter_is_refused(triton_on_cpu, gen):
         "flash_attention": lambda: flash_attention(*(torch.randn(1, 8, 2, 64, generator=gen).to(bf) for _ in "qkv"),
                                                    causal=True),
     }
-    calls["conv2d"] = lambda: conv2d(torch.randn(1, 8, 6, 6, generator=gen).to(bf).contiguous(memory_format=torch.channels_last),
+    calls["conv2d"] = lambda: conv2d(torch.randn(1, 8, 6, 6, generator=gen).to(bf)
+                                     .contiguous(memory_format=torch.channels_last),
                                      torch.randn(8, 8, 3, 3, generator=gen).to(bf), padding=1)
     p = build_paged([5], page_size=4, num_kv_heads=2, head_dim=64, dtype=bf, device="cpu", gen=gen)
     calls["paged_decode"] = lambda: paged_decode(torch.randn(1, 4, 64, generator=gen).to(bf), p.cache,

@@ -249,7 +249,8 @@ def test_cpu_dispatch_without_force_runs_reference():
 
 def test_int8_x_is_refused_with_the_int8_conv_named():
     q = torch.zeros(1, 8, 5, 5, dtype=torch.int8).to(memory_format=CL)
-    with pytest.raises(ValueError, match=r"x must have dtype in .*got torch.int8 \(int8 x with int8 weights: conv2d_int8\)"):
+    with pytest.raises(ValueError,
+                       match=r"x must have dtype in .*got torch.int8 \(int8 x with int8 weights: conv2d_int8\)"):
         conv2d(q, torch.randn(8, 1, 3, 3, dtype=torch.float16), groups=8, padding=1)
 
 
@@ -533,6 +534,7 @@ def test_res_dot_names_itself_only_when_set():
     """ConvConfig.res_dot stays out of the repr unless set (the tuners' candidate hashes, and so the shipped
     winners, are what they were), and belongs to persistent tilings only."""
     c = ConvConfig(64, 64, 64, 8, 4, 3, persistent=4)
-    assert "res_dot" not in repr(c) and "res_dot=True" in repr(ConvConfig(64, 64, 64, 8, 4, 3, persistent=4, res_dot=True))
+    assert "res_dot" not in repr(c)
+    assert "res_dot=True" in repr(ConvConfig(64, 64, 64, 8, 4, 3, persistent=4, res_dot=True))
     with pytest.raises(ValueError, match="res_dot"):
         ConvConfig(64, 64, 64, res_dot=True)

@@ -153,7 +153,8 @@ def test_conv_int8_unsigned_taps_and_plain(triton_on_cpu, device, gen, case, out
 def test_conv_int8_unsigned_padding_is_zero(triton_on_cpu, device, cin):
     """All x_q = -128 (x = 0 everywhere) with padding: every output is exactly bias, border pixels included."""
     x = torch.full((1, cin, 4, 4), -128, dtype=torch.int8, device=device).to(memory_format=CL)
-    w = torch.randint(-127, 128, (7, cin, 3, 3), generator=torch.Generator().manual_seed(1), dtype=torch.int8).to(device)
+    w = torch.randint(-127, 128, (7, cin, 3, 3), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
+    w = w.to(device)
     bias = torch.arange(7, dtype=torch.float32, device=device)
     out = conv2d_int8(x, w, 0.5, torch.ones(7, device=device), bias, padding=1, out_dtype=torch.float32,
                       x_zero_point=-128)
@@ -504,6 +505,11 @@ def test_gpu_grouped_odd_and_quantize():
     assert q.is_contiguous(memory_format=CL) and torch.equal(q, ref.quantize_int8_reference(x, s))
 
 
+def _case_id(c) -> str:
+    """A parameter's id: a case tuple's first ten fields joined by x; the zero point as it prints."""
+    return "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c)
+
+
 S2D_CASES = [  # image stems: stride 2 on <= 4 channels, 3x3+ (space-to-depth then the taps loop), odd sizes
     ((1, 3, 9, 9, 5, 3, 2, 1, 1, 1, "relu", False), 0),
     ((2, 3, 13, 11, 17, 7, 2, 3, 1, 1, "relu", False), 0),  # ResNet's 7x7/2, tiny
@@ -512,7 +518,7 @@ S2D_CASES = [  # image stems: stride 2 on <= 4 channels, 3x3+ (space-to-depth th
 ]
 
 
-@pytest.mark.parametrize("case,zero", S2D_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
+@pytest.mark.parametrize("case,zero", S2D_CASES, ids=_case_id)
 @pytest.mark.parametrize("out_kind", ["float16", "int8"])
 def test_conv_int8_stem_space_to_depth(triton_on_cpu, device, gen, monkeypatch, case, zero, out_kind):
     """An int8 image stem runs as conv2d does it (space-to-depth pack padded with x's zero point, then the
@@ -547,7 +553,7 @@ FOLD_CASES = [  # the folded int8-out epilogue: each activation it folds, both z
 ]
 
 
-@pytest.mark.parametrize("case,zero", FOLD_CASES, ids=lambda c: "x".join(map(str, c[:10])) if isinstance(c, tuple) else str(c))
+@pytest.mark.parametrize("case,zero", FOLD_CASES, ids=_case_id)
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_conv_int8_folded_requant(triton_on_cpu, device, gen, case, zero, split_k):
     """int8 out through one folded FMA per element, ReLU / ReLU6 as the clamp's bounds; the same codes as the

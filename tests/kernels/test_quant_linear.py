@@ -270,11 +270,14 @@ def test_word_kernel_configs(triton_on_cpu, device, gen, scheme, config, K):
 def test_word_kernel_rejects_what_it_cannot_read(triton_on_cpu, device):
     cfg = LinearConfig(1, 16, 64, words=True)
     with pytest.raises(ValueError, match="^config: words=True serves one row"):
-        linear(torch.zeros(2, 64, device=device), quantize_weight(torch.randn(16, 64, device=device), "int8"), config=cfg)
+        linear(torch.zeros(2, 64, device=device), quantize_weight(torch.randn(16, 64, device=device), "int8"),
+               config=cfg)
     with pytest.raises(ValueError, match="^config: words=True serves one row"):
-        linear(torch.zeros(1, 66, device=device), quantize_weight(torch.randn(16, 66, device=device), "int8"), config=cfg)
+        linear(torch.zeros(1, 66, device=device), quantize_weight(torch.randn(16, 66, device=device), "int8"),
+               config=cfg)
     with pytest.raises(ValueError, match="^config: words=True serves one row"):
-        linear(torch.zeros(1, 64, device=device), quantize_weight(torch.randn(16, 64, device=device), "fp8"), config=cfg)
+        linear(torch.zeros(1, 64, device=device), quantize_weight(torch.randn(16, 64, device=device), "fp8"),
+               config=cfg)
     with pytest.raises(ValueError, match="words needs block_m == 1"):
         LinearConfig(2, 16, 64, words=True)
 

@@ -3,6 +3,7 @@ OverflowError, a SafetensorError traceback, a huge allocation or a crash."""
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import struct
@@ -40,7 +41,7 @@ def test_empty_and_tiny_gguf(tmp_path):
     for data in (b"", b"GGUF", b"GGUF\x03\x00\x00\x00"):
         p = tmp_path / "x.gguf"
         p.write_bytes(data)
-        assert "empty or truncated" in _named(p, lambda: load(p))
+        assert "empty or truncated" in _named(p, functools.partial(load, p))
 
 
 def test_gguf_truncated_anywhere_is_named(files, tmp_path):
@@ -51,7 +52,7 @@ def test_gguf_truncated_anywhere_is_named(files, tmp_path):
     for n in cuts:
         p = tmp_path / f"cut{n}.gguf"
         p.write_bytes(raw[:n])
-        _named(p, lambda: load(p))
+        _named(p, functools.partial(load, p))
 
 
 def test_gguf_with_a_corrupt_body_is_named(files, tmp_path):

@@ -50,7 +50,8 @@ def test_every_left_out_key_takes_transformers_default(arch):
     got = {k: getattr(ours, k) for k in want}
     assert got == want
     # Per-layer attention: transformers' layer_types where the class has them; Mistral windows every layer.
-    layers = tuple(getattr(hf, "layer_types", None) or ((SLIDING if getattr(hf, "sliding_window", None) else FULL),) * 7)
+    every = SLIDING if getattr(hf, "sliding_window", None) else FULL
+    layers = tuple(getattr(hf, "layer_types", None) or (every,) * 7)
     assert ours.layer_types == layers
     assert set(HF_DEFAULTS[mtype]) >= {"max_position_embeddings", "rope_theta", "head_dim", "num_key_value_heads"}
 

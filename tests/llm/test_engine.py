@@ -88,7 +88,8 @@ def test_stop_strings_and_stop_ids():
     assert out.text == text[:start] and out.finish_reason == "stop"
     assert out.token_ids == ref.token_ids[:len(out.token_ids)] and len(out.token_ids) < 24
     stop_id = ref.token_ids[10]
-    out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]))[0]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id])
+    out = llm.generate(prompt, params)[0]
     assert out.token_ids == ref.token_ids[:ref.token_ids.index(stop_id) + 1] and out.finish_reason == "stop"
 
 
@@ -153,7 +154,8 @@ def test_abort_frees_pages_at_once():
 def test_bad_request_fails_alone():
     llm = make_llm()
     p0, p2 = prompts()[0], prompts()[2]
-    outs = llm.generate([p0, "", [3] * 200, [99999], p2], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    outs = llm.generate([p0, "", [3] * 200, [99999], p2],
+                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert [o.finish_reason for o in outs] == ["length", "error", "error", "error", "length"]
     assert "empty prompt" in outs[1].error and "max_model_len" in outs[2].error and "[0, 512)" in outs[3].error
     assert outs[0].token_ids == hf_greedy("llama", p0, N)[:8] and outs[4].token_ids == hf_greedy("llama", p2, N)[:8]

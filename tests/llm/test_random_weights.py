@@ -12,9 +12,10 @@ from warpforge.llm.random_weights import PRESETS, cached_checkpoint, preset, ran
 
 def test_presets_have_the_public_shapes():
     b8, b1 = PRESETS["llama-8b"], PRESETS["llama-1b"]
-    assert (b8["num_hidden_layers"], b8["hidden_size"], b8["intermediate_size"], b8["head_dim"]) == (32, 4096, 14336, 128)
+    shape = ("num_hidden_layers", "hidden_size", "intermediate_size", "head_dim")
+    assert tuple(b8[k] for k in shape) == (32, 4096, 14336, 128)
     assert not b8["tie_word_embeddings"] and b1["tie_word_embeddings"]
-    assert (b1["num_hidden_layers"], b1["hidden_size"], b1["intermediate_size"], b1["head_dim"]) == (16, 2048, 8192, 64)
+    assert tuple(b1[k] for k in shape) == (16, 2048, 8192, 64)
     with pytest.raises(ValueError, match="preset"):
         preset("llama-70b")
 

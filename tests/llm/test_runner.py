@@ -23,7 +23,8 @@ PS = 4
 
 def runner(num_pages: int = 32, **kw) -> ModelRunner:
     model, _, config = loaded("llama")
-    ec = EngineConfig(max_model_len=64, page_size=PS, num_pages=num_pages, **kw).for_model(config.max_position_embeddings)
+    ec = EngineConfig(max_model_len=64, page_size=PS, num_pages=num_pages, **kw)
+    ec = ec.for_model(config.max_position_embeddings)
     return ModelRunner(model, config, ec, "cpu")
 
 

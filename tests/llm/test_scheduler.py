@@ -217,7 +217,7 @@ def test_stop_string_helper_and_finish():
     sched = make()
     s = seq(3, stop=["END", "\n\n"])
     sched.add(s)
-    sched.postprocess(b := sched.schedule(), [5])
+    sched.postprocess(sched.schedule(), [5])
     assert not s.check_stop("Hello EN")
     assert s.check_stop("Hello END and more") and s.output_text == "Hello " and s.stop_reason == "END"
     sched.finish(s)

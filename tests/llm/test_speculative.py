@@ -322,7 +322,8 @@ def test_server_metrics_show_acceptance(twin):
     llm.generate(spec_prompts()[:2], greedy(12))
     s = llm.engine.spec.stats
     text = ServerMetrics(AsyncLLM(llm.engine)).render().decode()
-    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("warpforge_spec")}
+    values = {line.split()[0]: float(line.split()[1])
+              for line in text.splitlines() if line.startswith("warpforge_spec")}
     assert values["warpforge_spec_decode_num_draft_tokens_total"] == s.num_draft_tokens > 0
     assert values["warpforge_spec_decode_num_accepted_tokens_total"] == s.num_accepted_tokens > 0
     assert values["warpforge_spec_decode_draft_acceptance_rate"] == pytest.approx(s.acceptance_rate)

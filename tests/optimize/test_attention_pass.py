@@ -191,7 +191,8 @@ def test_two_blocks_and_default_passes_together():
     model = nn.Sequential(Block(128, 2, 256), Block(128, 2, 256, explicit=True)).eval()
     x = _x()
     opt, report = optimize_graph(model, (x,), default_passes()[:-1] + [ReplaceAttention()], capture="fx")
-    assert [p["name"] for p in report["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention"]
+    assert [p["name"] for p in report["passes"]] == [
+        "fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention"]
     changes = report["passes"][-1]["changes"]
     assert report["passes"][-1]["counts"] == {"replaced": 2}
     assert [c["where"] for c in changes] == ["0.attn", "1.attn"]
@@ -411,7 +412,8 @@ def test_default_passes_leave_attention_to_torch_on_the_cpu():
     model = nn.Sequential(Block(128, 2, 256), Block(128, 2, 256, explicit=True)).eval()
     x = _x()
     opt, report = optimize_graph(model, (x,))
-    assert [p["name"] for p in report["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention"]
+    assert [p["name"] for p in report["passes"]] == [
+        "fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention"]
     att = report["passes"][-1]
     assert att["counts"] == {"skipped": 1}, att
     assert "2 attention candidate(s)" in att["changes"][0]["detail"] and "cpu" in att["changes"][0]["detail"]

@@ -114,7 +114,8 @@ def test_gpu_vit_block_stack_through_the_kernels(dtype):
     # Every site is timed and decided; which of the seven goes to our kernel and which to cuBLAS is the
     # device's timing (an H200 chose 6 / 1, an H100 2 / 5): the test pins the decisions' count, not their side.
     assert counts["merged"] == 2 and counts["timed"] == 9 and counts["fused"] + counts["replaced"] == 7, counts
-    timed = [c for c in next(p for p in rep["passes"] if p["name"] == "fuse_linear")["changes"] if c["action"] == "timed"]
+    fuse_linear = next(p for p in rep["passes"] if p["name"] == "fuse_linear")
+    timed = [c for c in fuse_linear["changes"] if c["action"] == "timed"]
     assert all(" us, cuBLAS + torch epilogue " in c["detail"] for c in timed)
     with torch.no_grad():
         want = model(x)

@@ -36,7 +36,8 @@ def test_top1_disagreement_and_generic_kind():
 
 def test_nested_outputs_and_batches():
     ref = [{"logits": torch.eye(3), "box": torch.ones(3, 4)}, {"logits": torch.eye(3) * 2, "box": torch.zeros(3, 4)}]
-    cand = [{"logits": torch.eye(3), "box": torch.ones(3, 4) * 1.5}, {"logits": torch.eye(3) * 2, "box": torch.zeros(3, 4)}]
+    cand = [{"logits": torch.eye(3), "box": torch.ones(3, 4) * 1.5},
+            {"logits": torch.eye(3) * 2, "box": torch.zeros(3, 4)}]
     acc = compare(ref, cand, "classifier", batched=True)
     assert acc.max_abs == 0.5 and acc.max_rel == 0.5  # the box tensor: 0.5 / max |1|
     assert acc.top1 == 1.0 and acc.n_samples == 6  # the "logits" entry of each batch

@@ -76,7 +76,8 @@ def test_json_flag_prints_the_report(tmp_path):
 
 @pytest.mark.parametrize("body,args,message", [
     (None, ["no_such_model"], "unknown model 'no_such_model'; the zoo has: "),
-    ("def factory():\n    raise RuntimeError('weights missing')\n", [], "the factory raised RuntimeError: weights missing"),
+    ("def factory():\n    raise RuntimeError('weights missing')\n", [],
+     "the factory raised RuntimeError: weights missing"),
     ("import torch\ndef factory():\n    return torch.nn.Linear(4, 2), torch.ones(3, 5)\n", [],
      "does not run on its example inputs"),
     ("def factory():\n    return 42\n", [], "expected (model, example_inputs)"),

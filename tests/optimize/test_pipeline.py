@@ -14,7 +14,8 @@ def test_optimize_graph_default_pipeline():
     opt, report = optimize_graph(model, (x,))
     assert model.training
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    assert [p["name"] for p in report["passes"]] == ["fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention"]
+    assert [p["name"] for p in report["passes"]] == [
+        "fold_bn", "channels_last", "fuse_conv", "image_input", "max_pool", "attention"]
     counts = {p["name"]: p["counts"] for p in report["passes"]}
     assert counts == {"fold_bn": {"folded": 7}, "channels_last": {"converted": 5}, "fuse_conv": {"fused": 6},
                       "image_input": {}, "max_pool": {}, "attention": {}}

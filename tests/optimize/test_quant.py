@@ -356,8 +356,9 @@ class _PoolStem(nn.Module):
 
 
 def test_int8_stem_feeds_an_int8_max_pool():
-    """With the stem int8 (min_channels=1), its output is stored int8 at the pool readers' scale and the max pool runs on the
-    codes (passes.pool.MaxPool2d): no float pool, no quantize kernel; the same result as the float pool quantized."""
+    """With the stem int8 (min_channels=1), its output is stored int8 at the pool readers' scale and the max pool
+    runs on the codes (passes.pool.MaxPool2d): no float pool, no quantize kernel; the same result as the float
+    pool quantized."""
     from warpforge.optimize.pipeline import optimize_graph
     from warpforge.optimize.passes.pool import MaxPool2d
 
@@ -402,7 +403,8 @@ def test_float_stem_feeds_an_int8_max_pool():
     assert "image stem" in {k.name: k.reason for k in report.kept}[report.kept[0].name]
     stem = [m for m in qm.modules() if isinstance(m, FusedConv2d) and m.weight.shape[1] == 3][0]
     readers = [qm.conv1_fused, qm.short_fused]  # conv1 and the shortcut read the pool
-    assert all(isinstance(r, QuantConv2d) for r in readers) and all(torch.equal(r.act_scale, stem.out_scale) for r in readers)
+    assert all(isinstance(r, QuantConv2d) for r in readers)
+    assert all(torch.equal(r.act_scale, stem.out_scale) for r in readers)
     assert stem.out_zero_point == -128 == readers[0].act_zero_point  # a ReLU's output: unsigned
     assert not any(isinstance(m, QuantizeInput) for m in qm.modules())
     assert [type(m) for m in qm.modules() if isinstance(m, (nn.MaxPool2d, MaxPool2d))] == [MaxPool2d]

@@ -243,8 +243,9 @@ def test_overhead_parts_reach_the_json_and_the_report():
 
     b = decode_like()
     a = analyze(b.trace(), Counts(records=twin_records()), ceilings=H200)
-    p = Profile(target="decode-like", meta={"device": "synthetic", "device_type": "cuda", "iters": 2, "torch": torch.__version__,
-                                          "time": "2026-01-01T00:00:00+00:00", "warmup": 0, "grad": False}, analysis=a,
+    meta = {"device": "synthetic", "device_type": "cuda", "iters": 2, "torch": torch.__version__,
+            "time": "2026-01-01T00:00:00+00:00", "warmup": 0, "grad": False}
+    p = Profile(target="decode-like", meta=meta, analysis=a,
                 counts=Counts(records=twin_records()), window_ms=1.2, plain_ms=1.0,
                 load=iteration_load(b.trace()), parts_ms={"cpu": 1.05, "cuda": 1.15})
     t = p.as_dict()["timing"]

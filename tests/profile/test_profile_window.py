@@ -200,28 +200,28 @@ class _FakeEvent:
         return other.t - self.t
 
 
-def test_window_ms_sleeps_before_the_start_event_on_cuda(monkeypatch):
+@pytest.mark.parametrize("cycles", [12345, 0])
+def test_window_ms_sleeps_before_the_start_event_on_cuda(monkeypatch, cycles):
     """The CUDA path's order of calls, with the CUDA calls stood in for: sync, the sleep, the start event, the
     calls, the end event; no sleep when the pad is 0."""
     import torch
 
     from warpforge.profile import trace as trace_mod
 
-    for cycles in (12345, 0):
-        log: list = []
-        clock = [0.0]
-        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: log.append("sync"))
-        monkeypatch.setattr(torch.cuda, "_sleep", lambda c: log.append(("sleep", c)))
-        monkeypatch.setattr(torch.cuda, "Event", lambda **k: _FakeEvent(log, clock))
+    log: list = []
+    clock = [0.0]
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: log.append("sync"))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda c: log.append(("sleep", c)))
+    monkeypatch.setattr(torch.cuda, "Event", lambda **k: _FakeEvent(log, clock))
 
-        def call(i):
-            log.append(("call", i))
-            clock[0] += 2.0
+    def call(i):
+        log.append(("call", i))
+        clock[0] += 2.0
 
-        ms = trace_mod._window_ms(call, 3, True, cycles)
-        head = ["sync"] + ([("sleep", cycles)] if cycles else []) + ["record"]
-        assert log == head + [("call", 0), ("call", 1), ("call", 2), "record", "event-sync"]
-        assert ms == pytest.approx(2.0)
+    ms = trace_mod._window_ms(call, 3, True, cycles)
+    head = ["sync"] + ([("sleep", cycles)] if cycles else []) + ["record"]
+    assert log == head + [("call", 0), ("call", 1), ("call", 2), "record", "event-sync"]
+    assert ms == pytest.approx(2.0)
 
 
 def test_window_ms_on_cpu_ignores_the_pad():

@@ -112,8 +112,9 @@ def test_preemptions_reach_the_counter(engine_parts):
 
 @pytest.mark.parametrize("kw,says", [
     (dict(model=""), "model"), (dict(port=70000), "port"), (dict(max_queue=-1), "max_queue"),
-    (dict(max_num_seqs=0), "max_num_seqs"), (dict(dtype="fp4"), "dtype"), (dict(kv_cache_dtype="int4"), "kv_cache_dtype"),
-    (dict(api_key=""), "api_key"), (dict(shutdown_grace_s=-1), "shutdown_grace_s"), (dict(max_model_len=1), "max_model_len"),
+    (dict(max_num_seqs=0), "max_num_seqs"), (dict(dtype="fp4"), "dtype"),
+    (dict(kv_cache_dtype="int4"), "kv_cache_dtype"), (dict(api_key=""), "api_key"),
+    (dict(shutdown_grace_s=-1), "shutdown_grace_s"), (dict(max_model_len=1), "max_model_len"),
     (dict(served_model_name=" "), "served_model_name"), (dict(chat_template=""), "chat_template"),
 ])
 def test_serve_config_names_the_bad_setting(kw, says):

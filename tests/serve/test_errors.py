@@ -53,8 +53,8 @@ def test_body_over_the_limit_is_413(server):
 def test_unknown_model_is_404(server):
     check_error(post(server, "/completions", json=completion(server, model="gpt-9")), 404, "model",
                 "model_not_found", "gpt-9")
-    check_error(post(server, "/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
-                404, "model", "model_not_found")
+    body = {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+    check_error(post(server, "/chat/completions", json=body), 404, "model", "model_not_found")
 
 
 def test_unknown_route_and_method(server):
@@ -115,7 +115,8 @@ def test_wrong_types_and_missing_fields_name_the_field(server):
 def test_json_types_are_not_coerced(server, field, value):
     """true is not 1, 2.0 is not 2, "yes" is not true: a 400 naming the field, as the docs say."""
     err = check_error(post(server, "/completions", json=completion(server, **{field: value})), 400, field)
-    assert err["message"].startswith(field) and repr(value if not isinstance(value, list) else value[1]) in err["message"]
+    shown = value if not isinstance(value, list) else value[1]
+    assert err["message"].startswith(field) and repr(shown) in err["message"]
 
 
 def test_null_message_content_is_refused(server):

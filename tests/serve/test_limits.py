@@ -72,7 +72,8 @@ def test_chat_template_flag_replaces_the_missing_template(limited):
     messages = [{"role": "user", "content": "Who's there?"}]
     r = limited.client().chat.completions.create(model=limited.model, messages=messages, max_tokens=2)
     rendered = "[user] Who's there?\n[assistant] "
-    assert r.usage.prompt_tokens == len(Tokenizer.from_dir(limited.checkpoint).encode(rendered, add_special_tokens=False))
+    tok = Tokenizer.from_dir(limited.checkpoint)
+    assert r.usage.prompt_tokens == len(tok.encode(rendered, add_special_tokens=False))
 
 
 def test_a_burst_beyond_the_queue_gets_429_then_the_server_recovers(limited):

@@ -141,8 +141,8 @@ def test_stage_functions_validate_too(s):
             s["viewmats"], s["Ks"], WIDTH, HEIGHT)
     _raises(r"degree must be an int in \[0, 3\], got 5", spherical_harmonics, 5, torch.zeros(4, 3),
             torch.zeros(4, 16, 3))
-    _raises(r"coeffs must have shape \[4, 'K', 3\] \(or \['K', 3\], shared\) with K >= 16", spherical_harmonics, 3, torch.zeros(4, 3),
-            torch.zeros(4, 9, 3))
+    _raises(r"coeffs must have shape \[4, 'K', 3\] \(or \['K', 3\], shared\) with K >= 16", spherical_harmonics, 3,
+            torch.zeros(4, 3), torch.zeros(4, 9, 3))
 
 
 def test_nothing_visible_renders_the_background(s):

@@ -91,7 +91,8 @@ def test_reads_every_record(colmap_dir):
     assert c2.model == "SIMPLE_PINHOLE" and c2.pinhole() == (45.0, 45.0, 19.5, 14.5)
     assert sorted(m.images) == [1, 5, 9]
     im = m.images[1]
-    assert im.name == "b.png" and im.camera_id == 1 and im.qvec.tolist() == list(QS[0]) and im.tvec.tolist() == [0, 0, 4]
+    assert im.name == "b.png" and im.camera_id == 1
+    assert im.qvec.tolist() == list(QS[0]) and im.tvec.tolist() == [0, 0, 4]
     assert im.xys.tolist() == [[10.5, 11.5], [3.0, 4.0]] and im.point3d_ids.tolist() == [7, -1]
     assert m.images[9].xys.shape == (0, 2)
     assert m.point_ids.tolist() == [7, 8, 11, 12]

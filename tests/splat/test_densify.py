@@ -23,7 +23,7 @@ def make(n: int, *, scale: float = 0.001, opacity: float = 0.5, seed: int = 0):
               "sh0": torch.randn(n, 1, 3, generator=g), "shN": torch.randn(n, 3, 3, generator=g)}
     params = {k: v.requires_grad_() for k, v in params.items()}
     opt = SelectiveAdam(params, LRS)
-    for k, st in opt.state.items():  # distinct, recognisable moments per row
+    for st in opt.state.values():  # distinct, recognisable moments per row
         for i, (name, t) in enumerate(st.items()):
             st[name] = torch.arange(n, dtype=torch.float32).view(-1, *([1] * (t.dim() - 1))).expand_as(t) + 1000 * i
     return params, opt

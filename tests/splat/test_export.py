@@ -11,8 +11,8 @@ import torch
 from click.testing import CliRunner
 
 from warpforge.cli import main
-from warpforge.splat.export import RECORD, load_splat, save_splat, splat_records
-from warpforge.splat.scene import SH_C0, Splats, Views, look_at, street_scene
+from warpforge.splat.export import RECORD, load_splat, save_splat
+from warpforge.splat.scene import SH_C0, Splats, street_scene
 from warpforge.splat.video import orbit_path, train_path
 
 

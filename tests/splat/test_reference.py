@@ -151,13 +151,14 @@ def test_radii_bound_the_alpha_ellipse():
     p = ref.project_reference(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmats"], s["Ks"], WIDTH,
                               HEIGHT)
     keep = (p.radii > 0).all(-1)
-    m, con, op, r = p.means2d[keep], p.conics[keep], p.opacities[keep], p.radii[keep].float()
+    con, op, r = p.conics[keep], p.opacities[keep], p.radii[keep].float()
     u = torch.linspace(-1, 1, 201)
     for scale in (1.0, 1.05):  # on the box's border and just outside it
         dx = (u[None, :, None] * r[:, None, :1] * scale).expand(-1, -1, 201)
         dy = (u[None, None, :] * r[:, None, 1:] * scale).expand(-1, 201, -1)
         border = (dx.abs() >= r[:, None, :1] * 0.999) | (dy.abs() >= r[:, None, 1:] * 0.999)
-        power = -0.5 * (con[:, 0, None, None] * dx * dx + con[:, 2, None, None] * dy * dy) - con[:, 1, None, None] * dx * dy
+        a, b, c = (con[:, j, None, None] for j in range(3))  # the conic's xx, xy, yy terms
+        power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
         alpha = op[:, None, None] * torch.exp(power)
         assert (alpha[border] < ref.ALPHA_MIN).all()
 
@@ -195,9 +196,9 @@ def test_dense_render_rules():
     torch.testing.assert_close(alpha[1, 1], torch.tensor([1 - T], dtype=torch.float64))
     # one Gaussian, exact formula at an offset pixel (dx = -1, dy = 0.5), with the cross term
     c = torch.tensor([[0.3, 0.1, 0.2]], dtype=torch.float64)
-    img, alpha = ref.blend_dense(torch.tensor([[1.5, 0.0]], dtype=torch.float64), c, torch.ones(1, 1, dtype=torch.float64),
-                                 torch.tensor([0.7], dtype=torch.float64), torch.ones(1), torch.ones(1, dtype=torch.bool),
-                                 3, 1)
+    f64 = torch.float64
+    img, alpha = ref.blend_dense(torch.tensor([[1.5, 0.0]], dtype=f64), c, torch.ones(1, 1, dtype=f64),
+                                 torch.tensor([0.7], dtype=f64), torch.ones(1), torch.ones(1, dtype=torch.bool), 3, 1)
     dx, dy = 1.5 - 2.5, 0.0 - 0.5
     a = 0.7 * math.exp(-0.5 * (0.3 * dx * dx + 0.2 * dy * dy) - 0.1 * dx * dy)
     torch.testing.assert_close(img[0, 2, 0], torch.tensor(a, dtype=torch.float64))

@@ -13,7 +13,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from warpforge.splat.report import encode_png
 from warpforge.splat.scene import street_scene
 from warpforge.splat.transforms import TransformsError, load_transforms, random_cube_points
 

@@ -193,7 +193,7 @@ class Point:
 def point(s: Sourced) -> Point:
     r = s.record
     ours = r.get("ours") or {}
-    roof = r.get("roofline") if isinstance(r.get("roofline"), dict) else {}
+    roof = raw if isinstance(raw := r.get("roofline"), dict) else {}
     sp = spread(r)
     return Point(suite=str(r.get("suite")), case=str(r.get("case")), time=str(r.get("time") or ""), git=r.get("git"),
                  source=s.source, ms=None if "error" in ours else ours.get("ms"), p20_ms=ours.get("p20_ms"),
@@ -204,7 +204,7 @@ def point(s: Sourced) -> Point:
 
 
 def _setup(r: dict[str, Any]) -> tuple[Any, Any]:
-    dev = r.get("device") if isinstance(r.get("device"), dict) else {}
+    dev = raw if isinstance(raw := r.get("device"), dict) else {}
     return dev.get("name"), dev.get("knobs") or {}
 
 

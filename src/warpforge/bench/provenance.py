@@ -83,7 +83,7 @@ def split_git(git: Any) -> tuple[str | None, bool | None]:
 def provenance(rec: dict[str, Any]) -> dict[str, Any]:
     """A record's commit, dirtiness and software versions (None where it does not say)."""
     sha, dirty = split_git(rec.get("git"))
-    dev = rec.get("device") if isinstance(rec.get("device"), dict) else {}
+    dev = raw if isinstance(raw := rec.get("device"), dict) else {}
     return {"commit": sha, "dirty": dirty, "time": rec.get("time"), "device": dev.get("name"),
             **{k: dev.get(k) for k in ("torch", "triton", "driver", "cuda")}}
 
@@ -92,7 +92,7 @@ def missing_provenance(rec: dict[str, Any]) -> list[str]:
     """What a record lacks to say where it came from: a commit, and the torch/Triton (and, on a GPU, driver)
     versions. Empty when it says all of it."""
     p = provenance(rec)
-    withdrawn = rec.get("withdrawn") if isinstance(rec.get("withdrawn"), dict) else {}
+    withdrawn = raw if isinstance(raw := rec.get("withdrawn"), dict) else {}
     out = [] if p["commit"] or "git" in withdrawn else ["git: no commit"]
     want = ("torch", "triton") + (("driver",) if p["device"] not in (None, "cpu") else ())
     out += [f"device.{k}: missing" for k in want if not p[k]]

@@ -27,7 +27,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from warpforge import settings
 from warpforge.bench.ratio import FRACTION_MAX, RATIO_RTOL, Side, entry_side, put_ratio, same_work_ratio
@@ -95,7 +95,7 @@ def device_info(device: torch.device) -> dict[str, Any]:
     figures are then the torch reference path's."""
     import torch
 
-    base = {"torch": torch.__version__, "triton": _triton_version(), "cuda": torch.version.cuda}
+    base: dict[str, Any] = {"torch": torch.__version__, "triton": _triton_version(), "cuda": torch.version.cuda}
     if knobs():
         base["knobs"] = knobs()
     if device.type == "cuda":
@@ -137,7 +137,8 @@ def _finite(x: float | None) -> float | None:
 
 
 def _timed(t: Timing, figure: float, metric: str, rounds_ms: Sequence[float] = ()) -> dict[str, Any]:
-    out = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms, metric: figure}
+    out: dict[str, Any] = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms,
+                           metric: figure}
     if rounds_ms:
         out["rounds_ms"] = [float(x) for x in rounds_ms]
     return out
@@ -237,7 +238,7 @@ def finish_record(rec: dict[str, Any], host: dict[str, Any] | None, figure_error
 
 # ---- validation ----------------------------------------------------------------------------------
 
-def _num(x: Any) -> bool:
+def _num(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -281,7 +282,7 @@ def check_violations(d: dict[str, Any]) -> list[str]:
     A verdict withdrawn (``withdrawn["correct.ok"]``, ``withdrawn["peers.<name>.correct"]``) is not held
     against the record."""
     out: list[str] = []
-    withdrawn = d.get("withdrawn") if isinstance(d.get("withdrawn"), dict) else {}
+    withdrawn = raw if isinstance(raw := d.get("withdrawn"), dict) else {}
     sides = [("correct", "correct.ok", d.get("correct"))]
     sides += [(f"peers.{n}.correct", f"peers.{n}.correct", p.get("correct")) for n, p in (d.get("peers") or {}).items()
               if isinstance(p, dict) and "error" not in p]
@@ -293,7 +294,7 @@ def check_violations(d: dict[str, Any]) -> list[str]:
             out.append(f"{where}: tol {tol:g} >= 1, a check that cannot fail")
         if c.get("against") == SELF_AGAINST:
             out.append(f"{where}: judged against itself")
-    ours = d.get("correct") if isinstance(d.get("correct"), dict) else {}
+    ours = raw if isinstance(raw := d.get("correct"), dict) else {}
     for n, p in (d.get("peers") or {}).items():
         c = p.get("correct") if isinstance(p, dict) else None
         if not isinstance(c, dict) or f"peers.{n}.correct" in withdrawn:
@@ -354,7 +355,7 @@ def figure_violations(d: dict[str, Any]) -> list[str]:
     an mfu/mbu above 1.0. Empty when the record is clean."""
     out: list[str] = []
     ours, peers, ratio = d["ours"], d["peers"], d["ratio"]
-    nulls = d.get("ratio_null") if isinstance(d.get("ratio_null"), dict) else {}
+    nulls = raw if isinstance(raw := d.get("ratio_null"), dict) else {}
     ours_side = entry_side(ours, d["correct"]) if isinstance(ours, dict) else Side(error="malformed")
     for name, value in ratio.items():
         p = peers.get(name)

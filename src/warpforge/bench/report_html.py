@@ -14,7 +14,6 @@ import math
 import re
 from collections.abc import Sequence
 from html import escape
-from typing import Any
 
 from warpforge.bench.history import REGRESSED, Point, Sourced, cases_of, history
 

@@ -103,7 +103,8 @@ class Store:
             raise StoreError(f"results store: not a valid SQLAlchemy URL or path: {url_or_path!s} ({e})") from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         db = parsed.database or ""
-        self.where = db if self.is_sqlite and db not in ("", ":memory:") else parsed.render_as_string(hide_password=True)
+        file_db = self.is_sqlite and db not in ("", ":memory:")
+        self.where = db if file_db else parsed.render_as_string(hide_password=True)
         if self.is_sqlite and db not in ("", ":memory:"):
             path = Path(db)
             if not path.exists():

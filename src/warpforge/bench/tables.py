@@ -42,7 +42,7 @@ class TableError(ValueError):
 
 def latest_by_case(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The newest record of each case (by ``time``; the later line wins a tie), in first-seen case order."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[Any, dict[str, Any]] = {}  # keyed by each record's "case" as stored
     for r in records:
         c = r.get("case")
         if c not in out or str(r.get("time") or "") >= str(out[c].get("time") or ""):
@@ -83,8 +83,8 @@ def ours_cell(r: dict[str, Any]) -> str:
     ours = r["ours"]
     if "error" in ours:
         return "error"
-    metric = r.get("metric")
-    fig = ours.get(metric) if metric and metric != "ms" else None
+    metric = r.get("metric") or "ms"
+    fig = ours.get(metric) if metric != "ms" else None
     text = _ms(ours["ms"]) + (f", {_num(fig)} {UNITS.get(metric, metric)}" if isinstance(fig, (int, float)) else "")
     return text + (" (noisy)" if (r.get("stability") or {}).get("noisy") else "")
 
@@ -278,14 +278,15 @@ def parse_marker(args: str, line: int) -> Marker:
             raise TableError(f"line {line}: results:table marker: expected key=value with a key of "
                              f"{', '.join(KEYS)}, got {w!r}")
         kv[key] = value
-    if not kv.get("suite"):
-        raise TableError(f"line {line}: results:table marker: suite=... is required")
 
     def split(v: str | None, sep: str) -> tuple[str, ...] | None:
         items = tuple(x.strip() for x in (v or "").split(sep) if x.strip())
         return items or None
 
-    return Marker(split(kv["suite"], ","), split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line)
+    suites = split(kv.get("suite"), ",")
+    if suites is None:  # absent, empty or only commas ("suite=,")
+        raise TableError(f"line {line}: results:table marker: suite=... is required")
+    return Marker(suites, split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line)
 
 
 def _blocks(text: str) -> list[tuple[re.Match, Marker]]:

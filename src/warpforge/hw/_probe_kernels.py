@@ -84,7 +84,8 @@ def sweep_launcher(buf: torch.Tensor, ws_bytes: int, bytes_per_launch: int, prog
     """A callable that reads the first ``ws_bytes`` of ``buf`` (fp32, contiguous) about
     ``bytes_per_launch`` bytes in one launch, and the exact bytes it reads per call."""
     if buf.dtype != torch.float32 or not buf.is_contiguous():
-        raise ValueError(f"buf: expected a contiguous float32 tensor, got {buf.dtype}, contiguous={buf.is_contiguous()}")
+        raise ValueError(f"buf: expected a contiguous float32 tensor, got {buf.dtype}, "
+                         f"contiguous={buf.is_contiguous()}")
     tile_bytes = tile * 4
     num_tiles = ws_bytes // tile_bytes
     if num_tiles < 1 or num_tiles * tile > buf.numel():

@@ -110,7 +110,8 @@ SPECS: tuple[DeviceSpec, ...] = (
     DeviceSpec("L40S", ("L40S",), sms=142, l2_MiB=96, hbm_GBps=864, pcie_GBps=32, sm_clock_MHz=2520,
                fp32=91.6, tf32=183, fp16=362.05, bf16=362.05, fp8=733, int8=733, source="NVIDIA L40S GPU datasheet"),
     DeviceSpec("L4", ("L4",), sms=58, l2_MiB=48, hbm_GBps=300, pcie_GBps=32, sm_clock_MHz=2040,
-               fp32=30.3, tf32=60, fp16=121, bf16=121, fp8=242.5, int8=242.5, source="NVIDIA L4 Tensor Core GPU datasheet"),
+               fp32=30.3, tf32=60, fp16=121, bf16=121, fp8=242.5, int8=242.5,
+               source="NVIDIA L4 Tensor Core GPU datasheet"),
     DeviceSpec("RTX 4090", ("RTX 4090", "GeForce RTX 4090"), sms=128, l2_MiB=72, hbm_GBps=1008, pcie_GBps=32,
                sm_clock_MHz=2520, fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2, fp8=330.3, int8=660.6,
                source="NVIDIA Ada Lovelace architecture whitepaper, RTX 4090, fp32-accumulate rates"),
@@ -120,7 +121,8 @@ SPECS: tuple[DeviceSpec, ...] = (
     # with the CPU: no PCIe link to measure.
     DeviceSpec("Jetson AGX Orin", ("Orin", "Jetson AGX Orin"), sms=16, l2_MiB=4, hbm_GBps=204.8, pcie_GBps=None,
                sm_clock_MHz=1300, fp32=5.3, tf32=21.25, fp16=42.5, bf16=42.5, fp8=None, int8=85,
-               source="NVIDIA Jetson AGX Orin series datasheet (64GB); tensor rates derived from its sparse INT8 figure"),
+               source="NVIDIA Jetson AGX Orin series datasheet (64GB); "
+                      "tensor rates derived from its sparse INT8 figure"),
 )
 
 

@@ -27,6 +27,7 @@ Settings (:mod:`warpforge.settings`, docs/settings.md):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -78,7 +79,8 @@ class Tuner(Generic[C]):
     # ---- disk cache ---------------------------------------------------------------------------
     def _path(self, device: torch.device) -> Path:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        return settings.cache_dir() / "autotune" / f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
+        file = f"{_slug(name)}--triton-{_slug(triton.__version__)}--{self.kernel}.json"
+        return settings.cache_dir() / "autotune" / file
 
     def _shipped(self, path: Path) -> dict[str, Any]:
         """The package's winners for the same device, Triton version and kernel (see the module docstring)."""
@@ -145,7 +147,7 @@ class Tuner(Generic[C]):
         for cfg in candidates:
             try:
                 run(cfg)  # compile outside the timed region
-                ms = _time_ms(lambda: run(cfg))
+                ms = _time_ms(functools.partial(run, cfg))
             except Exception as e:  # noqa: BLE001 - out of shared memory, unsupported combination
                 ms = float("inf")
                 if verbose:

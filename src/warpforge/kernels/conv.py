@@ -117,8 +117,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     def launch(cfg: ConvConfig, dst: torch.Tensor) -> None:
         launch_gemm(x, wp, b_arg, r_arg, dst, g, mode, cfg, epilogue, quant)
 
-    cfg = choose_gemm_config(config if isinstance(config, ConvConfig) else None, _TUNER, INTERPRET_CONFIG, x, g, mode, out, residual, launch, _RES_TUNER,
-                             _NARROW_TUNER)
+    cfg = choose_gemm_config(config if isinstance(config, ConvConfig) else None, _TUNER, INTERPRET_CONFIG, x, g, mode,
+                             out, residual, launch, _RES_TUNER, _NARROW_TUNER)
     launch(cfg, out)
     return out
 

@@ -113,7 +113,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
         c0 = (lo - tap * c_steps) * BLOCK_K
         kh = tap // KW
         kw = tap - kh * KW
-        for step in range(lo, hi):
+        for _step in range(lo, hi):
             if BITS:
                 inside = ((inside_bits >> tap) & 1) != 0
             else:
@@ -175,7 +175,8 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
 
 
 @triton.jit
-def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr, M, COUT, SPLIT_STRIDE,
+def _splitk_epilogue_kernel(ws_ptr, b_ptr, r_ptr, o_ptr, xs_ptr, wsc_ptr, wsum_ptr, os_ptr, q_ptr,
+                            M, COUT, SPLIT_STRIDE,
                             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             INT_ACC: tl.constexpr = False, QUANT_OUT: tl.constexpr = False,
@@ -233,7 +234,8 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
         ws = dst
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(cout_g, cfg.block_n), g.groups, split)
     _conv_gemm_kernel[grid](
-        x, wp, b_arg, r_arg, dst, ws, xs, wsc, wsum, os_, xpad, out_q, m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
+        x, wp, b_arg, r_arg, dst, ws, xs, wsc, wsum, os_, xpad, out_q,
+        m, g.oh, g.ow, g.h, g.w, g.cin_g, cout_g, g.cout, m * g.cout,
         *x.stride(), *wp.stride(), *g.stride, *g.padding, *g.dilation, KH=g.kh, KW=g.kw, MODE=mode,
         EVEN_C=g.cin_g % cfg.block_k == 0, **epilogue, F16_MMA=cfg.f16_mma,
         # fp32 inputs: full-precision products (tf32 would miss the fp32 tolerance); ignored for 16-bit.
@@ -242,5 +244,5 @@ def launch_gemm(x: torch.Tensor, wp: torch.Tensor, b_arg: torch.Tensor, r_arg: t
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg or None, **q)
     if split > 1:
         egrid = (triton.cdiv(m, 32), triton.cdiv(g.cout, 128))
-        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.cout, m * g.cout, **epilogue,
-                                       SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4, **q)
+        _splitk_epilogue_kernel[egrid](ws, b_arg, r_arg, dst, xs, wsc, wsum, os_, out_q, m, g.cout, m * g.cout,
+                                       **epilogue, SPLIT_K=split, BLOCK_M=32, BLOCK_N=128, num_warps=4, **q)

@@ -128,7 +128,8 @@ def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, res
     16x16/16 patch embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02); with this path and the
     fuse_norm pass ViT-B/16 went 3.18 -> 2.78 ms at batch 32, 0.675 -> 0.554 ms at batch 1."""
     return (g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0)
-            and g.dilation == (1, 1) and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16) and activation in PATCH_ACTIVATIONS
+            and g.dilation == (1, 1) and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16)
+            and activation in PATCH_ACTIVATIONS
             and not (residual and activation is not None))
 
 

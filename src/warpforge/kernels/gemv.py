@@ -467,7 +467,8 @@ def _linear_words_kernel(
 @triton.jit
 def _splitk_reduce_kernel(part_ptr, ws_ptr, bias_ptr, out_ptr, M, N, stride_bias, stride_om, stride_on,
                           SPLIT_K: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = 0):
+                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          PDL: tl.constexpr = 0):
     """out = epilogue(sum over splits of part[s]); part fp32 [SPLIT_K, M, N]."""
     pdl_enter(PDL)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -547,7 +548,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales, mins, fmt: int, group: int
             config = _interpret_config(M, group, words)
         else:
             bm = _m_class(M)
-            bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18), pow2_bucket(K, 16, 1 << 18))
+            bucket = (fmt, group, str(x.dtype), pow2_bucket(M), pow2_bucket(N, 16, 1 << 18),
+                      pow2_bucket(K, 16, 1 << 18))
             bucket += (("gate", gate),) if gate else ()  # twice the x loads: tuned apart
             bucket += (("norm", nc),) if nc else ()  # a statistics pass and two more loads per tile: apart too
             x_bytes = x.element_size()

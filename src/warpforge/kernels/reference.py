@@ -22,7 +22,8 @@ def copy_ref(src: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor
 
 
 def fill_ref(out: torch.Tensor, value: float) -> torch.Tensor:
-    """Reference for ``memory.fill`` (kernel ``_fill_kernel``): every element set to ``value`` rounded to out's dtype."""
+    """Reference for ``memory.fill`` (kernel ``_fill_kernel``): every element set to ``value`` rounded to
+    out's dtype."""
     return out.fill_(value)
 
 

@@ -87,7 +87,8 @@ class DecodeGraphs:
         arrays = {name: np.asarray(inputs[name]) for name in self._stage}
         return self.replay_arrays(bs, arrays)
 
-    def replay_arrays(self, bs: int, arrays: dict[str, np.ndarray], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def replay_arrays(self, bs: int, arrays: dict[str, np.ndarray],
+                      input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Fill the buffers from numpy arrays of ``bs`` rows (ModelRunner.decode_arrays): each goes
         into its pinned staging buffer, then one non-blocking copy per buffer; replay. Only the used
         block-table columns are copied: entries past a row's length are never read. ``input_ids``

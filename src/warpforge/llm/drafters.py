@@ -200,7 +200,8 @@ class SelfDrafter(_ModelDrafter):
     def __init__(self, model: torch.nn.Module, num_layers: int, page_size: int, seed: int):
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "layers") or not hasattr(model, "compute_logits"):
-            raise ValueError(f"speculative.method: 'self' needs a decoder with model.layers, got {type(model).__name__}")
+            raise ValueError("speculative.method: 'self' needs a decoder with model.layers, "
+                             f"got {type(model).__name__}")
         total = len(inner.layers)
         if not 1 <= num_layers < total:
             raise ValueError(f"speculative.draft_layers: expected 1..{total - 1} (the target has {total} layers), "
@@ -291,7 +292,8 @@ def load_draft_model(spec, engine, resolve):
     turns a checkpoint name into a path (``warpforge.llm.cli.resolve_model``: "gemma3-270m")."""
     if isinstance(spec, tuple):
         if len(spec) != 3:
-            raise ValueError(f"speculative.draft_model: expected (model, tokenizer, config), got a tuple of {len(spec)}")
+            raise ValueError("speculative.draft_model: expected (model, tokenizer, config), "
+                             f"got a tuple of {len(spec)}")
         if spec[0] is engine.model:
             raise ValueError("speculative.draft_model: the draft model must be a separate model (each binds its "
                              "own KV cache); load it again, or use method 'self'")

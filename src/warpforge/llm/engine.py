@@ -337,7 +337,8 @@ class LLM:
         self.engine = LLMEngine(model, config, dtype=dtype, device=device, gguf_blocks=gguf_blocks)
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+    def generate(self, prompts: Prompt | Seq[Prompt],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  *, use_tqdm: bool = False, add_special_tokens: bool = True) -> list[RequestOutput]:
         """One output per prompt, in order. A single prompt with bad input raises ValueError; in a
         list, a bad prompt gets an output with finish_reason "error" (and ``error``) and the
@@ -364,7 +365,8 @@ class LLM:
                 except ValueError as e:
                     if single:
                         raise
-                    results[i] = RequestOutput(request_id=f"error-{i}", prompt=prompt if isinstance(prompt, str) else None,
+                    results[i] = RequestOutput(request_id=f"error-{i}",
+                                               prompt=prompt if isinstance(prompt, str) else None,
                                                prompt_token_ids=[], finish_reason="error", error=str(e))
             with _progress(use_tqdm, len(index)) as advance:
                 while engine.has_unfinished():
@@ -377,7 +379,8 @@ class LLM:
                 engine.abort(rid)
         return results  # type: ignore[return-value]
 
-    def chat(self, messages: list[dict] | Seq[list[dict]], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+    def chat(self, messages: list[dict] | Seq[list[dict]],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
              *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate replies to conversations ([{"role": ..., "content": ...}, ...], or a list of them)
         through the tokenizer's chat template."""

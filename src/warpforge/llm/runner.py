@@ -240,7 +240,8 @@ class ModelRunner:
         reaches its end)."""
         h = self.host_inputs(batch)
         up = self._upload
-        ctx = StepContext(slot_mapping=up(h["slot_mapping"], torch.int64), block_tables=up(h["block_tables"], torch.int32),
+        ctx = StepContext(slot_mapping=up(h["slot_mapping"], torch.int64),
+                          block_tables=up(h["block_tables"], torch.int32),
                           seq_lens=up(h["seq_lens"], torch.int32), cu_seqlens_q=up(h["cu_seqlens_q"], torch.int32),
                           max_seqlen_q=h["max_seqlen_q"], max_seq_len=h["max_seq_len"],
                           decode_only=batch.decode_only)

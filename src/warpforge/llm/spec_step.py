@@ -148,7 +148,8 @@ class SpecDecoder:
                 break
             if n != 1 or not samples or not eligible(seq):
                 continue
-            kk = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, ec.max_model_len - seq.num_tokens - 1, budget)
+            kk = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, ec.max_model_len - seq.num_tokens - 1,
+                     budget)
             if kk > 0:
                 kk = min(kk, bm.reserve(seq, seq.num_tokens + kk) - seq.num_tokens)
             if kk > 0:

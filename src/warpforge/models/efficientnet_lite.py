@@ -126,5 +126,6 @@ def load_imagenet_weights(model: EfficientNetLite) -> None:
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
-    return images.classifier_spec("efficientnet_lite0", EfficientNetLite, load_imagenet_weights, WEIGHTS_PACKAGE, batch=batch, device=device,
-                                  dtype=dtype, pretrained=pretrained, mean=images.TF_LITE_MEAN, std=images.TF_LITE_STD)
+    return images.classifier_spec("efficientnet_lite0", EfficientNetLite, load_imagenet_weights, WEIGHTS_PACKAGE,
+                                  batch=batch, device=device, dtype=dtype, pretrained=pretrained,
+                                  mean=images.TF_LITE_MEAN, std=images.TF_LITE_STD)

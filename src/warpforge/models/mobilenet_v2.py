@@ -92,5 +92,5 @@ def load_imagenet_weights(model: MobileNetV2) -> None:
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
-    return images.classifier_spec("mobilenet_v2", MobileNetV2, load_imagenet_weights, WEIGHTS_PACKAGE, batch=batch, device=device,
-                                  dtype=dtype, pretrained=pretrained)
+    return images.classifier_spec("mobilenet_v2", MobileNetV2, load_imagenet_weights, WEIGHTS_PACKAGE,
+                                  batch=batch, device=device, dtype=dtype, pretrained=pretrained)

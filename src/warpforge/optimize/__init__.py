@@ -24,10 +24,10 @@ from warpforge.optimize.saved import Loaded, load
 from warpforge.optimize.shapes import ShapeError
 
 __all__ = ["Accuracy", "BadInputError", "Budget", "Built", "Candidate", "Captured", "Change", "ChannelsLast",
-           "FoldBatchNorm", "FuseConvEpilogue", "FuseLinear", "FusedConv2d", "FusedLinear", "Latency", "Loaded", "NoCandidateError",
-           "OptimizeError", "Optimized", "Pass", "PassContext", "PassResult", "Pipeline", "ShapeError", "Throughput",
-           "candidate_names", "capture", "compare", "default_passes", "float_passes", "load", "offline", "optimize",
-           "optimize_graph", "single_stream"]
+           "FoldBatchNorm", "FuseConvEpilogue", "FuseLinear", "FusedConv2d", "FusedLinear", "Latency", "Loaded",
+           "NoCandidateError", "OptimizeError", "Optimized", "Pass", "PassContext", "PassResult", "Pipeline",
+           "ShapeError", "Throughput", "candidate_names", "capture", "compare", "default_passes", "float_passes",
+           "load", "offline", "optimize", "optimize_graph", "single_stream"]
 
 
 class _CallableModule(types.ModuleType):

@@ -136,9 +136,11 @@ def _budgets(budget: Budget | Mapping[str, Budget] | None) -> dict[str, Budget]:
     if isinstance(budget, Mapping):
         bad = [k for k in budget if k not in PRECISIONS or not isinstance(budget[k], Budget)]
         if bad:
-            raise BadInputError(f"budget mapping must be {{precision: Budget}} with precisions {PRECISIONS}; bad keys {bad}")
+            raise BadInputError(f"budget mapping must be {{precision: Budget}} with precisions {PRECISIONS}; "
+                                f"bad keys {bad}")
         return {p: budget.get(p, DEFAULT_BUDGETS[p]) for p in PRECISIONS}
-    raise BadInputError(f"budget must be a Budget, a {{precision: Budget}} mapping or None, got {type(budget).__name__}")
+    raise BadInputError("budget must be a Budget, a {precision: Budget} mapping or None, "
+                        f"got {type(budget).__name__}")
 
 
 def _random_like(inputs: tuple, gen: torch.Generator) -> tuple:
@@ -240,7 +242,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         kept in fp32, found by bisection over its layers (``warpforge.optimize.precision``), and is gated
         again; warpforge-int8 over budget gets the fewest quantized layers found to need it kept in its
         float dtype (fp16 on CUDA, fp32 on CPU), searched over the layers ranked by the output's error with
-        only that layer int8, and rebuilt without them. The search (layers kept, trials) is in the candidate's report record.
+        only that layer int8, and rebuilt without them. The search (layers kept, trials) is in the
+        candidate's report record.
     exhaustive: build every selected candidate. By default, on CUDA, a non-eager candidate is skipped (its
         record says by which one) when a candidate of its family at a faster precision passed the gate
         with no layer kept at a higher precision: fp32 after fp16 or bf16, bf16 after fp16
@@ -334,7 +337,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
         except Exception as e:  # noqa: BLE001
             if val is None and shapes.declared and i >= len(val_inputs) - 2:  # the inputs at_ends() added
                 shown = [list(x.shape) for x in v if isinstance(x, torch.Tensor)]
-                raise fail(BadInputError, f"the model does not run at the {'min' if i == len(val_inputs) - 2 else 'max'}"
+                end = "min" if i == len(val_inputs) - 2 else "max"
+                raise fail(BadInputError, f"the model does not run at the {end}"
                                           f" of its declared dynamic dims ({shapes.describe()}; input shapes {shown}): "
                                           f"{_err1(e)}") from e
             raise fail(BadInputError, f"the model does not run on val[{i}]: {_err1(e)}") from e
@@ -564,8 +568,9 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     shorter one that passes is the result (the correction is recorded under
     ``precision_fallback.bias_correction``). On the H200 (2026-12-04) that took ResNet-50 b32's INT8 from 3
     float layers to 2 (0.974 ms against our fp16 1.275: 1.31x); building every int8 candidate with bias
-    correction instead made the search on the real MobileNetV2 keep more layers float (CPU, 270 views). The trial build that passed is the one returned;
-    where it can replay as a CUDA graph it is captured and gated again as it will run."""
+    correction instead made the search on the real MobileNetV2 keep more layers float (CPU, 270 views). The
+    trial build that passed is the one returned; where it can replay as a CUDA graph it is captured and gated
+    again as it will run."""
     from warpforge.optimize.backends import _maybe_graph, int8_builder
     from warpforge.optimize.precision import search_ranked, shorten_prefix
 
@@ -711,8 +716,8 @@ def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]
             except Exception as e:  # noqa: BLE001
                 by_name[n].update(status="failed", reason=f"timing failed: {_err(e)}")
                 del live[n]
-    for n, l in lat.items():
-        by_name[n]["latency"] = l.as_dict()
+    for n, stats in lat.items():
+        by_name[n]["latency"] = stats.as_dict()
         try:
             by_name[n]["throughput"] = offline(live[n][1].fn, inputs, calls=offline_calls,
                                                warmup=min(warmup, 5), device=dev).as_dict()

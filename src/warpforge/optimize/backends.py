@@ -25,8 +25,9 @@
 
 A build function takes the fp32 eval-mode model on the target device (it must not modify it) and the
 example inputs (and ``calib=``, a list of input tuples, when the candidate ``needs_calib``; the warpforge
-family also ``capture=``, the capture method: optimize.capture), and returns a :class:`Built`: a callable taking the user's inputs and returning fp32
-outputs, the module that ``save`` stores, and details for the report (passes, coverage, fallbacks).
+family also ``capture=``, the capture method: optimize.capture), and returns a :class:`Built`: a callable
+taking the user's inputs and returning fp32 outputs, the module that ``save`` stores, and details for the
+report (passes, coverage, fallbacks).
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def _pipeline(model: nn.Module, inputs: tuple, dtype: torch.dtype, capture: str 
     from warpforge.optimize.runtime import _cast_floats
 
     key = (dtype, capture, None if shapes is None else shapes.describe(),
-           None if passes is None else tuple(p.name for p in passes), tuple((id(x), x._version) if isinstance(x, torch.Tensor) else repr(x) for x in inputs))
+           None if passes is None else tuple(p.name for p in passes),
+           tuple((id(x), x._version) if isinstance(x, torch.Tensor) else repr(x) for x in inputs))
     entries = _PIPELINES.setdefault(model, [])
     state = _state(model)
     hit = next((v for k, st, v, held in entries if k == key and st == state and all(
@@ -532,7 +534,10 @@ def ort_providers(device: torch.device) -> list[str]:
     import onnxruntime as ort
 
     have = ort.get_available_providers()
-    fits = ("TensorrtExecutionProvider", "CUDAExecutionProvider") if device.type == "cuda" else ("CPUExecutionProvider",)
+    if device.type == "cuda":
+        fits: tuple[str, ...] = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+    else:
+        fits = ("CPUExecutionProvider",)
     return [p for p in fits if p in have]
 
 

@@ -118,7 +118,8 @@ def capture(model: nn.Module, example_inputs: tuple[Any, ...], method: str = "au
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(example_inputs, tuple):
-        raise ValueError(f"example_inputs must be a tuple of the forward's arguments, got {type(example_inputs).__name__}")
+        raise ValueError("example_inputs must be a tuple of the forward's arguments, "
+                         f"got {type(example_inputs).__name__}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     export_error = None

@@ -212,8 +212,7 @@ def cli_optimize(model: str, *, batch: int | None = None, device: str = "auto", 
     protocol still runs at the example's batch. ``offline_calls``: optimize()'s back-to-back throughput calls.
     ``dynamic``: ``--dynamic``'s declaration (optimize.shapes), e.g. "x.2=128:512,x.3=128:512"."""
     from warpforge._cli_support import make_console
-    from warpforge.optimize import report as report_mod
-    from warpforge.optimize.api import BadInputError, NoCandidateError, optimize
+    from warpforge.optimize.api import optimize
     from warpforge.optimize.gate import DEFAULT_BUDGETS, DEFAULT_PRECISIONS, PRECISIONS
     from rich.markup import escape
 

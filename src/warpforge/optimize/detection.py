@@ -74,12 +74,12 @@ def match_image(ref: dict, cand: dict, score_tol: float, m: Matching) -> None:
             m.cand_rows.append(torch.cat([cb[j], cs[j, None]]))
     lows = [float(x.min()) for x in (rs, cs) if len(x)]
     floor = min(lows) if lows else 0.0
-    for scores, used, field in ((rs, used_r, "missed"), (cs, used_c, "extra")):
+    for scores, used, attr in ((rs, used_r, "missed"), (cs, used_c, "extra")):
         for s in scores[~used].tolist():
             if s < floor + TIE:
                 m.ties += 1
             else:
-                setattr(m, field, getattr(m, field) + 1)
+                setattr(m, attr, getattr(m, attr) + 1)
 
 
 def match(ref_out: Any, cand_out: Any, score_tol: float, m: Matching, prefix: str = "") -> list[str]:

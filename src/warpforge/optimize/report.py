@@ -63,7 +63,8 @@ def _why(records: list[dict[str, Any]], winner: str | None, status: str, error: 
         if any(r["status"] == "passed" for r in tried):
             parts.append("a passing candidate that was not asked for (the eager-fp32 baseline) is not chosen")
         return "no candidate met the accuracy budget: " + "; ".join(parts) if parts else \
-            "no candidate could be tried: " + "; ".join(f"{r['name']}: {first_line(str(r.get('reason')))}" for r in records)
+            "no candidate could be tried: " + "; ".join(f"{r['name']}: {first_line(str(r.get('reason')))}"
+                                                        for r in records)
     w = next(r for r in records if r["name"] == winner)
     lat = w["latency"]
     text = f"{winner} is the fastest candidate within its {w['precision']} budget: p50 {lat['p50_ms']:.4g} ms"
@@ -133,14 +134,17 @@ def to_json(report: dict[str, Any]) -> str:
 # --- HTML --------------------------------------------------------------------------------------------
 
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1200px;color:#1d2330;padding:0 16px}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1200px;color:#1d2330;
+padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:4px}
 .verdict{padding:12px 16px;border-radius:6px;margin:12px 0;background:#eef6ee;border:1px solid #b8dcb8}
 .verdict.bad{background:#fbeeee;border-color:#e6b8b8}
-table{border-collapse:collapse;width:100%;font-size:13px}th,td{padding:5px 8px;border-bottom:1px solid #e6e9ef;text-align:right;vertical-align:top}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{padding:5px 8px;border-bottom:1px solid #e6e9ef;text-align:right;vertical-align:top}
 th{background:#f4f6f9;font-weight:600}td.l,th.l{text-align:left}tr.win td{background:#f2f8f2;font-weight:600}
 .s-passed{color:#1f7a1f}.s-rejected{color:#b35c00}.s-failed{color:#b00020}.s-skipped{color:#777}
-.muted{color:#6b7280}tr.skipped td{font-weight:400}.footnotes{margin:4px 0;font-size:12px}code{background:#f4f6f9;padding:1px 4px;border-radius:3px}
+.muted{color:#6b7280}tr.skipped td{font-weight:400}.footnotes{margin:4px 0;font-size:12px}
+code{background:#f4f6f9;padding:1px 4px;border-radius:3px}
 """
 
 
@@ -274,12 +278,15 @@ def to_html(report: dict[str, Any]) -> str:
         classes.append("win" if r["name"] == report.get("winner") else "")
     head = ["candidate", "precision", "status", "p50 ms", "p90 ms", "p99 ms", "items/s", "vs eager", "vs compile",
             "max rel", "cosine", "top-1", "peak mem", "build s", "reason"]
+    inputs = ", ".join(str(i.get("shape", i.get("value"))) + " " + str(i.get("dtype", "")) for i in m.get("inputs", []))
+    device = f'{e(str(env.get("device_name", "")))} ({e(str(env.get("device", "")))})'
+    versions = f'torch {e(str(env.get("torch", "")))} · warpforge {e(str(env.get("warpforge", "")))}'
+    status = report.get("status")
     parts = [f"<h1>warpforge optimize: {e(str(m.get('name', '')))}</h1>",
              f'<div class="muted">{e(str(m.get("class", "")))} · {m.get("params", 0):,} parameters · inputs '
-             f'{e(", ".join(str(i.get("shape", i.get("value"))) + " " + str(i.get("dtype", "")) for i in m.get("inputs", [])))}'
-             f' · kind {e(str(m.get("kind", "")))} · {e(str(env.get("device_name", "")))} ({e(str(env.get("device", "")))}) · '
-             f'torch {e(str(env.get("torch", "")))} · warpforge {e(str(env.get("warpforge", "")))} · {e(str(report.get("time", "")))}</div>',
-             f'<div class="verdict{"" if report.get("status") == "ok" else " bad"}"><b>{e(str(report.get("status")))}</b>: '
+             f'{e(inputs)} · kind {e(str(m.get("kind", "")))} · {device} · {versions} · '
+             f'{e(str(report.get("time", "")))}</div>',
+             f'<div class="verdict{"" if status == "ok" else " bad"}"><b>{e(str(status))}</b>: '
              f'{e(str(report.get("why", "")))}</div>']
     for n in report.get("notes", []):
         parts.append(f'<div class="muted">note: {e(n)}</div>')
@@ -312,8 +319,9 @@ def to_html(report: dict[str, Any]) -> str:
     if cov:
         ops = [[e(k), str(v), "warpforge kernel"] for k, v in cov.get("warpforge_ops", {}).items()]
         ops += [[e(k), str(v), "torch"] for k, v in cov.get("torch_ops", {}).items()]
-        parts.append(f"<h2>Operator coverage ({e(str(report.get('graph_of')))})</h2><p>{cov.get('warpforge_fraction', 0):.0%} of "
-                     f"{cov.get('ops_total', 0)} graph operators run through warpforge kernels.</p>"
+        parts.append(f"<h2>Operator coverage ({e(str(report.get('graph_of')))})</h2>"
+                     f"<p>{cov.get('warpforge_fraction', 0):.0%} of {cov.get('ops_total', 0)} graph operators "
+                     "run through warpforge kernels.</p>"
                      + _table(["operator", "calls", "runs on"], ops, left=1))
     reg = report.get("regions")
     if reg:

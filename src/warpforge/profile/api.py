@@ -330,7 +330,8 @@ def _module_rows(cap: Capture, a: Analysis) -> list[dict[str, Any]]:
     rows = []
     for m in cap.modules:
         p = m["module"]
-        inside = [r for r in a.ops if r.module is not None and (p == "" or r.module == p or r.module.startswith(p + "."))]
+        inside = [r for r in a.ops
+                  if r.module is not None and (p == "" or r.module == p or r.module.startswith(p + "."))]
         t = sum(r.time_us for r in inside)
         flops = sum(r.flops or 0.0 for r in inside)
         rows.append({**m, "op_time_us": t, "flops": flops,

@@ -109,7 +109,8 @@ def print_summary(d: dict[str, Any], console, top: int = 15) -> None:
         console.print(f"  • {f['text']}", highlight=False, soft_wrap=True)
     cuda = d["device_type"] == "cuda"
     tab = Table(title=f"top {top} operators by {'GPU' if cuda else 'host'} time per iteration", title_justify="left")
-    cols = ["operator (module / op)", "calls", "time", "share", "TFLOP/s", "GB/s"] + (["of roof", "bound"] if cuda else [])
+    cols = ["operator (module / op)", "calls", "time", "share", "TFLOP/s", "GB/s"]
+    cols += ["of roof", "bound"] if cuda else []
     for col in cols:
         tab.add_column(col, justify="left" if col.startswith("operator") else "right")
     for r in d["ops"][:top]:

@@ -28,7 +28,8 @@ def load(p: Any) -> dict[str, Any]:
     else:
         path = Path(p)
         if path.is_dir():
-            path = next((path / n for n in ("report.json", "profile.json") if (path / n).is_file()), path / "report.json")
+            found = (path / n for n in ("report.json", "profile.json") if (path / n).is_file())
+            path = next(found, path / "report.json")
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:

@@ -33,8 +33,8 @@ from warpforge.kernels._dispatch import force_triton
 
 # Torch ops that launch no kernel: allocations without a fill, and metadata-only ops.
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
-              "alias", "_reshape_alias", "as_strided_", "set_", "resize_", "_local_scalar_dense", "is_same_size", "sym_size",
-              "sym_stride", "sym_numel", "sym_storage_offset"}
+              "alias", "_reshape_alias", "as_strided_", "set_", "resize_", "_local_scalar_dense", "is_same_size",
+              "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
 # Constexpr arguments worth showing next to a Triton kernel's name (what distinguishes its variants).
 _SHOWN = ("MODE", "INT_ACC", "QUANT_OUT", "X_ZERO", "OUT_ZERO", "HAS_RES", "ACT", "SPLIT_K", "ZERO", "DUAL_OUT",
           "KH", "KW")

@@ -9,8 +9,9 @@ random token ids: the step's cost does not depend on what the tokens say.
 FLOPs are counted on an eager step: the CUDA-graph replay hides the model's operators from the
 dispatcher, so the counting call runs the engine with its graphs set aside.
 
-``random_checkpoint(dir, "llama-1b")`` (from :mod:`warpforge.llm.random_weights`) writes a Llama-3.2-1B-shaped HF checkpoint with random weights
-(no network, no HF transformers) for profiling the engine at a real model's shapes.
+``random_checkpoint(dir, "llama-1b")`` (from :mod:`warpforge.llm.random_weights`) writes a Llama-3.2-1B-shaped
+HF checkpoint with random weights (no network, no HF transformers) for profiling the engine at a real model's
+shapes.
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ TOP = 25
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;background:#f7fafc;color:#1a202c}
 main{max-width:1180px;margin:0 auto;padding:20px 28px 60px}
-h1{font-size:22px;margin:8px 0 2px} h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
+h1{font-size:22px;margin:8px 0 2px}
+h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
 .sub{color:#4a5568;font-size:13px}
-.verdict{background:#fff;border:1px solid #e2e8f0;border-left:6px solid #2b6cb0;padding:12px 16px;margin:16px 0;font-size:19px;font-weight:600}
+.verdict{background:#fff;border:1px solid #e2e8f0;border-left:6px solid #2b6cb0;padding:12px 16px;margin:16px 0;
+  font-size:19px;font-weight:600}
 .figs{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}
 .fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:100px;flex:1 1 0}
 .fig b{display:block;font-size:18px} .fig span{font-size:12px;color:#4a5568}
@@ -192,7 +194,8 @@ def _share(r: dict[str, Any], _i: int) -> str:
 
 def _op_table(d: dict[str, Any]) -> str:
     cols = [("#", "", lambda r, i: str(i + 1)),
-            ("operator (module / op)", "", lambda r, i: escape(r["name"]) + (" <i>(graph)</i>" if r.get("graph") else "")),
+            ("operator (module / op)", "",
+             lambda r, i: escape(r["name"]) + (" <i>(graph)</i>" if r.get("graph") else "")),
             ("kind", "kind", None), ("calls", "", lambda r, i: _f(r["calls"], "{:g}")),
             ("time / iter", "", lambda r, i: _us(r["time_us"])), ("share", "", _share),
             ("GFLOP", "", lambda r, i: _f(r["flops"] / 1e9 if r.get("flops") is not None else None, "{:.3g}")),
@@ -227,7 +230,8 @@ def _modules(d: dict[str, Any]) -> str:
         return ""
     cuda = d["device_type"] == "cuda"
     cols = [("depth", "depth", None),
-            ("module", "", lambda r, i: escape(r["module"] or "(root)") + f' <span class="sub">{escape(r["type"])}</span>'),
+            ("module", "",
+             lambda r, i: escape(r["module"] or "(root)") + f' <span class="sub">{escape(r["type"])}</span>'),
             ("calls", "", lambda r, i: _f(r["calls"], "{:g}")),
             ("span / iter" + (" (CUDA events)" if cuda else " (host)"), "", lambda r, i: _us(r["span_us"])),
             ("operator time", "", lambda r, i: _us(r["op_time_us"])),

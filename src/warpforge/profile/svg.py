@@ -98,7 +98,8 @@ def roofline_svg(points: list[dict[str, Any]], ceilings: dict[str, Any], roofs: 
         c = ROOF_COLORS.get(k, "#4a5568")
         s.append(f'<line class="roof" x1="{X(xr):.1f}" y1="{Y(peak):.1f}" x2="{R}" y2="{Y(peak):.1f}" '
                  f'stroke="{c}" stroke-width="2"/>'
-                 f'<text x="{R + 6}" y="{Y(peak) + 4:.1f}" fill="{c}" font-weight="600">{k} {_num(peak)} TFLOP/s</text>')
+                 f'<text x="{R + 6}" y="{Y(peak) + 4:.1f}" fill="{c}" font-weight="600">'
+                 f'{k} {_num(peak)} TFLOP/s</text>')
     for p in sorted(pts, key=lambda p: -p.get("share", 0)):
         x, y = X(p["intensity"]), Y(p["tflops"])
         r = 3 + 19 * math.sqrt(max(min(p.get("share", 0), 1.0), 0.0))
@@ -107,10 +108,12 @@ def roofline_svg(points: list[dict[str, Any]], ceilings: dict[str, Any], roofs: 
                      + (f', {100 * p["fraction"]:.0f}% of the {p.get("bound")} roof' if p.get("fraction") else "")
                      + f', {p.get("time_us", 0):.1f} µs/iter ({100 * p.get("share", 0):.1f}%)')
         if p.get("marker") == "kernel":
-            s.append(f'<rect class="point kernel" x="{x - r / 1.4:.1f}" y="{y - r / 1.4:.1f}" width="{2 * r / 1.4:.1f}" '
-                     f'height="{2 * r / 1.4:.1f}" fill="none" stroke="{c}" stroke-width="1.5"><title>{tip}</title></rect>')
+            side = 2 * r / 1.4
+            s.append(f'<rect class="point kernel" x="{x - r / 1.4:.1f}" y="{y - r / 1.4:.1f}" width="{side:.1f}" '
+                     f'height="{side:.1f}" fill="none" stroke="{c}" stroke-width="1.5"><title>{tip}</title></rect>')
         elif p.get("marker") == "model":
-            s.append(f'<path class="point model" d="M{x:.1f},{y - 9:.1f} L{x + 8:.1f},{y + 6:.1f} L{x - 8:.1f},{y + 6:.1f} Z" '
+            s.append(f'<path class="point model" '
+                     f'd="M{x:.1f},{y - 9:.1f} L{x + 8:.1f},{y + 6:.1f} L{x - 8:.1f},{y + 6:.1f} Z" '
                      f'fill="{COLORS["model"]}" stroke="#fff"><title>{tip}</title></path>')
         else:
             s.append(f'<circle class="point op" cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="{c}" fill-opacity="0.55" '

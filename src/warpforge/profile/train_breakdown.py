@@ -129,7 +129,8 @@ def aggregate(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mean": mean, "share": {k: (mean[k] / total if total > 0 else 0.0) for k in (*PARTS, "comm_overlapped")},
             "steps": n, "median_step_ms": times[n // 2], "min_step_ms": times[0], "max_step_ms": times[-1],
             "parts_sum_ms": parts_sum, "parts_error": abs(parts_sum - total) / total if total > 0 else 0.0,
-            "collectives": sum(s["collectives"] for s in steps) / n, "comm_bytes": sum(s["comm_bytes"] for s in steps) / n}
+            "collectives": sum(s["collectives"] for s in steps) / n,
+            "comm_bytes": sum(s["comm_bytes"] for s in steps) / n}
 
 
 def memory_phases(params: int, grads: dict[str, int], opt_state: dict[str, int], activations: int) -> dict[str, Any]:

@@ -188,9 +188,10 @@ def print_train_summary(d: dict[str, Any], console) -> None:
     rl = d.get("roofline")
     if rl:
         console.print(f"roofline: {rl['bound']}-bound; the step's {rl['flops'] / 1e9:.3g} GFLOP need "
-                      f"{rl['compute_floor_ms']:.3f} ms at {rl['peak_tflops']:g} TFLOP/s and its {rl['bytes'] / 2**20:.4g} "
-                      f"MiB {rl['memory_floor_ms']:.3f} ms at {rl['hbm_GBps']:g} GB/s: the step runs at "
-                      f"{100 * rl['fraction']:.0f}% of that floor (MBU {100 * rl['mbu']:.1f}%)", highlight=False)
+                      f"{rl['compute_floor_ms']:.3f} ms at {rl['peak_tflops']:g} TFLOP/s and its "
+                      f"{rl['bytes'] / 2**20:.4g} MiB {rl['memory_floor_ms']:.3f} ms at {rl['hbm_GBps']:g} GB/s: "
+                      f"the step runs at {100 * rl['fraction']:.0f}% of that floor (MBU {100 * rl['mbu']:.1f}%)",
+                      highlight=False)
     for f in d["findings"][:6]:
         console.print(f"  • [{100 * f['severity']:.0f}%] {f['text']}\n    → {f['advice']}", highlight=False,
                       soft_wrap=True, markup=False)
@@ -203,8 +204,8 @@ def print_train_summary(d: dict[str, Any], console) -> None:
                 f"{100 * a['share']['comm_overlapped']:.1f}%")
     console.print(tab)
     mem = d["memory"]
-    console.print(f"memory peak {mem['peak_bytes'] / 2**20:.3g} MiB in {mem['peak_phase']} "
-                  f"({', '.join(f'{k.replace(chr(95), chr(32))} {v / 2**20:.3g}' for k, v in mem['split'].items())} MiB)",
+    split = ", ".join(f"{k.replace('_', ' ')} {v / 2**20:.3g}" for k, v in mem["split"].items())
+    console.print(f"memory peak {mem['peak_bytes'] / 2**20:.3g} MiB in {mem['peak_phase']} ({split} MiB)",
                   highlight=False)
     for r in d.get("ranks") or []:
         m = r["aggregate"]["mean"]

@@ -73,9 +73,11 @@ def stacked_bars_svg(rows: list[tuple[str, dict[str, float]]], colors: dict[str,
 
 def _figs(d: dict[str, Any]) -> str:
     a, t = d["aggregate"], d["timing"]
-    figs = [("step (median, instrumented)", _ms(a["median_step_ms"])), ("step without the profiler", _ms(t["plain_ms"])),
+    figs = [("step (median, instrumented)", _ms(a["median_step_ms"])),
+            ("step without the profiler", _ms(t["plain_ms"])),
             # Instrumented steps faster than plain ones: the cost is below the run-to-run noise, no figure.
-            ("profiler overhead", "below noise" if (t["overhead"] or 0) < 0 else _pct(t["overhead"])), ("parts vs step", f'{100 * a["parts_error"]:.2f}% apart'),
+            ("profiler overhead", "below noise" if (t["overhead"] or 0) < 0 else _pct(t["overhead"])),
+            ("parts vs step", f'{100 * a["parts_error"]:.2f}% apart'),
             ("GFLOP per step", f'{d["flops_per_step"] / 1e9:.3g}')]
     h2d = d.get("h2d") or {}
     if h2d.get("bytes") and a["mean"]["h2d"] > 0:

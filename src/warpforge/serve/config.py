@@ -74,7 +74,8 @@ class ServeConfig:
         self.dtype = dtypes.short_name(self.dtype, auto=True)  # "float16" -> "fp16": what TORCH_DTYPES keys
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):
+        tpl = self.chat_template
+        if tpl is not None and (not isinstance(tpl, str) or not tpl.strip()):
             raise ValueError("chat_template: expected non-empty jinja text")
         check_int("max_body_bytes", self.max_body_bytes, 1024)
         g = self.shutdown_grace_s

@@ -55,9 +55,11 @@ class _EngineCollector:
         yield self._vllm("kv_cache_usage_perc", "KV-cache usage (1 = full).", kv_used)
         queried = bm.prefix_queried_tokens
         yield GaugeMetricFamily(f"{PREFIX}_prefix_cache_hit_rate",
-                                "Prompt tokens served from the prefix cache over prompt tokens looked up (0 before any).",
+                                "Prompt tokens served from the prefix cache over prompt tokens looked up "
+                                "(0 before any).",
                                 value=bm.prefix_hit_tokens / queried if queried else 0.0)
-        yield CounterMetricFamily(f"{PREFIX}_num_preemptions", "Sequences preempted (KV pages freed, recomputed later).",
+        yield CounterMetricFamily(f"{PREFIX}_num_preemptions",
+                                  "Sequences preempted (KV pages freed, recomputed later).",
                                   value=sched.num_preemptions)
         spec = getattr(engine, "spec", None)
         if spec is not None:  # speculative decoding on: its counters (vLLM's spec_decode series)

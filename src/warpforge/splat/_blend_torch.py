@@ -104,7 +104,9 @@ def blend_forward(means2d, conics, colors, opacities, backgrounds, width, height
                     v[more] for v in (act, pos, end, x0, y0, live, T_a, out_a, last_a))
     geo = (C, th, tw, tile_size, width, height)
     img, alphas = ref.assemble_tiles(out, T, *geo, backgrounds)
-    return img, alphas, ref.tiles_to_image(T[..., None], *geo)[..., 0], ref.tiles_to_image(last[..., None], *geo)[..., 0]
+    final_T = ref.tiles_to_image(T[..., None], *geo)[..., 0]
+    last_pos = ref.tiles_to_image(last[..., None], *geo)[..., 0]
+    return img, alphas, final_T, last_pos
 
 
 def blend_backward(means2d, conics, colors, opacities, backgrounds, width, height, tile_size, offsets, flatten_ids,

@@ -145,7 +145,7 @@ class MCMCDensifier:
             v[dead_idx] = v[src]
             params[name] = v.requires_grad_(p.requires_grad)
             if opt is not None:  # the sources changed and the dead start afresh: no stale Adam moments
-                for key, m in opt.state[name].items():
+                for m in opt.state[name].values():
                     m[src] = 0
                     m[dead_idx] = 0
         return len(dead_idx)

@@ -19,7 +19,8 @@ import numpy as np
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;background:#f7fafc;color:#1a202c}
 main{max-width:1180px;margin:0 auto;padding:20px 28px 60px}
-h1{font-size:22px;margin:8px 0 2px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
+h1{font-size:22px;margin:8px 0 2px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
 .sub{color:#4a5568;font-size:13px}
 .figs{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
 .fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:110px;flex:1 1 0}
@@ -27,7 +28,8 @@ h1{font-size:22px;margin:8px 0 2px} h2{font-size:17px;margin:28px 0 8px;border-b
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:10px}
 .chart{width:100%;height:auto;background:#fff;border:1px solid #e2e8f0;border-radius:6px}
 table{border-collapse:collapse;background:#fff;font-size:13px}
-th,td{border-bottom:1px solid #edf2f7;padding:4px 10px;text-align:right} th{background:#edf2f7} td.l,th.l{text-align:left}
+th,td{border-bottom:1px solid #edf2f7;padding:4px 10px;text-align:right} th{background:#edf2f7}
+td.l,th.l{text-align:left}
 .bar{display:inline-block;height:9px;background:#2b6cb0;vertical-align:middle}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:12px}
 .pair{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:6px;font-size:12px}
@@ -159,7 +161,8 @@ def render_html(d: dict[str, Any]) -> str:
     figs = [("held-out PSNR" if last.get("held_out", True) else "training-view PSNR",
              f"{last['psnr']:.2f} dB" if last else "—"),
             ("SSIM", f"{last['ssim']:.4f}" if last else "—"), ("Gaussians", f"{d.get('n', 0):,}"),
-            ("steps", f"{d.get('steps', 0):,}"), ("steps/s", f"{d['steps_per_s']:.2f}" if d.get("steps_per_s") else "—"),
+            ("steps", f"{d.get('steps', 0):,}"),
+            ("steps/s", f"{d['steps_per_s']:.2f}" if d.get("steps_per_s") else "—"),
             ("wall time", f"{d.get('wall_s', 0):.0f} s")]
     head = "".join(f'<div class="fig"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in figs)
     xs = [r["step"] for r in hist]

@@ -88,7 +88,8 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
                 after = llm.engine.spec.stats.as_dict()
                 d = {k: after[k] - before[k] for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens",
                                                        "num_emitted_tokens")}
-                d["acceptance_rate"] = d["num_accepted_tokens"] / d["num_draft_tokens"] if d["num_draft_tokens"] else 0.0
+                drafted = d["num_draft_tokens"]
+                d["acceptance_rate"] = d["num_accepted_tokens"] / drafted if drafted else 0.0
                 extra["speculative"] = {**d, "method": llm.engine.spec.config.method, "k": llm.engine.spec.config.k}
             runs.append(Run(ms=wall, tokens=sum(map(len, ids)), output={"ids": ids}, extra=extra,
                             ran={"requests": len(outs), "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),

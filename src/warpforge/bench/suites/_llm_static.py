@@ -196,7 +196,8 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
         if handoff is not None:
             handoff.setdefault("others", {})[NAME] = {"prompt": list(prompts(0)[0]), "ids": runs[0].output["ids"][0],
                                                       "runs": runs}
-        del model, step, prefill
+        # Rebound, not del: generate() reads step and prefill (a del there reads as an undefined name to ruff).
+        model = step = prefill = None
         if compiled:
             torch._dynamo.reset()
         gc.collect()

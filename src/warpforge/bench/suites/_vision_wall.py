@@ -1,11 +1,11 @@
 """Suite ``vision``'s wall-time case: ``warpforge.optimize`` end to end against torch.compile max-autotune.
 
 Each side runs in a fresh Python process with fresh, empty Inductor, Triton and warpforge caches, and
-without the autotune winners warpforge ships for known GPUs (``WARPFORGE_AUTOTUNE=cold``: a cold
-start, what a first ``warpforge optimize`` of a model nobody tuned before pays), under a time limit: a side that does not
-finish is killed with its process group and recorded as an error saying how far it got. The time is
-taken inside the child around the call alone (model already built, imports done), and the child's whole
-process time is recorded beside it.
+without the autotune winners warpforge ships for known GPUs (``WARPFORGE_AUTOTUNE=cold``: a cold start,
+what a first ``warpforge optimize`` of a model nobody tuned before pays), under a time limit: a side
+that does not finish is killed with its process group and recorded as an error saying how far it got.
+The time is taken inside the child around the call alone (model already built, imports done), and the
+child's whole process time is recorded beside it.
 
 * ours: ``optimize(model, inputs, val=the zoo's validation inputs, kind="classifier")`` with the default
   backends and precisions for the device, as ``warpforge optimize mobilenet_v2`` runs it;

@@ -591,8 +591,9 @@ def tensor_parallel_cases(quick: bool, gpus: int = 2) -> list[EndToEndCase]:
 # Both sides run the same requests. The check: every request completed, and request 0's next-token logits
 # after its prompt against the bf16 engine's, ||q - b|| / ||b|| within the mode's budget (LOGITS_BUDGET, on
 # random weights); the share of greedy ids equal to bf16's is data (random weights have near-ties; the
-# accuracy bar on real weights is the perplexity test in tests/llm/test_quantize.py). MBU counts the decoder projections at their packed bytes (int8 and
-# fp8: 1 a weight, int4: 0.5 + 4/128 for the group's bf16 scale and minimum), the rest in the model dtype.
+# accuracy bar on real weights is the perplexity test in tests/llm/test_quantize.py). MBU counts the decoder
+# projections at their packed bytes (int8 and fp8: 1 a weight, int4: 0.5 + 4/128 for the group's bf16 scale
+# and minimum), the rest in the model dtype.
 # --quick: the toy shape llama-tiny-g128 (int4 needs whole groups of 128) on the CPU.
 
 BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + 4 / 128, "int4-awq": 0.5 + 4 / 128, "fp8": 1.0}
@@ -666,5 +667,6 @@ def quant_cases(quick: bool) -> list[EndToEndCase]:
     return cases
 
 SUITE = Suite(name="llm", description="warpforge.llm end to end: decode MBU, offline throughput, "
-                                      "prefix caching, long prompts, Gemma 3 270M, speculative decoding; vs HF generate",
+                                      "prefix caching, long prompts, Gemma 3 270M, speculative decoding; "
+                                      "vs HF generate",
               cases=_cases)

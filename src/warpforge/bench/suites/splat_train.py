@@ -258,8 +258,9 @@ def _cases(quick: bool) -> list[EndToEndCase]:
                      peers={GSPLAT: _converge(GSPLAT, s)}, check=_check_converge, dtype=torch.float32, metric="ms",
                      baseline="the same gsplat loop's training wall time to the same held-out PSNR, same run",
                      target={"ratio": {GSPLAT: FASTER}, "psnr_db": s.psnr_bar},
-                     timing={**timing, "warmup": 0, "method": "training wall time (synchronised) until the held-out "
-                                                               "PSNR, checked every eval_every steps, reaches the bar"}),
+                     timing={**timing, "warmup": 0,
+                             "method": "training wall time (synchronised) until the held-out PSNR, checked every "
+                                       "eval_every steps, reaches the bar"}),
     ]
 
 

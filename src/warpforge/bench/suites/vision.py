@@ -37,15 +37,16 @@ record then shows that peer as not run, and the target against it as unknown.
 candidate round-robin in each of ``blocks`` blocks, the L2 flushed between calls; ``ms`` is the median of
 the block medians (p20/p80 across blocks; each block's per-call p20/p80 in the figures). The blocks are the
 rounds of the harness's stability rule: a candidate whose block medians or p80/p20 spread beyond
-``warpforge.timing.NOISE_BOUND`` has every block timed again, and what does not settle is marked noisy. Not the harness's
-CUDA-graph mode: ours and both graph peers already replay their own graphs (a replay cannot be captured
-inside another capture), and eager's host launch cost is part of its real latency, so the host is not
-hidden either: each candidate is timed as it would be deployed. ``items_per_s`` = batch / ms.
+``warpforge.timing.NOISE_BOUND`` has every block timed again, and what does not settle is marked noisy. Not
+the harness's CUDA-graph mode: ours and both graph peers already replay their own graphs (a replay cannot be
+captured inside another capture), and eager's host launch cost is part of its real latency, so the host is
+not hidden either: each candidate is timed as it would be deployed. ``items_per_s`` = batch / ms.
 
-**Correctness**, in the same run, against eager fp32 (strict: TF32 off) on the validation inputs (real photos for MobileNetV2
-when its ImageNet package is installed: the zoo's 7 photos x 3 centre crops x mirrored = 42 samples; the
-zoo's seeded random inputs otherwise): the optimizer's gate (``warpforge.optimize.gate``) with the
-candidate's precision budget (fp16: max |err| / max |ref| <= 2e-2, cosine >= 0.999, top-1 >= 0.99;
+**Correctness**, in the same run, against eager fp32 (strict: TF32 off) on the validation inputs (real
+photos for MobileNetV2 when its ImageNet package is installed: the zoo's 7 photos x 3 centre crops x
+mirrored = 42 samples; the zoo's seeded random inputs otherwise): the optimizer's gate
+(``warpforge.optimize.gate``) with the candidate's precision budget (fp16: max |err| / max |ref| <= 2e-2,
+cosine >= 0.999, top-1 >= 0.99;
 MobileNetV2 batch 1 with real weights: top-1 must be 100%, over the samples whose fp32
 decision is not a coin toss: one view's two best classes are 0.0014 of probability apart, and plain bf16
 and fp16 both flip it (the gate's ``top1_tie`` 0.01, as the INT8 rows use; ``correct.top1_all`` is the
