@@ -1,0 +1,149 @@
+"""GPTQ (Frantar et al. 2022, arXiv:2210.17323) for the engine's int4 format (``quantization="int4-gptq"``).
+
+Plain int4 rounds every weight to its group's nearest level. GPTQ rounds one column at a time and spreads
+each column's rounding error over the columns not yet rounded, weighted by the layer's inputs: for a layer
+with calibration inputs x [T, K] and H = 2 x^T x / T (+ 1% of its mean diagonal, so that it inverts),
+the update after rounding column j is W[:, j+1:] -= err_j * U[j, j+1:] / U[j, j], U the upper Cholesky
+factor of H^-1; the columns go in blocks of 128 with the updates beyond a block applied once per block
+(the paper's lazy batch). It minimises ||x W^T - x Q^T|| greedily where plain int4 ignores x.
+
+The grid is int4's, unchanged: each group of 128 input columns keeps a scale and a float minimum
+(``fit_int4``'s range search, its column errors weighted by diag(H) as AWQ's are by mean x^2), and the
+packed layout and kernels are those of ``"int4"``. A group's range is fitted when GPTQ reaches the group,
+on its columns as the earlier groups' error feedback left them. Columns go in their own order, no
+act-order: act-order (columns by descending diag(H)) visits a group's columns at scattered times, so its
+range would have to be fixed up front on the unquantized weights (AutoGPTQ's static groups) to keep the
+kernel's contiguous groups of the original column order.
+
+Sequential over layers, as GPTQ is: decoder layer i's projections see inputs computed by layers 0..i-1
+already quantized. Each layer costs one forward of the calibration tokens up to that layer (stopped
+there), so calibrating L layers runs about L/2 full forwards; the inputs of a layer's four projections
+(qkv, o, gate|up, down) come from the same forward, with the layer itself still float.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from warpforge.kernels.quant_linear import QuantizedWeight, fit_int4, pack_int4, quantize_weight
+
+__all__ = ["DAMP", "GPTQResult", "gptq_calibrate", "gptq_quantize", "output_error"]
+
+DAMP = 0.01  # dampening: this share of H's mean diagonal is added to the diagonal before inverting
+
+
+@dataclass
+class GPTQResult:
+    weight: QuantizedWeight  # the int4 weight GPTQ chose
+    err_int4: float  # mean squared output error of plain int4 (no calibration) on the calibration inputs
+    err_gptq: float  # the same for GPTQ's weight
+
+
+def output_error(w: torch.Tensor,  # [N, K] the float weight
+                 wq: torch.Tensor,  # [N, K] a quantized weight, dequantized
+                 h: torch.Tensor,  # [K, K] 2 x^T x / T, undampened
+                 ) -> float:
+    """Mean over the T calibration tokens and the N outputs of (x w^T - x wq^T)^2, from H alone."""
+    e = (w.double() - wq.double())  # [N, K]
+    return float(((e @ h.double()) * e).sum() / (2 * e.shape[0]))
+
+
+def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``group``
+                  h: torch.Tensor,  # [K, K] 2 x^T x / T over the layer's calibration inputs
+                  group: int = 128, damp: float = DAMP, act_order: bool = False) -> QuantizedWeight:
+    """``w`` quantized to int4 groups of ``group`` columns (scale and float minimum) by GPTQ against ``h``."""
+    N, K = w.shape
+    if K % group or h.shape != (K, K):
+        raise ValueError(f"h: expected [{K}, {K}] for a weight [{N}, {K}] with K a multiple of {group}, got "
+                         f"{tuple(h.shape)}")
+    W = w.detach().float().clone()
+    H = h.detach().double().clone()
+    importance = H.diagonal().float().clone()  # the range search's column weights: mean x^2, up to the factor 2
+    dead = importance == 0  # inputs never nonzero on the calibration text: their weights cannot matter
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    codes = torch.empty((N, K), dtype=torch.uint8, device=W.device)
+    scales = torch.empty((N, K // group), dtype=w.dtype, device=W.device)
+    mins = torch.empty_like(scales)
+    perm = None
+    if act_order:  # static groups: every range fitted up front, on the original columns
+        _, scales, mins = fit_int4(W, group, w.dtype, importance)
+        perm = torch.argsort(importance, descending=True)
+        W, H = W[:, perm], H[perm][:, perm]
+        col_group = perm // group
+    H.diagonal().add_(damp * H.diagonal().mean())
+    # U: upper Cholesky factor of H^-1 (float64: a badly conditioned H of few tokens stays positive definite)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
+    for g, b0 in enumerate(range(0, K, group)):
+        b1 = b0 + group
+        if perm is None:
+            _, scales[:, g:g + 1], mins[:, g:g + 1] = fit_int4(W[:, b0:b1], group, w.dtype, importance[b0:b1])
+            s, m = scales[:, g:g + 1].float().expand(N, group), mins[:, g:g + 1].float().expand(N, group)
+        else:
+            s, m = scales.float()[:, col_group[b0:b1]], mins.float()[:, col_group[b0:b1]]
+        inv_s = 1.0 / torch.where(s > 0, s, 1.0)
+        W1, E1, U1 = W[:, b0:b1], torch.empty((N, group), device=W.device), U[b0:b1, b0:b1]
+        for i in range(group):
+            c = ((W1[:, i] - m[:, i]) * inv_s[:, i]).round_().clamp_(0, 15)
+            codes[:, b0 + i] = c.to(torch.uint8)
+            err = (W1[:, i] - (c * s[:, i] + m[:, i])) / U1[i, i]
+            W1[:, i + 1:] -= err[:, None] * U1[i, i + 1:][None, :]
+            E1[:, i] = err
+        W[:, b1:] -= E1 @ U[b0:b1, b1:]
+    if perm is not None:
+        codes = codes[:, torch.argsort(perm)]
+    return pack_int4(codes, scales, mins, (N, K), w.dtype)
+
+
+class _Stop(Exception):
+    """Raised by the last hook of a layer: the forward past it is not needed."""
+
+
+def gptq_calibrate(model: nn.Module, targets: dict[str, nn.Module], ids: list[int], make_layer
+                   ) -> dict[str, tuple[nn.Module, GPTQResult]]:
+    """GPTQ over every target layer (``targets``: name -> ``layers.Linear`` under ``model.layers.{i}.``),
+    decoder layer by decoder layer: layer i's inputs come from layers 0..i-1 already quantized (each one
+    swapped in as ``make_layer(name, lin, weight)`` returns it). Returns name -> (that layer, its result)."""
+    from warpforge.llm.quantize import SCHEMES, _run_prefill, _swap, layer_input
+
+    by_layer: dict[int, list[str]] = {}
+    for name in targets:
+        by_layer.setdefault(int(name.split(".")[2]), []).append(name)
+    out: dict[str, tuple[nn.Module, GPTQResult]] = {}
+    for i in sorted(by_layer):
+        names = by_layer[i]
+        hessians: dict[str, torch.Tensor] = {}
+        owner = {targets[n]: n for n in names}
+
+        def hook(m, args, kwargs):
+            gated = kwargs.get("gated_input", args[1] if len(args) > 1 else None)
+            x = layer_input(args[0], gated).reshape(-1, m.weight.shape[1]).float()
+            hessians[owner[m]] = (2.0 / x.shape[0]) * (x.t() @ x)
+            if len(hessians) == len(names):
+                raise _Stop
+
+        handles = [targets[n].register_forward_pre_hook(hook, with_kwargs=True) for n in names]
+        try:
+            _run_prefill(model, ids)
+        except _Stop:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        missing = sorted(set(names) - set(hessians))
+        if missing:
+            raise RuntimeError(f"GPTQ calibration: layers not reached by the calibration forward: {missing[:4]}")
+        with torch.inference_mode():
+            for name in names:
+                lin, h = targets[name], hessians.pop(name)
+                w = lin.weight.detach()
+                qw = gptq_quantize(w, h)
+                plain = quantize_weight(w, SCHEMES["int4"])
+                result = GPTQResult(qw, output_error(w, plain.dequantize(), h), output_error(w, qw.dequantize(), h))
+                layer = make_layer(name, lin, qw)
+                _swap(model, name, layer)
+                out[name] = (layer, result)
+    return out
