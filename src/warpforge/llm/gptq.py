@@ -15,10 +15,11 @@ act-order: act-order (columns by descending diag(H)) visits a group's columns at
 range would have to be fixed up front on the unquantized weights (AutoGPTQ's static groups) to keep the
 kernel's contiguous groups of the original column order.
 
-Sequential over layers, as GPTQ is: decoder layer i's projections see inputs computed by layers 0..i-1
-already quantized. Each layer costs one forward of the calibration tokens up to that layer (stopped
-there), so calibrating L layers runs about L/2 full forwards; the inputs of a layer's four projections
-(qkv, o, gate|up, down) come from the same forward, with the layer itself still float.
+Sequential, as GPTQ is: every projection's Hessian comes from inputs computed by the projections before it
+already quantized, decoder layer after decoder layer and, inside a layer, qkv, o, gate|up, down in turn
+(AutoGPTQ's "true sequential"). The calibration tokens go through the embedding once; each layer then runs
+on the stored output of the one before it, once per projection (stopped at that projection's input) and
+once whole, quantized, for the next layer's input: about 2.5 layer passes per layer in all.
 """
 
 from __future__ import annotations
@@ -99,51 +100,65 @@ def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``gro
 
 
 class _Stop(Exception):
-    """Raised by the last hook of a layer: the forward past it is not needed."""
+    """Raised by a hook once it has what it needs: the rest of the forward is not needed."""
 
 
-def gptq_calibrate(model: nn.Module, targets: dict[str, nn.Module], ids: list[int], make_layer
+def gptq_calibrate(model: nn.Module, targets: dict[str, nn.Module], ids: list[int], mode: str = "int4-gptq"
                    ) -> dict[str, tuple[nn.Module, GPTQResult]]:
-    """GPTQ over every target layer (``targets``: name -> ``layers.Linear`` under ``model.layers.{i}.``),
-    decoder layer by decoder layer: layer i's inputs come from layers 0..i-1 already quantized (each one
-    swapped in as ``make_layer(name, lin, weight)`` returns it). Returns name -> (that layer, its result)."""
-    from warpforge.llm.quantize import SCHEMES, _run_prefill, _swap, layer_input
+    """GPTQ over every target (``targets``: name -> ``layers.Linear`` under ``model.layers.{i}.``), in the
+    order the forward calls them, each one's Hessian from inputs computed by the ones before it already
+    quantized. Each quantized layer (a QuantLinear of ``mode``) is swapped into ``model`` as it is made;
+    returns name -> (that layer, its result)."""
+    from warpforge.llm.quantize import SCHEMES, QuantLinear, _swap, layer_input, prefill_step
 
-    by_layer: dict[int, list[str]] = {}
-    for name in targets:
-        by_layer.setdefault(int(name.split(".")[2]), []).append(name)
+    layers = model.model.layers
     out: dict[str, tuple[nn.Module, GPTQResult]] = {}
-    for i in sorted(by_layer):
-        names = by_layer[i]
-        hessians: dict[str, torch.Tensor] = {}
-        owner = {targets[n]: n for n in names}
+    with prefill_step(model, ids) as (input_ids, positions):
+        args = _run_until(layers[0], lambda: model(input_ids, positions), lambda m, a, kw: a)  # layer 0's input
+        for i, layer in enumerate(layers):
+            todo = {targets[n]: n for n in targets if n.startswith(f"model.layers.{i}.")}
+            while todo:  # one pass of the layer per projection, stopped at the first still float
+                def hessian(m, a, kwargs):
+                    gated = kwargs.get("gated_input", a[1] if len(a) > 1 else None)
+                    x = layer_input(a[0], gated).reshape(-1, m.weight.shape[1]).float()
+                    return todo[m], (2.0 / x.shape[0]) * (x.t() @ x)
 
-        def hook(m, args, kwargs):
-            gated = kwargs.get("gated_input", args[1] if len(args) > 1 else None)
-            x = layer_input(args[0], gated).reshape(-1, m.weight.shape[1]).float()
-            hessians[owner[m]] = (2.0 / x.shape[0]) * (x.t() @ x)
-            if len(hessians) == len(names):
-                raise _Stop
-
-        handles = [targets[n].register_forward_pre_hook(hook, with_kwargs=True) for n in names]
-        try:
-            _run_prefill(model, ids)
-        except _Stop:
-            pass
-        finally:
-            for h in handles:
-                h.remove()
-        missing = sorted(set(names) - set(hessians))
-        if missing:
-            raise RuntimeError(f"GPTQ calibration: layers not reached by the calibration forward: {missing[:4]}")
-        with torch.inference_mode():
-            for name in names:
-                lin, h = targets[name], hessians.pop(name)
+                # a pass must not change the layer's inputs: the norm writes a NormedInput's residual_out
+                name, h = _run_until(list(todo), lambda: layer(*_cloned(args)), hessian)
+                lin = targets[name]
+                del todo[lin]
                 w = lin.weight.detach()
                 qw = gptq_quantize(w, h)
                 plain = quantize_weight(w, SCHEMES["int4"])
                 result = GPTQResult(qw, output_error(w, plain.dequantize(), h), output_error(w, qw.dequantize(), h))
-                layer = make_layer(name, lin, qw)
-                _swap(model, name, layer)
-                out[name] = (layer, result)
+                out[name] = (QuantLinear.from_quantized(lin, mode, qw), result)
+                _swap(model, name, out[name][0])
+            args = (args[0], *layer(*args))  # (positions, x, residual) of the next layer, from this one quantized
     return out
+
+
+def _cloned(args: tuple) -> tuple:
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _run_until(modules, run, grab):
+    """``grab(module, args, kwargs)`` of the first of ``modules`` (one or a list) that ``run()`` calls; the
+    forward stops there."""
+    got = []
+
+    def hook(m, a, kwargs):
+        got.append(grab(m, a, kwargs))
+        raise _Stop
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+               for m in (modules if isinstance(modules, list) else [modules])]
+    try:
+        run()
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    if not got:
+        raise RuntimeError("GPTQ calibration: the forward did not reach the layer it was to stop at")
+    return got[0]

@@ -46,6 +46,8 @@ import importlib.util
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -252,8 +254,10 @@ def calibration_ids(tokenizer, vocab_size: int, n: int, mode: str = "int4-awq") 
     return ids[:n]
 
 
-def _run_prefill(model: nn.Module, ids: list[int], chunk: int = 128) -> None:
-    """One forward over ``ids`` as sequences of ``chunk`` tokens, no KV cache (causal over each chunk)."""
+@contextmanager
+def prefill_step(model: nn.Module, ids: list[int], chunk: int = 128) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The step context of one forward over ``ids`` as sequences of ``chunk`` tokens, no KV cache (causal
+    over each chunk), in inference mode; yields (input_ids [T], positions [T]) for ``model(...)``."""
     dev = next(model.parameters()).device
     lens = [len(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
@@ -266,9 +270,15 @@ def _run_prefill(model: nn.Module, ids: list[int], chunk: int = 128) -> None:
         max_seq_len=max(lens), decode_only=False))
     try:
         with torch.inference_mode():
-            model(torch.tensor(ids, dtype=torch.int64, device=dev), positions)
+            yield torch.tensor(ids, dtype=torch.int64, device=dev), positions
     finally:
         set_context(None)
+
+
+def _run_prefill(model: nn.Module, ids: list[int], chunk: int = 128) -> None:
+    """One forward over ``ids`` (see :func:`prefill_step`)."""
+    with prefill_step(model, ids, chunk) as (input_ids, positions):
+        model(input_ids, positions)
 
 
 def awq_calibrate(model: nn.Module, targets: dict[str, Linear], ids: list[int]) -> dict[str, AWQResult]:
@@ -373,7 +383,7 @@ def quantize_model(model: nn.Module, mode: str, *, tokenizer=None,
         else:
             from warpforge.llm.gptq import gptq_calibrate
 
-            gptq = gptq_calibrate(model, targets, ids, lambda name, lin, qw: QuantLinear.from_quantized(lin, mode, qw))
+            gptq = gptq_calibrate(model, targets, ids, mode)
     report = QuantReport(mode, str(model.config.dtype).removeprefix("torch."))
     with torch.inference_mode():
         for name, lin in targets.items():
