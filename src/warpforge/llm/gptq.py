@@ -48,8 +48,8 @@ def output_error(w: torch.Tensor,  # [N, K] the float weight
                  h: torch.Tensor,  # [K, K] 2 x^T x / T, undampened
                  ) -> float:
     """Mean over the T calibration tokens and the N outputs of (x w^T - x wq^T)^2, from H alone."""
-    e = (w.double() - wq.double())  # [N, K]
-    return float(((e @ h.double()) * e).sum() / (2 * e.shape[0]))
+    e = w.float() - wq.float()  # [N, K]
+    return float(((e @ h.float()) * e).sum(dtype=torch.float64) / (2 * e.shape[0]))
 
 
 def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``group``
@@ -60,43 +60,54 @@ def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``gro
     if K % group or h.shape != (K, K):
         raise ValueError(f"h: expected [{K}, {K}] for a weight [{N}, {K}] with K a multiple of {group}, got "
                          f"{tuple(h.shape)}")
-    W = w.detach().float().clone()
-    H = h.detach().double().clone()
-    importance = H.diagonal().float().clone()  # the range search's column weights: mean x^2, up to the factor 2
+    # Transposed, [K, N]: a column of W is a contiguous row, its error feedback one rank-1 update (BLAS ger).
+    Wt = w.detach().t().float().contiguous()
+    H = h.detach().float().clone()
+    importance = H.diagonal().clone()  # the range search's column weights: mean x^2, up to the factor 2
     dead = importance == 0  # inputs never nonzero on the calibration text: their weights cannot matter
     H[dead, dead] = 1.0
-    W[:, dead] = 0.0
-    codes = torch.empty((N, K), dtype=torch.uint8, device=W.device)
-    scales = torch.empty((N, K // group), dtype=w.dtype, device=W.device)
+    Wt[dead] = 0.0
+    codes = torch.empty((K, N), dtype=torch.uint8, device=Wt.device)
+    scales = torch.empty((N, K // group), dtype=w.dtype, device=Wt.device)
     mins = torch.empty_like(scales)
     perm = None
     if act_order:  # static groups: every range fitted up front, on the original columns
-        _, scales, mins = fit_int4(W, group, w.dtype, importance)
+        _, scales, mins = fit_int4(Wt.t(), group, w.dtype, importance)
         perm = torch.argsort(importance, descending=True)
-        W, H = W[:, perm], H[perm][:, perm]
+        Wt, H = Wt[perm], H[perm][:, perm]
         col_group = perm // group
     H.diagonal().add_(damp * H.diagonal().mean())
-    # U: upper Cholesky factor of H^-1 (float64: a badly conditioned H of few tokens stays positive definite)
-    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
+    U = _inverse_cholesky_upper(H)  # [K, K]
     for g, b0 in enumerate(range(0, K, group)):
         b1 = b0 + group
         if perm is None:
-            _, scales[:, g:g + 1], mins[:, g:g + 1] = fit_int4(W[:, b0:b1], group, w.dtype, importance[b0:b1])
-            s, m = scales[:, g:g + 1].float().expand(N, group), mins[:, g:g + 1].float().expand(N, group)
+            _, scales[:, g:g + 1], mins[:, g:g + 1] = fit_int4(Wt[b0:b1].t(), group, w.dtype, importance[b0:b1])
+            s, m = scales[:, g].float().expand(group, N), mins[:, g].float().expand(group, N)
         else:
-            s, m = scales.float()[:, col_group[b0:b1]], mins.float()[:, col_group[b0:b1]]
+            s, m = scales.t().float()[col_group[b0:b1]], mins.t().float()[col_group[b0:b1]]
         inv_s = 1.0 / torch.where(s > 0, s, 1.0)
-        W1, E1, U1 = W[:, b0:b1], torch.empty((N, group), device=W.device), U[b0:b1, b0:b1]
+        W1, E1, U1 = Wt[b0:b1], torch.empty((group, N), device=Wt.device), U[b0:b1, b0:b1]
         for i in range(group):
-            c = ((W1[:, i] - m[:, i]) * inv_s[:, i]).round_().clamp_(0, 15)
-            codes[:, b0 + i] = c.to(torch.uint8)
-            err = (W1[:, i] - (c * s[:, i] + m[:, i])) / U1[i, i]
-            W1[:, i + 1:] -= err[:, None] * U1[i, i + 1:][None, :]
-            E1[:, i] = err
-        W[:, b1:] -= E1 @ U[b0:b1, b1:]
+            c = (W1[i] - m[i]).mul_(inv_s[i]).round_().clamp_(0, 15)
+            codes[b0 + i] = c
+            E1[i] = (W1[i] - c.mul_(s[i]).add_(m[i])).div_(U1[i, i])
+            W1[i + 1:].addr_(U1[i, i + 1:], E1[i], alpha=-1.0)
+        Wt[b1:].addmm_(U[b0:b1, b1:].t(), E1, alpha=-1.0)  # the block's feedback to the columns after it
     if perm is not None:
-        codes = codes[:, torch.argsort(perm)]
-    return pack_int4(codes, scales, mins, (N, K), w.dtype)
+        codes = codes[torch.argsort(perm)]
+    return pack_int4(codes.t(), scales, mins, (N, K), w.dtype)
+
+
+def _inverse_cholesky_upper(h: torch.Tensor) -> torch.Tensor:  # [K, K] float32
+    """The upper Cholesky factor of h^-1 (h dampened, symmetric), in float64 where float32 rounding leaves
+    a factor not positive definite (an H of few tokens against many columns is badly conditioned)."""
+    for dt in (torch.float32, torch.float64):
+        low, info = torch.linalg.cholesky_ex(h.to(dt))
+        if int(info) == 0:
+            u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(low), upper=True)
+            if int(info) == 0:
+                return u.float()
+    raise ValueError("h: not positive definite after dampening; calibrate on more tokens")
 
 
 class _Stop(Exception):
