@@ -7,13 +7,15 @@ the update after rounding column j is W[:, j+1:] -= err_j * U[j, j+1:] / U[j, j]
 factor of H^-1; the columns go in blocks of 128 with the updates beyond a block applied once per block
 (the paper's lazy batch). It minimises ||x W^T - x Q^T|| greedily where plain int4 ignores x.
 
-The grid is int4's, unchanged: each group of 128 input columns keeps a scale and a float minimum
-(``fit_int4``'s range search, its column errors weighted by diag(H) as AWQ's are by mean x^2), and the
-packed layout and kernels are those of ``"int4"``. A group's range is fitted when GPTQ reaches the group,
-on its columns as the earlier groups' error feedback left them. Columns go in their own order, no
-act-order: act-order (columns by descending diag(H)) visits a group's columns at scattered times, so its
-range would have to be fixed up front on the unquantized weights (AutoGPTQ's static groups) to keep the
-kernel's contiguous groups of the original column order.
+The grid is int4's, unchanged: each group of 128 input columns of the original order keeps a scale and a
+float minimum, so the packed layout and kernels are those of ``"int4"``. Act-order with static groups
+(AutoGPTQ's ``desc_act`` + ``static_groups``): every group's range is fitted up front on the unquantized
+weights (``fit_int4``'s range search, its column errors weighted by diag(H) as AWQ's are by mean x^2), then
+the columns are rounded by descending diag(H), the inputs with the most energy first, while the most
+columns are left to absorb their error; the codes go back to the original order at the end. Against
+ranges fitted group by group on the error-updated columns in the original order (no act-order), measured
+on Gemma 3 270M over Hamlet's first 256 tokens (fp32 23.69): 27.73 against 28.51, and a mean calibration
+output error of 0.127 against 0.154 of plain int4's.
 
 Sequential, as GPTQ is: every projection's Hessian comes from inputs computed by the projections before it
 already quantized, decoder layer after decoder layer and, inside a layer, qkv, o, gate|up, down in turn
@@ -54,7 +56,7 @@ def output_error(w: torch.Tensor,  # [N, K] the float weight
 
 def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``group``
                   h: torch.Tensor,  # [K, K] 2 x^T x / T over the layer's calibration inputs
-                  group: int = 128, damp: float = DAMP, act_order: bool = False) -> QuantizedWeight:
+                  group: int = 128, damp: float = DAMP) -> QuantizedWeight:
     """``w`` quantized to int4 groups of ``group`` columns (scale and float minimum) by GPTQ against ``h``."""
     N, K = w.shape
     if K % group or h.shape != (K, K):
@@ -67,24 +69,17 @@ def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``gro
     dead = importance == 0  # inputs never nonzero on the calibration text: their weights cannot matter
     H[dead, dead] = 1.0
     Wt[dead] = 0.0
-    codes = torch.empty((K, N), dtype=torch.uint8, device=Wt.device)
-    scales = torch.empty((N, K // group), dtype=w.dtype, device=Wt.device)
-    mins = torch.empty_like(scales)
-    perm = None
-    if act_order:  # static groups: every range fitted up front, on the original columns
-        _, scales, mins = fit_int4(Wt.t(), group, w.dtype, importance)
-        perm = torch.argsort(importance, descending=True)
-        Wt, H = Wt[perm], H[perm][:, perm]
-        col_group = perm // group
+    # static groups: every group's range fitted up front on the original columns, then act-order
+    _, scales, mins = fit_int4(Wt.t(), group, w.dtype, importance)  # [N, K / group] each
+    perm = torch.argsort(importance, descending=True)
+    Wt, H = Wt[perm], H[perm][:, perm]
+    col_scale, col_min = scales.t().float()[perm // group], mins.t().float()[perm // group]  # [K, N] in visit order
     H.diagonal().add_(damp * H.diagonal().mean())
     U = _inverse_cholesky_upper(H)  # [K, K]
-    for g, b0 in enumerate(range(0, K, group)):
+    codes = torch.empty((K, N), dtype=torch.uint8, device=Wt.device)
+    for b0 in range(0, K, group):
         b1 = b0 + group
-        if perm is None:
-            _, scales[:, g:g + 1], mins[:, g:g + 1] = fit_int4(Wt[b0:b1].t(), group, w.dtype, importance[b0:b1])
-            s, m = scales[:, g].float().expand(group, N), mins[:, g].float().expand(group, N)
-        else:
-            s, m = scales.t().float()[col_group[b0:b1]], mins.t().float()[col_group[b0:b1]]
+        s, m = col_scale[b0:b1], col_min[b0:b1]
         inv_s = 1.0 / torch.where(s > 0, s, 1.0)
         W1, E1, U1 = Wt[b0:b1], torch.empty((group, N), device=Wt.device), U[b0:b1, b0:b1]
         for i in range(group):
@@ -93,9 +88,7 @@ def gptq_quantize(w: torch.Tensor,  # [N, K] float weight, K a multiple of ``gro
             E1[i] = (W1[i] - c.mul_(s[i]).add_(m[i])).div_(U1[i, i])
             W1[i + 1:].addr_(U1[i, i + 1:], E1[i], alpha=-1.0)
         Wt[b1:].addmm_(U[b0:b1, b1:].t(), E1, alpha=-1.0)  # the block's feedback to the columns after it
-    if perm is not None:
-        codes = codes[torch.argsort(perm)]
-    return pack_int4(codes.t(), scales, mins, (N, K), w.dtype)
+    return pack_int4(codes[torch.argsort(perm)].t(), scales, mins, (N, K), w.dtype)
 
 
 def _inverse_cholesky_upper(h: torch.Tensor) -> torch.Tensor:  # [K, K] float32

@@ -71,7 +71,9 @@ GROUP = 128  # int4 group size (input columns per scale and minimum)
 SCHEMES = {"int8": "int8", "int4": f"int4_g{GROUP}", "int4-awq": f"int4_g{GROUP}", "int4-gptq": f"int4_g{GROUP}",
            "fp8": "fp8"}
 ALPHAS = tuple(i / 20 for i in range(20))  # AWQ's grid: 0, 0.05, ..., 0.95
-CALIBRATION_TOKENS = {"int4-awq": 256, "int4-gptq": 256}  # Macbeth tokens each calibrated mode reads
+# Macbeth tokens each calibrated mode reads. GPTQ inverts a [K, K] Hessian per layer: from fewer tokens than
+# columns (Gemma 3 270M's down projection has K = 2048) it is rank-deficient, held up by the dampening alone.
+CALIBRATION_TOKENS = {"int4-awq": 256, "int4-gptq": 2048}
 CONFIG_FILE = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "warpforge-quantized"
