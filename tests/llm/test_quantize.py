@@ -32,8 +32,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
 # flipped token does not derail the positions after it). A random tiny model's next-token logits lie close
 # together, so int4's ~9% weight error flips about half its argmaxes (measured here: 0.49-0.54) where a
 # trained model's margins keep them; the bounds sit under the measured rates and far above chance (1 / 512).
-# int4-gptq measured 0.55-0.58: its weights fit Macbeth's activations, and these prompts are random token ids
-# (with 256 calibration tokens instead of 2048 it fell to 0.39 on llama, below plain int4).
+# int4-gptq measured 0.56-0.66: its weights fit Macbeth's activations, and these prompts are random token ids
+# (calibrated on 256 tokens instead of 2048, an earlier version measured 0.39 on llama, below plain int4).
 # Nothing here is exact: every mode rounds the weights (int8 and fp8 measured 0.96-1.0).
 TEACHER_FORCED_MIN = {"int8": 0.9, "fp8": 0.75, "int4": 0.35, "int4-awq": 0.35, "int4-gptq": 0.4}
 

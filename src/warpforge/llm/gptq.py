@@ -115,22 +115,21 @@ def gptq_calibrate(model: nn.Module, targets: dict[str, nn.Module], ids: list[in
     returns name -> (that layer, its result)."""
     from warpforge.llm.quantize import SCHEMES, QuantLinear, _swap, layer_input, prefill_step
 
+    def hessian(m, a, kwargs):  # [K, K] 2 x^T x / T of the layer's input x [T, K]
+        x = layer_input(a[0], kwargs.get("gated_input", a[1] if len(a) > 1 else None))
+        x = x.reshape(-1, m.weight.shape[1]).float()
+        return m, (2.0 / x.shape[0]) * (x.t() @ x)
+
     layers = model.model.layers
     out: dict[str, tuple[nn.Module, GPTQResult]] = {}
     with prefill_step(model, ids) as (input_ids, positions):
-        args = _run_until(layers[0], lambda: model(input_ids, positions), lambda m, a, kw: a)  # layer 0's input
+        args = _run_until([layers[0]], lambda m, a, kw: a, model, input_ids, positions)  # layer 0's input
         for i, layer in enumerate(layers):
             todo = {targets[n]: n for n in targets if n.startswith(f"model.layers.{i}.")}
             while todo:  # one pass of the layer per projection, stopped at the first still float
-                def hessian(m, a, kwargs):
-                    gated = kwargs.get("gated_input", a[1] if len(a) > 1 else None)
-                    x = layer_input(a[0], gated).reshape(-1, m.weight.shape[1]).float()
-                    return todo[m], (2.0 / x.shape[0]) * (x.t() @ x)
-
-                # a pass must not change the layer's inputs: the norm writes a NormedInput's residual_out
-                name, h = _run_until(list(todo), lambda: layer(*_cloned(args)), hessian)
-                lin = targets[name]
-                del todo[lin]
+                # on copies: a pass must not change the layer's inputs (the norm writes a NormedInput's residual_out)
+                lin, h = _run_until(list(todo), hessian, layer, *_cloned(args))
+                name = todo.pop(lin)
                 w = lin.weight.detach()
                 qw = gptq_quantize(w, h)
                 plain = quantize_weight(w, SCHEMES["int4"])
@@ -145,19 +144,17 @@ def _cloned(args: tuple) -> tuple:
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _run_until(modules, run, grab):
-    """``grab(module, args, kwargs)`` of the first of ``modules`` (one or a list) that ``run()`` calls; the
-    forward stops there."""
+def _run_until(modules: list[nn.Module], grab, fn, *args):
+    """``grab(module, args, kwargs)`` of the first of ``modules`` that ``fn(*args)`` calls; it stops there."""
     got = []
 
     def hook(m, a, kwargs):
         got.append(grab(m, a, kwargs))
         raise _Stop
 
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
-               for m in (modules if isinstance(modules, list) else [modules])]
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     try:
-        run()
+        fn(*args)
     except _Stop:
         pass
     finally:
