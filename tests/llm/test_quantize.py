@@ -233,7 +233,7 @@ def _perplexity(model, ids: list[int]) -> float:
     return math.exp(torch.nn.functional.cross_entropy(logits.float(), torch.tensor(ids[1:])).item())
 
 
-@pytest.mark.slow  # GPTQ over the 18 layers of the real model
+@pytest.mark.slow  # GPTQ over the 18 layers of the real model: 491 s on a loaded 2-core box, one thread
 def test_gemma3_270m_gptq_perplexity_on_the_cpu():
     """The real Gemma 3 270M in fp32 over Hamlet's first 256 tokens (the window of docs/llm.md's 256-token
     column): int4-gptq well below plain int4. Calibrated on 256 Macbeth tokens, not the default 2048, to keep
