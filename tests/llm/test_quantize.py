@@ -221,7 +221,9 @@ def test_gptq_on_the_engines_calibration_inputs():
     float_model = load(checkpoint(), dtype=torch.float32)[0]
     for r in report.layers:
         x, w = seen[model.get_submodule(r.name)].double(), float_model.get_submodule(r.name).weight.detach()
-        err = lambda wq: float((x @ (w.double() - wq.double()).t()).pow(2).mean())  # noqa: E731
+        def err(wq, x=x, w=w):
+            return float((x @ (w.double() - wq.double()).t()).pow(2).mean())
+
         assert err(model.get_submodule(r.name).dequantized()) == pytest.approx(r.err_gptq, rel=1e-3), r.name
         assert err(q.quantize_weight(w, q.SCHEMES["int4"]).dequantize()) == pytest.approx(r.err_int4, rel=1e-3)
 
