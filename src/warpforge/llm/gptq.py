@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from warpforge.kernels.quant_linear import QuantizedWeight, fit_int4, pack_int4, quantize_weight
+from warpforge.kernels.quant_linear import QuantizedWeight, fit_int4, pack_int4
 
-__all__ = ["DAMP", "GPTQResult", "gptq_calibrate", "gptq_quantize", "output_error"]
+__all__ = ["DAMP", "GPTQResult", "cloned", "gptq_quantize", "output_error", "run_until"]
 
 DAMP = 0.01  # dampening: this share of H's mean diagonal is added to the diagonal before inverting
 
@@ -107,44 +107,11 @@ class _Stop(Exception):
     """Raised by a hook once it has what it needs: the rest of the forward is not needed."""
 
 
-def gptq_calibrate(model: nn.Module, targets: dict[str, nn.Module], ids: list[int], mode: str = "int4-gptq"
-                   ) -> dict[str, tuple[nn.Module, GPTQResult]]:
-    """GPTQ over every target (``targets``: name -> ``layers.Linear`` under ``model.layers.{i}.``), in the
-    order the forward calls them, each one's Hessian from inputs computed by the ones before it already
-    quantized. Each quantized layer (a QuantLinear of ``mode``) is swapped into ``model`` as it is made;
-    returns name -> (that layer, its result)."""
-    from warpforge.llm.quantize import SCHEMES, QuantLinear, _swap, layer_input, prefill_step
-
-    def hessian(m, a, kwargs):  # [K, K] 2 x^T x / T of the layer's input x [T, K]
-        x = layer_input(a[0], kwargs.get("gated_input", a[1] if len(a) > 1 else None))
-        x = x.reshape(-1, m.weight.shape[1]).float()
-        return m, (2.0 / x.shape[0]) * (x.t() @ x)
-
-    layers = model.model.layers
-    out: dict[str, tuple[nn.Module, GPTQResult]] = {}
-    with prefill_step(model, ids) as (input_ids, positions):
-        args = _run_until([layers[0]], lambda m, a, kw: a, model, input_ids, positions)  # layer 0's input
-        for i, layer in enumerate(layers):
-            todo = {targets[n]: n for n in targets if n.startswith(f"model.layers.{i}.")}
-            while todo:  # one pass of the layer per projection, stopped at the first still float
-                # on copies: a pass must not change the layer's inputs (the norm writes a NormedInput's residual_out)
-                lin, h = _run_until(list(todo), hessian, layer, *_cloned(args))
-                name = todo.pop(lin)
-                w = lin.weight.detach()
-                qw = gptq_quantize(w, h)
-                plain = quantize_weight(w, SCHEMES["int4"])
-                result = GPTQResult(qw, output_error(w, plain.dequantize(), h), output_error(w, qw.dequantize(), h))
-                out[name] = (QuantLinear.from_quantized(lin, mode, qw), result)
-                _swap(model, name, out[name][0])
-            args = (args[0], *layer(*args))  # (positions, x, residual) of the next layer, from this one quantized
-    return out
-
-
-def _cloned(args: tuple) -> tuple:
+def cloned(args: tuple) -> tuple:
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _run_until(modules: list[nn.Module], grab, fn, *args):
+def run_until(modules: list[nn.Module], grab, fn, *args):
     """``grab(module, args, kwargs)`` of the first of ``modules`` that ``fn(*args)`` calls; it stops there."""
     got = []
 

@@ -61,11 +61,12 @@ from warpforge.kernels.norm import rms_norm
 from warpforge.kernels.quant_linear import QuantizedWeight, packed_view, quantize_weight
 from warpforge.llm.context import StepContext, set_context
 from warpforge.llm.engine_config import QUANTIZATION_MODES
+from warpforge.llm.gptq import GPTQResult, cloned, gptq_quantize, output_error, run_until
 from warpforge.llm.layers import Linear, NormedInput
 from warpforge.optimize.fp8 import K_ALIGN, N_ALIGN, to_e4m3
 
 __all__ = ["GROUP", "QUANTIZATION_MODES", "QuantLinear", "QuantReport", "awq_search", "is_quantized_dir",
-           "load_quantized", "quantize_model", "save_quantized"]
+           "gptq_calibrate", "load_quantized", "quantize_model", "save_quantized"]
 
 GROUP = 128  # int4 group size (input columns per scale and minimum)
 SCHEMES = {"int8": "int8", "int4": f"int4_g{GROUP}", "int4-awq": f"int4_g{GROUP}", "int4-gptq": f"int4_g{GROUP}",
@@ -306,6 +307,37 @@ def awq_calibrate(model: nn.Module, targets: dict[str, Linear], ids: list[int]) 
 
 
 # ---- the model ----------------------------------------------------------------------------------
+def gptq_calibrate(model: nn.Module, targets: dict[str, nn.Module], ids: list[int], mode: str = "int4-gptq"
+                   ) -> dict[str, tuple[nn.Module, GPTQResult]]:
+    """GPTQ over every target (``targets``: name -> ``layers.Linear`` under ``model.layers.{i}.``), in the
+    order the forward calls them, each one's Hessian from inputs computed by the ones before it already
+    quantized. Each quantized layer (a QuantLinear of ``mode``) is swapped into ``model`` as it is made;
+    returns name -> (that layer, its result)."""
+    def hessian(m, a, kwargs):  # [K, K] 2 x^T x / T of the layer's input x [T, K]
+        x = layer_input(a[0], kwargs.get("gated_input", a[1] if len(a) > 1 else None))
+        x = x.reshape(-1, m.weight.shape[1]).float()
+        return m, (2.0 / x.shape[0]) * (x.t() @ x)
+
+    layers = model.model.layers
+    out: dict[str, tuple[nn.Module, GPTQResult]] = {}
+    with prefill_step(model, ids) as (input_ids, positions):
+        args = run_until([layers[0]], lambda m, a, kw: a, model, input_ids, positions)  # layer 0's input
+        for i, layer in enumerate(layers):
+            todo = {targets[n]: n for n in targets if n.startswith(f"model.layers.{i}.")}
+            while todo:  # one pass of the layer per projection, stopped at the first still float
+                # on copies: a pass must not change the layer's inputs (the norm writes a NormedInput's residual_out)
+                lin, h = run_until(list(todo), hessian, layer, *cloned(args))
+                name = todo.pop(lin)
+                w = lin.weight.detach()
+                qw = gptq_quantize(w, h)
+                plain = quantize_weight(w, SCHEMES["int4"])
+                result = GPTQResult(qw, output_error(w, plain.dequantize(), h), output_error(w, qw.dequantize(), h))
+                out[name] = (QuantLinear.from_quantized(lin, mode, qw), result)
+                _swap(model, name, out[name][0])
+            args = (args[0], *layer(*args))  # (positions, x, residual) of the next layer, from this one quantized
+    return out
+
+
 @dataclass
 class LayerReport:
     name: str
@@ -383,8 +415,6 @@ def quantize_model(model: nn.Module, mode: str, *, tokenizer=None,
         if mode == "int4-awq":
             awq = awq_calibrate(model, targets, ids)
         else:
-            from warpforge.llm.gptq import gptq_calibrate
-
             gptq = gptq_calibrate(model, targets, ids, mode)
     report = QuantReport(mode, str(model.config.dtype).removeprefix("torch."))
     with torch.inference_mode():

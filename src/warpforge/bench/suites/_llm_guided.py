@@ -38,16 +38,22 @@ def guided_run(model: str, n_req: int, new: int, constrained: bool, **engine: An
         llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))  # warm-up
         runs = []
         for _ in range(rep):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             _sync(device)
             t0 = time.perf_counter()
             outs = llm.generate(prompts, params)
             _sync(device)
             wall = (time.perf_counter() - t0) * 1e3
             ids = [list(o.token_ids) for o in outs]
+            ttft = [o.metrics.ttft * 1e3 for o in outs if o.metrics and o.metrics.ttft is not None]
             runs.append(Run(ms=wall, tokens=sum(map(len, ids)),
                             output={"ids": ids, "want": [new] * n_req, "constrained": constrained},
                             extra={"wall_ms": wall, "step_ms": wall / new, "batch": n_req,
-                                   "constrained_rows": n_req if constrained else 0},
+                                   "constrained_rows": n_req if constrained else 0,
+                                   "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
+                                   "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9
+                                   if device.type == "cuda" else None},
                             ran={"requests": n_req, "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
                                  "output_tokens": sum(map(len, ids))}))
         del llm
