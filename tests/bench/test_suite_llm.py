@@ -82,7 +82,7 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
     for r in records:
         validate_record(r)
         assert r["correct"]["ok"], (r["case"], r["correct"])
-        if r["params"]["row"] in SPEC_ROWS:
+        if r["params"]["row"] in SPEC_ROWS | {"guided-json-b64"}:  # checked in their own test files
             continue
         ours = r["ours"]
         assert "error" not in ours, ours
