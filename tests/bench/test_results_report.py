@@ -79,24 +79,7 @@ def test_report_cli(tmp_path):
 
 # ---- headless Chromium ---------------------------------------------------------------------------------
 
-def _find_chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    exe = _find_chromium()
-    if exe is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        try:  # an offline machine fails here (or times out): the browser test then skips
-            subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
-                           shell=True, check=False, timeout=600, capture_output=True)
-        except subprocess.TimeoutExpired:
-            pass
-        exe = _find_chromium()
-    if exe is None:
-        pytest.skip("headless Chromium is not installed and cannot be installed here "
-                    "(needs root and apt-get: apt-get install chromium)")
-    return exe
+# The `chromium` fixture (found, or installed with apt when missing and allowed) is tests/conftest.py's.
 
 
 def _run(exe: str, page: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
