@@ -93,8 +93,9 @@ for st in "${stages[@]}"; do
        tail -3 "$OUT/serve-deps.log" ;;
     gsplat) # the same arch list for the build and for the stages after it (torch rebuilds on a change)
        export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-       { .venv/bin/pip install -q --no-deps .whl/gsplat-1.5.3-py3-none-any.whl .whl/jaxtyping-*.whl \
-           .whl/wadler_lindig-*.whl .whl/packaging-*.whl .whl/ninja-*.whl &&
+       # its needs (jaxtyping, wadler-lindig, packaging, ninja) are on the box image; carried ones win
+       { .venv/bin/pip install -q --no-deps .whl/gsplat-1.5.3-py3-none-any.whl \
+           $(ls .whl/jaxtyping-*.whl .whl/wadler_lindig-*.whl .whl/packaging-*.whl .whl/ninja-*.whl 2>/dev/null) &&
          .venv/bin/python -c "from gsplat.cuda._backend import _C; assert _C is not None, 'CUDA build failed'"; } \
          > "$OUT/gsplat.log" 2>&1
        rc=$?; tail -3 "$OUT/gsplat.log" ;;
