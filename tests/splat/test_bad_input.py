@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.splat.conftest import HEIGHT, WIDTH, make_scene
-from warpforge.splat import rasterize, render
+from warpforge.splat import checks, rasterize, render
 from warpforge.splat.project import project
 from warpforge.splat.sh import spherical_harmonics
 
@@ -156,11 +156,16 @@ def test_nothing_visible_renders_the_background(s):
 
 def test_huge_finite_values_are_not_mistaken_for_inf():
     """The NaN/inf check sums each tensor first; a sum that overflows on finite values must not raise."""
-    render.check_finite([("means", torch.full((4, 3), 3e38)), ("quats", torch.ones(4, 4))])
-    with pytest.raises(ValueError, match=r"quats has a non-finite value \(inf\) at index \[2, 1\]"):
-        q = torch.ones(4, 4)
-        q[2, 1] = float("inf")
-        render.check_finite([("means", torch.full((4, 3), 3e38)), ("quats", q)])
+    huge = [("means", torch.full((4, 3), 3e38)), ("quats", torch.ones(4, 4))]
+    checks.check_finite(huge)
+    deferred = checks.DeferredCheck(huge)
+    assert not bool(deferred.ok)  # the flag is up (the sum overflowed) ...
+    deferred.resolve(False)  # ... and finding nothing to name, resolving it raises nothing
+    q = torch.ones(4, 4)
+    q[2, 1] = float("inf")
+    for check in (checks.check_finite, lambda named: checks.DeferredCheck(named).resolve()):
+        with pytest.raises(ValueError, match=r"quats has a non-finite value \(inf\) at index \[2, 1\]"):
+            check([("means", torch.full((4, 3), 3e38)), ("quats", q)])
 
 
 def test_zero_gaussians_render_the_background(s):
@@ -170,3 +175,23 @@ def test_zero_gaussians_render_the_background(s):
     img, alpha, meta = _call(empty, background=bg)
     assert torch.equal(img, bg.expand(2, HEIGHT, WIDTH, 3)) and (alpha == 0).all()
     assert meta["radii"].shape == (2, 0, 2) and meta["isect_ids"].numel() == 0
+
+
+def test_singular_view_matrix_is_named(s):
+    vm = s["viewmats"].clone()
+    vm[1, 2] = 0.0  # a zero row: not invertible, so the camera has no centre
+    _raises(r"viewmats\[1\] is singular", _call, dict(s, viewmats=vm))
+
+
+@pytest.mark.parametrize("name,index,value,match", [
+    ("means", (5, 1), float("nan"), r"means has a non-finite value \(nan\) at index \[5, 1\]"),
+    ("sh", (3, 2, 1), float("inf"), r"colors has a non-finite value \(inf\) at index \[3, 2, 1\]"),
+    ("opacities", (7,), 1.5, r"opacities must be in \[0.0, 1.0\]"),
+])
+def test_kernel_path_reads_the_checks_with_the_intersection_count(s, name, index, value, match, triton_on_cpu):
+    """On the kernels the value checks are read in the render's one host sync (with the intersection count):
+    the same one-line errors, raised before anything is sized from the count."""
+    t = s[name].clone()
+    t[index] = value
+    _raises(match, _call, dict(s, **{name: t}))
+    _call(s)  # and a clean scene still renders after a refused one

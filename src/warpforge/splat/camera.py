@@ -35,8 +35,9 @@ def camera_model_code(camera_model: str) -> int:
 
 
 def camera_centers(viewmats: torch.Tensor) -> torch.Tensor:  # [C, 4, 4] -> [C, 3]
-    """World position of each camera (as gsplat: the translation of the inverse view matrix)."""
-    return torch.linalg.inv(viewmats)[:, :3, 3]
+    """World position of each camera (as gsplat: the translation of the inverse view matrix). ``inv_ex``: no host
+    sync for the singularity check (``camera_problems`` reports a singular view matrix)."""
+    return torch.linalg.inv_ex(viewmats)[0][:, :3, 3]
 
 
 def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch.float32, *,
@@ -64,10 +65,12 @@ def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch
 
 
 def camera_problems(viewmats: torch.Tensor, Ks: torch.Tensor) -> torch.Tensor:
-    """A 0-d bool tensor on the cameras' device, True when a value is non-finite or a focal length is not
-    positive (no host sync: the caller reads it with its other checks)."""
+    """A 0-d bool tensor on the cameras' device, True when a value is non-finite, a focal length is not
+    positive or a view matrix is singular (no host sync: the caller reads it with its other checks)."""
     f = torch.stack([Ks[:, 0, 0], Ks[:, 1, 1]], -1).detach()
-    return (~torch.isfinite(viewmats.detach()).all()) | (~torch.isfinite(Ks.detach()).all()) | (f <= 0).any()
+    v = viewmats.detach()
+    singular = (torch.linalg.inv_ex(v)[1] != 0).any()
+    return (~torch.isfinite(v).all()) | (~torch.isfinite(Ks.detach()).all()) | (f <= 0).any() | singular
 
 
 def raise_camera_problem(viewmats: torch.Tensor, Ks: torch.Tensor) -> None:
@@ -80,6 +83,10 @@ def raise_camera_problem(viewmats: torch.Tensor, Ks: torch.Tensor) -> None:
     if bool((f <= 0).any()):
         c = int((f <= 0).any(-1).nonzero()[0, 0])
         raise ValueError(f"Ks[{c}] must have positive focal lengths fx, fy, got {f[c].tolist()}")
+    singular = torch.linalg.inv_ex(viewmats.detach())[1] != 0
+    if bool(singular.any()):
+        raise ValueError(f"viewmats[{int(singular.nonzero()[0, 0])}] is singular (a world -> camera matrix must be "
+                         "invertible)")
 
 
 def _first(mask: torch.Tensor) -> list[int]:

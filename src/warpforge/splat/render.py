@@ -19,7 +19,7 @@ import torch
 
 from warpforge.splat.blend import rasterize_to_pixels
 from warpforge.splat.camera import camera_centers
-from warpforge.splat.checks import check_finite, gaussian_bounds
+from warpforge.splat.checks import DeferredCheck, gaussian_bounds
 from warpforge.splat.packed import PACK_PAIRS, intersect_tiles_packed, project_packed
 from warpforge.splat.project import check_projection_inputs, project_checked
 from warpforge.splat.reference import RASTERIZE_MODES, RENDER_MODES
@@ -56,8 +56,8 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     meta's per-pair fields are [nnz, ...] with ``camera_ids`` and ``gaussian_ids`` [nnz]. Bad input raises
     ValueError with one line naming what is wrong.
     """
-    C, N, D = check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near,
-                           far, tile_size, background, render_mode, camera_model, eps2d)
+    C, N, D, values = check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree,
+                                   near, far, tile_size, background, render_mode, camera_model, eps2d)
     if rasterize_mode not in RASTERIZE_MODES:
         raise ValueError(f"rasterize_mode must be one of {', '.join(map(repr, RASTERIZE_MODES))}, "
                          f"got {rasterize_mode!r}")
@@ -75,6 +75,7 @@ def rasterize(means: torch.Tensor,  # [N, 3]
             own = colors[c0:c1] if colors.dim() == (3 if sh_degree is None else 4) else colors  # per camera
             return _features(own, means, viewmats[c0:c1], sh_degree, depths, render_mode, c1 - c0)
 
+        values.resolve()  # packed mode sizes its pair list from the projection: the values are checked first
         pk = project_packed(*args, features=group_features)
         proj, feats, ids = pk.proj, pk.features, (pk.camera_ids, pk.gaussian_ids)
         tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles_packed(pk, C, tile_size, tile_width, tile_height)
@@ -83,7 +84,7 @@ def rasterize(means: torch.Tensor,  # [N, 3]
         feats = _features(colors, means, viewmats, sh_degree, proj.depths, render_mode, C)
         tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles(proj.means2d, proj.radii, proj.depths,
                                                                   proj.conics, proj.opacities, tile_size,
-                                                                  tile_width, tile_height)
+                                                                  tile_width, tile_height, deferred=values)
     backgrounds = _backgrounds(background, render_mode, C)
     offsets = tile_offsets(isect_ids, C, tile_width, tile_height)
     means2d = proj.means2d
@@ -128,9 +129,10 @@ def _backgrounds(background, render_mode, C):
 
 
 def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, near, far,
-                 tile_size, background, render_mode, camera_model, eps2d) -> tuple[int, int, int]:
-    """Every argument of ``rasterize``; returns (C, N, D) with D the colour channels. Also refuses NaN and inf
-    in the parameters (one host sync for all of them)."""
+                 tile_size, background, render_mode, camera_model, eps2d) -> tuple[int, int, int, DeferredCheck]:
+    """Every argument of ``rasterize``; returns (C, N, D, values) with D the colour channels. ``values``: the
+    checks for NaN and inf in the parameters and for their documented ranges, launched, to be read with the
+    render's one host sync (``DeferredCheck.resolve``)."""
     C, N = check_projection_inputs(means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d,
                                    camera_model, camera_values=False)
     dev = means.device
@@ -172,8 +174,7 @@ def check_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, h
     named = [("means", means), ("quats", quats), ("scales", scales), ("opacities", opacities), ("colors", colors)]
     if background is not None:
         named.append(("background", background))
-    check_finite(named, cameras=(viewmats, Ks), bounds=gaussian_bounds(scales, opacities))
-    return C, N, D
+    return C, N, D, DeferredCheck(named, cameras=(viewmats, Ks), bounds=gaussian_bounds(scales, opacities))
 
 
 def estimate_bytes(C: int, N: int, D: int, width: int, height: int, tile_size: int) -> int:

@@ -23,6 +23,7 @@ from warpforge._validate import check_int
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import use_triton
 from warpforge.splat import reference as ref
+from warpforge.splat.checks import DeferredCheck
 
 BLOCK_GAUSS = 128  # Gaussians per program of the count and emit kernels
 BLOCK_TILES = 256  # tiles per program of the offsets kernel
@@ -174,13 +175,16 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
                     depths: torch.Tensor,  # [C, N]
                     conics: torch.Tensor,  # [C, N, 3]
                     opacities: torch.Tensor,  # [C, N]
-                    tile_size: int, tile_width: int, tile_height: int, *, sort: bool = True):
+                    tile_size: int, tile_width: int, tile_height: int, *, sort: bool = True,
+                    deferred: DeferredCheck | None = None):
     """The (Gaussian, tile) pairs to blend, sorted by camera | tile | depth.
 
     Returns tiles_per_gauss [C, N] int32, isect_ids [M] int64 (camera << (32 + tile_bits) | tile_id << 32 |
     depth's float32 bits, tile_id = ty * tile_width + tx), flatten_ids [M] int32 (index into the flattened
     [C * N] Gaussians). Pairs of equal key keep the order of their flattened index. ``sort=False`` returns
     the pairs as emitted (Gaussian-major; ``sort_intersections`` sorts them), for timing the two apart.
+    ``deferred``: the caller's input checks, read in the same host sync as the intersection count (their
+    ValueError is raised before anything is sized from the count).
     """
     if not isinstance(means2d, torch.Tensor) or means2d.dim() != 3 or means2d.shape[-1] != 2:
         raise ValueError(f"means2d must be a [C, N, 2] tensor, got "
@@ -197,6 +201,8 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     check_int("tile_height", tile_height, 1)
     tile_bits = _check_bits(C, tile_width, tile_height)
     if not use_triton(means2d):
+        if deferred is not None:
+            deferred.resolve()
         with torch.no_grad():  # integer outputs: no graph through the (differentiable) inputs
             return ref.intersect_tiles_reference(means2d.detach(), radii, depths.detach(), conics.detach(),
                                                  opacities.detach(), tile_size, tile_width, tile_height, sort=sort)
@@ -213,7 +219,15 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
         _isect_count_kernel[grid](means2d, radii, conics, opacities, counts, total, tile_width, tile_height,
                                   **consts)
     cum = torch.cumsum(counts, 0, dtype=torch.int64)
-    M = int(cum[-1]) if total else 0  # the one host sync: the size of the intersection arrays
+    if not total:
+        M = 0
+        if deferred is not None:
+            deferred.resolve()
+    elif deferred is not None:  # the one host sync: the size of the intersection arrays and the input checks
+        M, ok = torch.stack([cum[-1], deferred.ok.to(torch.int64)]).tolist()
+        deferred.resolve(bool(ok))
+    else:
+        M = int(cum[-1])  # the one host sync: the size of the intersection arrays
     if M >= 2**31:
         raise ValueError(f"{M} tile intersections: at most 2^31 - 1 fit the int32 tile offsets "
                          "(render fewer cameras or Gaussians per call)")
