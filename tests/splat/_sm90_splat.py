@@ -23,12 +23,12 @@ def main() -> None:
 
     res = {}
     for D in (3, 4):
-        meta = dict(D=D, DB=4, TILE=16, PB=256, CHUNK=blend.CHUNK, HAS_BG=True, ALPHA_MIN=ref.ALPHA_MIN,
+        meta = dict(D=D, DB=4, TILE=16, PB=256, HAS_BG=True, ALPHA_MIN=ref.ALPHA_MIN,
                     ALPHA_MAX=ref.ALPHA_MAX)
         res[f"blend_fwd D{D}"] = compile_one(blend._blend_fwd_kernel, types(blend._blend_fwd_kernel),
-                                             dict(meta, T_MIN=ref.T_MIN), blend.FWD_WARPS, 1)
+                                             dict(meta, T_MIN=ref.T_MIN, UNROLL=blend.FWD_UNROLL), blend.FWD_WARPS, 1)
         res[f"blend_bwd D{D}"] = compile_one(blend._blend_bwd_kernel, types(blend._blend_bwd_kernel),
-                                             dict(meta, ABSGRAD=True), blend.BWD_WARPS, 1)
+                                             dict(meta, ABSGRAD=True, UNROLL=blend.BWD_UNROLL), blend.BWD_WARPS, 1)
     cut = dict(TILE=16, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, MIN_DET=ref.MIN_DET_RATIO,
                BLOCK=tiles.BLOCK_GAUSS)
     for name, fn in (("isect_count", tiles._isect_count_kernel), ("isect_emit", tiles._isect_emit_kernel)):
