@@ -212,7 +212,8 @@ def results_table(suite: str | None, cases: tuple[str, ...], peers: str | None, 
     In a Markdown file, a generated table sits between markers:
       <!-- results:table suite=kernels cases="CASE A; CASE B" peers="cublas" -->
       <!-- /results:table -->
-    `warpforge results table --update README.md` fills every marked table from the records.
+    `warpforge results table --update README.md` fills every marked table from the records. A marker's
+    records=DIR (relative to the file) reads that table from another records directory (another device).
     """
     from warpforge.bench.results_cli import cli_results_table
 

@@ -91,6 +91,24 @@ def test_markers_update_and_check(records_dir):
     assert "disagrees with the records from its line 4" in check_markdown(tampered, load)[0]
 
 
+def test_a_marker_may_name_its_own_records(records_dir, tmp_path):
+    """records=DIR (relative to the Markdown file): one document holds tables of several devices."""
+    other = tmp_path / "h100"
+    write_jsonl(other / "kernels.jsonl", [_rec("a", 0.5, 2.0, "2026-01-05T00:00:00+00:00")])
+    doc = ("<!-- results:table suite=kernels cases=a -->\n<!-- /results:table -->\n"
+           "<!-- results:table records=h100 suite=kernels cases=a -->\n<!-- /results:table -->\n")
+    load_for = lambda rel: dir_loader(tmp_path / rel)  # noqa: E731
+    new, changed = update_markdown(doc, dir_loader(records_dir), load_for)
+    assert len(changed) == 2 and "| a | 1 ms" in new.split("records=h100")[0] and "| a | 0.5 ms" in new
+    assert check_markdown(new, dir_loader(records_dir), load_for) == []
+    with pytest.raises(TableError, match="records=h100 names a directory"):
+        update_markdown(doc, dir_loader(records_dir))
+    md = tmp_path / "README.md"
+    md.write_text(doc)
+    out = CliRunner().invoke(main, ["results", "table", "--update", str(md), "--records", str(records_dir)])
+    assert out.exit_code == 0 and "| a | 0.5 ms" in md.read_text(), out.output
+
+
 @pytest.mark.parametrize("args, msg", [
     ("cases=a", "suite=... is required"),
     ("suite=,", "suite=... is required"),  # only separators: no suite (a TypeError in Marker.label before)
@@ -129,7 +147,8 @@ def test_committed_documents_agree_with_the_committed_records():
     load = dir_loader(COMMITTED)
     problems = []
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        problems += [f"{doc.relative_to(REPO)}: {p}" for p in check_markdown(doc.read_text(encoding="utf-8"), load)]
+        problems += [f"{doc.relative_to(REPO)}: {p}" for p in check_markdown(
+            doc.read_text(encoding="utf-8"), load, lambda rel, doc=doc: dir_loader(doc.parent / rel))]
     assert not problems, "\n".join(problems) + "\n(regenerate: warpforge results table --update FILE)"
 
 

@@ -77,13 +77,34 @@ def _records_dir_for(md: Path, records: str | None) -> Path:
     return beside if beside.is_dir() else Path(DEFAULT_RECORDS)
 
 
+def _md_loaders(md: Path, records: str | None, stale: bool) -> tuple[Any, Any]:
+    """The loader of a Markdown file's tables (``--records`` or the default beside it) and the one for a
+    marker's records=DIR (relative to the file); ``stale``: rows say how many commits have touched the code
+    they time since they were measured."""
+    from warpforge.bench.provenance import GitError, repo_root
+    from warpforge.bench.tables import dir_loader, stale_loader
+
+    loaders: dict[Path, Any] = {}
+
+    def loader(d: Path) -> Any:
+        if d not in loaders:
+            loaders[d] = dir_loader(d)
+            if stale:
+                try:
+                    loaders[d] = stale_loader(loaders[d], repo_root(md))
+                except GitError:
+                    pass
+        return loaders[d]
+
+    return loader(_records_dir_for(md, records)), lambda rel: loader(md.resolve().parent / rel)
+
+
 def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None, fmt: str, records: str | None,
                       store_url: str | None, run: str | None, update: Sequence[str], check: Sequence[str],
                       console: Console) -> int:
     from warpforge.bench.store import StoreError
-    from warpforge.bench.provenance import GitError, repo_root
     from warpforge.bench.tables import (TableError, check_markdown, count_markers, dir_loader, render_suites,
-                                        stale_loader, update_markdown)
+                                        update_markdown)
 
     if update or check:
         if suite or cases or run:
@@ -94,21 +115,17 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
             if not md.is_file():
                 return _err(f"{'--update' if write else '--check'}: no such file: {md}")
             text = md.read_text(encoding="utf-8")
-            load = dir_loader(_records_dir_for(md, records))
+            load, load_for = _md_loaders(md, records, write)
             try:
                 if write:
-                    try:  # each row says how many commits have touched its timed code since it was measured
-                        load = stale_loader(load, repo_root(md))
-                    except GitError:
-                        pass
-                    new, changed = update_markdown(text, load)
+                    new, changed = update_markdown(text, load, load_for)
                     if new != text:
                         md.write_text(new, encoding="utf-8")
                     shown = f" ({escape('; '.join(changed))})" if changed else ""
                     console.print(f"{escape(str(md))}: {count_markers(text)} marked table(s), "
                                   f"{len(changed)} regenerated{shown}")
                 else:
-                    problems = check_markdown(text, load)
+                    problems = check_markdown(text, load, load_for)
                     for p in problems:
                         console.print(f"[red]{escape(str(md))}: {escape(p)}[/]")
                     if not problems:

@@ -27,7 +27,7 @@ from typing import Any
 
 UNITS = {"GBps": "GB/s", "tflops": "TFLOP/s", "tok/s": "tok/s", "ms": "ms"}
 MARKER = re.compile(r"<!--\s*results:table\b(?P<args>[^>]*?)-->(?P<body>.*?)<!--\s*/results:table\s*-->", re.S)
-KEYS = ("suite", "cases", "peers")
+KEYS = ("suite", "cases", "peers", "records")
 COLUMNS = ("case", "ours", "vs peers", "roofline", "check", "record")
 
 
@@ -255,12 +255,17 @@ class Marker:
     cases: tuple[str, ...] | None
     peers: tuple[str, ...] | None
     line: int  # where the opening marker is (1-based), for messages
+    records: str | None = None  # a records directory relative to the Markdown file (default: the caller's)
 
     def label(self) -> str:
         return f"line {self.line}: results:table suite={','.join(self.suites)}"
 
-    def render(self, load: Loader) -> str:
+    def render(self, load: Loader, load_for: Callable[[str], Loader] | None = None) -> str:
         try:
+            if self.records is not None:
+                if load_for is None:
+                    raise TableError(f"records={self.records} names a directory, but no file to resolve it from")
+                load = load_for(self.records)
             return render_suites(load, self.suites, self.cases, self.peers)
         except TableError as e:
             raise TableError(f"{self.label()}: {e}") from None
@@ -286,7 +291,8 @@ def parse_marker(args: str, line: int) -> Marker:
     suites = split(kv.get("suite"), ",")
     if suites is None:  # absent, empty or only commas ("suite=,")
         raise TableError(f"line {line}: results:table marker: suite=... is required")
-    return Marker(suites, split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line)
+    return Marker(suites, split(kv.get("cases"), ";"), split(kv.get("peers"), ","), line,
+                  kv.get("records") or None)
 
 
 def _blocks(text: str) -> list[tuple[re.Match, Marker]]:
@@ -302,11 +308,13 @@ def _body(table: str) -> str:
     return "\n" + table + "\n"
 
 
-def update_markdown(text: str, load: Loader) -> tuple[str, list[str]]:
-    """``text`` with every marked table regenerated; and the labels of the tables that changed."""
+def update_markdown(text: str, load: Loader, load_for: Callable[[str], Loader] | None = None
+                    ) -> tuple[str, list[str]]:
+    """``text`` with every marked table regenerated; and the labels of the tables that changed. A marker's
+    ``records=DIR`` is read through ``load_for(DIR)``."""
     out, pos, changed = [], 0, []
     for m, mk in _blocks(text):
-        body = _body(mk.render(load))
+        body = _body(mk.render(load, load_for))
         if m.group("body") != body:
             changed.append(mk.label())
         out += [text[pos:m.start("body")], body]
@@ -315,12 +323,12 @@ def update_markdown(text: str, load: Loader) -> tuple[str, list[str]]:
     return "".join(out), changed
 
 
-def check_markdown(text: str, load: Loader) -> list[str]:
+def check_markdown(text: str, load: Loader, load_for: Callable[[str], Loader] | None = None) -> list[str]:
     """One message per marked table that differs from what the records give (empty: all agree)."""
     problems = []
     for m, mk in _blocks(text):
         try:
-            want = _body(mk.render(load))
+            want = _body(mk.render(load, load_for))
         except TableError as e:
             problems.append(str(e))
             continue
