@@ -79,10 +79,31 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-gsplat", action="store_true", help="profile warpforge only (gsplat's first call builds "
                     "its CUDA extension: ~80 s)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="only the host side: N forward calls of warpforge under cProfile, the top functions by own time")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself (no CUDA kernels)")
     a = ap.parse_args()
     w_, h_ = (int(x) for x in a.size.split("x"))
     dev = torch.device(a.device)
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        wl = Workload(n=a.n, width=w_, height=h_)
+        scene, render = make_scene(wl, dev), ours_render(wl)
+        for _ in range(3):
+            _call(render, scene, False)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.cprofile):
+            _call(render, scene, False)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        prof.disable()
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(30)
+        st.sort_stats("cumulative").print_stats(40)
+        return
     report: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "n": a.n,
                     "size": a.size, "rows": {}}
     for backward in (False, True):
