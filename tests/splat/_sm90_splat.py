@@ -16,7 +16,7 @@ def main() -> None:
                                  "alpha_ptr", "T_ptr", "v_out_ptr", "v_alpha_ptr", "v_means_ptr", "v_conics_ptr",
                                  "v_colors_ptr", "v_opac_ptr", "v_abs_ptr", "depths_ptr")}
     ptrs.update(offsets_ptr="*i32", ids_ptr="*i32", last_ptr="*i32", radii_ptr="*i32", counts_ptr="*i32",
-                cum_ptr="*i64", keys_ptr="*i64", rank_ptr="*i64", tkeys_ptr="*i16")
+                cum_ptr="*i64", keys_ptr="*i64")
 
     def types(fn):
         return {k: v for k, v in ptrs.items() if k in fn.arg_names}

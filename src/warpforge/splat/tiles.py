@@ -7,12 +7,10 @@ closed form (``reference.row_tile_span``), so the test costs O(rows) per Gaussia
 the box's corners, which a tilted or elongated ellipse misses, are never emitted, and every later stage
 (sort, blend, backward) does less work for it.
 
-Triton path: a counting kernel (tiles per Gaussian) -> a stable sort of the Gaussians by depth -> cumsum of
-the counts in that order -> an emit kernel writing each Gaussian's keys and ids at its offset (so pairs come
-out by depth, ties by index) -> one stable ``torch.sort`` of the narrow camera | tile keys, which leaves each
-tile's pairs in depth order -> a binary-search kernel for the tile offsets. The result equals one stable sort
-of the int64 keys camera | tile | depth over Gaussian-major pairs, what the torch path (CPU) does, so both
-return identical arrays.
+Triton path: a counting kernel (tiles per Gaussian) -> cumsum -> an emit kernel writing each Gaussian's
+keys and ids at its offset, Gaussian-major and row-major -> one stable ``torch.sort`` of the int64 keys
+camera | tile | depth -> a binary-search kernel for the tile offsets. The torch path (CPU) emits the same
+pairs in the same order and sorts them the same way, so both return identical arrays.
 """
 
 from __future__ import annotations
@@ -104,23 +102,19 @@ def _isect_count_kernel(means_ptr, radii_ptr, conics_ptr, opac_ptr, counts_ptr, 
 
 
 @triton.jit
-def _isect_emit_kernel(means_ptr, radii_ptr, conics_ptr, opac_ptr, depths_ptr, counts_ptr, cum_ptr, rank_ptr,
-                       keys_ptr, ids_ptr, tkeys_ptr, total, N, TW, TH, TILE_BITS, TKEY_BIAS,
+def _isect_emit_kernel(means_ptr, radii_ptr, conics_ptr, opac_ptr, depths_ptr, counts_ptr, cum_ptr,
+                       keys_ptr, ids_ptr, total, N, TW, TH, TILE_BITS,
                        TILE: tl.constexpr, CUT_REL: tl.constexpr, CUT_ABS: tl.constexpr, MIN_DET: tl.constexpr,
                        BLOCK: tl.constexpr):
-    # writes Gaussian g's keys and ids at [cum[r] - counts[g], cum[r]), r = rank[g] (cum runs over the depth
-    # order), rows top to bottom, tiles left to right; and each pair's camera | tile key, less TKEY_BIAS, in
-    # tkeys' narrow type (the sort's key)
+    # writes Gaussian g's keys and ids at [cum[g] - counts[g], cum[g]), rows top to bottom, tiles left to right
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = g < total
     x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows = _setup(
         means_ptr, radii_ptr, conics_ptr, opac_ptr, g, mask, TILE, TW, TH, CUT_REL, CUT_ABS, MIN_DET)
-    count = tl.load(counts_ptr + g, mask=mask, other=0)
-    slot = tl.load(rank_ptr + g, mask=mask, other=0)
-    cur = tl.load(cum_ptr + slot, mask=mask & (count > 0), other=0) - count.to(tl.int64)
+    cur = tl.load(cum_ptr + g, mask=mask, other=0) - tl.load(counts_ptr + g, mask=mask, other=0).to(tl.int64)
     depth = tl.load(depths_ptr + g, mask=mask, other=0.0)
     depth_bits = depth.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    cam_tile = (g // N).to(tl.int64) << TILE_BITS
+    cam_key = (g // N).to(tl.int64) << (TILE_BITS + 32)
     for r in range(0, tl.max(n_rows, axis=0)):
         row = ty0 + r
         c0, c1 = _row_span(x, y, a, b, c, det, t, row * TILE, TILE, tx0, tx1, exact)
@@ -128,10 +122,9 @@ def _isect_emit_kernel(means_ptr, radii_ptr, conics_ptr, opac_ptr, depths_ptr, c
         first_tile = row.to(tl.int32) * TW + c0
         for j in range(0, tl.max(n_cols, axis=0)):
             ok = j < n_cols
-            tk = cam_tile | (first_tile + j).to(tl.int64)
-            tl.store(keys_ptr + cur + j, (tk << 32) | depth_bits, mask=ok)
+            key = cam_key | ((first_tile + j).to(tl.int64) << 32) | depth_bits
+            tl.store(keys_ptr + cur + j, key, mask=ok)
             tl.store(ids_ptr + cur + j, g, mask=ok)
-            tl.store(tkeys_ptr + cur + j, (tk - TKEY_BIAS).to(tkeys_ptr.dtype.element_ty), mask=ok)
         cur += n_cols
 
 
@@ -189,8 +182,7 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     Returns tiles_per_gauss [C, N] int32, isect_ids [M] int64 (camera << (32 + tile_bits) | tile_id << 32 |
     depth's float32 bits, tile_id = ty * tile_width + tx), flatten_ids [M] int32 (index into the flattened
     [C * N] Gaussians). Pairs of equal key keep the order of their flattened index. ``sort=False`` returns
-    the pairs as emitted (by depth, ties by flattened index; ``sort_intersections`` sorts them), for timing the
-    two apart.
+    the pairs as emitted (Gaussian-major; ``sort_intersections`` sorts them), for timing the two apart.
     ``deferred``: the caller's input checks, read in the same host sync as the intersection count (their
     ValueError is raised before anything is sized from the count).
     """
@@ -226,16 +218,7 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     if total:
         _isect_count_kernel[grid](means2d, radii, conics, opacities, counts, total, tile_width, tile_height,
                                   **consts)
-    # Emitted in depth order (ties by index), each (camera, tile) run is already depth-sorted: the sort then
-    # needs only the camera | tile bits (int16 for up to 16 of them: 2 radix passes, not the 8 of the int64
-    # key) and a stable sort of the Gaussians' depths (4 passes over C * N, not M).
-    tdtype, bias = _tile_key_type(tile_bits + ref.isect_bits(C, tile_width, tile_height)[1])
-    if total:
-        rank = torch.empty(total, dtype=torch.int64, device=dev)
-        by_depth = torch.sort(depths.view(-1).view(torch.int32), stable=True)[1]  # z > 0: float order = int order
-        rank[by_depth] = torch.arange(total, device=dev)
-        cum = torch.cumsum(counts[by_depth], 0, dtype=torch.int64)
-        del by_depth
+    cum = torch.cumsum(counts, 0, dtype=torch.int64)
     if not total:
         M = 0
         if deferred is not None:
@@ -250,21 +233,13 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
                          "(render fewer cameras or Gaussians per call)")
     keys = _alloc(M, torch.int64, dev)
     ids = _alloc(M, torch.int32, dev)
-    tkeys = _alloc(M, tdtype, dev)
     if M:
-        _isect_emit_kernel[grid](means2d, radii, conics, opacities, depths, counts, cum, rank, keys, ids, tkeys,
-                                 total, N, tile_width, tile_height, tile_bits, bias, **consts)
-        del cum, rank
+        _isect_emit_kernel[grid](means2d, radii, conics, opacities, depths, counts, cum, keys, ids, total, N,
+                                 tile_width, tile_height, tile_bits, **consts)
+    del cum
     if not sort:
         return counts.view(C, N), keys, ids
-    order = torch.sort(tkeys, stable=True)[1]
-    return counts.view(C, N), keys[order], ids[order]
-
-
-def _tile_key_type(bits: int) -> tuple[torch.dtype, int]:
-    """The narrowest signed type that holds a camera | tile key of ``bits`` bits, and the bias subtracted to
-    fit it (order-preserving)."""
-    return (torch.int16, 1 << 15) if bits <= 16 else (torch.int32, 0)
+    return (counts.view(C, N), *sort_intersections(keys, ids))
 
 
 def sort_intersections(isect_ids: torch.Tensor,  # [M] int64 keys, camera | tile | depth

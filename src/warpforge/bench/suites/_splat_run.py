@@ -274,11 +274,11 @@ def ours_stages(w: Workload) -> Callable[[dict, _Clock], None]:
         clock.mark("project")
         colors = _sh_colors(spherical_harmonics, w, means, sh, scene["viewmats"])
         clock.mark("sh")
-        args = (p.means2d, p.radii, p.depths, p.conics, p.opacities, 16, tw, th)
-        tiles.intersect_tiles(*args, sort=False)
+        _, keys, ids = tiles.intersect_tiles(p.means2d, p.radii, p.depths, p.conics, p.opacities, 16, tw, th,
+                                             sort=False)
         clock.mark("intersect")
-        _, keys, flatten_ids = tiles.intersect_tiles(*args)  # its sort is two narrow ones, woven in
-        clock.mark("intersect+sort")
+        keys, flatten_ids = tiles.sort_intersections(keys, ids)
+        clock.mark("sort")
         offsets = tiles.tile_offsets(keys, w.cameras, tw, th)
         clock.mark("offsets")
         img, _ = blend.rasterize_to_pixels(p.means2d, p.conics, colors, p.opacities, w.width, w.height, 16,
