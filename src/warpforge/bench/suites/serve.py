@@ -179,17 +179,16 @@ def _checkpoint(preset: str, dtype: torch.dtype) -> Path:
 
 def gguf_tokenizer(spec: str) -> Any:
     """The `tokenizers` backend of a GGUF file or ``gemma3-270m`` (for ``bench serve --tokenizer``)."""
-    from warpforge.llm.cli import resolve_model
-    from warpforge.llm.loader import GGUFFile
+    from warpforge.llm.loader import GGUFFile, resolve_model
     from warpforge.llm.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(GGUFFile(resolve_model(spec)).meta).backend
 
 
 def _tokenizer(checkpoint: Path) -> Any:
-    from warpforge.bench.serve_cli import resolve_tokenizer
+    from warpforge.bench.loadgen import read_tokenizer
 
-    return resolve_tokenizer(str(checkpoint))
+    return read_tokenizer(checkpoint)
 
 
 # ---- runs -----------------------------------------------------------------------------------------
@@ -376,7 +375,7 @@ NO_PEER = "no peer runs this schedule in this run (ratio empty): the figures are
 
 
 def _cases(quick: bool) -> list[EndToEndCase]:
-    from warpforge.bench.serve_cli import case_name
+    from warpforge.bench.loadgen import case_name
 
     sz = QUICK if quick else FULL
     bf16 = torch.bfloat16
