@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from warpforge.bench.compare import _short, case_seed
+from warpforge.bench.compare import error_line, case_seed
 from warpforge.bench.ratio import Side, check_note, put_ratio, same_work_ratio
 from warpforge.bench.record import _correct, _finite, finish_record, now_iso
 from warpforge.bench.suite import EndToEndCase, Run
@@ -151,7 +151,7 @@ def _check(case: EndToEndCase, ours: Any, peer: Any, against: str) -> dict[str, 
     try:
         c = dict(case.check(ours, peer))
     except Exception as e:  # noqa: BLE001 - a failing check is a failed check, not a crashed run
-        return {"rel_err": None, "ok": False, "note": f"check failed: {_short(e)}"}
+        return {"rel_err": None, "ok": False, "note": f"check failed: {error_line(e)}"}
     extra = {k: v for k, v in c.items() if k not in ("rel_err", "tol", "ok", "against")}
     # A case checked without a peer names what its check compared with ("completion", a peer run inside the
     # session); "self" is never a verdict's reference.
@@ -210,14 +210,14 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
             results[name] = list(fn(device, case.rep))
             _timed(case, results[name], None)  # shape check before anything is recorded
         except Exception as e:  # noqa: BLE001 - a failure of a callable is data for the record
-            results[name] = _short(e)
+            results[name] = error_line(e)
             # where it failed goes to stderr (the record keeps the message): a kernel fault needs the frames
             print(f"{case.name}: {name} failed:\n{traceback.format_exc(limit=-12)}", file=sys.stderr)
         if device.type == "cuda":
             try:
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - a kernel faulted: record what ran, skip what cannot
-                broken = f"the CUDA context failed after {name!r} ran ({_short(e)})"
+                broken = f"the CUDA context failed after {name!r} ran ({error_line(e)})"
                 if not isinstance(results[name], str):
                     results[name] = broken
     ours_runs = results["ours"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from warpforge.kernels._dispatch import force_triton
+from warpforge.kernels import force_triton
 
 # Torch ops that launch no kernel: allocations without a fill, and metadata-only ops.
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
