@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from warpforge.bench.compare import error_line
+from warpforge.bench.e2e import release_memory, sync
 from warpforge.bench.suite import Run
 from warpforge.bench.suites import _session
 from warpforge.timing import time_interleaved
@@ -383,7 +384,7 @@ class Session(_session.CaseSession):
                 t0 = time.perf_counter()
                 call = make_call(BUILDERS[name](w), scene, w.backward)
                 outs[name] = call()  # gsplat's first call builds its CUDA extension
-                _sync(device)
+                sync(device)
                 info[name] = {"first_call_s": time.perf_counter() - t0, "n_isects": outs[name]["n_isects"]}
                 calls[name] = call
             except Exception as e:  # noqa: BLE001 - a candidate's failure (or absence) is data for the record
@@ -421,9 +422,7 @@ class Session(_session.CaseSession):
             results[name] = [Run(ms=m, tokens=0, extra=extra, output={"correct": correct} if name == OURS else None)
                              for m in ms]
         del calls, scene
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)
         return results
 
     def _check(self, outs: dict[str, dict[str, Any]], scene: dict, device: torch.device,
@@ -442,8 +441,3 @@ class Session(_session.CaseSession):
             except Exception as e:  # noqa: BLE001
                 why = f"{why}; the dense reference failed too ({error_line(e)})"
         return {"rel_err": None, "ok": False, "note": f"not checked: {why}"}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
