@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_spec
 from warpforge.models.registry import ModelSpec
 
 # (name, yaw in degrees, x, y, z of the camera in the ego frame: x forward, y left, z up; metres)
@@ -205,10 +205,7 @@ def _example(batch: int, c: LSSConfig):
 
 def build(config: LSSConfig = LSSConfig(), seed: int = 0) -> BevLSS:
     """A seeded random BevLSS with BatchNorm statistics calibrated on one random sample, in eval mode."""
-    with seeded(seed):
-        model = BevLSS(config)
-        calibrate_batchnorm(model, _example(1, config)(generator(seed)))
-    return model
+    return build_calibrated(lambda: BevLSS(config), _example(1, config), seed)
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:

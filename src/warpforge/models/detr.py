@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_spec
 from warpforge.models.layers import Attention, Mlp, init_transformer
 from warpforge.models.registry import ModelSpec
 
@@ -163,10 +163,7 @@ def _example(batch: int, c: DetrConfig):
 
 def build(config: DetrConfig = DetrConfig(), seed: int = 0) -> Detr:
     """A seeded random DETR with BatchNorm statistics calibrated on one random image, in eval mode."""
-    with seeded(seed):
-        model = Detr(config)
-        calibrate_batchnorm(model, _example(1, config)(generator(seed)))
-    return model
+    return build_calibrated(lambda: Detr(config), _example(1, config), seed)
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:

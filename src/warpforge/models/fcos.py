@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_spec
 from warpforge.models.registry import ModelSpec
 
 STRIDES = (8, 16, 32)
@@ -213,10 +213,7 @@ def _example(batch: int, c: FcosConfig):
 
 def build(config: FcosConfig = FcosConfig(), seed: int = 0) -> Fcos:
     """A seeded random FCOS with BatchNorm statistics calibrated on one random image, in eval mode."""
-    with seeded(seed):
-        model = Fcos(config)
-        calibrate_batchnorm(model, _example(1, config)(generator(seed)))
-    return model
+    return build_calibrated(lambda: Fcos(config), _example(1, config), seed)
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
