@@ -67,6 +67,12 @@ def calibrate_batchnorm(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> N
         bn.eval()
 
 
+def random_images(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, ...]]:
+    """A vision model's input maker: one standard-normal batch of ``shape`` ([B, 3, H, W]; a multi-camera model
+    [B, cams, 3, H, W]) from the generator it is given."""
+    return lambda g: (torch.randn(*shape, generator=g),)
+
+
 def build_calibrated(make: Callable[[], M], example: Callable[[torch.Generator], tuple[torch.Tensor, ...]],
                      seed: int = 0) -> M:
     """``make()`` under ``seed`` (:func:`seeded`), its BatchNorm statistics set from one input drawn by ``example``
