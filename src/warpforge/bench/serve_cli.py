@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from warpforge._cli_support import record_options
+
 NO_PEER = ("no peer in this run: a load-generator run measures one server at each rate (compare runs with "
            "`warpforge results compare`)")
 # Options that only the load generator takes (the suite fixes its own workload).
@@ -381,13 +383,7 @@ class _Rates(click.ParamType):
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds a request may take.")
 @click.option("--quick", is_flag=True, help="Without --url: the suite at toy sizes on the CPU.")
 @click.option("-k", "case_filter", default=None, help="Without --url: only suite cases whose name contains this.")
-@click.option("--store", "store_url", default=None,
-              help="Results store: an SQLAlchemy URL or an SQLite path (default: $WARPFORGE_STORE or "
-                   "~/.local/share/warpforge/results.sqlite).")
-@click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
-@click.option("--out", "out", type=click.Path(),
-              help="Also write the records as JSON lines: a directory gets serve.jsonl; a path ending in .jsonl "
-                   "is that file.")
+@record_options("serve.jsonl")
 @click.pass_context
 def bench_serve(ctx: click.Context, url: str | None, quick: bool, case_filter: str | None, store_url: str | None,
                 no_store: bool, out: str | None, **load: Any) -> None:
