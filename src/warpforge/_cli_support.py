@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -278,5 +278,19 @@ class WarpforgeGroup(click.Group):
                 sys.exit(report_failure(ctx.meta.get("warpforge.command", "?"), e))
 
 
+def record_options(out_name: str) -> Callable[[Callable], Callable]:
+    """``--store``, ``--no-store`` and ``--out``: where a benchmark command's records go (the results store, and
+    JSON lines in ``out_name`` under a directory given to --out), the same for every command that measures."""
+    def apply(f: Callable) -> Callable:
+        f = click.option("--out", "out", type=click.Path(), default=None,
+                         help=f"Also write the records as JSON lines: a directory gets {out_name}; a path ending in "
+                              ".jsonl is that file.")(f)
+        f = click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")(f)
+        return click.option("--store", "store_url", default=None,
+                            help="Results store: an SQLAlchemy URL or a path to an SQLite file (default: "
+                                 "$WARPFORGE_STORE or ~/.local/share/warpforge/results.sqlite).")(f)
+    return apply
+
+
 __all__ = ["AliasChoice", "WarpforgeGroup", "log_path", "logs_dir", "make_console", "native_output_to_log",
-           "note_in_log", "report_failure", "routed_output", "verbose"]
+           "note_in_log", "record_options", "report_failure", "routed_output", "verbose"]

@@ -3,6 +3,11 @@ configs such as serve.config use them): one line naming the argument, what it ta
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 def check_int(name: str, value, lo: int, hi: int | None = None) -> None:
     """ValueError unless ``value`` is an int (not a bool) in [lo, hi] (hi None: no upper bound)."""
@@ -11,4 +16,14 @@ def check_int(name: str, value, lo: int, hi: int | None = None) -> None:
         raise ValueError(f"{name}: expected an integer {rng}, got {value!r}")
 
 
-__all__ = ["check_int"]
+def from_dict(name: str, cls: type[T], value: dict[str, Any]) -> T:
+    """The dataclass ``cls`` from a dict of its fields; a key that is not one is refused in one line naming the
+    unknown keys and the fields it takes (the constructor's TypeError would name only the first)."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{name}: unknown settings {unknown}; expected some of {sorted(known)}")
+    return cls(**value)
+
+
+__all__ = ["check_int", "from_dict"]

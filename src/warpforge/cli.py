@@ -10,7 +10,7 @@ import sys
 import click
 
 from warpforge import dtypes
-from warpforge._cli_support import AliasChoice, WarpforgeGroup, make_console
+from warpforge._cli_support import AliasChoice, WarpforgeGroup, make_console, record_options
 
 # optimize.gate.PRECISIONS, spelled out so `--help` does not import torch (a test keeps them equal)
 OPTIMIZE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "w8", "w4")
@@ -92,13 +92,7 @@ class _BenchCommand(click.Command):
 @click.option("--list", "list_suites", is_flag=True, help="List the suites and their cases, then exit.")
 @click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats.")
 @click.option("-k", "case_filter", default=None, help="Run only cases whose name contains this text.")
-@click.option("--store", "store_url", default=None,
-              help="Results store: an SQLAlchemy URL or a path to an SQLite file (default: $WARPFORGE_STORE "
-                   "or ~/.local/share/warpforge/results.sqlite).")
-@click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
-@click.option("--out", "out", type=click.Path(), default=None,
-              help="Also write the records as JSON lines: a directory gets SUITE.jsonl; a path ending in .jsonl "
-                   "is that file.")
+@record_options("SUITE.jsonl")
 @click.option("--json", "json_out", is_flag=True,
               help="Print the records as JSON on stdout (the table goes to stderr).")
 def bench(suite: str | None, list_suites: bool, quick: bool, case_filter: str | None, store_url: str | None,

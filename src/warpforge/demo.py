@@ -22,7 +22,7 @@ def _headline(console: Console, store_url: str | None, run_id: int | None) -> No
     by the id it was stored under ("latest" could be another process's run by now)."""
     from warpforge.settings import default_store_url
     from warpforge.bench.store import Store, StoreError
-    from warpforge.hw.probe import _fmt, figures, load_cached
+    from warpforge.hw.probe import figures, format_value, load_cached
 
     probe = load_cached()
     if probe:
@@ -30,7 +30,7 @@ def _headline(console: Console, store_url: str | None, run_id: int | None) -> No
             if row.get("error"):
                 continue
             frac = f" ({row['fraction']:.0%} of datasheet)" if row.get("fraction") else ""
-            text = row["text"] or _fmt(row["measured"], row["unit"])
+            text = row["text"] or format_value(row["measured"], row["unit"])
             console.print(f"  probe  {row['figure']}: [bold]{text}[/]{frac}")
     if run_id is None:
         console.print("  [yellow]bench  the memory run was not stored: nothing to summarize[/]")

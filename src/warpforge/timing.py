@@ -397,14 +397,14 @@ def _host_pad_cycles(calls: dict[str, Callable[[], Any]], names: list[str], dev:
         torch.cuda.synchronize(dev)
         host_us = max(host_us, sorted(ts)[1])
     pad_us = min(2 * host_us + 30.0, 20_000.0)
-    ghz = _clock_ghz(dev)
+    ghz = clock_ghz(dev)
     return int(pad_us * 1e3 * ghz)
 
 
 _clock_cache: dict[int, float] = {}
 
 
-def _clock_ghz(dev: torch.device) -> float:
+def clock_ghz(dev: torch.device) -> float:
     """The SM clock (GHz) the sleep's cycle count is converted with; the max clock if unknown
     (sleeping longer than needed only costs idle time between repeats)."""
     idx = dev.index if dev.index is not None else torch.cuda.current_device()

@@ -52,11 +52,11 @@ def test_device_that_this_machine_lacks():
 def test_the_cli_model_name_works_in_the_python_api(monkeypatch, tmp_path):
     """LLM("gemma3-270m") takes the name `warpforge generate` takes (here resolved to a tiny GGUF)."""
     pytest.importorskip("gguf")
-    import warpforge.llm.cli as llm_cli
+    import warpforge.llm.loader as loader
     from warpforge.llm.testing import write_gguf
 
     gguf_path = write_gguf(checkpoint("qwen3"), tmp_path / "tiny.gguf")
-    monkeypatch.setattr(llm_cli, "bundled_gemma3_270m", lambda: gguf_path)
+    monkeypatch.setattr(loader, "bundled_gemma3_270m", lambda: gguf_path)
     llm = LLM("gemma3-270m", max_model_len=64, page_size=4, num_pages=32)
     assert llm.engine.model_config.architecture == "Qwen3ForCausalLM"
     assert len(llm.generate([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids) == 3

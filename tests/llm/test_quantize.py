@@ -21,7 +21,7 @@ from warpforge.llm.layers import Linear, NormedInput, RMSNorm  # noqa: E402
 from warpforge.llm.loader import load  # noqa: E402
 from warpforge.llm.sampling import SamplingParams  # noqa: E402
 from warpforge.llm.testing import PagedDriver, tiny_checkpoint  # noqa: E402
-from warpforge.optimize.fp8 import to_e4m3  # noqa: E402
+from warpforge.kernels.matmul_fp8 import to_e4m3  # noqa: E402
 
 from .engine_helpers import _ROOT, one_thread, prompts  # noqa: E402,F401
 

@@ -168,7 +168,7 @@ def test_ignore_eos_still_ends_a_finished_grammar():
     ({"grammar": "root ::= "}, "structured_outputs.grammar: not a usable EBNF grammar"),
     ({"choice": []}, "structured_outputs.choice: expected a non-empty list"),
     ({"regex": "a", "choice": ["a"]}, "structured_outputs: expected exactly one of"),
-    ({"jsn": {}}, "structured_outputs: unknown keys ['jsn']"),
+    ({"jsn": {}}, "structured_outputs: unknown settings ['jsn']"),
 ])
 def test_bad_constraints_are_refused_by_name(so, message):
     engine = llm()

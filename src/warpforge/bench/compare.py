@@ -100,7 +100,8 @@ def _check(out: Any, ref: list[torch.Tensor], case: Case, against: str, who: str
     return {"rel_err": worst["rel_err"], "tol": tol, "ok": all(c["ok"] for c in checks), "against": against}
 
 
-def _short(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
+    """The exception as one line for a record or a table cell (its type and message, at most 500 characters)."""
     lines = traceback.format_exception_only(type(e), e)
     return lines[-1].strip()[:500]
 
@@ -115,7 +116,7 @@ def _run_checked(fn: Callable[..., Any], case: Case, seed: int, device: torch.de
             torch.cuda.synchronize(device)  # surface asynchronous kernel errors here, not later
         correct = _check(out, ref, case, against, who) if ref is not None else None
     except Exception as e:  # noqa: BLE001 - any failure of a callable is data for the record
-        return Outcome(error=_short(e)), None
+        return Outcome(error=error_line(e)), None
     return Outcome(correct=correct), out
 
 
@@ -162,7 +163,7 @@ def compare_case(case: Case, *, suite: str, device: torch.device, warmup: int, r
                 try:
                     alone[n] = time_stable({n: fn}, **opts)
                 except Exception as e:  # noqa: BLE001
-                    (ours if n == OURS else peers[n]).error = f"timing failed: {_short(e)}"
+                    (ours if n == OURS else peers[n]).error = f"timing failed: {error_line(e)}"
             stable = _merge(alone)
         if stable is not None:
             for n, t in stable.timings.items():

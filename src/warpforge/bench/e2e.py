@@ -22,20 +22,24 @@ case noisy (whole runs are not re-timed here; a callable that re-times itself sa
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
+import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
-from warpforge.bench.compare import _short, case_seed
+from warpforge.bench.compare import case_seed, error_line
 from warpforge.bench.ratio import Side, check_note, put_ratio, same_work_ratio
 from warpforge.bench.record import _correct, _finite, finish_record, now_iso
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.timing import NOISE_BOUND, spread_of, summarize
 
-METHOD = "wall"  # device-synchronized perf_counter around each whole run
+METHOD = "wall"  # device-synchronized perf_counter around each whole run (timed_wall)
+T = TypeVar("T")
 
 
 def mbu(bytes_read: float, ms: float, hbm_GBps: float) -> float:
@@ -54,6 +58,39 @@ def mfu(flops: float, ms: float, tflops: float) -> float:
         raise ValueError(f"mfu needs ms > 0 and tflops > 0, got {ms}, {tflops}")
     return flops / (ms * 1e-3) / (tflops * 1e12)
 
+
+
+# ---- what the callables time a run with -------------------------------------------------------------------
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_wall(device: torch.device, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``fn(*args)`` and its wall time in ms, the device synchronized on both sides so its queued work counts; the
+    device's peak memory counts from the start of the call (:func:`peak_allocated_gb`)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn(*args)
+    sync(device)
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def peak_allocated_gb(device: torch.device) -> float | None:
+    """The most device memory allocated since the last :func:`timed_wall`, in GB; None on the CPU."""
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
+def release_memory(device: torch.device) -> None:
+    """Collect what a finished callable dropped and return its cached blocks, so the next one loads into a clean
+    device (call after the last reference to the model is gone)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 def _dtype_key(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "bf16")
@@ -151,7 +188,7 @@ def _check(case: EndToEndCase, ours: Any, peer: Any, against: str) -> dict[str, 
     try:
         c = dict(case.check(ours, peer))
     except Exception as e:  # noqa: BLE001 - a failing check is a failed check, not a crashed run
-        return {"rel_err": None, "ok": False, "note": f"check failed: {_short(e)}"}
+        return {"rel_err": None, "ok": False, "note": f"check failed: {error_line(e)}"}
     extra = {k: v for k, v in c.items() if k not in ("rel_err", "tol", "ok", "against")}
     # A case checked without a peer names what its check compared with ("completion", a peer run inside the
     # session); "self" is never a verdict's reference.
@@ -210,14 +247,14 @@ def run_end_to_end(case: EndToEndCase, *, suite: str, device: torch.device, env_
             results[name] = list(fn(device, case.rep))
             _timed(case, results[name], None)  # shape check before anything is recorded
         except Exception as e:  # noqa: BLE001 - a failure of a callable is data for the record
-            results[name] = _short(e)
+            results[name] = error_line(e)
             # where it failed goes to stderr (the record keeps the message): a kernel fault needs the frames
             print(f"{case.name}: {name} failed:\n{traceback.format_exc(limit=-12)}", file=sys.stderr)
         if device.type == "cuda":
             try:
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - a kernel faulted: record what ran, skip what cannot
-                broken = f"the CUDA context failed after {name!r} ran ({_short(e)})"
+                broken = f"the CUDA context failed after {name!r} ran ({error_line(e)})"
                 if not isinstance(results[name], str):
                     results[name] = broken
     ours_runs = results["ours"]

@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from warpforge._cli_support import record_options
+
 NO_PEER = ("no peer in this run: a load-generator run measures one server at each rate (compare runs with "
            "`warpforge results compare`)")
 # Options that only the load generator takes (the suite fixes its own workload).
@@ -26,39 +28,21 @@ LOAD_OPTIONS = ("model", "endpoint", "rate", "arrivals", "burstiness", "num_requ
 
 # ---- tokenizers -------------------------------------------------------------------------------------
 
-class _HFTokenizer:
-    """A `tokenizers` tokenizer as the workload needs it (no special tokens added)."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
-    def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=False)
-
-
 def resolve_tokenizer(spec: str | None) -> Any:
-    """None, a tokenizer.json file or a directory holding one (read here with `tokenizers`), or a GGUF
-    file / ``gemma3-270m`` (read through warpforge.llm by the serve suite module)."""
+    """None, a tokenizer.json file or a directory holding one (read with `tokenizers`), or a GGUF file /
+    ``gemma3-270m`` (read through warpforge.llm by the serve suite module)."""
+    from warpforge.bench.loadgen import HFTokenizer, read_tokenizer
+
     if spec is None:
         return None
-    path = Path(spec).expanduser()
-    if spec == "gemma3-270m" or path.suffix == ".gguf":
+    if spec == "gemma3-270m" or Path(spec).expanduser().suffix == ".gguf":
         from warpforge.bench.suites.serve import gguf_tokenizer
 
-        return _HFTokenizer(gguf_tokenizer(spec))
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise ValueError(f"--tokenizer: expected a tokenizer.json, a directory holding one, a .gguf file or "
-                         f"gemma3-270m, got {spec!r}")
-    from tokenizers import Tokenizer
-
+        return HFTokenizer(gguf_tokenizer(spec))
     try:
-        return _HFTokenizer(Tokenizer.from_file(str(file)))
-    except Exception as e:  # noqa: BLE001 - the library's parse errors, as one line
-        raise ValueError(f"--tokenizer: cannot read {file}: {e}") from None
+        return read_tokenizer(spec)
+    except ValueError as e:
+        raise ValueError(f"--tokenizer: {e} (or a .gguf file, or gemma3-270m)") from None
 
 
 # ---- records -------------------------------------------------------------------------------------
@@ -91,13 +75,6 @@ def serve_record(summary: dict[str, Any], *, case: str, params: dict[str, Any], 
                       "interleaved": False}}
     validate_record(rec)
     return rec
-
-
-def case_name(model: str, rate: float, n: int, mix: str, arrivals: str = "poisson") -> str:
-    from warpforge.bench.loadgen import rate_label
-
-    how = "" if math.isinf(rate) or arrivals == "poisson" else f" {arrivals}"
-    return f"{model} @ {rate_label(rate)} req/s{how}, {n} requests {mix}"
 
 
 # ---- the table -----------------------------------------------------------------------------------
@@ -181,8 +158,8 @@ def run_sweep(*, url: str, model: str | None, endpoint: str, rates: list[float],
     ValueError / ServerError for bad input or an unusable server, before any timed run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from warpforge.bench.loadgen import (Target, arrival_times, make_requests, parse_mix, rate_label, run_load,
-                                         summarize)
+    from warpforge.bench.loadgen import (Target, arrival_times, case_name, make_requests, parse_mix, rate_label,
+                                         run_load, summarize)
     from warpforge.bench.loadgen.client import ServerError, check_request, served_models
     from warpforge.bench.record import git_version
 
@@ -406,13 +383,7 @@ class _Rates(click.ParamType):
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds a request may take.")
 @click.option("--quick", is_flag=True, help="Without --url: the suite at toy sizes on the CPU.")
 @click.option("-k", "case_filter", default=None, help="Without --url: only suite cases whose name contains this.")
-@click.option("--store", "store_url", default=None,
-              help="Results store: an SQLAlchemy URL or an SQLite path (default: $WARPFORGE_STORE or "
-                   "~/.local/share/warpforge/results.sqlite).")
-@click.option("--no-store", is_flag=True, help="Do not append this run to the results store.")
-@click.option("--out", "out", type=click.Path(),
-              help="Also write the records as JSON lines: a directory gets serve.jsonl; a path ending in .jsonl "
-                   "is that file.")
+@record_options("serve.jsonl")
 @click.pass_context
 def bench_serve(ctx: click.Context, url: str | None, quick: bool, case_filter: str | None, store_url: str | None,
                 no_store: bool, out: str | None, **load: Any) -> None:

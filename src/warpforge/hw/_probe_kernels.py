@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+import warpforge.kernels  # noqa: F401  (the package chooses the interpreter before any @jit)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -263,7 +263,8 @@ def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---- the command ------------------------------------------------------------------------------------
 
-def _fmt(v: float | None, unit: str) -> str:
+def format_value(v: float | None, unit: str) -> str:
+    """A probe figure with its unit as the table prints it (the demo's headline too); "-" for none."""
     if v is None:
         return "-"
     if unit in ("GB/s", "MHz", "cycles", "GFLOP/s"):
@@ -290,9 +291,9 @@ def render(result: dict[str, Any], console) -> None:
         if r["error"]:
             measured = f"[red]error: {r['error'][:60]}[/red]"
         else:
-            measured = r["text"] or _fmt(r["measured"], r["unit"])
+            measured = r["text"] or format_value(r["measured"], r["unit"])
         frac = f"{100 * r['fraction']:.0f}%" if r["fraction"] is not None else "-"
-        table.add_row(r["figure"], measured, _fmt(r["datasheet"], r["unit"]), frac)
+        table.add_row(r["figure"], measured, format_value(r["datasheet"], r["unit"]), frac)
     console.print(table)
     points = _get(result, "sweep", "points")
     if points:

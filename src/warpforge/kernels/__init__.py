@@ -5,9 +5,11 @@ and a torch reference in :mod:`warpforge.kernels.reference`. Imports torch and t
 """
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
-from warpforge.kernels._dispatch import force_triton, programmatic_launch, use_triton
+from warpforge.kernels._dispatch import INTERPRET, force_triton, programmatic_launch, use_triton
 
-__all__ = ["force_triton", "programmatic_launch", "use_triton"]
+# INTERPRET: whether Triton kernels run in its interpreter (no GPU), for kernels outside this package that
+# take another code path there.
+__all__ = ["INTERPRET", "force_triton", "programmatic_launch", "use_triton"]
 
 # Kernels are imported from their modules (``from warpforge.kernels.matmul import matmul``): several
 # functions share their module's name (matmul, gemv, rope), so re-exporting them here would make

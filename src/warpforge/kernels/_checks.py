@@ -1,5 +1,5 @@
-"""Launcher checks shared by kernel families: index values a kernel would read memory with, and the
-dtypes the Triton interpreter cannot compute.
+"""Checks shared by kernel families: the tiling configs' fields, index values a kernel would read memory with,
+and the dtypes the Triton interpreter cannot compute.
 
 Index values (positions, page ids, sequence lengths) live in tensors; on the GPU reading them costs
 a host sync, which CUDA-graph capture forbids. The public launchers therefore check them by default
@@ -9,9 +9,37 @@ themselves and have tested that (the LLM engine on the GPU) pass ``check_values=
 
 from __future__ import annotations
 
+import numbers
+from typing import Any
+
 import torch
 
 from warpforge.kernels._dispatch import INTERPRET
+
+
+NUM_WARPS = (1, 2, 4, 8, 16)
+
+
+def check_pow2(config: Any, *names: str, lo: int = 1, hi: int | None = None) -> None:
+    """Fields ``names`` of a tiling config: each a power of two in [lo, hi] (Triton's block shapes must be), else a
+    ValueError naming the config class, the field and the value."""
+    for name in names:
+        v = getattr(config, name)
+        if not (isinstance(v, numbers.Integral) and v >= max(lo, 1) and v & (v - 1) == 0 and (hi is None or v <= hi)):
+            bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise ValueError(f"{type(config).__name__}.{name} must be a power of two {bounds}, got {v!r}")
+
+
+def check_range(config: Any, name: str, lo: int, hi: int) -> None:
+    """Field ``name`` of a tiling config in [lo, hi], else a ValueError naming it."""
+    v = getattr(config, name)
+    if not lo <= v <= hi:
+        raise ValueError(f"{type(config).__name__}.{name} must be in [{lo}, {hi}], got {v}")
+
+
+def check_num_warps(config: Any, allowed: tuple[int, ...] = NUM_WARPS) -> None:
+    if config.num_warps not in allowed:
+        raise ValueError(f"{type(config).__name__}.num_warps must be one of {allowed}, got {config.num_warps}")
 
 
 def resolve_check_values(check_values: bool | None, device: torch.device) -> bool:
@@ -31,4 +59,5 @@ def refuse_interpreted_bf16(name: str, *tensors: torch.Tensor | None) -> None:
                          f"dot products are wrong); use float16 or float32 here, or run on a CUDA GPU")
 
 
-__all__ = ["refuse_interpreted_bf16", "resolve_check_values"]
+__all__ = ["NUM_WARPS", "check_num_warps", "check_pow2", "check_range", "refuse_interpreted_bf16",
+           "resolve_check_values"]

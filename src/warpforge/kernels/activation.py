@@ -25,6 +25,7 @@ import triton.language as tl
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
+from warpforge.kernels._checks import check_num_warps, check_pow2
 from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -130,12 +131,8 @@ class RowConfig:
     l2_hints: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("block_m", "block_n"):
-            v = getattr(self, f)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"RowConfig.{f} must be a power of two >= 1, got {v}")
-        if self.num_warps not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"RowConfig.num_warps must be a power of two in [1, 32], got {self.num_warps}")
+        check_pow2(self, "block_m", "block_n")
+        check_num_warps(self, (1, 2, 4, 8, 16, 32))
         if not 0 <= self.programs_per_sm <= 32:
             raise ValueError(f"RowConfig.programs_per_sm must be in [0, 32] (0: not persistent), "
                              f"got {self.programs_per_sm}")

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels._checks import check_num_warps, check_pow2
 from warpforge.kernels.conv_common import _cached_per_weight, _Geometry, _prepared, prepare_conv_weight
 from warpforge.kernels.conv_epilogue import _epilogue_store
 
@@ -62,12 +63,8 @@ class DepthwiseConfig:
     num_warps: int = 4
 
     def __post_init__(self) -> None:
-        for f in ("block_p", "block_c"):
-            v = getattr(self, f)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"DepthwiseConfig.{f} must be a power of two >= 1, got {v}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"DepthwiseConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
+        check_pow2(self, "block_p", "block_c")
+        check_num_warps(self)
 
 
 def depthwise_config(cout: int) -> DepthwiseConfig:

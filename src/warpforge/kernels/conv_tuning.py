@@ -11,6 +11,7 @@ import torch
 import triton
 
 from warpforge.kernels._autotune import Tuner, pow2_bucket
+from warpforge.kernels._checks import check_num_warps, check_pow2, check_range
 from warpforge.kernels._dispatch import INTERPRET
 from warpforge.kernels.conv_common import MODE_TAPS, _Geometry, _shares_storage, pointwise_ok
 
@@ -47,16 +48,11 @@ class ConvConfig:
         return f"ConvConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
     def __post_init__(self) -> None:
-        for f, lo in (("block_m", 16), ("block_n", 16), ("block_k", 16), ("group_m", 1)):
-            v = getattr(self, f)
-            if v < lo or v & (v - 1):
-                raise ValueError(f"ConvConfig.{f} must be a power of two >= {lo}, got {v}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"ConvConfig.num_warps must be in (1, 2, 4, 8, 16), got {self.num_warps}")
-        if not 1 <= self.num_stages <= 8:
-            raise ValueError(f"ConvConfig.num_stages must be in [1, 8], got {self.num_stages}")
-        if not 1 <= self.split_k <= 32:
-            raise ValueError(f"ConvConfig.split_k must be in [1, 32], got {self.split_k}")
+        check_pow2(self, "block_m", "block_n", "block_k", lo=16)
+        check_pow2(self, "group_m")
+        check_num_warps(self)
+        check_range(self, "num_stages", 1, 8)
+        check_range(self, "split_k", 1, 32)
         if self.f16_mma and self.split_k != 1:
             raise ValueError("ConvConfig.f16_mma takes split_k=1 (its partial sums would be fp32, the int8 split-K "
                              f"workspace is int32), got split_k={self.split_k}")

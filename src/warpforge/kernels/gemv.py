@@ -28,10 +28,10 @@ from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter 
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
 from warpforge.kernels.activation import ACTIVATIONS, apply_activation
-from warpforge.kernels._checks import refuse_interpreted_bf16
+from warpforge.kernels._checks import check_num_warps, check_pow2, check_range, refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.matmul import (
-    FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _pow2, _shares_storage, _store, activation_code,
+    FLOAT_DTYPES, SCALE_NONE, SCALE_VECTOR, _epilogue, _shares_storage, _store, activation_code,
     check_epilogue_operands, check_tensor, matmul,
 )
 from warpforge.kernels.norm import rms_norm
@@ -98,20 +98,14 @@ class LinearConfig:
     def __post_init__(self) -> None:
         if self.words and self.block_m != 1:
             raise ValueError(f"LinearConfig.words needs block_m == 1, got {self.block_m}")
-        if not (_pow2(self.block_m) and self.block_m <= 128):
-            raise ValueError(f"LinearConfig.block_m must be a power of two <= 128, got {self.block_m}")
-        if not (_pow2(self.block_n) and 8 <= self.block_n <= 256):
-            raise ValueError(f"LinearConfig.block_n must be a power of two in [8, 256], got {self.block_n}")
-        if not (_pow2(self.block_k) and 16 <= self.block_k <= 1024):
-            raise ValueError(f"LinearConfig.block_k must be a power of two in [16, 1024], got {self.block_k}")
+        check_pow2(self, "block_m", hi=128)
+        check_pow2(self, "block_n", lo=8, hi=256)
+        check_pow2(self, "block_k", lo=16, hi=1024)
         if self.use_dot and self.block_n < 16:
             raise ValueError("LinearConfig.block_n must be >= 16 on the tensor-core path (block_m >= 16)")
-        if not 1 <= self.split_k <= 32:
-            raise ValueError(f"LinearConfig.split_k must be in [1, 32], got {self.split_k}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"LinearConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if not 1 <= self.num_stages <= 8:
-            raise ValueError(f"LinearConfig.num_stages must be in [1, 8], got {self.num_stages}")
+        check_range(self, "split_k", 1, 32)
+        check_num_warps(self)
+        check_range(self, "num_stages", 1, 8)
 
     @property
     def use_dot(self) -> bool:

@@ -27,7 +27,7 @@ import torch
 from warpforge.kernels import _dispatch  # noqa: F401  (selects the interpreter before any @jit)
 from warpforge.kernels import reference
 from warpforge.kernels._autotune import Tuner, pow2_bucket
-from warpforge.kernels._checks import refuse_interpreted_bf16
+from warpforge.kernels._checks import check_num_warps, check_pow2, check_range, refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 
 import triton  # noqa: E402  (after _dispatch)
@@ -40,10 +40,6 @@ SCALE_NONE, SCALE_TENSOR, SCALE_VECTOR = 0, 1, 2  # epilogue scale modes (fp8 an
 
 
 # ---- config -----------------------------------------------------------------------------------
-def _pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
-
-
 @dataclass(frozen=True)
 class MatmulConfig:
     """One launch configuration of the matmul kernels (a point of the autotuning sweep)."""
@@ -60,16 +56,10 @@ class MatmulConfig:
     epilogue_subtile: bool = False  # TMA kernel only: store C in two halves (less shared memory)
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            v = getattr(self, name)
-            if not (_pow2(v) and 16 <= v <= 256):
-                raise ValueError(f"MatmulConfig.{name} must be a power of two in [16, 256], got {v}")
-        if not (_pow2(self.group_m) and self.group_m <= 64):
-            raise ValueError(f"MatmulConfig.group_m must be a power of two <= 64, got {self.group_m}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"MatmulConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if not 1 <= self.num_stages <= 8:
-            raise ValueError(f"MatmulConfig.num_stages must be in [1, 8], got {self.num_stages}")
+        check_pow2(self, "block_m", "block_n", "block_k", lo=16, hi=256)
+        check_pow2(self, "group_m", hi=64)
+        check_num_warps(self)
+        check_range(self, "num_stages", 1, 8)
         if not self.tma and (self.warp_specialize or self.flatten or self.epilogue_subtile):
             raise ValueError("MatmulConfig: warp_specialize/flatten/epilogue_subtile need tma=True")
         if self.warp_specialize:

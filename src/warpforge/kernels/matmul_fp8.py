@@ -22,6 +22,7 @@ from warpforge.kernels.matmul import (
     SCALE_TENSOR, SCALE_VECTOR, MatmulConfig, _ptr_configs, _tma_configs, activation_code,
     check_epilogue_operands, check_out_dtype, check_tensor, launch_gemm,
 )
+from warpforge.kernels.reference import FP8_E4M3_MAX, FP8_MIN_AMAX
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -29,6 +30,27 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_CONFIGS = _tma_configs(128) + _ptr_configs(128)
 FP8_TUNER = Tuner("matmul_fp8", FP8_CONFIGS, MatmulConfig)
 FP8_INTERPRET_CONFIG = MatmulConfig(32, 32, 32, 2, 4, 1)
+
+
+# Multiples that keep every row 16-byte aligned for TMA descriptors: K e4m3 bytes (both operands are K-major),
+# N 16-bit output values.
+K_ALIGN, N_ALIGN = 16, 8
+
+
+def to_e4m3(x: torch.Tensor,  # [M, K] float
+            scale: torch.Tensor | None,  # fp32 [1] (static), or None: one scale per row (dynamic)
+            ) -> tuple[torch.Tensor, torch.Tensor]:  # e4m3 [M, K], fp32 scale [1] or [M, 1]
+    """``x ~= q.float() * scale`` with q in e4m3, values beyond +-448 * scale clamped (saturated, not inf).
+
+    Dynamic: scale = max(absmax(row), 1e-12) / 448, the convention of the norm kernels' fp8 output
+    (kernels/norm.py), so a fused norm can hand a layer its operand directly. No host sync: the
+    quantized model captures in a CUDA graph.
+    """
+    xf = x.float()
+    if scale is None:
+        scale = xf.abs().amax(-1, keepdim=True).clamp_min(FP8_MIN_AMAX) / FP8_E4M3_MAX  # [M, 1]
+    q = (xf / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)
+    return q, scale
 
 
 def _scale_mode(name: str, scale, length: int, vector_shapes: tuple, device) -> int:

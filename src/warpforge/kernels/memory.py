@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels._checks import check_pow2
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.reference import copy_ref, fill_ref, sum_ref
 
@@ -38,10 +39,7 @@ class MemoryConfig:
     programs_per_sm: int  # sum's persistent grid: resident programs per SM
 
     def __post_init__(self) -> None:
-        for attr in ("block_bytes", "num_warps", "programs_per_sm"):
-            v = getattr(self, attr)
-            if not (isinstance(v, int) and v > 0 and v & (v - 1) == 0):
-                raise ValueError(f"MemoryConfig.{attr} must be a power of two > 0, got {v!r}")
+        check_pow2(self, "block_bytes", "num_warps", "programs_per_sm")
         if self.block_bytes < 16 * 32 * self.num_warps and self.num_warps > 1:
             raise ValueError(f"block_bytes={self.block_bytes} leaves threads of {self.num_warps} warps "
                              "without a 16-byte vector each")

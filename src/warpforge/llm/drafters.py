@@ -289,7 +289,7 @@ def build_drafter(config: SpeculativeConfig, engine, draft):
 
 def load_draft_model(spec, engine, resolve):
     """``SpeculativeConfig.draft_model`` loaded like the target (its dtype, its device); ``resolve``
-    turns a checkpoint name into a path (``warpforge.llm.cli.resolve_model``: "gemma3-270m")."""
+    turns a checkpoint name into a path (``warpforge.llm.loader.resolve_model``: "gemma3-270m")."""
     if isinstance(spec, tuple):
         if len(spec) != 3:
             raise ValueError("speculative.draft_model: expected (model, tokenizer, config), "

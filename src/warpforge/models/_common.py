@@ -6,11 +6,14 @@ import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 VISION_EXTRA = "pip install 'warpforge[vision]'"
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def require(module: str, pip_name: str, what: str, install: str = VISION_EXTRA) -> ModuleType:
@@ -62,6 +65,22 @@ def calibrate_batchnorm(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> N
     for bn in norms:
         bn.momentum = 0.1
         bn.eval()
+
+
+def random_images(*shape: int) -> Callable[[torch.Generator], tuple[torch.Tensor, ...]]:
+    """A vision model's input maker: one standard-normal batch of ``shape`` ([B, 3, H, W]; a multi-camera model
+    [B, cams, 3, H, W]) from the generator it is given."""
+    return lambda g: (torch.randn(*shape, generator=g),)
+
+
+def build_calibrated(make: Callable[[], M], example: Callable[[torch.Generator], tuple[torch.Tensor, ...]],
+                     seed: int = 0) -> M:
+    """``make()`` under ``seed`` (:func:`seeded`), its BatchNorm statistics set from one input drawn by ``example``
+    at that seed (:func:`calibrate_batchnorm`), in eval mode: a random-weight zoo model, the same on every call."""
+    with seeded(seed):
+        model = make()
+        calibrate_batchnorm(model, example(generator(seed)))
+    return model
 
 
 def random_inputs(make: Callable[[torch.Generator], tuple[torch.Tensor, ...]], seeds: range,

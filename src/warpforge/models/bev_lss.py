@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_images, random_spec
 from warpforge.models.registry import ModelSpec
 
 # (name, yaw in degrees, x, y, z of the camera in the ego frame: x forward, y left, z up; metres)
@@ -199,19 +199,14 @@ class BevLSS(nn.Module):
         return self.bev(self.splat(self.lift(images)))
 
 
-def _example(batch: int, c: LSSConfig):
-    return lambda g: (torch.randn(batch, c.cameras, 3, *c.image_size, generator=g),)
-
-
 def build(config: LSSConfig = LSSConfig(), seed: int = 0) -> BevLSS:
     """A seeded random BevLSS with BatchNorm statistics calibrated on one random sample, in eval mode."""
-    with seeded(seed):
-        model = BevLSS(config)
-        calibrate_batchnorm(model, _example(1, config)(generator(seed)))
-    return model
+    return build_calibrated(lambda: BevLSS(config), random_images(1, config.cameras, 3, *config.image_size),
+                            seed)
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no LSS weights are reachable offline; the model is random either way.
     c = LSSConfig()
-    return random_spec("bev_lss", "bev", build(c), _example(batch, c), device, dtype)
+    return random_spec("bev_lss", "bev", build(c), random_images(batch, c.cameras, 3, *c.image_size), device,
+                       dtype)

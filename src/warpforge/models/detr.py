@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_images, random_spec
 from warpforge.models.layers import Attention, Mlp, init_transformer
 from warpforge.models.registry import ModelSpec
 
@@ -157,19 +157,12 @@ class Detr(nn.Module):
         return self.class_embed(hs), self.bbox_embed(hs).sigmoid()
 
 
-def _example(batch: int, c: DetrConfig):
-    return lambda g: (torch.randn(batch, 3, *c.image_size, generator=g),)
-
-
 def build(config: DetrConfig = DetrConfig(), seed: int = 0) -> Detr:
     """A seeded random DETR with BatchNorm statistics calibrated on one random image, in eval mode."""
-    with seeded(seed):
-        model = Detr(config)
-        calibrate_batchnorm(model, _example(1, config)(generator(seed)))
-    return model
+    return build_calibrated(lambda: Detr(config), random_images(1, 3, *config.image_size), seed)
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no DETR weights are reachable offline; the model is random either way.
     c = DetrConfig()
-    return random_spec("detr_small", "detector", build(c), _example(batch, c), device, dtype)
+    return random_spec("detr_small", "detector", build(c), random_images(batch, 3, *c.image_size), device, dtype)

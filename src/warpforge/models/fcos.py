@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_images, random_spec
 from warpforge.models.registry import ModelSpec
 
 STRIDES = (8, 16, 32)
@@ -207,19 +207,12 @@ class Fcos(nn.Module):
         return results
 
 
-def _example(batch: int, c: FcosConfig):
-    return lambda g: (torch.randn(batch, 3, *c.image_size, generator=g),)
-
-
 def build(config: FcosConfig = FcosConfig(), seed: int = 0) -> Fcos:
     """A seeded random FCOS with BatchNorm statistics calibrated on one random image, in eval mode."""
-    with seeded(seed):
-        model = Fcos(config)
-        calibrate_batchnorm(model, _example(1, config)(generator(seed)))
-    return model
+    return build_calibrated(lambda: Fcos(config), random_images(1, 3, *config.image_size), seed)
 
 
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no FCOS weights are reachable offline; the model is random either way.
     c = FcosConfig()
-    return random_spec("fcos_small", "detector", build(c), _example(batch, c), device, dtype)
+    return random_spec("fcos_small", "detector", build(c), random_images(batch, 3, *c.image_size), device, dtype)

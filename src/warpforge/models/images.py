@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_inputs,
-                                     require, seeded)
+from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_images,
+                                     random_inputs, require, seeded)
 from warpforge.models.registry import ModelSpec
 
 # Photos of ImageNet-like subjects, in the order ``val_inputs()`` returns them.
@@ -133,16 +133,14 @@ def classifier_spec(name: str, build: Callable[[], nn.Module], load_weights: Cal
     the weights' mean/std) when ``pretrained``, else seeded random weights with BatchNorms calibrated
     on one random batch (identity BatchNorms would shrink activations layer by layer) and random
     validation inputs."""
-    def make(g: torch.Generator) -> tuple[torch.Tensor, ...]:
-        return (torch.randn(batch, 3, 224, 224, generator=g),)
-
+    make = random_images(batch, 3, 224, 224)
     with seeded(0):
         model = build()
     if pretrained:
         load_weights(model)
     else:
         with seeded(0):
-            calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
+            calibrate_batchnorm(model, random_images(1, 3, 224, 224)(generator(0)))
     model = model.to(device=device, dtype=dtype).eval()
 
     def val() -> list[tuple[torch.Tensor, ...]]:

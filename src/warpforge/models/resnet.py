@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from warpforge.models._common import calibrate_batchnorm, generator, random_spec, seeded
+from warpforge.models._common import build_calibrated, random_images, random_spec
 from warpforge.models.registry import ModelSpec
 
 
@@ -72,13 +72,7 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def _example(batch: int):
-    return lambda g: (torch.randn(batch, 3, 224, 224, generator=g),)
-
-
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no ResNet-50 weights are reachable offline; the model is random either way.
-    with seeded(0):
-        model = ResNet()
-        calibrate_batchnorm(model, (torch.randn(1, 3, 224, 224, generator=generator(0)),))
-    return random_spec("resnet50", "classifier", model, _example(batch), device, dtype)
+    model = build_calibrated(ResNet, random_images(1, 3, 224, 224))
+    return random_spec("resnet50", "classifier", model, random_images(batch, 3, 224, 224), device, dtype)

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from warpforge.models._common import random_spec, seeded
+from warpforge.models._common import random_images, random_spec, seeded
 from warpforge.models.layers import Block, init_transformer
 from warpforge.models.registry import ModelSpec
 
@@ -51,12 +51,8 @@ class VisionTransformer(nn.Module):
         return self.head(x[:, 0])                                        # [B, num_classes]
 
 
-def _example(batch: int):
-    return lambda g: (torch.randn(batch, 3, 224, 224, generator=g),)
-
-
 def spec(*, batch: int, device: torch.device, dtype: torch.dtype, pretrained: bool) -> ModelSpec:
     # pretrained: no ViT weights are reachable offline; the model is random either way.
     with seeded(0):
         model = VisionTransformer()
-    return random_spec("vit_b16", "classifier", model, _example(batch), device, dtype)
+    return random_spec("vit_b16", "classifier", model, random_images(batch, 3, 224, 224), device, dtype)

@@ -32,37 +32,16 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from warpforge.kernels.matmul import FLOAT_DTYPES
-from warpforge.kernels.matmul_fp8 import FP8_DTYPE, matmul_fp8
+from warpforge.kernels.matmul_fp8 import FP8_DTYPE, K_ALIGN, N_ALIGN, matmul_fp8, to_e4m3
 from warpforge.kernels.reference import FP8_E4M3_MAX, FP8_MIN_AMAX
 from warpforge.optimize.quant import (
     KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, calibrating, make_observer, plan_layers, swap,
 )
 from warpforge.optimize.weight_only import linears, why_float
 
-__all__ = ["ACTIVATIONS", "FP8Linear", "FP8Report", "LayerFP8Report", "quantize_fp8", "to_e4m3"]
+__all__ = ["ACTIVATIONS", "FP8Linear", "FP8Report", "LayerFP8Report", "quantize_fp8"]
 
 ACTIVATIONS = ("static", "dynamic")
-# Multiples that keep every row 16-byte aligned for TMA descriptors: K e4m3 bytes (both operands are K-major),
-# N 16-bit output values.
-K_ALIGN, N_ALIGN = 16, 8
-
-
-def to_e4m3(x: torch.Tensor,  # [M, K] float
-            scale: torch.Tensor | None,  # fp32 [1] (static), or None: one scale per row (dynamic)
-            ) -> tuple[torch.Tensor, torch.Tensor]:  # e4m3 [M, K], fp32 scale [1] or [M, 1]
-    """``x ~= q.float() * scale`` with q in e4m3, values beyond +-448 * scale clamped (saturated, not inf).
-
-    Dynamic: scale = max(absmax(row), 1e-12) / 448, the convention of the norm kernels' fp8 output
-    (kernels/norm.py), so a fused norm can later hand this layer its operand directly. No host sync: the
-    quantized model captures in a CUDA graph.
-    """
-    xf = x.float()
-    if scale is None:
-        scale = xf.abs().amax(-1, keepdim=True).clamp_min(FP8_MIN_AMAX) / FP8_E4M3_MAX  # [M, 1]
-    q = (xf / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE)
-    return q, scale
-
-
 class FP8Linear(nn.Module):
     """``x [..., K] -> [..., N]`` on the e4m3 GEMM: e4m3 weight (per output channel), e4m3 input at a static
     per-tensor ``act_scale`` (None: a dynamic scale per row)."""

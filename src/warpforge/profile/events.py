@@ -41,15 +41,13 @@ def module_of_annotation(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class HostSpan:
-    """A host-side range: an aten operator, a record_function annotation, or a runtime/driver call."""
+class Span:
+    """A named range on the trace's clock (the host's: device timestamps are already on it)."""
 
     name: str
-    kind: str  # "op" | "annotation" | "runtime"
+    kind: str  # HOST_KINDS or GPU_KINDS
     ts_us: float
     dur_us: float
-    tid: int | str = 0
-    correlation: int | None = None  # runtime/driver calls: links to the device work they queued
 
     @property
     def end_us(self) -> float:
@@ -57,21 +55,21 @@ class HostSpan:
 
 
 @dataclass(frozen=True)
-class GpuEvent:
+class HostSpan(Span):
+    """A host-side range: an aten operator, a record_function annotation, or a runtime/driver call."""
+
+    tid: int | str = 0
+    correlation: int | None = None  # runtime/driver calls: links to the device work they queued
+
+
+@dataclass(frozen=True)
+class GpuEvent(Span):
     """Device work: a kernel, a memcpy or a memset."""
 
-    name: str
-    kind: str  # "kernel" | "memcpy" | "memset"
-    ts_us: float
-    dur_us: float
     stream: int | str = 0
     device: int = 0
     correlation: int | None = None
     bytes: int | None = None  # memcpy/memset size as CUPTI reports it
-
-    @property
-    def end_us(self) -> float:
-        return self.ts_us + self.dur_us
 
 
 @dataclass

@@ -120,7 +120,8 @@ def _storage_ptr(t: torch.Tensor) -> int | None:
         return None
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
+def tensors_in(x: Any) -> list[torch.Tensor]:
+    """The tensors in ``x``: nested tuples, lists and dicts (any pytree), in order; other leaves are dropped."""
     return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
 
 
@@ -129,7 +130,7 @@ def _write_only_args(func, args: tuple, kwargs: dict) -> set[int]:
     ids: set[int] = set()
     for a in func._schema.arguments:
         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write and a.name in kwargs:
-            ids.update(id(t) for t in _tensors(kwargs[a.name]))
+            ids.update(id(t) for t in tensors_in(kwargs[a.name]))
     if func.overloadpacket.__name__ in WRITE_ONLY_SELF and args and isinstance(args[0], torch.Tensor):
         ids.add(id(args[0]))
     return ids
@@ -138,14 +139,14 @@ def _write_only_args(func, args: tuple, kwargs: dict) -> set[int]:
 def op_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
     """Inputs read + outputs written, each distinct tensor once (see the module docstring)."""
     name = func.overloadpacket.__name__
-    outs = _tensors(out)
+    outs = tensors_in(out)
     if name in GATHERS:
-        idx = [t for t in _tensors((args, kwargs)) if not t.is_floating_point()]
+        idx = [t for t in tensors_in((args, kwargs)) if not t.is_floating_point()]
         return sum(tensor_bytes(t) for t in idx) + 2 * sum(tensor_bytes(t) for t in outs)
     skip = _write_only_args(func, args, kwargs)
     seen: set[tuple] = set()
     total = 0
-    for t in _tensors((args, kwargs)):
+    for t in tensors_in((args, kwargs)):
         k = _key(t)
         if id(t) in skip or k in seen:
             continue
@@ -164,22 +165,22 @@ def _is_view(func, args: tuple, kwargs: dict, out: Any) -> bool:
     """A view, or a non-mutating op whose outputs all share an input's storage (``to`` with the same
     dtype, ``contiguous`` of a contiguous tensor, ``_unsafe_view``): no data moves."""
     if func.is_view:
-        outs = _tensors(out)
-        ins = {_storage_ptr(t) for t in _tensors((args, kwargs))}
+        outs = tensors_in(out)
+        ins = {_storage_ptr(t) for t in tensors_in((args, kwargs))}
         # `to`/`contiguous` are flagged as views but copy when they must: check the storage.
         return all(_storage_ptr(t) in ins for t in outs)
     if func._schema.is_mutable:
         return False
-    outs = _tensors(out)
+    outs = tensors_in(out)
     if not outs:
         return False
-    ins = {_storage_ptr(t) for t in _tensors((args, kwargs))}
+    ins = {_storage_ptr(t) for t in tensors_in((args, kwargs))}
     ins.discard(None)
     return all(_storage_ptr(t) in ins for t in outs)
 
 
 def _shapes(args: tuple, kwargs: dict) -> str:
-    return " x ".join(str(list(t.shape)) for t in _tensors((args, kwargs))[:4])
+    return " x ".join(str(list(t.shape)) for t in tensors_in((args, kwargs))[:4])
 
 
 # ---- the counter -------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from warpforge.kernels._dispatch import force_triton
+from warpforge.kernels import force_triton
+from warpforge.profile.flops import tensors_in
 
 # Torch ops that launch no kernel: allocations without a fill, and metadata-only ops.
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
@@ -71,16 +72,6 @@ class LaunchLog:
         return "\n".join(rows)
 
 
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
-
-
 def _nbytes(tensors: list[torch.Tensor]) -> int:
     seen, total = set(), 0
     for t in tensors:
@@ -107,8 +98,8 @@ class _TorchOps(TorchDispatchMode):
             dst = out if isinstance(out, torch.Tensor) else None
             if dst is not None and dst.dtype == src.dtype and dst.device == src.device and dst.stride() == src.stride():
                 return out
-        ins = _tensors(args) + _tensors(kwargs)
-        outs = _tensors(out)
+        ins = tensors_in(args) + tensors_in(kwargs)
+        outs = tensors_in(out)
         detail = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in ins[:3])
         self.log.launches.append(Launch("torch", name, detail, _nbytes(ins + outs)))
         return out
@@ -126,7 +117,7 @@ def record_launches() -> Iterator[LaunchLog]:
         fn = getattr(self, "fn", None)
         name = getattr(fn, "__name__", None) or getattr(self, "__name__", "kernel")
         shown = ", ".join(f"{k}={kwargs[k]}" for k in _SHOWN if k in kwargs)
-        ts = _tensors(list(args)) + _tensors(kwargs)
+        ts = tensors_in(list(args)) + tensors_in(kwargs)
         dtypes = "/".join(dict.fromkeys(str(t.dtype).removeprefix("torch.") for t in ts))
         log.launches.append(Launch("triton", name, f"{shown} [{dtypes}]", _nbytes(ts)))
         return None

@@ -236,9 +236,9 @@ def pad_cycles(pad_us: float, device: torch.device) -> int:
     """GPU clock cycles of ``torch.cuda._sleep`` for about ``pad_us``, at the SM clock NVML reports (2 GHz, about
     the fastest part's, when it reports none). The sleep counts cycles, so a GPU running at another clock sleeps
     longer or shorter in proportion; the same cycles go in front of the plain and the profiled windows."""
-    from warpforge.timing import _clock_ghz
+    from warpforge.timing import clock_ghz
 
-    return max(int(pad_us * 1e3 * _clock_ghz(device)), 1)
+    return max(int(pad_us * 1e3 * clock_ghz(device)), 1)
 
 
 def _window_ms(call: Callable[[int], None], iters: int, cuda: bool, pad_cycles: int = 0) -> float:

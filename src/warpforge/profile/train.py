@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from warpforge.profile.flops import tensors_in
 from warpforge.profile.train_breakdown import StepRecord
 
 
@@ -101,16 +102,6 @@ def to_device(x: Any, device: torch.device) -> Any:
     if isinstance(x, dict):
         return {k: to_device(v, device) for k, v in x.items()}
     return x
-
-
-def batch_tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in batch_tensors(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in batch_tensors(v)]
-    return []
 
 
 def storage_of(t: torch.Tensor) -> tuple[int, int] | None:
@@ -233,31 +224,11 @@ def instrumented(rec: Recorder, setup: TrainSetup) -> Iterator[None]:
 
     torch.autograd.backward = backward
     stack.callback(setattr, torch.autograd, "backward", orig_backward)
-    open_opt: list[contextlib.AbstractContextManager] = []
-
-    def opt_pre(*_a: Any) -> None:
-        cm = rec.span("optimizer")
-        cm.__enter__()
-        open_opt.append(cm)
-
-    def opt_post(*_a: Any) -> None:
-        if open_opt:
-            open_opt.pop().__exit__(None, None, None)
-
+    opt_pre, opt_post = _span_hooks(rec, "optimizer")
     for h in (register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)):
         stack.callback(h.remove)
     if setup.step is not None and setup.model is not None:
-        open_fwd: list[contextlib.AbstractContextManager] = []
-
-        def fwd_pre(*_a: Any) -> None:
-            cm = rec.span("forward")
-            cm.__enter__()
-            open_fwd.append(cm)
-
-        def fwd_post(*_a: Any) -> None:
-            if open_fwd:
-                open_fwd.pop().__exit__(None, None, None)
-
+        fwd_pre, fwd_post = _span_hooks(rec, "forward")
         for h in (setup.model.register_forward_pre_hook(fwd_pre), setup.model.register_forward_hook(fwd_post)):
             stack.callback(h.remove)
     if dist.is_available():
@@ -270,11 +241,28 @@ def instrumented(rec: Recorder, setup: TrainSetup) -> Iterator[None]:
         yield
 
 
+
+def _span_hooks(rec: Recorder, name: str) -> tuple[Callable[..., None], Callable[..., None]]:
+    """(pre, post) hooks that open a ``name`` span and close it, for the hook APIs that call one function before
+    the work and another after (optimizer steps, module forwards) instead of wrapping it."""
+    open_: list[contextlib.AbstractContextManager] = []
+
+    def pre(*_a: Any) -> None:
+        cm = rec.span(name)
+        cm.__enter__()
+        open_.append(cm)
+
+    def post(*_a: Any) -> None:
+        if open_:
+            open_.pop().__exit__(None, None, None)
+
+    return pre, post
+
 def _wrap_collective(rec: Recorder, op: str, orig: Callable) -> Callable:
     def call(*a: Any, **k: Any) -> Any:
         if not rec.active or any(kind == "comm" for kind, _ in rec._open):  # one collective built on another
             return orig(*a, **k)
-        n = nbytes(t for t in batch_tensors(list(a[:2])) if isinstance(t, torch.Tensor))
+        n = nbytes(tensors_in(list(a[:2])))
         if k.get("async_op"):
             t0 = time.perf_counter_ns()
             work = orig(*a, **k)
@@ -335,7 +323,7 @@ def run_step(setup: TrainSetup, stream: BatchStream, rec: Recorder, info: dict[s
     """One training step; spans are recorded when ``rec`` is active."""
     with rec.span("data"):
         batch = stream.next()
-    ts = batch_tensors(batch)
+    ts = tensors_in(batch)
     if ts and setup.device.type != "cpu":
         info["h2d_bytes"] = nbytes(t for t in ts if t.device.type == "cpu")
         info["pinned"] = all(t.is_pinned() for t in ts if t.device.type == "cpu")

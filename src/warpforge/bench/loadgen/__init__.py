@@ -8,9 +8,10 @@ warpforge product part: it measures any server, ours or another.
 
 from warpforge.bench.loadgen.client import LoadRun, RequestResult, ServerError, Target, run_load
 from warpforge.bench.loadgen.metrics import distribution, parse_goodput, summarize
-from warpforge.bench.loadgen.workload import (SHAREGPT_LIKE, LengthMix, RequestSpec, arrival_times, make_requests,
-                                              parse_mix, parse_rates, rate_label)
+from warpforge.bench.loadgen.workload import (SHAREGPT_LIKE, HFTokenizer, LengthMix, RequestSpec, arrival_times,
+                                              case_name, make_requests, parse_mix, parse_rates, rate_label,
+                                              read_tokenizer)
 
 __all__ = ["LoadRun", "RequestResult", "ServerError", "Target", "run_load", "distribution", "parse_goodput",
-           "summarize", "SHAREGPT_LIKE", "LengthMix", "RequestSpec", "arrival_times", "make_requests", "parse_mix",
-           "parse_rates", "rate_label"]
+           "summarize", "SHAREGPT_LIKE", "HFTokenizer", "LengthMix", "RequestSpec", "arrival_times", "case_name",
+           "make_requests", "parse_mix", "parse_rates", "rate_label", "read_tokenizer"]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +38,33 @@ class TokenizerLike(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+
+
+class HFTokenizer:
+    """A `tokenizers` tokenizer as the workload needs it (no special tokens added)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+
+def read_tokenizer(path: str | Path) -> HFTokenizer:
+    """The tokenizer of a tokenizer.json file or of a directory holding one (a checkpoint's)."""
+    path = Path(path).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"expected a tokenizer.json or a directory holding one, got {str(path)!r}")
+    from tokenizers import Tokenizer
+
+    try:
+        return HFTokenizer(Tokenizer.from_file(str(file)))
+    except Exception as e:  # noqa: BLE001 - the library's parse errors, as one line
+        raise ValueError(f"cannot read {file}: {e}") from None
 
 # ---- the text --------------------------------------------------------------------------------------
 
@@ -241,3 +268,8 @@ def parse_rates(spec: str) -> list[float]:
 def rate_label(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g}"
 
+
+def case_name(model: str, rate: float, n: int, mix: str, arrivals: str = "poisson") -> str:
+    """A load run's record name, the same whether the suite or ``bench serve --url`` ran it."""
+    how = "" if math.isinf(rate) or arrivals == "poisson" else f" {arrivals}"
+    return f"{model} @ {rate_label(rate)} req/s{how}, {n} requests {mix}"

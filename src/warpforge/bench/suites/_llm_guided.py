@@ -11,14 +11,13 @@ runs the tiny random Llama on the CPU, which only proves the path works.
 
 from __future__ import annotations
 
-import gc
-import time
 from typing import Any
 
 import torch
 
+from warpforge.bench.e2e import peak_allocated_gb, release_memory, timed_wall
 from warpforge.bench.suite import EndToEndCase, Run
-from warpforge.bench.suites._llm_spec import _checkpoint, _sync
+from warpforge.bench.suites._llm_models import checkpoint, run_dtype
 
 # An object whose one string never closes on a model that does not want it to: a full-length decode.
 SCHEMA = {"type": "object", "properties": {"reply": {"type": "string"}}, "required": ["reply"]}
@@ -30,21 +29,15 @@ def guided_run(model: str, n_req: int, new: int, constrained: bool, **engine: An
     def fn(device: torch.device, rep: int) -> list[Run]:
         from warpforge.llm import LLM, SamplingParams, StructuredOutputsParams
 
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        llm = LLM(str(_checkpoint(model, dtype)), dtype=dtype, device=device, max_num_seqs=n_req, **engine)
+        dtype = run_dtype(device)
+        llm = LLM(str(checkpoint(model, dtype)), dtype=dtype, device=device, max_num_seqs=n_req, **engine)
         so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True) if constrained else None
         params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, structured_outputs=so)
         prompts = [f"Request {i}: answer in JSON. To be, or not to be" for i in range(n_req)]
         llm.generate(prompts[:4], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so))  # warm-up
         runs = []
         for _ in range(rep):
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            _sync(device)
-            wall = (time.perf_counter() - t0) * 1e3
+            outs, wall = timed_wall(device, llm.generate, prompts, params)
             ids = [list(o.token_ids) for o in outs]
             ttft = [o.metrics.ttft * 1e3 for o in outs if o.metrics and o.metrics.ttft is not None]
             runs.append(Run(ms=wall, tokens=sum(map(len, ids)),
@@ -52,14 +45,11 @@ def guided_run(model: str, n_req: int, new: int, constrained: bool, **engine: An
                             extra={"wall_ms": wall, "step_ms": wall / new, "batch": n_req,
                                    "constrained_rows": n_req if constrained else 0,
                                    "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
-                                   "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9
-                                   if device.type == "cuda" else None},
+                                   "peak_mem_GB": peak_allocated_gb(device)},
                             ran={"requests": n_req, "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
                                  "output_tokens": sum(map(len, ids))}))
         del llm
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)
         return runs
     return fn
 

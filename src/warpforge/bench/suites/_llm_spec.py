@@ -16,14 +16,14 @@ tiny random Llama on the CPU (acceptance there means nothing; the rows check the
 
 from __future__ import annotations
 
-import gc
 import re
-import time
 from typing import Any
 
 import torch
 
+from warpforge.bench.e2e import peak_allocated_gb, release_memory, timed_wall
 from warpforge.bench.suite import EndToEndCase, Run
+from warpforge.bench.suites._llm_models import checkpoint, run_dtype
 
 INSTRUCTION = ("Rewrite the passage below exactly as it is, line by line, except that every 'thou' and 'thee' "
                "becomes 'you', 'thy' and 'thine' become 'your', and 'art' becomes 'are'. Reply with the "
@@ -54,6 +54,10 @@ def spec_check(ours: dict, peer: dict) -> dict[str, Any]:
     return {"ok": len(a) == len(b) and same == 1.0, "rel_err": 1.0 - same, "tol": 0.0, "same": same}
 
 
+def _one_by_one(llm: Any, convs: list, params: Any) -> list:
+    return [llm.chat(c, params)[0] for c in convs]
+
+
 def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, **engine: Any):
     """Batch-1 greedy chats over ``texts`` (one after another) on our engine, with ``speculative`` or
     without; each rep times all of them by wall clock, the device synchronized."""
@@ -61,8 +65,8 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
         from warpforge.llm import LLM, SamplingParams
         from warpforge.llm.loader import load
 
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU: the fp32 reference path
-        path = str(_checkpoint(model, dtype))
+        dtype = run_dtype(device)
+        path = str(checkpoint(model, dtype))
         spec = dict(speculative) if speculative else None
         if spec and spec.get("draft_model") == "same":
             spec["draft_model"] = load(path, dtype=dtype, device=device)
@@ -73,17 +77,10 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
         runs = []
         for _ in range(rep):
             before = llm.engine.spec.stats.as_dict() if llm.engine.spec else None
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            outs = [llm.chat(c, params)[0] for c in convs]
-            _sync(device)
-            wall = (time.perf_counter() - t0) * 1e3
+            outs, wall = timed_wall(device, _one_by_one, llm, convs, params)
             ids = [list(o.token_ids) for o in outs]
             extra: dict[str, Any] = {"wall_ms": wall, "requests": len(outs), "batch": 1,
-                                     "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9
-                                     if device.type == "cuda" else None}
+                                     "peak_mem_GB": peak_allocated_gb(device)}
             if before is not None:
                 after = llm.engine.spec.stats.as_dict()
                 d = {k: after[k] - before[k] for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens",
@@ -95,27 +92,9 @@ def spec_run(model: str, texts: list[str], new: int, speculative: dict | None, *
                             ran={"requests": len(outs), "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
                                  "output_tokens": sum(map(len, ids))}))
         del llm
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)
         return runs
     return fn
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _checkpoint(model: str, dtype: torch.dtype):
-    """As suites/llm.py: the bundled Gemma 3 270M GGUF, or a random-weight preset written once."""
-    if model == "gemma3-270m":
-        from warpforge.llm.testing import gemma3_270m_gguf
-
-        return gemma3_270m_gguf()
-    from warpforge.llm.random_weights import cached_checkpoint
-
-    return cached_checkpoint(model, dtype=dtype)
 
 
 def spec_cases(quick: bool) -> list[EndToEndCase]:

@@ -14,10 +14,8 @@ Whether Inductor skipped its CUDA graphs (a handicapped peer: every kernel launc
 
 from __future__ import annotations
 
-import gc
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +142,8 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
     ``preset_dir(device)`` gives the checkpoint folder; ``handoff["others"][NAME]`` receives the runs and the
     prompt/ids of request 0 so that the HF peer scores this continuation as it scores ours."""
     def fn(device: torch.device, rep: int) -> list:
+        from warpforge.bench.e2e import release_memory, timed_wall
         from warpforge.bench.suite import Run
-        from warpforge.bench.suites._llm_spec import _sync
 
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         max_len = max(len(p) for p in prompts(0)) + max(out_lens) + 8
@@ -182,11 +180,7 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
         runs = []
         for i in range(rep):
             p = prompts(i)
-            _sync(device)
-            t0 = time.perf_counter()
-            ids = [generate(list(x), n) for x, n in zip(p, out_lens)]
-            _sync(device)
-            wall = (time.perf_counter() - t0) * 1e3
+            ids, wall = timed_wall(device, _one_by_one, generate, p, out_lens)
             runs.append(Run(ms=wall, tokens=sum(map(len, ids)),
                             extra={"wall_ms": wall, "batch": 1, "compile": "reduce-overhead, fullgraph" if compiled
                                    else "none (CPU: eager)", "cudagraph_skips": skips},
@@ -200,11 +194,13 @@ def static_run(preset_dir: Any, prompts: Any, out_lens: list[int], *, handoff: d
         model = step = prefill = None
         if compiled:
             torch._dynamo.reset()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)
         return runs
     return fn
+
+
+def _one_by_one(generate: Any, prompts: list, out_lens: list[int]) -> list[list[int]]:
+    return [generate(list(x), n) for x, n in zip(prompts, out_lens)]
 
 
 __all__ = ["NAME", "StaticLlama", "load_static", "static_run"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.bench.compare import _short
+from warpforge.bench.compare import error_line
 from warpforge.bench.suite import Run
 
 
@@ -45,7 +45,7 @@ class CaseSession:
                 try:
                     self._results = self._measure(device)
                 except Exception as e:  # noqa: BLE001 - measured once: every callable reports the failure
-                    self._results = {n: f"session failed: {_short(e)}" for n in self.names}
+                    self._results = {n: f"session failed: {error_line(e)}" for n in self.names}
                     # the record keeps the message; where it failed (a kernel fault needs the frames) goes to stderr
                     print(f"{self.label}: the session failed:\n{traceback.format_exc(limit=-16)}", file=sys.stderr)
                 self._unread = set(self.names)

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from warpforge.bench.compare import _short
+from warpforge.bench.compare import error_line
+from warpforge.bench.e2e import release_memory, sync
 from warpforge.bench.suite import Run
 from warpforge.bench.suites import _session
 from warpforge.timing import time_interleaved
@@ -137,7 +138,7 @@ def gsplat_render(w: Workload, packed: bool) -> Render:
     try:
         from gsplat import rasterization
     except ImportError as e:
-        raise PeerMissing(f"gsplat is not installed ({_short(e)}): pip install gsplat==1.5.3") from None
+        raise PeerMissing(f"gsplat is not installed ({error_line(e)}): pip install gsplat==1.5.3") from None
 
     def render(means, quats, scales, opacities, sh, viewmats, Ks):
         img, alpha, meta = rasterization(means, quats, scales, opacities, sh, viewmats, Ks, w.width, w.height,
@@ -297,7 +298,7 @@ def gsplat_stages(w: Workload) -> Callable[[dict, _Clock], None]:
         from gsplat.cuda._wrapper import (fully_fused_projection, isect_offset_encode, isect_tiles,
                                           rasterize_to_pixels, spherical_harmonics)
     except ImportError as e:
-        raise PeerMissing(f"gsplat is not installed ({_short(e)}): pip install gsplat==1.5.3") from None
+        raise PeerMissing(f"gsplat is not installed ({error_line(e)}): pip install gsplat==1.5.3") from None
     tw, th = _tiles(w)
 
     def run(scene: dict, clock: _Clock) -> None:
@@ -383,11 +384,11 @@ class Session(_session.CaseSession):
                 t0 = time.perf_counter()
                 call = make_call(BUILDERS[name](w), scene, w.backward)
                 outs[name] = call()  # gsplat's first call builds its CUDA extension
-                _sync(device)
+                sync(device)
                 info[name] = {"first_call_s": time.perf_counter() - t0, "n_isects": outs[name]["n_isects"]}
                 calls[name] = call
             except Exception as e:  # noqa: BLE001 - a candidate's failure (or absence) is data for the record
-                errors[name] = _short(e)
+                errors[name] = error_line(e)
                 if not isinstance(e, PeerMissing):
                     print(f"{w.label}: {name} failed:\n{traceback.format_exc(limit=-16)}", file=sys.stderr)
         if OURS in errors:
@@ -402,7 +403,7 @@ class Session(_session.CaseSession):
                     info[name]["stages_ms"] = time_stages(STAGE_BUILDERS[name](w), scene, device, p.warmup, p.rep)
                     samples[name] = [info[name]["stages_ms"]["total"]]
                 except Exception as e:  # noqa: BLE001
-                    results[name] = f"stage timing failed: {_short(e)}"
+                    results[name] = f"stage timing failed: {error_line(e)}"
         else:
             for name, call in calls.items():
                 info[name]["peak_mem_GB"] = peak_memory_gb(call, device)
@@ -421,9 +422,7 @@ class Session(_session.CaseSession):
             results[name] = [Run(ms=m, tokens=0, extra=extra, output={"correct": correct} if name == OURS else None)
                              for m in ms]
         del calls, scene
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)
         return results
 
     def _check(self, outs: dict[str, dict[str, Any]], scene: dict, device: torch.device,
@@ -440,10 +439,5 @@ class Session(_session.CaseSession):
                 return {**compare(outs[OURS], ref, "warpforge.splat.reference.render_reference"),
                         "note": f"gsplat did not run ({why}): checked against the dense reference"}
             except Exception as e:  # noqa: BLE001
-                why = f"{why}; the dense reference failed too ({_short(e)})"
+                why = f"{why}; the dense reference failed too ({error_line(e)})"
         return {"rel_err": None, "ok": False, "note": f"not checked: {why}"}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from warpforge import timing
-from warpforge.bench.compare import _short
+from warpforge.bench.compare import error_line
 from warpforge.bench.suite import Run
 from warpforge.bench.suites import _session
 # The peers' names (vision.py and the tests read them here) and their builders:
@@ -439,7 +439,7 @@ class Session(_session.CaseSession):
             loaded = load(self.workload, device)
             flops = count_flops(loaded.model, loaded.inputs)
         except Exception as e:  # noqa: BLE001 - the workload itself failed: every callable reports it
-            return {n: f"workload failed: {_short(e)}" for n in self.names}
+            return {n: f"workload failed: {error_line(e)}" for n in self.names}
         # Real weights are judged on the default budget: ours gets the optimizer's gate and fallback there
         # (random weights are judged against torch's own fp16 error, known only once the peers ran).
         # INT8 rows are gated (and given the int8 fallback) on every device and with random weights too: their
@@ -466,7 +466,7 @@ class Session(_session.CaseSession):
                     outs[name] = collect(fn, loaded.val, loaded.n_val)
                 fns[name] = fn
             except Exception as e:  # noqa: BLE001 - a candidate's failure is data for the record
-                errors[name] = f"{name} failed: {_short(e)}"
+                errors[name] = f"{name} failed: {error_line(e)}"
                 print(f"{self.workload.model} batch {self.workload.batch}: {name} failed:\n"
                       f"{traceback.format_exc(limit=-16)}", file=sys.stderr)
             if REFERENCE in errors:
@@ -493,7 +493,7 @@ class Session(_session.CaseSession):
                 framework["fp16"] = {"rel_err": own["rel_err"], "min_cosine": own["min_cosine"]}
             except Exception as e:  # noqa: BLE001 - without it the peer is judged on the default budget
                 print(f"{self.workload.model} batch {self.workload.batch}: eager fp16 for the fp16 peer's bar failed "
-                      f"({_short(e)}): the peer is judged on the default fp16 budget", file=sys.stderr)
+                      f"({error_line(e)}): the peer is judged on the default fp16 budget", file=sys.stderr)
         results: dict[str, list[Run] | str] = {}
         for name in self.names:
             if name in errors:
@@ -528,7 +528,7 @@ class Session(_session.CaseSession):
                 try:
                     torch.cuda.empty_cache()
                 except Exception as e:
-                    raise RuntimeError(f"releasing candidate {name!r} raised {_short(e)}") from e
+                    raise RuntimeError(f"releasing candidate {name!r} raised {error_line(e)}") from e
         return results
 
     def _time(self, fns: dict[str, Callable], inputs: tuple, device: torch.device
@@ -561,7 +561,7 @@ class Session(_session.CaseSession):
                                 one, method = timing.interleaved_samples({n: c}, **opts)
                                 got[n] = one[n]
                             except Exception as e:  # noqa: BLE001
-                                errors[n] = f"{n}: timing failed: {_short(e)}"
+                                errors[n] = f"{n}: timing failed: {error_line(e)}"
                     for n, v in got.items():
                         blocks[n].append(v)
                 timed = {n: b for n, b in blocks.items() if b and n not in errors}

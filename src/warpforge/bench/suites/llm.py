@@ -26,16 +26,15 @@ Imports of warpforge.llm and transformers stay inside the callables so ``bench -
 
 from __future__ import annotations
 
-import gc
 import math
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from warpforge.bench.e2e import peak_allocated_gb, release_memory, timed_wall
 from warpforge.bench.suite import EndToEndCase, Run, Suite
+from warpforge.bench.suites._llm_models import checkpoint, run_dtype
 from warpforge.bench.suites._llm_static import NAME as STATIC
 from warpforge.bench.suites._llm_static import static_run
 
@@ -178,37 +177,12 @@ def perplexity_check(ours: dict, peer: dict) -> dict[str, Any]:
 
 # ---- runs -------------------------------------------------------------------------------------------
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU: fp32 reference path
-
-
-def _checkpoint(preset: str, device: torch.device) -> Path:
-    if preset == "gemma3-270m":
-        from warpforge.llm.testing import gemma3_270m_gguf
-
-        return gemma3_270m_gguf()
-    from warpforge.llm.random_weights import cached_checkpoint
-
-    return cached_checkpoint(preset, dtype=_dtype(device))
-
-
 def _shape(preset: str) -> dict[str, int]:
     if preset == "gemma3-270m":  # Gemma 3 270M (HF config): 18 layers, d 640, 4/1 heads of 256, MLP 2048
         return {"L": 18, "d": 640, "f": 2048, "nh": 4, "nkv": 1, "hd": 256, "vocab": 262144}
     from warpforge.llm.random_weights import preset as hf_config
 
     return shape_of(hf_config(preset))
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 Prompts = Callable[[int], list[list[int]]]  # rep index -> prompt token ids (rep -1: the warm-up)
@@ -242,8 +216,8 @@ def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str
     def fn(device: torch.device, rep: int) -> list[Run]:
         from warpforge.llm import LLM, SamplingParams
 
-        dtype = _dtype(device)
-        llm = LLM(str(_checkpoint(preset, device)), dtype=dtype, device=device, **engine)
+        dtype = run_dtype(device)
+        llm = LLM(str(checkpoint(preset, dtype)), dtype=dtype, device=device, **engine)
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
         # Warm-up: compile the kernels and touch the KV pool on a short run (a few prompts of at most
         # WARM_TOKENS tokens, 16 new tokens); the graphs were captured when the engine was built.
@@ -253,18 +227,12 @@ def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str
         runs = []
         for i in range(rep):
             p = prompts(i)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            outs = llm.generate(p, params)
-            _sync(device)
-            wall = (time.perf_counter() - t0) * 1e3
+            outs, wall = timed_wall(device, llm.generate, p, params)
             if handoff is not None and i == 0:  # the run the check reads
                 handoff.update(prompt=list(p[0]), ids=list(outs[0].token_ids[:COMPARE]))
             ttft = [o.metrics.ttft * 1e3 for o in outs if o.metrics and o.metrics.ttft is not None]
             extra = {"wall_ms": wall, "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
-                     "peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+                     "peak_mem_GB": peak_allocated_gb(device),
                      "cached_tokens": sum(o.metrics.num_cached_tokens for o in outs if o.metrics),
                      "engine": {k: getattr(llm.engine.config, k) for k in
                                 ("pdl", "fused_norm", "async_scheduling", "kv_cache_dtype", "max_num_seqs",
@@ -294,7 +262,7 @@ def ours_run(preset: str, prompts: Prompts, out_lens: list[int], *, measure: str
                 r.output["logits0"] = lg[-1].float().cpu()
         llm.engine.shutdown()  # tensor parallel: the workers free their GPUs before the next callable
         del llm
-        _free(device)
+        release_memory(device)
         return runs
     return fn
 
@@ -312,8 +280,8 @@ def gguf_run(prompts: Prompts, out_lens: list[int], *, gguf_blocks: bool, ppl_to
         from warpforge.llm.testing import PagedDriver, hamlet_text
 
         runs = timed(device, rep)
-        dtype = _dtype(device)
-        loaded = load(_checkpoint("gemma3-270m", device), dtype=dtype, device=device, gguf_blocks=gguf_blocks)
+        dtype = run_dtype(device)
+        loaded = load(checkpoint("gemma3-270m", dtype), dtype=dtype, device=device, gguf_blocks=gguf_blocks)
         ids = loaded.tokenizer.encode(hamlet_text()[:8 * ppl_tokens])[:ppl_tokens + 1]
         with torch.inference_mode():
             (logits,) = PagedDriver(loaded.model, num_pages=ppl_tokens // 16 + 2, page_size=16).step([(0, ids[:-1])])
@@ -325,7 +293,7 @@ def gguf_run(prompts: Prompts, out_lens: list[int], *, gguf_blocks: bool, ppl_to
             r.extra["projection_bytes_per_token"] = held
             r.work["bytes"] -= (dense - held) * max(out_lens)  # the weights as held, not as bf16 (norms: noise)
         del loaded
-        _free(device)
+        release_memory(device)
         return runs
     return fn
 
@@ -339,8 +307,8 @@ def hf_run(preset: str, prompts: Prompts, out_lens: list[int], *, requests: int 
     def fn(device: torch.device, rep: int) -> list[Run]:
         from transformers import AutoModelForCausalLM
 
-        dtype = _dtype(device)
-        path = _checkpoint(preset, device)
+        dtype = run_dtype(device)
+        path = checkpoint(preset, dtype)
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
         model = AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=dtype, **kw)
         model = model.to(device).eval()
@@ -366,16 +334,9 @@ def hf_run(preset: str, prompts: Prompts, out_lens: list[int], *, requests: int 
         runs = []
         for i in range(rep):
             p = prompts(i)[:n_req]
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            ids = generate(p, outs_wanted)
-            _sync(device)
-            wall = (time.perf_counter() - t0) * 1e3
+            ids, wall = timed_wall(device, generate, p, outs_wanted)
             runs.append(Run(ms=wall, tokens=sum(map(len, ids)),
-                            extra={"peak_mem_GB": torch.cuda.max_memory_allocated(device) / 1e9
-                                   if device.type == "cuda" else None, "requests": n_req, "batch": batch},
+                            extra={"peak_mem_GB": peak_allocated_gb(device), "requests": n_req, "batch": batch},
                             output={"ids": ids, "want": outs_wanted, "exact": dtype == torch.float32},
                             work=generation_work(s, elt, [len(x) for x in p], outs_wanted),
                             ran=ran_of(p, outs_wanted)))
@@ -400,7 +361,7 @@ def hf_run(preset: str, prompts: Prompts, out_lens: list[int], *, requests: int 
             for r in other["runs"]:
                 r.extra["correct"] = verdict
         model = None  # drop the weights (the closure above holds the name) before freeing the cache
-        _free(device)
+        release_memory(device)
         return runs
     return fn
 
@@ -431,7 +392,7 @@ def _cases(quick: bool) -> list[EndToEndCase]:
             params={"row": row, "preset": preset, "batch": 1, "prompt": p_len, "new": n_new},
             ours=ours_run(preset, pr, [n_new], max_model_len=p_len + n_new + 16, max_num_seqs=8, handoff=h),
             # the plain-PyTorch peer first: HF, which runs last, scores its continuation as it scores ours'
-            peers={STATIC: static_run(lambda dev, p=preset: _checkpoint(p, dev), pr, [n_new], handoff=h),
+            peers={STATIC: static_run(lambda dev, p=preset: checkpoint(p, run_dtype(dev)), pr, [n_new], handoff=h),
                    "hf": hf_run(preset, pr, [n_new], handoff=h)},
             check=prefix_check, check_against="hf", dtype=bf16, rep=1 if quick else 3,
             baseline="HF generate and a compiled static-cache PyTorch decode; the HBM roofline (mbu)",

@@ -51,6 +51,7 @@ import torch
 
 from warpforge.bench.loadgen.workload import SHAREGPT_LIKE, LengthMix
 from warpforge.bench.suite import EndToEndCase, Run, Suite
+from warpforge.bench.suites._llm_models import checkpoint, run_dtype
 
 RATES = (1.0, 4.0, 16.0, 64.0, math.inf)
 STREAMS = 64  # concurrent streams of the server-cost case
@@ -167,29 +168,18 @@ def _server(key: tuple, argv: list[str], warm: Any) -> ServerProcess:
 
 # ---- checkpoints and tokenizers -------------------------------------------------------------------
 
-def _dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def _checkpoint(preset: str, dtype: torch.dtype) -> Path:
-    from warpforge.llm.random_weights import cached_checkpoint
-
-    return cached_checkpoint(preset, dtype=dtype)
-
-
 def gguf_tokenizer(spec: str) -> Any:
     """The `tokenizers` backend of a GGUF file or ``gemma3-270m`` (for ``bench serve --tokenizer``)."""
-    from warpforge.llm.cli import resolve_model
-    from warpforge.llm.loader import GGUFFile
+    from warpforge.llm.loader import GGUFFile, resolve_model
     from warpforge.llm.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(GGUFFile(resolve_model(spec)).meta).backend
 
 
 def _tokenizer(checkpoint: Path) -> Any:
-    from warpforge.bench.serve_cli import resolve_tokenizer
+    from warpforge.bench.loadgen import read_tokenizer
 
-    return resolve_tokenizer(str(checkpoint))
+    return read_tokenizer(checkpoint)
 
 
 # ---- runs -----------------------------------------------------------------------------------------
@@ -232,7 +222,7 @@ def _summary_run(run: Any, specs: list, work: dict | None = None) -> Run:
 def _work(preset: str, device: torch.device, prompt_lens: list[int], out_lens: list[int]) -> dict:
     from warpforge.bench.suites.llm import _shape, generation_work
 
-    return generation_work(_shape(preset), torch.empty((), dtype=_dtype(device)).element_size(), prompt_lens,
+    return generation_work(_shape(preset), torch.empty((), dtype=run_dtype(device)).element_size(), prompt_lens,
                            out_lens)
 
 
@@ -241,7 +231,7 @@ def server_run(sz: Sizes, rate: float, rate_index: int, *, with_work: bool = Fal
     def fn(device: torch.device, rep: int) -> list[Run]:
         from warpforge.bench.loadgen import arrival_times, run_load
 
-        ckpt = _checkpoint(sz.preset, _dtype(device))
+        ckpt = checkpoint(sz.preset, run_dtype(device))
         tok = _tokenizer(ckpt)
         argv = [sys.executable, "-m", "warpforge", "serve", str(ckpt), "--host", "127.0.0.1", "--port", "0",
                 "--served-model-name", sz.preset, "--max-model-len", str(sz.max_model_len),
@@ -270,7 +260,7 @@ def offline_run(sz: Sizes, rate_index: int):
         from warpforge.llm import LLM, SamplingParams
 
         stop_server()
-        ckpt = _checkpoint(sz.preset, _dtype(device))
+        ckpt = checkpoint(sz.preset, run_dtype(device))
         tok = _tokenizer(ckpt)
         specs = _requests(sz, tok, rate_index)
         llm = LLM(str(ckpt), device=device, max_model_len=sz.max_model_len)
@@ -305,7 +295,7 @@ def stub_cost_run(sz: Sizes):
         from warpforge.bench.loadgen import LengthMix, make_requests, run_load, summarize
         from warpforge.bench.loadgen.metrics import distribution, shared_time
 
-        ckpt = _checkpoint(STUB_PRESET, torch.float32)
+        ckpt = checkpoint(STUB_PRESET, torch.float32)
         tok = _tokenizer(ckpt)
         mix = LengthMix(f"{sz.mix.name} prompts, {COST_TOKENS} out", prompt_mean=sz.mix.prompt_mean,
                         output_mean=COST_TOKENS, prompt_sigma=sz.mix.prompt_sigma, prompt_range=sz.mix.prompt_range,
@@ -376,7 +366,7 @@ NO_PEER = "no peer runs this schedule in this run (ratio empty): the figures are
 
 
 def _cases(quick: bool) -> list[EndToEndCase]:
-    from warpforge.bench.serve_cli import case_name
+    from warpforge.bench.loadgen import case_name
 
     sz = QUICK if quick else FULL
     bf16 = torch.bfloat16

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from warpforge.bench.e2e import sync
 from warpforge.bench.suite import EndToEndCase, Run, Suite
 
 GSPLAT = "gsplat"
@@ -168,11 +169,6 @@ class _OursLoop:
 LOOPS = {"ours": _OursLoop, GSPLAT: _GsplatLoop}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _iteration(who: str, s: Setup):
     def run(device: torch.device, rep: int) -> list[Run]:
         data = _scene(s, device)
@@ -181,11 +177,11 @@ def _iteration(who: str, s: Setup):
         psnr0 = loop.evaluate()
         for _ in range(start):
             loop.train_step()
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(stop - start):
             loop.train_step()
-        _sync(device)
+        sync(device)
         ms = (time.perf_counter() - t0) * 1e3 / (stop - start)
         psnr = loop.evaluate()
         out = {"psnr0": psnr0, "psnr": psnr, "n": loop.n}
@@ -201,11 +197,11 @@ def _converge(who: str, s: Setup):
         loop = LOOPS[who](data, s.max_steps, device)
         train_s, curve, reached = 0.0, [], None
         while loop.step < s.max_steps:
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(min(s.eval_every, s.max_steps - loop.step)):
                 loop.train_step()
-            _sync(device)
+            sync(device)
             train_s += time.perf_counter() - t0
             psnr = loop.evaluate()
             curve.append({"step": loop.step, "psnr": psnr, "train_s": train_s, "n": loop.n})

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.kernels._checks import refuse_interpreted_bf16
+from warpforge.kernels._checks import check_num_warps, check_pow2, refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, pdl, pdl_enter, pdl_release, use_triton
 from warpforge.kernels.attention._online_softmax import NEG_BIG, attend_span, finalize, head_scales, key_range
 from warpforge.kernels.attention._qk_fp8 import attend_span_qk8, quantize_rows_e4m3
@@ -56,10 +56,8 @@ class DecodeConfig:
         for name in ("fused_reduce", "qk_fp8"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"DecodeConfig.{name}: expected a bool, got {getattr(self, name)!r}")
-        if self.block_n < 16 or self.block_n & (self.block_n - 1):
-            raise ValueError(f"DecodeConfig.block_n: expected a power of two >= 16, got {self.block_n}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"DecodeConfig.num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps}")
+        check_pow2(self, "block_n", lo=16)
+        check_num_warps(self)
         for name in ("num_stages", "programs_per_sm", "min_split_tokens", "max_splits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DecodeConfig.{name}: expected >= 1, got {getattr(self, name)}")

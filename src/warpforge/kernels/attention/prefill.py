@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from warpforge.kernels._checks import refuse_interpreted_bf16
+from warpforge.kernels._checks import check_num_warps, check_pow2, refuse_interpreted_bf16
 from warpforge.kernels._dispatch import INTERPRET, use_triton
 from warpforge.kernels.attention._online_softmax import LOG2E, NEG_BIG, attend_span, finalize, key_range
 from warpforge.kernels.reference import attention_window, flash_attention_ref
@@ -47,12 +47,8 @@ class AttentionConfig:
     tma: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"AttentionConfig.{name}: expected a power of two >= 16 (tl.dot minimum), got {v}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"AttentionConfig.num_warps: expected 1, 2, 4, 8 or 16, got {self.num_warps}")
+        check_pow2(self, "block_m", "block_n", lo=16)  # 16: tl.dot's smallest operand
+        check_num_warps(self)
         if self.num_stages < 1:
             raise ValueError(f"AttentionConfig.num_stages: expected >= 1, got {self.num_stages}")
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels import use_triton
 from warpforge.kernels.matmul import matmul
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels import use_triton
 from warpforge.kernels.norm import layer_norm
 from warpforge.optimize.passes import _fx
 from warpforge.optimize.passes.base import PassContext
