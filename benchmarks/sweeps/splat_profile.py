@@ -80,7 +80,8 @@ def main() -> None:
     ap.add_argument("--no-gsplat", action="store_true", help="profile warpforge only (gsplat's first call builds "
                     "its CUDA extension: ~80 s)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
-                    help="only the host side: N forward calls of warpforge under cProfile, the top functions by own time")
+                    help="only the host side: N forward calls of warpforge under cProfile, the top functions by "
+                         "own time")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself (no CUDA kernels)")
     a = ap.parse_args()
     w_, h_ = (int(x) for x in a.size.split("x"))
