@@ -176,8 +176,8 @@ def test_launcher_validates_its_buffers():
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills(tmp_path):
-    """What the interpreter cannot check: the projection and SH kernels compile for the H200 (offline ptxas)
-    without spills, within the register budgets their launch shapes were chosen for."""
+    """What the interpreter cannot check: the projection, SH and input-check kernels compile for the H200
+    (offline ptxas) without spills, within the register budgets their launch shapes were chosen for."""
     import json
     import os
     import subprocess
@@ -189,5 +189,5 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
                           timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(res) == 10 and all(r["spill_bytes"] == 0 for r in res.values()), res
+    assert len(res) == 11 and all(r["spill_bytes"] == 0 for r in res.values()), res
     assert all(r["regs"] <= 128 for r in res.values()), res  # >= 4 blocks of 4 warps a SM

@@ -224,8 +224,8 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
         if deferred is not None:
             deferred.resolve()
     elif deferred is not None:  # the one host sync: the size of the intersection arrays and the input checks
-        M, ok = torch.stack([cum[-1], deferred.ok.to(torch.int64)]).tolist()
-        deferred.resolve(bool(ok))
+        M, bad = torch.cat([cum[-1:], deferred.flag]).tolist()
+        deferred.resolve(bad == 0)
     else:
         M = int(cum[-1])  # the one host sync: the size of the intersection arrays
     if M >= 2**31:
