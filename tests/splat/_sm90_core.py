@@ -42,9 +42,21 @@ def main() -> None:
     res["project_bwd pinhole antialiased"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel),
                                                               dict(aa, VIEW_GRAD=False), P.NUM_WARPS, 1)
     res["sh_fwd d3"] = sm90.compile_one(S._sh_fwd_kernel, types(S._sh_fwd_kernel),
-                                        dict(DEGREE=3, KB=16, BLOCK=S.BLOCK), S.NUM_WARPS, 1)
+                                        dict(DEGREE=3, KB=16, BLOCK=S.BLOCK, RENDER=False, COEF_SHARED=True), S.NUM_WARPS, 1)
     res["sh_bwd d3"] = sm90.compile_one(S._sh_bwd_kernel, types(S._sh_bwd_kernel),
-                                        dict(DEGREE=3, KB=16, BLOCK=S.BWD_BLOCK), S.NUM_WARPS, 1)
+                                        dict(DEGREE=3, KB=16, BLOCK=S.BWD_BLOCK, RENDER=False, COEF_SHARED=True,
+                                             CENTRE_GRAD=False), S.NUM_WARPS, 1)
+    for shared in (True, False):
+        tag = "" if shared else " per-camera coeffs"
+        res[f"sh_fwd d3 render{tag}"] = sm90.compile_one(
+            S._sh_fwd_kernel, types(S._sh_fwd_kernel), dict(DEGREE=3, KB=16, BLOCK=S.BLOCK, RENDER=True,
+                                                            COEF_SHARED=shared), S.NUM_WARPS, 1)
+    res["sh_bwd d3 render"] = sm90.compile_one(
+        S._sh_bwd_kernel, types(S._sh_bwd_kernel), dict(DEGREE=3, KB=16, BLOCK=S.BWD_BLOCK, RENDER=True,
+                                                        COEF_SHARED=True, CENTRE_GRAD=False), S.NUM_WARPS, 1)
+    res["sh_bwd d3 render poses"] = sm90.compile_one(
+        S._sh_bwd_kernel, types(S._sh_bwd_kernel), dict(DEGREE=3, KB=16, BLOCK=S.BWD_BLOCK, RENDER=True,
+                                                        COEF_SHARED=False, CENTRE_GRAD=True), S.NUM_WARPS, 1)
     res["input checks"] = sm90.compile_one(K._check_kernel, types(K._check_kernel),
                                            dict(NT=6, CAMERAS=True, BLOCK=K.BLOCK, CB=K.CAM_BLOCK), K.NUM_WARPS, 1)
     json.dump(res, sys.stdout)

@@ -23,7 +23,7 @@ from warpforge.splat.checks import DeferredCheck, gaussian_bounds
 from warpforge.splat.packed import PACK_PAIRS, intersect_tiles_packed, project_packed
 from warpforge.splat.project import check_projection_inputs, project_checked
 from warpforge.splat.reference import RASTERIZE_MODES, RENDER_MODES
-from warpforge.splat.sh import MAX_DEGREE, spherical_harmonics
+from warpforge.splat.sh import MAX_DEGREE, sh_colors
 from warpforge.splat.tiles import intersect_tiles, tile_offsets
 
 __all__ = ["rasterize", "RASTERIZE_MODES", "RENDER_MODES"]
@@ -69,11 +69,13 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     tile_width, tile_height = -(-width // tile_size), -(-height // tile_size)
     args = (means, quats, scales, opacities, viewmats, Ks, width, height, near, far, eps2d, camera_model,
             rasterize_mode == "antialiased")
+    centres = None if sh_degree is None else _centres(values, viewmats)
     if packed:
         # colours per camera group in the dense layout, then only the visible rows kept (see packed.py)
         def group_features(c0: int, c1: int, depths: torch.Tensor) -> torch.Tensor:  # -> [c1 - c0, N, D']
             own = colors[c0:c1] if colors.dim() == (3 if sh_degree is None else 4) else colors  # per camera
-            return _features(own, means, viewmats[c0:c1], sh_degree, depths, render_mode, c1 - c0)
+            group = None if centres is None else centres[c0:c1]
+            return _features(own, means, group, sh_degree, depths, render_mode, c1 - c0)
 
         values.resolve()  # packed mode sizes its pair list from the projection: the values are checked first
         pk = project_packed(*args, features=group_features)
@@ -81,7 +83,7 @@ def rasterize(means: torch.Tensor,  # [N, 3]
         tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles_packed(pk, C, tile_size, tile_width, tile_height)
     else:
         proj, ids = project_checked(*args), None
-        feats = _features(colors, means, viewmats, sh_degree, proj.depths, render_mode, C)
+        feats = _features(colors, means, centres, sh_degree, proj.depths, render_mode, C)
         tiles_per_gauss, isect_ids, flatten_ids = intersect_tiles(proj.means2d, proj.radii, proj.depths,
                                                                   proj.conics, proj.opacities, tile_size,
                                                                   tile_width, tile_height, deferred=values)
@@ -103,19 +105,26 @@ def rasterize(means: torch.Tensor,  # [N, 3]
     return images, alphas, meta
 
 
-def _features(colors, means, viewmats, sh_degree, depths, render_mode, C):
+def _features(colors, means, centres, sh_degree, depths, render_mode, C):
     """What the blend accumulates per (camera, Gaussian), [C, N, D']."""
     feats = []
     if render_mode in ("RGB", "RGB+ED"):
         if sh_degree is None:
             feats.append(colors if colors.dim() == 3 else colors[None].expand(C, *colors.shape))
         else:
-            dirs = means[None] - camera_centers(viewmats)[:, None]  # [C, N, 3]
             # [N, K, 3] coefficients are shared by the cameras: the SH kernel reads them once per Gaussian
-            feats.append(torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors) + 0.5, 0.0))
+            feats.append(sh_colors(sh_degree, means, centres, colors))
     if render_mode != "RGB":
         feats.append(depths[..., None])
     return feats[0] if len(feats) == 1 else torch.cat(feats, -1)
+
+
+def _centres(values: DeferredCheck, viewmats: torch.Tensor) -> torch.Tensor:  # [C, 3]
+    """The cameras' centres for the SH directions: those the check kernel computed, unless the poses need a
+    gradient through them (then torch's inverse, differentiable)."""
+    if values.centres is not None and not (viewmats.requires_grad and torch.is_grad_enabled()):
+        return values.centres
+    return camera_centers(viewmats)
 
 
 def _backgrounds(background, render_mode, C):
