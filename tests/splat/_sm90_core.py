@@ -31,18 +31,23 @@ def main() -> None:
             dict(base, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS),
             P.NUM_WARPS, 1)
         res[f"project_bwd {name}"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel),
-                                                      dict(base, VIEW_GRAD=False), P.NUM_WARPS, 1)
+                                                      dict(base, VIEW_GRAD=False, DEPTH_GRAD=True), P.NUM_WARPS, 1)
         res[f"project_bwd {name} poses"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel),
-                                                            dict(base, VIEW_GRAD=True), P.NUM_WARPS, 1)
+                                                            dict(base, VIEW_GRAD=True, DEPTH_GRAD=True), P.NUM_WARPS, 1)
+    res["project_bwd pinhole rgb"] = sm90.compile_one(  # an RGB render: the depths take no gradient
+        P._project_bwd_kernel, types(P._project_bwd_kernel),
+        dict(CAMERA=0, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, ANTIALIAS=False, BLOCK=P.BLOCK, VIEW_GRAD=False,
+             DEPTH_GRAD=False), P.NUM_WARPS, 1)
     aa = dict(CAMERA=0, CLAMP=ref.CLAMP_FOV, EPS=ref.FISHEYE_EPS, ANTIALIAS=True, BLOCK=P.BLOCK)
     res["project_fwd pinhole antialiased"] = sm90.compile_one(
         P._project_fwd_kernel, types(P._project_fwd_kernel),
         dict(aa, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS),
         P.NUM_WARPS, 1)
-    res["project_bwd pinhole antialiased"] = sm90.compile_one(P._project_bwd_kernel, types(P._project_bwd_kernel),
-                                                              dict(aa, VIEW_GRAD=False), P.NUM_WARPS, 1)
+    res["project_bwd pinhole antialiased"] = sm90.compile_one(
+        P._project_bwd_kernel, types(P._project_bwd_kernel), dict(aa, VIEW_GRAD=False, DEPTH_GRAD=True), P.NUM_WARPS, 1)
     res["sh_fwd d3"] = sm90.compile_one(S._sh_fwd_kernel, types(S._sh_fwd_kernel),
-                                        dict(DEGREE=3, KB=16, BLOCK=S.BLOCK, RENDER=False, COEF_SHARED=True), S.NUM_WARPS, 1)
+                                        dict(DEGREE=3, KB=16, BLOCK=S.BLOCK, RENDER=False, COEF_SHARED=True),
+                                        S.NUM_WARPS, 1)
     res["sh_bwd d3"] = sm90.compile_one(S._sh_bwd_kernel, types(S._sh_bwd_kernel),
                                         dict(DEGREE=3, KB=16, BLOCK=S.BWD_BLOCK, RENDER=False, COEF_SHARED=True,
                                              CENTRE_GRAD=False), S.NUM_WARPS, 1)

@@ -131,7 +131,7 @@ def check_flag_triton(named: list[tuple[str, torch.Tensor]],
     else:
         view = Ks = centres = ts[0]
         C = 0
-    grid = (max(1, triton.cdiv(max(t.numel() for t in ts), BLOCK)),)
+    grid = (max(1, -(-max(t.numel() for t in ts) // BLOCK)),)
     _check_kernel[grid](*ts, *ts[:1] * pad, *(t.numel() for t in ts), *[0] * pad, *lo, *[0.0] * pad, *hi,
                         *[0.0] * pad, view, Ks, C, centres, flag, NT=len(ts), CAMERAS=cameras is not None,
                         BLOCK=BLOCK, CB=CAM_BLOCK, num_warps=NUM_WARPS)

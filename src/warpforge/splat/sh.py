@@ -297,7 +297,7 @@ def _check_kernel_args(dirs, coeffs, cams: int) -> None:
 
 
 def _meta(degree: int, K: int, block: int) -> dict:
-    return dict(DEGREE=degree, KB=max(16, triton.next_power_of_2(K)), BLOCK=block, num_warps=NUM_WARPS)
+    return dict(DEGREE=degree, KB=max(16, 1 << (K - 1).bit_length()), BLOCK=block, num_warps=NUM_WARPS)
 
 
 def sh_fwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, cams: int) -> torch.Tensor:
@@ -306,7 +306,7 @@ def sh_fwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, cams: i
     N, K = coeffs.shape[:2]
     out = _alloc((cams * N, 3), torch.float32, dirs.device)
     if N:
-        _sh_fwd_kernel[(triton.cdiv(N, BLOCK),)](dirs, dirs, coeffs, out, N, cams, K, RENDER=False, COEF_SHARED=True,
+        _sh_fwd_kernel[(-(-N // BLOCK),)](dirs, dirs, coeffs, out, N, cams, K, RENDER=False, COEF_SHARED=True,
                                                  **_meta(degree, K, BLOCK))
     return out
 
@@ -322,7 +322,7 @@ def sh_bwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, v_out: 
     v_dirs = _alloc(dirs.shape, torch.float32, dirs.device)
     v_coeffs = _alloc(coeffs.shape, torch.float32, dirs.device)
     if N:
-        _sh_bwd_kernel[(triton.cdiv(N, BWD_BLOCK),)](dirs, dirs, coeffs, v_out, v_dirs, v_dirs, v_coeffs, N, cams, K,
+        _sh_bwd_kernel[(-(-N // BWD_BLOCK),)](dirs, dirs, coeffs, v_out, v_dirs, v_dirs, v_coeffs, N, cams, K,
                                                      RENDER=False, COEF_SHARED=True, CENTRE_GRAD=False,
                                                      **_meta(degree, K, BWD_BLOCK))
     return v_dirs, v_coeffs
@@ -351,7 +351,7 @@ def sh_colors_fwd_triton(degree: int, means: torch.Tensor, centres: torch.Tensor
     N, C, K = means.shape[0], centres.shape[0], coeffs.shape[-2]
     out = _alloc((C, N, 3), torch.float32, means.device)
     if N:
-        _sh_fwd_kernel[(triton.cdiv(N, BLOCK),)](means, centres, coeffs, out, N, C, K, RENDER=True,
+        _sh_fwd_kernel[(-(-N // BLOCK),)](means, centres, coeffs, out, N, C, K, RENDER=True,
                                                  COEF_SHARED=coeffs.dim() == 3, **_meta(degree, K, BLOCK))
     return out
 
@@ -368,7 +368,7 @@ def sh_colors_bwd_triton(degree: int, means: torch.Tensor, centres: torch.Tensor
     v_coeffs = _alloc(coeffs.shape, torch.float32, means.device)
     v_centres = torch.zeros((C, 3), dtype=torch.float32, device=means.device) if centre_grad else None  # atomics
     if N:
-        _sh_bwd_kernel[(triton.cdiv(N, BWD_BLOCK),)](
+        _sh_bwd_kernel[(-(-N // BWD_BLOCK),)](
             means, centres, coeffs, v_out, v_means, v_centres if centre_grad else v_means, v_coeffs, N, C, K,
             RENDER=True, COEF_SHARED=coeffs.dim() == 3, CENTRE_GRAD=centre_grad, **_meta(degree, K, BWD_BLOCK))
     return v_means, v_centres, v_coeffs
