@@ -196,10 +196,15 @@ def estimate_bytes(C: int, N: int, D: int, width: int, height: int, tile_size: i
 
 
 def free_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` (CUDA: the driver's count; CPU: MemAvailable), None where unknown."""
+    """Free memory on ``device`` (CUDA: the driver's count plus what torch's caching allocator holds unused;
+    CPU: MemAvailable), None where unknown."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
-            - torch.cuda.memory_allocated(device)
+        # one read of the allocator's counters: torch.cuda.memory_reserved and memory_allocated each flatten
+        # and sort all ~170 of them in Python (~0.1 ms a call)
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        cached = stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"] \
+            if stats else 0
+        return torch.cuda.mem_get_info(device)[0] + cached
     if device.type == "cpu" and os.path.exists("/proc/meminfo"):
         with open("/proc/meminfo") as f:
             for line in f:
@@ -210,9 +215,10 @@ def free_bytes(device: torch.device) -> int | None:
 
 def check_memory(C: int, N: int, D: int, width: int, height: int, tile_size: int, device: torch.device) -> None:
     need = estimate_bytes(C, N, D, width, height, tile_size)
+    if device.type == "cuda" and need <= torch.cuda.mem_get_info(device)[0]:
+        return  # the driver's free memory covers it alone: the allocator's counters are not needed
     free = free_bytes(device)
     if free is not None and need > free:
         raise ValueError(f"rasterize of {N} Gaussians into {C} camera(s) at {width}x{height} needs at least "
                          f"{need / 2**30:.2f} GiB, more than the {free / 2**30:.2f} GiB free on {device} (render "
                          "fewer cameras or Gaussians per call, or a smaller image)")
-
