@@ -45,15 +45,14 @@ def view_inverse_column(viewmats: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     row: the formula ``checks``' kernel evaluates, so the torch checks flag a singular view matrix (determinant 0,
     or a centre that is not finite) where the kernel does."""
     v = viewmats.detach()
-    a, b, c, last = v[:, 0], v[:, 1], v[:, 2], v[:, 3]
-
-    def minor(i, j, k):  # the 3x3 determinant of rows 0..2, columns i, j, k
-        return (a[:, i] * (b[:, j] * c[:, k] - b[:, k] * c[:, j]) - a[:, j] * (b[:, i] * c[:, k] - b[:, k] * c[:, i])
-                + a[:, k] * (b[:, i] * c[:, j] - b[:, j] * c[:, i]))
-
-    cof = torch.stack([-minor(1, 2, 3), minor(0, 2, 3), -minor(0, 1, 3), minor(0, 1, 2)], -1)
-    det = (last * cof).sum(-1)
+    # the 3x3 minors of rows 0..2 leaving out column j, as row0 . (row1 x row2)
+    a, b, c = v[:, :3, _MINOR_COLUMNS].unbind(1)  # [C, 4, 3] each
+    cof = (a * torch.linalg.cross(b, c, dim=-1)).sum(-1) * v.new_tensor([-1.0, 1.0, -1.0, 1.0])
+    det = (v[:, 3] * cof).sum(-1)
     return cof[:, :3] / det[:, None], det
+
+
+_MINOR_COLUMNS = ((1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2))
 
 
 def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch.float32, *,
