@@ -3,6 +3,18 @@
 the wall time per call against the summed kernel time (the gap is the GPU waiting on the host).
 
     python benchmarks/sweeps/splat_profile.py [--n 1000000] [--size 1920x1080] [--out profile.json]
+
+Two CPU-only modes count the host side without a GPU:
+
+    python benchmarks/sweeps/splat_profile.py --count          # launches of one forward and forward+backward
+    python benchmarks/sweeps/splat_profile.py --host 300       # host ms per call, every Triton launch skipped
+
+``--count`` runs every Triton kernel through the interpreter on a small scene (default 300 Gaussians, 64x48) and
+lists, in order, the Triton launches and the torch ops that launch a CUDA kernel (not views or allocations);
+one torch op may be several CUDA kernels (the sort), and CUDA's memsets for cached allocations do not show.
+``--host`` times the Python and torch-op side of a call with the Triton launches replaced by no-ops (the
+intersection count writes 1s, so the later stages see sane sizes): CPU torch ops stand in for CUDA launches, so
+the figure compares commits on one machine and is no GPU time.
 """
 
 from __future__ import annotations
@@ -71,10 +83,98 @@ def kernels(render, scene, backward: bool, reps: int = 10) -> dict:
             "kernels": [{"name": k[:90], "ms": round(ms, 4), "count": c} for k, ms, c in rows]}
 
 
+# torch ops that launch no CUDA kernel (warpforge.profile.launches' rule)
+_NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
+              "alias", "_reshape_alias", "as_strided_", "set_", "resize_", "_local_scalar_dense", "is_same_size",
+              "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
+
+
+def count_launches(render, scene, backward: bool) -> list[str]:
+    """The launches of one call, in order: Triton kernels (run by the interpreter) and kernel-launching torch
+    ops. The harness's loss is counted too: 2 ops forward (mul, sum), 2 backward (ones_like, mul)."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from warpforge.kernels._dispatch import force_triton
+
+    log: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in _NO_KERNEL:
+                log.append(f"torch:{name}")
+            return out
+
+    run = InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        log.append(f"triton:{self.fn.__name__}")
+        with _disable_current_modes():  # the interpreter's own tensor copies are not launches
+            return run(self, *args, **kwargs)
+
+    InterpretedFunction.run = counted
+    try:
+        with force_triton(), Ops():
+            _call(render, scene, backward)
+    finally:
+        InterpretedFunction.run = run
+    return log
+
+
+def host_ms(render, scene, backward: bool, calls: int) -> float:
+    """Host milliseconds per call with every Triton launch skipped (best of 5 rounds of ``calls``)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from warpforge.kernels._dispatch import force_triton
+
+    run = InterpretedFunction.run
+
+    def skipped(self, *args, grid, warmup=False, **kwargs):
+        if self.fn.__name__ == "_isect_count_kernel":
+            args[4].fill_(1)  # one tile per Gaussian: the intersection arrays get a size
+        return None
+
+    InterpretedFunction.run = skipped
+    try:
+        with force_triton():
+            for _ in range(max(3, calls // 10)):
+                _call(render, scene, backward)
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    _call(render, scene, backward)
+                best = min(best, (time.perf_counter() - t0) * 1e3 / calls)
+    finally:
+        InterpretedFunction.run = run
+    return best
+
+
+def cpu_modes(a, w_: int, h_: int) -> None:
+    """--count and --host: the host side on this machine's CPU (see the module docstring)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available():
+        raise SystemExit("--count and --host run the Triton interpreter on the CPU: set TRITON_INTERPRET=1")
+    for backward in (False, True):
+        wl = Workload(n=a.n, width=w_, height=h_, backward=backward)
+        scene, render = make_scene(wl, torch.device("cpu")), ours_render(wl)
+        if a.count:
+            log = count_launches(render, scene, backward)
+            n_triton = sum(x.startswith("triton:") for x in log)
+            print(f"== {wl.label}: {len(log)} launches ({n_triton} Triton, {len(log) - n_triton} torch ops)")
+            print("   " + " ".join(x.split(":", 1)[1] for x in log))
+        if a.host:
+            print(f"== {wl.label}: host {host_ms(render, scene, backward, a.host):.3f} ms a call "
+                  "(CPU, Triton launches skipped)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--size", default="1920x1080")
+    ap.add_argument("--n", type=int, default=None, help="Gaussians (1000000; --count and --host: 300)")
+    ap.add_argument("--size", default=None, help="WxH (1920x1080; --count and --host: 64x48)")
     ap.add_argument("--top", type=int, default=18)
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-gsplat", action="store_true", help="profile warpforge only (gsplat's first call builds "
@@ -82,9 +182,17 @@ def main() -> None:
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="only the host side: N forward calls of warpforge under cProfile, the top functions by "
                          "own time")
+    ap.add_argument("--count", action="store_true", help="CPU: count the launches of one call (interpreter)")
+    ap.add_argument("--host", type=int, default=0, metavar="N", help="CPU: host ms a call over N calls, Triton "
+                    "launches skipped")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself (no CUDA kernels)")
     a = ap.parse_args()
-    w_, h_ = (int(x) for x in a.size.split("x"))
+    small = a.count or a.host
+    a.n = a.n or (300 if small else 1_000_000)
+    w_, h_ = (int(x) for x in (a.size or ("64x48" if small else "1920x1080")).split("x"))
+    if small:
+        cpu_modes(a, w_, h_)
+        return
     dev = torch.device(a.device)
     if a.cprofile:
         import cProfile

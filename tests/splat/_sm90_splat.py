@@ -28,7 +28,8 @@ def main() -> None:
         res[f"blend_fwd D{D}"] = compile_one(blend._blend_fwd_kernel, types(blend._blend_fwd_kernel),
                                              dict(meta, T_MIN=ref.T_MIN, UNROLL=blend.FWD_UNROLL), blend.FWD_WARPS, 1)
         res[f"blend_bwd D{D}"] = compile_one(blend._blend_bwd_kernel, types(blend._blend_bwd_kernel),
-                                             dict(meta, ABSGRAD=True, UNROLL=blend.BWD_UNROLL), blend.BWD_WARPS, 1)
+                                             dict(meta, ABSGRAD=True, ALPHA_GRAD=True, UNROLL=blend.BWD_UNROLL),
+                                             blend.BWD_WARPS, 1)
     cut = dict(TILE=16, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, MIN_DET=ref.MIN_DET_RATIO,
                BLOCK=tiles.BLOCK_GAUSS)
     for name, fn in (("isect_count", tiles._isect_count_kernel), ("isect_emit", tiles._isect_emit_kernel)):

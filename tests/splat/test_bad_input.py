@@ -129,6 +129,26 @@ def test_memory_estimate_before_allocating(s, monkeypatch):
     _raises(r"needs at least \d+\.\d+ GiB, more than the", _call, s, width=1_000_000, height=1_000_000)
 
 
+def test_cuda_memory_check_asks_the_allocator_only_when_the_driver_falls_short(monkeypatch):
+    """The check's CUDA side with the CUDA calls stubbed (no GPU needed): the driver's free memory alone when it
+    covers the estimate (one cheap call a render), else plus what torch's allocator holds unused."""
+    need = {C: render.estimate_bytes(C, 5_000_000, 3, 1920, 1080, 16) for C in (1, 3, 8)}
+    driver, cached = (need[1] + need[3]) // 2, need[3]  # covers 1 camera alone, 3 with the cache, not 8
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (calls.append("driver") or (driver, 80 * 2**30)))
+    stats = {"reserved_bytes": {"all": {"current": cached + 2**30}}, "allocated_bytes": {"all": {"current": 2**30}}}
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device: calls.append("stats") or stats)
+    cuda = torch.device("cuda", 0)
+    render.check_memory(1, 5_000_000, 3, 1920, 1080, 16, cuda)
+    assert calls == ["driver"]
+    calls.clear()
+    render.check_memory(3, 5_000_000, 3, 1920, 1080, 16, cuda)
+    assert calls == ["driver", "stats", "driver"]
+    with pytest.raises(ValueError, match=rf"needs at least [\d.]+ GiB, more than the {(driver + cached) / 2**30:.2f} "
+                                         r"GiB free on cuda:0"):
+        render.check_memory(8, 5_000_000, 3, 1920, 1080, 16, cuda)
+
+
 def test_unnormalized_quaternions_are_normalized(s):
     a, _, ma = _call(s)
     b, _, mb = _call(dict(s, quats=s["quats"] * 7.5))

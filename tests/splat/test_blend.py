@@ -131,6 +131,23 @@ def test_cpu_path_matches_reference(case):
 
 
 @pytest.mark.parametrize("path", ["triton", "cpu"])
+@pytest.mark.parametrize("unused", ["alpha", "out"])
+def test_an_output_without_a_gradient(path, unused, request, poisoned):
+    """A loss of the colours alone (the common case: the alphas take no gradient) or of the alphas alone: the
+    backward gets None for the other output, fills no zeros for it, and matches a zero upstream gradient."""
+    C, N, W, H, ts, D, bg = CASES[0]
+    s = _scene(C, N, W, H, ts, D, seed=3)
+    d = {k: v.to(_device(path, request)) for k, v in s.items()}
+    leaves = [d[k].clone().requires_grad_() for k in PARAMS]
+    out, alpha = blend.rasterize_to_pixels(*leaves, W, H, ts, d["offsets"], d["flatten_ids"], backgrounds=d["bg"])
+    ((alpha * d["v_alpha"]).sum() if unused == "out" else (out * d["v_out"]).sum()).backward()
+    s[f"v_{unused}"] = torch.zeros_like(s[f"v_{unused}"])
+    _, _, r_grads, _ = _reference(s, W, H, ts, True)
+    for name, g, r in zip(PARAMS, [v.grad.cpu() for v in leaves], r_grads):
+        _close(g, r), name
+
+
+@pytest.mark.parametrize("path", ["triton", "cpu"])
 def test_dense_opaque_scene_terminates_early(path, request):
     """Many large opaque Gaussians: pixels saturate, so early termination, the last-index bookkeeping and
     the backward's T recovery by division all run (several chunks per tile, tile-wide early exit)."""

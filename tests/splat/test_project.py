@@ -28,7 +28,8 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(project_mod, "_alloc", alloc)
 
 
-def _run(s, triton: bool, camera_model="pinhole", seed=0, **kw):
+def _run(s, triton: bool, camera_model="pinhole", seed=0, fields=("means2d", "conics", "depths", "opacities"),
+         **kw):
     p = leaves(s, GAUSS)
     args = [p[k] for k in (*GAUSS, "viewmats", "Ks")]
     if triton:
@@ -36,8 +37,7 @@ def _run(s, triton: bool, camera_model="pinhole", seed=0, **kw):
     else:
         out = ref.project_reference(*args, WIDTH, HEIGHT, camera_model=camera_model, **kw)
     g = torch.Generator().manual_seed(seed)
-    loss = sum((t * torch.randn(t.shape, generator=g)).sum()
-               for t in (out.means2d, out.conics, out.depths, out.opacities))
+    loss = sum((getattr(out, f) * torch.randn(getattr(out, f).shape, generator=g)).sum() for f in fields)
     loss.backward()
     return out, {k: p[k].grad for k in GAUSS}
 
@@ -58,6 +58,18 @@ def test_triton_matches_reference(n, n_cameras, camera_model, triton_on_cpu, poi
             assert rel_err(g_got[k], g_want[k]) < TOL, (k, rel_err(g_got[k], g_want[k]))
     if n >= 7:
         assert (got.radii > 0).any() and (got.radii == 0).any()  # the scene has both kinds
+
+
+@pytest.mark.parametrize("antialiased", [False, True])
+def test_outputs_without_a_gradient(antialiased, triton_on_cpu, poisoned):
+    """A loss that reads only the centres and conics (an RGB render's depths, or with antialiasing also the
+    opacities, take no gradient): the backward gets None for those outputs, reads no zeros, and matches."""
+    s = make_scene(67, 2, seed=5)
+    fields = ("means2d", "conics")
+    _, g_got = _run(s, True, fields=fields, antialiased=antialiased)
+    _, g_want = _run(s, False, fields=fields, antialiased=antialiased)
+    for k in ("means", "quats", "scales"):
+        assert rel_err(g_got[k], g_want[k]) < TOL, (k, rel_err(g_got[k], g_want[k]))
 
 
 @pytest.mark.parametrize("camera_model", ["pinhole", "fisheye"])
@@ -176,8 +188,8 @@ def test_launcher_validates_its_buffers():
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills(tmp_path):
-    """What the interpreter cannot check: the projection and SH kernels compile for the H200 (offline ptxas)
-    without spills, within the register budgets their launch shapes were chosen for."""
+    """What the interpreter cannot check: the projection, SH and input-check kernels compile for the H200
+    (offline ptxas) without spills, within the register budgets their launch shapes were chosen for."""
     import json
     import os
     import subprocess
@@ -189,5 +201,5 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
                           timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(res) == 10 and all(r["spill_bytes"] == 0 for r in res.values()), res
+    assert len(res) == 16 and all(r["spill_bytes"] == 0 for r in res.values()), res
     assert all(r["regs"] <= 128 for r in res.values()), res  # >= 4 blocks of 4 warps a SM

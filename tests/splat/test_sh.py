@@ -82,3 +82,52 @@ def test_launcher_validates_its_buffers():
         sh_mod.sh_fwd_triton(1, torch.zeros(8, 3), torch.zeros(8, 4, 3).half(), 1)
     with pytest.raises(ValueError, match=r"v_colors must be a contiguous float32 \[8, 3\] tensor"):
         sh_mod.sh_bwd_triton(1, torch.zeros(8, 3), torch.zeros(8, 4, 3), torch.zeros(8, 2), 1)
+
+
+def _run_colors(fn, degree, means, centres, coeffs, seed=0):
+    m, c, k = (t.clone().requires_grad_() for t in (means, centres, coeffs))
+    out = fn(degree, m, c, k)
+    g = torch.Generator().manual_seed(seed)
+    (out * torch.randn(out.shape, generator=g)).sum().backward()
+    return out.detach(), m.grad, c.grad, k.grad
+
+
+def _colors_reference(degree, means, centres, coeffs):
+    return torch.clamp_min(ref.sh_reference(degree, means[None] - centres[:, None], coeffs) + 0.5, 0.0)
+
+
+@pytest.mark.parametrize("degree", [0, 1, 3])
+@pytest.mark.parametrize("C,N,per_camera", [(1, 1, False), (3, 67, False), (2, 33, True)])
+def test_render_colours_match_reference(degree, C, N, per_camera, triton_on_cpu, poisoned):
+    """``sh_colors``: the directions from the means and camera centres, + 0.5 and the clamp at 0 in the kernels,
+    against the torch ops they replace; gradients to means, centres (pose refinement) and coefficients. The DC
+    terms straddle -0.5, so the clamp cuts some colours (and their gradients) and passes others."""
+    g = torch.Generator().manual_seed(degree * 10 + N)
+    means = torch.randn(N, 3, generator=g) * 2
+    centres = torch.randn(C, 3, generator=g) * 3 + torch.tensor([0.0, 0.0, -6.0])
+    K = 16
+    coeffs = 0.3 * torch.randn(*((C,) if per_camera else ()), N, K, 3, generator=g)
+    coeffs[..., 0, :] = torch.randn(*coeffs.shape[:-2], 3, generator=g) * 2
+    got = _run_colors(sh_mod.sh_colors, degree, means, centres, coeffs)
+    want = _run_colors(_colors_reference, degree, means, centres, coeffs)
+    assert got[0].shape == (C, N, 3)
+    clamped = _colors_reference(degree, means, centres, coeffs) == 0
+    if N > 1:
+        assert clamped.any() and not clamped.all()  # the clamp is exercised both ways
+    assert rel_err(got[0], want[0]) < TOL
+    assert rel_err(got[3], want[3]) < TOL
+    if degree == 0:  # a constant basis: the means and centres get no gradient (the reference builds none)
+        assert want[1] is None and (got[1] == 0).all() and (got[2] == 0).all()
+    else:
+        assert rel_err(got[1], want[1]) < TOL
+        assert rel_err(got[2], want[2]) < TOL
+
+
+def test_render_launchers_validate_their_buffers():
+    with pytest.raises(ValueError, match=r"SH render kernel arguments must be means \[N, 3\], centres \[C, 3\]"):
+        sh_mod.sh_colors_fwd_triton(1, torch.zeros(8, 3), torch.zeros(2, 3), torch.zeros(7, 4, 3))
+    with pytest.raises(ValueError, match=r"centres must be contiguous"):
+        sh_mod.sh_colors_fwd_triton(1, torch.zeros(8, 3), torch.zeros(3, 2).t(), torch.zeros(8, 4, 3))
+    with pytest.raises(ValueError, match=r"v_colors must be a contiguous float32 \[2, 8, 3\] tensor"):
+        sh_mod.sh_colors_bwd_triton(1, torch.zeros(8, 3), torch.zeros(2, 3), torch.zeros(8, 4, 3),
+                                    torch.zeros(8, 3))

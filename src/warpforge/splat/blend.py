@@ -135,8 +135,9 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
                       v_means_ptr, v_conics_ptr, v_colors_ptr, v_opac_ptr, v_abs_ptr,
                       n_isects, n_tiles, W, H, TW, TH,
                       D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr,
-                      UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ABSGRAD: tl.constexpr,
+                      UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ABSGRAD: tl.constexpr, ALPHA_GRAD: tl.constexpr,
                       ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr):
+    # ALPHA_GRAD: the alphas took a gradient (v_alpha is read; without it, as if zero)
     pid = tl.program_id(0)
     cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
     start = tl.load(offsets_ptr + pid)
@@ -146,7 +147,7 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
     T = tl.load(T_ptr + pix, mask=inside, other=1.0)  # T after the pixel's last Gaussian, then walking back
     last = tl.load(last_ptr + pix, mask=inside, other=-1)
     v_c = tl.load(v_out_ptr + pix[:, None] * D + dcol[None, :], mask=inside[:, None] & dm[None, :], other=0.0)
-    v_a = tl.load(v_alpha_ptr + pix, mask=inside, other=0.0)
+    v_a = tl.load(v_alpha_ptr + pix, mask=inside & ALPHA_GRAD, other=0.0)
     if HAS_BG:
         bg = tl.load(bg_ptr + cam * D + dcol, mask=dm, other=0.0)
         v_a = v_a - tl.sum(v_c * bg[None, :], axis=1)
@@ -203,7 +204,8 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
 
 def _meta(colors: torch.Tensor, tile_size: int, unroll: int, num_warps: int) -> dict:
     D = colors.shape[-1]
-    return dict(D=D, DB=triton.next_power_of_2(D), TILE=tile_size, PB=triton.next_power_of_2(tile_size * tile_size),
+    # powers of two by bit_length: triton.next_power_of_2 (and triton.cdiv) cost ~4 us a host call
+    return dict(D=D, DB=1 << (D - 1).bit_length(), TILE=tile_size, PB=1 << (tile_size * tile_size - 1).bit_length(),
                 UNROLL=unroll, ALPHA_MIN=ref.ALPHA_MIN, ALPHA_MAX=ref.ALPHA_MAX, num_warps=num_warps)
 
 
@@ -236,8 +238,9 @@ def _bwd_triton(means2d, conics, colors, opacities, backgrounds, width, height, 
     v_abs = torch.zeros_like(means2d) if absgrad else grads[0]
     _blend_bwd_kernel[(n_tiles,)](
         means2d, conics, colors, opacities, backgrounds if backgrounds is not None else v_out, offsets, flatten_ids,
-        T, last, v_out, v_alphas, *grads, v_abs, flatten_ids.numel(), n_tiles, width, height, tw, th,
-        HAS_BG=backgrounds is not None, ABSGRAD=absgrad, **_meta(colors, tile_size, BWD_UNROLL, BWD_WARPS))
+        T, last, v_out, v_alphas if v_alphas is not None else v_out, *grads, v_abs, flatten_ids.numel(), n_tiles,
+        width, height, tw, th, HAS_BG=backgrounds is not None, ABSGRAD=absgrad, ALPHA_GRAD=v_alphas is not None,
+        **_meta(colors, tile_size, BWD_UNROLL, BWD_WARPS))
     return grads, (v_abs if absgrad else None)
 
 
@@ -256,16 +259,20 @@ class _Blend(torch.autograd.Function):
                                    tile_size, *_dense(offsets, flatten_ids))
         ctx.save_for_backward(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, T, last)
         ctx.cfg = (width, height, tile_size, absgrad, triton_path)
+        ctx.set_materialize_grads(False)  # unused alphas: None, not a [C, H, W, 1] fill of zeros
         return out, alphas
 
     @staticmethod
     def backward(ctx, v_out, v_alphas):
         means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, T, last = ctx.saved_tensors
         width, height, tile_size, absgrad, triton_path = ctx.cfg
+        if v_out is None:
+            v_out = T.new_zeros(*T.shape, colors.shape[-1])
+        if v_alphas is None and not triton_path:
+            v_alphas = T.new_zeros(*T.shape, 1)
         bwd = _bwd_triton if triton_path else blend_backward
         grads, v_abs = bwd(*_dense(means2d, conics, colors, opacities, backgrounds), width, height, tile_size,
-                           *_dense(offsets, flatten_ids), T, last, v_out.contiguous(), v_alphas.contiguous(),
-                           absgrad)
+                           *_dense(offsets, flatten_ids), T, last, v_out.contiguous(), *_dense(v_alphas), absgrad)
         if absgrad:
             means2d.absgrad = v_abs
         v_bg = None

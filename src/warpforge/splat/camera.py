@@ -40,6 +40,21 @@ def camera_centers(viewmats: torch.Tensor) -> torch.Tensor:  # [C, 4, 4] -> [C, 
     return torch.linalg.inv_ex(viewmats)[0][:, :3, 3]
 
 
+def view_inverse_column(viewmats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [C,4,4] -> [C,3], [C]
+    """The camera centres (the inverse's translation column) and the determinants, by cofactors along the last
+    row: the formula ``checks``' kernel evaluates, so the torch checks flag a singular view matrix (determinant 0,
+    or a centre that is not finite) where the kernel does."""
+    v = viewmats.detach()
+    # the 3x3 minors of rows 0..2 leaving out column j, as row0 . (row1 x row2)
+    a, b, c = v[:, :3, _MINOR_COLUMNS].unbind(1)  # [C, 4, 3] each
+    cof = (a * torch.linalg.cross(b, c, dim=-1)).sum(-1) * v.new_tensor([-1.0, 1.0, -1.0, 1.0])
+    det = (v[:, 3] * cof).sum(-1)
+    return cof[:, :3] / det[:, None], det
+
+
+_MINOR_COLUMNS = ((1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2))
+
+
 def check_cameras(viewmats, Ks, device: torch.device, dtype: torch.dtype = torch.float32, *,
                   values: bool = True) -> int:
     """Validate [C,4,4] view matrices and [C,3,3] intrinsics (finite, positive focal lengths); returns C.
@@ -68,9 +83,8 @@ def camera_problems(viewmats: torch.Tensor, Ks: torch.Tensor) -> torch.Tensor:
     """A 0-d bool tensor on the cameras' device, True when a value is non-finite, a focal length is not
     positive or a view matrix is singular (no host sync: the caller reads it with its other checks)."""
     f = torch.stack([Ks[:, 0, 0], Ks[:, 1, 1]], -1).detach()
-    v = viewmats.detach()
-    singular = (torch.linalg.inv_ex(v)[1] != 0).any()
-    return (~torch.isfinite(v).all()) | (~torch.isfinite(Ks.detach()).all()) | (f <= 0).any() | singular
+    return (~torch.isfinite(viewmats.detach()).all()) | (~torch.isfinite(Ks.detach()).all()) | (f <= 0).any() \
+        | _singular(viewmats).any()
 
 
 def raise_camera_problem(viewmats: torch.Tensor, Ks: torch.Tensor) -> None:
@@ -83,10 +97,16 @@ def raise_camera_problem(viewmats: torch.Tensor, Ks: torch.Tensor) -> None:
     if bool((f <= 0).any()):
         c = int((f <= 0).any(-1).nonzero()[0, 0])
         raise ValueError(f"Ks[{c}] must have positive focal lengths fx, fy, got {f[c].tolist()}")
-    singular = torch.linalg.inv_ex(viewmats.detach())[1] != 0
+    singular = _singular(viewmats)
     if bool(singular.any()):
         raise ValueError(f"viewmats[{int(singular.nonzero()[0, 0])}] is singular (a world -> camera matrix must be "
                          "invertible)")
+
+
+def _singular(viewmats: torch.Tensor) -> torch.Tensor:  # [C] bool
+    """No camera centre: a zero determinant, or one so small that the centre overflows."""
+    centres, det = view_inverse_column(viewmats)
+    return (det == 0) | ~torch.isfinite(centres).all(-1)
 
 
 def _first(mask: torch.Tensor) -> list[int]:

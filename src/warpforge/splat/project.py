@@ -334,9 +334,10 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
                         v_means2d_ptr, v_conics_ptr, v_depths_ptr, v_comp_ptr, v_means_ptr, v_quats_ptr,
                         v_scales_ptr, v_view_ptr, N, C, W, H, near, far, eps2d,
                         CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr, VIEW_GRAD: tl.constexpr,
-                        ANTIALIAS: tl.constexpr, BLOCK: tl.constexpr):
+                        DEPTH_GRAD: tl.constexpr, ANTIALIAS: tl.constexpr, BLOCK: tl.constexpr):
     # one program per BLOCK Gaussians; gradients summed over the cameras in registers, stored once. With
     # VIEW_GRAD, each camera's [R | t] gradient is summed over the block and added atomically (12 per camera).
+    # Without DEPTH_GRAD the depths took no gradient (an RGB render): v_depths is not read.
     g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = g < N
     mx = tl.load(means_ptr + 3 * g, mask=mask, other=0.0)
@@ -369,7 +370,7 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
         vA = tl.load(v_conics_ptr + 3 * out, mask=keep, other=0.0)
         vB = tl.load(v_conics_ptr + 3 * out + 1, mask=keep, other=0.0)
         vC = tl.load(v_conics_ptr + 3 * out + 2, mask=keep, other=0.0)
-        v_dep = tl.load(v_depths_ptr + out, mask=keep, other=0.0)
+        v_dep = tl.load(v_depths_ptr + out, mask=keep & DEPTH_GRAD, other=0.0)
         # conic = inverse of [[a, b], [b, c]]
         A = c / det
         B = -b / det
@@ -531,7 +532,7 @@ def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, hei
     radii = _alloc((C, N, 2), torch.int32, dev)
     comp = _alloc((C, N), torch.float32, dev) if antialiased else None
     if N:
-        _project_fwd_kernel[(triton.cdiv(N, BLOCK),)](
+        _project_fwd_kernel[(-(-N // BLOCK),)](
             means, quats, scales, opacities, viewmats, Ks, means2d, conics, depths, radii,
             comp if antialiased else depths, N, C, width, height, float(near), float(far), float(eps2d),
             CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, ALPHA_MIN=ref.ALPHA_MIN, MAX_R=ref.MAX_RADIUS,
@@ -542,22 +543,24 @@ def project_fwd_triton(means, quats, scales, opacities, viewmats, Ks, width, hei
 def project_bwd_triton(means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths, width, height,
                        near, far, eps2d, camera, view_grad: bool = False, v_comp: torch.Tensor | None = None):
     """Backward launcher: (v_means [N,3], v_quats [N,4], v_scales [N,3], v_viewmats [C,4,4] or None).
-    ``v_comp`` [C,N]: the antialiased compensation's gradient (None: classic mode)."""
+    ``v_depths`` [C,N] or None (no gradient reached the depths); ``v_comp`` [C,N]: the antialiased compensation's
+    gradient (None: classic mode, or none reached it)."""
     N, C, dev = means.shape[0], viewmats.shape[0], means.device
     named = [("means", means, (N, 3)), ("quats", quats, (N, 4)), ("scales", scales, (N, 3)),
              ("viewmats", viewmats, (C, 4, 4)), ("Ks", Ks, (C, 3, 3)), ("radii", radii, (C, N, 2)),
-             ("v_means2d", v_means2d, (C, N, 2)), ("v_conics", v_conics, (C, N, 3)), ("v_depths", v_depths, (C, N))]
-    _check_kernel_args(named + ([("v_comp", v_comp, (C, N))] if v_comp is not None else []), dev)
+             ("v_means2d", v_means2d, (C, N, 2)), ("v_conics", v_conics, (C, N, 3))]
+    named += [(name, t, (C, N)) for name, t in (("v_depths", v_depths), ("v_comp", v_comp)) if t is not None]
+    _check_kernel_args(named, dev)
     v_means = _alloc((N, 3), torch.float32, dev)
     v_quats = _alloc((N, 4), torch.float32, dev)
     v_scales = _alloc((N, 3), torch.float32, dev)
     v_view = torch.zeros((C, 4, 4), dtype=torch.float32, device=dev) if view_grad else None  # atomics add into it
     if N:
-        _project_bwd_kernel[(triton.cdiv(N, BLOCK),)](
-            means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics, v_depths,
-            v_comp if v_comp is not None else v_depths, v_means, v_quats, v_scales,
-            v_view if view_grad else v_means, N, C, width, height, float(near), float(far), float(eps2d),
-            VIEW_GRAD=view_grad, **_consts(camera, v_comp is not None))
+        _project_bwd_kernel[(-(-N // BLOCK),)](
+            means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics,
+            v_depths if v_depths is not None else v_conics, v_comp if v_comp is not None else v_conics, v_means,
+            v_quats, v_scales, v_view if view_grad else v_means, N, C, width, height, float(near), float(far),
+            float(eps2d), VIEW_GRAD=view_grad, DEPTH_GRAD=v_depths is not None, **_consts(camera, v_comp is not None))
     return v_means, v_quats, v_scales, v_view
 
 
@@ -574,6 +577,8 @@ class _Project(torch.autograd.Function):
         ctx.cfg = (width, height, near, far, eps2d, camera)
         ctx.antialiased = antialiased
         ctx.mark_non_differentiable(radii)
+        # outputs that take no gradient arrive as None, not as zeros autograd would fill (an RGB render's depths)
+        ctx.set_materialize_grads(False)
         if comp is None:  # classic mode: an empty stand-in keeps the outputs' count fixed
             comp = means.new_empty(0)
             ctx.mark_non_differentiable(comp)
@@ -582,10 +587,13 @@ class _Project(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_means2d, v_conics, v_depths, _v_radii, v_comp):
         means, quats, scales, viewmats, Ks, radii = ctx.saved_tensors
+        C, N = radii.shape[:2]
+        v_means2d = v_means2d.contiguous() if v_means2d is not None else means.new_zeros(C, N, 2)
+        v_conics = v_conics.contiguous() if v_conics is not None else means.new_zeros(C, N, 3)
         v_means, v_quats, v_scales, v_view = project_bwd_triton(
-            means, quats, scales, viewmats, Ks, radii, v_means2d.contiguous(), v_conics.contiguous(),
-            v_depths.contiguous(), *ctx.cfg, view_grad=ctx.needs_input_grad[4],
-            v_comp=v_comp.contiguous() if ctx.antialiased else None)
+            means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics,
+            v_depths.contiguous() if v_depths is not None else None, *ctx.cfg, view_grad=ctx.needs_input_grad[4],
+            v_comp=v_comp.contiguous() if ctx.antialiased and v_comp is not None else None)
         return v_means, v_quats, v_scales, None, v_view, None, None, None, None, None, None, None, None
 
 

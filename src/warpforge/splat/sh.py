@@ -6,6 +6,12 @@ across cameras (``coeffs`` [N, K, 3] against ``dirs`` [C, N, 3], what the render
 over the C cameras, and in the backward it sums the coefficient gradient over them in registers before one
 store (no atomics). The basis and its gradient are built as [BLOCK, KB] tiles, so a colour channel is one
 row reduction. CPU: ``reference.sh_reference`` (autograd).
+
+The render's colours (``sh_colors``) run the same kernels in their RENDER mode: each direction is the Gaussian's
+mean minus the camera centre, computed in registers from the means [N, 3] and centres [C, 3], and the colour
+leaves as max(colour + 0.5, 0); the backward recomputes the colour for the clamp's mask and sums the means'
+gradient over the cameras in registers. Four torch ops a forward (the directions, + 0.5, the clamp, the centres'
+inverse) and their backward ops are gone, as is the [C, N, 3] directions tensor autograd kept.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from warpforge.splat import reference as ref
 MAX_DEGREE = 3
 # Coefficient rows per program. Offline sm_90 compiles (ptxas, K = 16, 4 warps): forward 64 rows 40-48
 # registers; backward 64 rows 192-204 registers, 32 rows 92-95 (no spills either way), so the backward takes
-# 32 rows for the occupancy. Chosen by register count; not yet timed on a GPU.
+# 32 rows for the occupancy; the render backward (directions from the means, the clamp's mask recomputed)
+# 32 rows 119-123. Chosen by register count; not yet timed on a GPU.
 BLOCK = 64
 BWD_BLOCK = 32
 NUM_WARPS = 4
@@ -49,13 +56,31 @@ def _put(tile, col, k: tl.constexpr, v):
 
 
 @triton.jit
-def _unit_dir(dirs_ptr, row, mask):
-    dx = tl.load(dirs_ptr + 3 * row, mask=mask, other=1.0)
-    dy = tl.load(dirs_ptr + 3 * row + 1, mask=mask, other=0.0)
-    dz = tl.load(dirs_ptr + 3 * row + 2, mask=mask, other=0.0)
+def _unit_dir(dirs_ptr, centres_ptr, cam, row, mask, mx, my, mz, RENDER: tl.constexpr):
+    """The unit view direction of a block's rows, its length and 1 / max(length, eps). RENDER: mean - the
+    camera's centre (means already loaded); else the row of dirs."""
+    if RENDER:
+        dx = mx - tl.load(centres_ptr + 3 * cam)
+        dy = my - tl.load(centres_ptr + 3 * cam + 1)
+        dz = mz - tl.load(centres_ptr + 3 * cam + 2)
+    else:
+        dx = tl.load(dirs_ptr + 3 * row, mask=mask, other=1.0)
+        dy = tl.load(dirs_ptr + 3 * row + 1, mask=mask, other=0.0)
+        dz = tl.load(dirs_ptr + 3 * row + 2, mask=mask, other=0.0)
     norm = tl.sqrt(dx * dx + dy * dy + dz * dz)
     inv = 1.0 / tl.maximum(norm, 1e-12)  # F.normalize's eps
     return dx * inv, dy * inv, dz * inv, norm, inv
+
+
+@triton.jit
+def _load_means(means_ptr, n, mask, RENDER: tl.constexpr):
+    """RENDER: the block's means (the directions' origins); else placeholders nothing reads."""
+    if RENDER:
+        return (tl.load(means_ptr + 3 * n, mask=mask, other=1.0), tl.load(means_ptr + 3 * n + 1, mask=mask, other=0.0),
+                tl.load(means_ptr + 3 * n + 2, mask=mask, other=0.0))
+    else:
+        zero = tl.zeros(n.shape, tl.float32)
+        return zero, zero, zero
 
 
 @triton.jit
@@ -134,54 +159,88 @@ def _basis_grad(x, y, z, col, DEGREE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.
 
 
 @triton.jit
-def _load_coeffs(coeffs_ptr, n, col, mask, K):
+def _load_coeffs(coeffs_ptr, row, col, mask, K):
     """A block's coefficients [BLOCK, KB] per channel (columns past K read as 0)."""
     m = mask[:, None] & (col < K)
-    base = coeffs_ptr + (n.to(tl.int64)[:, None] * K + col) * 3
+    base = coeffs_ptr + (row.to(tl.int64)[:, None] * K + col) * 3
     return (tl.load(base, mask=m, other=0.0), tl.load(base + 1, mask=m, other=0.0),
             tl.load(base + 2, mask=m, other=0.0))
 
 
 @triton.jit
-def _sh_fwd_kernel(dirs_ptr, coeffs_ptr, out_ptr, N, CAMS, K,
-                   DEGREE: tl.constexpr, KB: tl.constexpr, BLOCK: tl.constexpr):
-    # coeffs [N, K, 3]; dirs and out [CAMS * N, 3], row cam * N + n uses coefficient row n
+def _sh_fwd_kernel(dirs_ptr, centres_ptr, coeffs_ptr, out_ptr, N, CAMS, K,
+                   RENDER: tl.constexpr, COEF_SHARED: tl.constexpr, DEGREE: tl.constexpr, KB: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    # out [CAMS * N, 3], row cam * N + n. Directions: dirs [CAMS * N, 3]; RENDER: means [N, 3] (at dirs_ptr)
+    # minus centres [CAMS, 3], and the colour + 0.5 clamped at 0 (gsplat's rasterization()). Coefficients: row n
+    # of [N, K, 3] for every camera (COEF_SHARED), else row cam * N + n of [CAMS * N, K, 3].
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = n < N
     col = tl.arange(0, KB)[None, :]
-    c_r, c_g, c_b = _load_coeffs(coeffs_ptr, n, col, mask, K)
+    if COEF_SHARED:
+        c_r, c_g, c_b = _load_coeffs(coeffs_ptr, n, col, mask, K)
+    mx, my, mz = _load_means(dirs_ptr, n, mask, RENDER)
     n64 = tl.zeros([BLOCK], tl.int64) + N
     for cam in range(CAMS):
         row = cam * n64 + n
-        x, y, z, _norm, _inv = _unit_dir(dirs_ptr, row, mask)
+        if not COEF_SHARED:
+            c_r, c_g, c_b = _load_coeffs(coeffs_ptr, row, col, mask, K)
+        x, y, z, _norm, _inv = _unit_dir(dirs_ptr, centres_ptr, cam, row, mask, mx, my, mz, RENDER)
         b = _basis(x, y, z, col, DEGREE, BLOCK, KB)
-        tl.store(out_ptr + 3 * row, tl.sum(b * c_r, axis=1), mask=mask)
-        tl.store(out_ptr + 3 * row + 1, tl.sum(b * c_g, axis=1), mask=mask)
-        tl.store(out_ptr + 3 * row + 2, tl.sum(b * c_b, axis=1), mask=mask)
+        r = tl.sum(b * c_r, axis=1)
+        g = tl.sum(b * c_g, axis=1)
+        bl = tl.sum(b * c_b, axis=1)
+        if RENDER:
+            r, g, bl = tl.maximum(r + 0.5, 0.0), tl.maximum(g + 0.5, 0.0), tl.maximum(bl + 0.5, 0.0)
+        tl.store(out_ptr + 3 * row, r, mask=mask)
+        tl.store(out_ptr + 3 * row + 1, g, mask=mask)
+        tl.store(out_ptr + 3 * row + 2, bl, mask=mask)
 
 
 @triton.jit
-def _sh_bwd_kernel(dirs_ptr, coeffs_ptr, v_out_ptr, v_dirs_ptr, v_coeffs_ptr, N, CAMS, K,
+def _sh_bwd_kernel(dirs_ptr, centres_ptr, coeffs_ptr, v_out_ptr, v_dirs_ptr, v_centres_ptr, v_coeffs_ptr, N, CAMS,
+                   K, RENDER: tl.constexpr, COEF_SHARED: tl.constexpr, CENTRE_GRAD: tl.constexpr,
                    DEGREE: tl.constexpr, KB: tl.constexpr, BLOCK: tl.constexpr):
-    # v_coeffs [N, K, 3] summed over the cameras in registers; v_dirs [CAMS * N, 3]
+    # The forward's layouts. v_dirs [CAMS * N, 3]; RENDER: v_means [N, 3] (at v_dirs_ptr), summed over the
+    # cameras in registers, and with CENTRE_GRAD v_centres [CAMS, 3] (atomics into zeros). v_coeffs: [N, K, 3]
+    # summed over the cameras in registers (COEF_SHARED), else per row.
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = n < N
     col = tl.arange(0, KB)[None, :]
-    c_r, c_g, c_b = _load_coeffs(coeffs_ptr, n, col, mask, K)
-    acc_r = tl.zeros([BLOCK, KB], tl.float32)
-    acc_g = tl.zeros([BLOCK, KB], tl.float32)
-    acc_b = tl.zeros([BLOCK, KB], tl.float32)
+    if COEF_SHARED:
+        c_r, c_g, c_b = _load_coeffs(coeffs_ptr, n, col, mask, K)
+        acc_r = tl.zeros([BLOCK, KB], tl.float32)
+        acc_g = tl.zeros([BLOCK, KB], tl.float32)
+        acc_b = tl.zeros([BLOCK, KB], tl.float32)
+    mx, my, mz = _load_means(dirs_ptr, n, mask, RENDER)
+    vm_x = tl.zeros([BLOCK], tl.float32)
+    vm_y = tl.zeros([BLOCK], tl.float32)
+    vm_z = tl.zeros([BLOCK], tl.float32)
     n64 = tl.zeros([BLOCK], tl.int64) + N
     for cam in range(CAMS):
         row = cam * n64 + n
-        x, y, z, norm, inv = _unit_dir(dirs_ptr, row, mask)
-        v_r = tl.load(v_out_ptr + 3 * row, mask=mask, other=0.0)
-        v_g = tl.load(v_out_ptr + 3 * row + 1, mask=mask, other=0.0)
-        v_b = tl.load(v_out_ptr + 3 * row + 2, mask=mask, other=0.0)
+        if not COEF_SHARED:
+            c_r, c_g, c_b = _load_coeffs(coeffs_ptr, row, col, mask, K)
+        x, y, z, norm, inv = _unit_dir(dirs_ptr, centres_ptr, cam, row, mask, mx, my, mz, RENDER)
         b = _basis(x, y, z, col, DEGREE, BLOCK, KB)
-        acc_r += b * v_r[:, None]
-        acc_g += b * v_g[:, None]
-        acc_b += b * v_b[:, None]
+        m_r, m_g, m_b = mask, mask, mask
+        if RENDER:  # the clamp at 0 passes the gradient where colour + 0.5 >= 0 (torch's clamp_min)
+            m_r = mask & (tl.sum(b * c_r, axis=1) + 0.5 >= 0.0)
+            m_g = mask & (tl.sum(b * c_g, axis=1) + 0.5 >= 0.0)
+            m_b = mask & (tl.sum(b * c_b, axis=1) + 0.5 >= 0.0)
+        v_r = tl.load(v_out_ptr + 3 * row, mask=m_r, other=0.0)
+        v_g = tl.load(v_out_ptr + 3 * row + 1, mask=m_g, other=0.0)
+        v_b = tl.load(v_out_ptr + 3 * row + 2, mask=m_b, other=0.0)
+        if COEF_SHARED:
+            acc_r += b * v_r[:, None]
+            acc_g += b * v_g[:, None]
+            acc_b += b * v_b[:, None]
+        else:
+            m = mask[:, None] & (col < K)
+            base = v_coeffs_ptr + (row[:, None] * K + col) * 3
+            tl.store(base, b * v_r[:, None], mask=m)
+            tl.store(base + 1, b * v_g[:, None], mask=m)
+            tl.store(base + 2, b * v_b[:, None], mask=m)
         if DEGREE >= 1:  # degree 0 is constant: no direction gradient
             gk = c_r * v_r[:, None] + c_g * v_g[:, None] + c_b * v_b[:, None]  # dL/d basis_k
             gx, gy, gz = _basis_grad(x, y, z, col, DEGREE, BLOCK, KB)
@@ -194,14 +253,28 @@ def _sh_bwd_kernel(dirs_ptr, coeffs_ptr, v_out_ptr, v_dirs_ptr, v_coeffs_ptr, N,
             vx = tl.zeros([BLOCK], tl.float32)
             vy = tl.zeros([BLOCK], tl.float32)
             vz = tl.zeros([BLOCK], tl.float32)
-        tl.store(v_dirs_ptr + 3 * row, vx, mask=mask)
-        tl.store(v_dirs_ptr + 3 * row + 1, vy, mask=mask)
-        tl.store(v_dirs_ptr + 3 * row + 2, vz, mask=mask)
-    m = mask[:, None] & (col < K)
-    base = v_coeffs_ptr + (n.to(tl.int64)[:, None] * K + col) * 3
-    tl.store(base, acc_r, mask=m)
-    tl.store(base + 1, acc_g, mask=m)
-    tl.store(base + 2, acc_b, mask=m)
+        if RENDER:  # d = mean - centre
+            vm_x += vx
+            vm_y += vy
+            vm_z += vz
+            if CENTRE_GRAD:
+                tl.atomic_add(v_centres_ptr + 3 * cam, -tl.sum(tl.where(mask, vx, 0.0), axis=0), sem="relaxed")
+                tl.atomic_add(v_centres_ptr + 3 * cam + 1, -tl.sum(tl.where(mask, vy, 0.0), axis=0), sem="relaxed")
+                tl.atomic_add(v_centres_ptr + 3 * cam + 2, -tl.sum(tl.where(mask, vz, 0.0), axis=0), sem="relaxed")
+        else:
+            tl.store(v_dirs_ptr + 3 * row, vx, mask=mask)
+            tl.store(v_dirs_ptr + 3 * row + 1, vy, mask=mask)
+            tl.store(v_dirs_ptr + 3 * row + 2, vz, mask=mask)
+    if RENDER:
+        tl.store(v_dirs_ptr + 3 * n, vm_x, mask=mask)
+        tl.store(v_dirs_ptr + 3 * n + 1, vm_y, mask=mask)
+        tl.store(v_dirs_ptr + 3 * n + 2, vm_z, mask=mask)
+    if COEF_SHARED:
+        m = mask[:, None] & (col < K)
+        base = v_coeffs_ptr + (n.to(tl.int64)[:, None] * K + col) * 3
+        tl.store(base, acc_r, mask=m)
+        tl.store(base + 1, acc_g, mask=m)
+        tl.store(base + 2, acc_b, mask=m)
 
 
 def _alloc(shape, dtype, device) -> torch.Tensor:
@@ -224,7 +297,7 @@ def _check_kernel_args(dirs, coeffs, cams: int) -> None:
 
 
 def _meta(degree: int, K: int, block: int) -> dict:
-    return dict(DEGREE=degree, KB=max(16, triton.next_power_of_2(K)), BLOCK=block, num_warps=NUM_WARPS)
+    return dict(DEGREE=degree, KB=max(16, 1 << (K - 1).bit_length()), BLOCK=block, num_warps=NUM_WARPS)
 
 
 def sh_fwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, cams: int) -> torch.Tensor:
@@ -233,7 +306,8 @@ def sh_fwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, cams: i
     N, K = coeffs.shape[:2]
     out = _alloc((cams * N, 3), torch.float32, dirs.device)
     if N:
-        _sh_fwd_kernel[(triton.cdiv(N, BLOCK),)](dirs, coeffs, out, N, cams, K, **_meta(degree, K, BLOCK))
+        _sh_fwd_kernel[(-(-N // BLOCK),)](dirs, dirs, coeffs, out, N, cams, K, RENDER=False, COEF_SHARED=True,
+                                                 **_meta(degree, K, BLOCK))
     return out
 
 
@@ -248,9 +322,56 @@ def sh_bwd_triton(degree: int, dirs: torch.Tensor, coeffs: torch.Tensor, v_out: 
     v_dirs = _alloc(dirs.shape, torch.float32, dirs.device)
     v_coeffs = _alloc(coeffs.shape, torch.float32, dirs.device)
     if N:
-        _sh_bwd_kernel[(triton.cdiv(N, BWD_BLOCK),)](dirs, coeffs, v_out, v_dirs, v_coeffs, N, cams, K,
+        _sh_bwd_kernel[(-(-N // BWD_BLOCK),)](dirs, dirs, coeffs, v_out, v_dirs, v_dirs, v_coeffs, N, cams, K,
+                                                     RENDER=False, COEF_SHARED=True, CENTRE_GRAD=False,
                                                      **_meta(degree, K, BWD_BLOCK))
     return v_dirs, v_coeffs
+
+
+def _check_render_args(means, centres, coeffs) -> None:
+    """The render kernels index means [N, 3], centres [C, 3] and coeffs [N, K, 3] or [C, N, K, 3] densely."""
+    N, C = means.shape[0], centres.shape[0]
+    if (means.shape != (N, 3) or centres.shape != (C, 3) or coeffs.shape[-1] != 3
+            or tuple(coeffs.shape[:-2]) not in ((N,), (C, N))):
+        raise ValueError(f"SH render kernel arguments must be means [N, 3], centres [C, 3] and coeffs [N, K, 3] or "
+                         f"[C, N, K, 3], got {list(means.shape)}, {list(centres.shape)} and {list(coeffs.shape)}")
+    for name, t in (("means", means), ("centres", centres), ("coeffs", coeffs)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be torch.float32, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel indexes it densely)")
+        if t.device != means.device:
+            raise ValueError(f"{name} must be on {means.device} like means, got {t.device}")
+
+
+def sh_colors_fwd_triton(degree: int, means: torch.Tensor, centres: torch.Tensor,
+                         coeffs: torch.Tensor) -> torch.Tensor:
+    """Render forward launcher: colours [C, N, 3], SH along mean - centre, + 0.5, clamped at 0."""
+    _check_render_args(means, centres, coeffs)
+    N, C, K = means.shape[0], centres.shape[0], coeffs.shape[-2]
+    out = _alloc((C, N, 3), torch.float32, means.device)
+    if N:
+        _sh_fwd_kernel[(-(-N // BLOCK),)](means, centres, coeffs, out, N, C, K, RENDER=True,
+                                                 COEF_SHARED=coeffs.dim() == 3, **_meta(degree, K, BLOCK))
+    return out
+
+
+def sh_colors_bwd_triton(degree: int, means: torch.Tensor, centres: torch.Tensor, coeffs: torch.Tensor,
+                         v_out: torch.Tensor, centre_grad: bool = False):
+    """Render backward launcher: (v_means [N, 3], v_centres [C, 3] or None, v_coeffs like coeffs)."""
+    _check_render_args(means, centres, coeffs)
+    N, C, K = means.shape[0], centres.shape[0], coeffs.shape[-2]
+    if v_out.shape != (C, N, 3) or not v_out.is_contiguous() or v_out.dtype != torch.float32:
+        raise ValueError(f"v_colors must be a contiguous float32 {[C, N, 3]} tensor, got {list(v_out.shape)} "
+                         f"{v_out.dtype}")
+    v_means = _alloc((N, 3), torch.float32, means.device)
+    v_coeffs = _alloc(coeffs.shape, torch.float32, means.device)
+    v_centres = torch.zeros((C, 3), dtype=torch.float32, device=means.device) if centre_grad else None  # atomics
+    if N:
+        _sh_bwd_kernel[(-(-N // BWD_BLOCK),)](
+            means, centres, coeffs, v_out, v_means, v_centres if centre_grad else v_means, v_coeffs, N, C, K,
+            RENDER=True, COEF_SHARED=coeffs.dim() == 3, CENTRE_GRAD=centre_grad, **_meta(degree, K, BWD_BLOCK))
+    return v_means, v_centres, v_coeffs
 
 
 class _SH(torch.autograd.Function):
@@ -267,6 +388,37 @@ class _SH(torch.autograd.Function):
         degree, cams = ctx.cfg
         v_dirs, v_coeffs = sh_bwd_triton(degree, dirs, coeffs, v_out.contiguous(), cams)
         return v_dirs, v_coeffs, None, None
+
+
+class _SHColors(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means, centres, coeffs, degree):
+        means, centres, coeffs = (t.detach().contiguous() for t in (means, centres, coeffs))
+        ctx.save_for_backward(means, centres, coeffs)
+        ctx.degree = degree
+        return sh_colors_fwd_triton(degree, means, centres, coeffs)
+
+    @staticmethod
+    def backward(ctx, v_out):
+        means, centres, coeffs = ctx.saved_tensors
+        v_means, v_centres, v_coeffs = sh_colors_bwd_triton(ctx.degree, means, centres, coeffs, v_out.contiguous(),
+                                                            centre_grad=ctx.needs_input_grad[1])
+        return v_means, v_centres, v_coeffs, None
+
+
+def sh_colors(degree: int,
+              means: torch.Tensor,  # [N, 3]
+              centres: torch.Tensor,  # [C, 3] camera centres in world space
+              coeffs: torch.Tensor,  # [N, K, 3] shared by the cameras, or [C, N, K, 3]; K >= (degree + 1)^2
+              ) -> torch.Tensor:  # [C, N, 3]
+    """The render's colours (gsplat's rasterization()): SH evaluated along mean - camera centre, plus 0.5,
+    clamped at 0. On the kernels one launch forward and one backward: the directions, the offset and the clamp
+    are computed in the SH kernels, never stored. Differentiable in means, centres and coeffs. The caller
+    (``rasterize``) has validated the shapes."""
+    if not use_triton(means):
+        dirs = means[None] - centres[:, None]
+        return torch.clamp_min(ref.sh_reference(degree, dirs, coeffs) + 0.5, 0.0)
+    return _SHColors.apply(means, centres, coeffs, degree)
 
 
 def spherical_harmonics(degree: int,

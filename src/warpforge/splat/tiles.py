@@ -214,7 +214,7 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
     counts = _alloc(total, torch.int32, dev)
     consts = dict(TILE=tile_size, CUT_REL=ref.CUTOFF_REL, CUT_ABS=ref.CUTOFF_ABS, MIN_DET=ref.MIN_DET_RATIO,
                   BLOCK=BLOCK_GAUSS)
-    grid = (triton.cdiv(total, BLOCK_GAUSS),)
+    grid = (-(-total // BLOCK_GAUSS),)
     if total:
         _isect_count_kernel[grid](means2d, radii, conics, opacities, counts, total, tile_width, tile_height,
                                   **consts)
@@ -224,8 +224,8 @@ def intersect_tiles(means2d: torch.Tensor,  # [C, N, 2]
         if deferred is not None:
             deferred.resolve()
     elif deferred is not None:  # the one host sync: the size of the intersection arrays and the input checks
-        M, ok = torch.stack([cum[-1], deferred.ok.to(torch.int64)]).tolist()
-        deferred.resolve(bool(ok))
+        M, bad = torch.cat([cum[-1:], deferred.flag]).tolist()
+        deferred.resolve(bad == 0)
     else:
         M = int(cum[-1])  # the one host sync: the size of the intersection arrays
     if M >= 2**31:
@@ -267,7 +267,7 @@ def tile_offsets(isect_ids: torch.Tensor,  # [M] int64, sorted
     M = isect_ids.numel()
     total = n_cameras * tile_width * tile_height
     out = _alloc(total, torch.int32, isect_ids.device)
-    _tile_offsets_kernel[(triton.cdiv(total, BLOCK_TILES),)](
+    _tile_offsets_kernel[(-(-total // BLOCK_TILES),)](
         isect_ids.contiguous(), out, M, max(M, 1).bit_length(), total, tile_width * tile_height, tile_bits,
         BLOCK=BLOCK_TILES)
     return out.view(n_cameras, tile_height, tile_width)
