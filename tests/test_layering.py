@@ -71,10 +71,7 @@ def _part(module: str) -> str:
 # Another part's ``_module`` or ``_name`` is its implementation: import its public API instead. The floor's
 # modules are private to warpforge, not to a part (every part may use them). Reach-ins not yet removed are
 # listed (the test fails on one that is gone, so the list only shrinks).
-PENDING_REACH_INS = {
-    # warpforge.kernels exports use_triton and INTERPRET; importing the package chooses the interpreter
-    "warpforge.splat.blend", "warpforge.splat.project", "warpforge.splat.sh", "warpforge.splat.tiles",
-}
+PENDING_REACH_INS: set[str] = set()
 
 
 def _private_reach_ins(path: Path, module: str) -> list[str]:

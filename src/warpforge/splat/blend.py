@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels import INTERPRET, use_triton  # importing the package chooses the interpreter first
 from warpforge.splat import reference as ref
 from warpforge.splat._blend_torch import blend_backward, blend_forward
 
@@ -53,7 +52,7 @@ def _pixels(pid, W, H, TW, TH, TILE: tl.constexpr, PB: tl.constexpr):
 # exp2, which flush-to-zero makes a bare ex2.approx.ftz (tl.exp2 adds a denormal fix-up), and the approximate
 # division (IEEE division's fix-ups cost ~10 instructions a pair). The interpreter has no libdevice: there the
 # plain operations run (the same values up to rounding).
-_GPU_MATH: tl.constexpr = tl.constexpr(not _dispatch.INTERPRET)
+_GPU_MATH: tl.constexpr = tl.constexpr(not INTERPRET)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 

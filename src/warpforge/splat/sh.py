@@ -20,8 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels import use_triton  # importing the package chooses the interpreter before any @jit
 from warpforge.splat import reference as ref
 
 MAX_DEGREE = 3

@@ -20,8 +20,7 @@ import triton
 import triton.language as tl
 
 from warpforge._validate import check_int
-from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
-from warpforge.kernels._dispatch import use_triton
+from warpforge.kernels import use_triton  # importing the package chooses the interpreter before any @jit
 from warpforge.splat import reference as ref
 from warpforge.splat.checks import DeferredCheck
 
