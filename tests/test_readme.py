@@ -2,6 +2,14 @@
 
 The one that talks to `warpforge serve` runs while the server the README starts just above it is up (on a
 free port here: the snippet's 8000 is swapped for it, so a developer's own server is never hit).
+
+The snippet of LLM options builds an engine per option and generates nothing: what it shows is that each
+option, as written, is taken. It runs as pasted with "gemma3-270m" resolved to a tiny Gemma 3 of the 270M's
+structure (WARPFORGE_GEMMA3_270M: 4 query heads on 1 KV head, widths in whole int4 groups, a quantized GGUF),
+in seconds; on the real weights it took 68 s of CI's 2 cores (four loads, the int4 range search over 100M
+weights, two rank processes). The real model under those options is tested in tests/llm: test_quantize.py
+(int4 and GPTQ perplexity), test_gguf_blocks.py (as shipped, from its blocks), test_speculative_gemma3_real.py;
+``LLM("gemma3-270m")`` itself runs in the snippet that generates.
 """
 
 from __future__ import annotations
@@ -33,8 +41,26 @@ def _needs(code: str) -> list[str]:
     return [m for m in mods if importlib.util.find_spec(m) is None]
 
 
-def _run(code: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _options_only(code: str) -> bool:
+    """The snippet of LLM options: several ``LLM("gemma3-270m", <option>)`` builds, nothing generated."""
+    return code.count('LLM("gemma3-270m",') > 1 and "generate(" not in code and "chat(" not in code
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory) -> Path:
+    """A Gemma 3 GGUF shaped as the 270M is, at toy sizes: 4 query heads sharing 1 KV head (as the tensor-parallel
+    ranks must split them), widths of whole int4 groups of 128, Q8_0 blocks for gguf_blocks."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from warpforge.llm.testing import tiny_checkpoint, write_gguf
+
+    d = tmp_path_factory.mktemp("tiny-gemma3")
+    hf = tiny_checkpoint("gemma3", d / "hf", hidden_size=128, intermediate_size=256, num_key_value_heads=1)
+    return write_gguf(hf, d / "gemma3-tiny.gguf", qtype="Q8_0")
+
+
+def _run(code: str, cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env)
 
@@ -77,11 +103,33 @@ def test_snippet_runs_as_pasted(index, tmp_path, request):
     missing = _needs(code)
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
+    env = {}
     if "127.0.0.1:8000" in code:
         url = request.getfixturevalue("server")
         code = code.replace("http://127.0.0.1:8000", url)
-    r = _run(code, tmp_path, timeout=1500)
+    if _options_only(code):  # the module docstring says why, and where the real model meets these options
+        tiny = str(request.getfixturevalue("tiny_gemma3"))
+        env["WARPFORGE_GEMMA3_270M"] = tiny
+        code = ("from warpforge.llm.loader import resolve_model\n"
+                f"assert resolve_model('gemma3-270m') == {tiny!r}\n") + code  # the snippet then runs as pasted
+    r = _run(code, tmp_path, timeout=1500, env=env)
     assert r.returncode == 0, f"README snippet {index + 1}:\n{code}\n--- stderr:\n{r.stderr[-4000:]}"
+
+
+def test_the_options_snippet_names_options_that_exist():
+    """Its comments list the other quantization modes and speculative methods: each is one the engine takes."""
+    from warpforge.llm.engine_config import QUANTIZATION_MODES
+    from warpforge.llm.speculative import METHODS
+
+    code = next(s for s in snippets() if _options_only(s))
+    quant = next(ln for ln in code.splitlines() if "quantization=" in ln)
+    also = quant.split("# also", 1)[1].split(";")[0]  # "# also int8, int4-awq, fp8; save_quantized() keeps it"
+    named = re.findall(r'quantization="([\w-]+)"', quant) + re.findall(r"[\w-]+", also)
+    assert len(named) == 4 and set(named) <= set(QUANTIZATION_MODES), named
+    spec = next(ln for ln in code.splitlines() if "speculative=" in ln)  # ngram, then: also "self" and a draft model
+    assert set(METHODS) == {"ngram", "self", "draft"} and '"ngram"' in spec and '"self"' in spec, spec
+    assert "a draft model" in spec, spec
+    assert "tensor_parallel_size=2" in code and "gguf_blocks=True" in code
 
 
 @pytest.mark.slow

@@ -106,7 +106,7 @@ def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
 
 
 def test_generation_work_and_mbu_on_a_known_example():
-    from warpforge.bench.suites.llm import _shape, generation_work, kv_bytes_per_token, weight_bytes
+    from warpforge.bench.suites._llm_work import _shape, generation_work, kv_bytes_per_token, weight_bytes
 
     s = _shape("llama-8b")
     # Llama-3.1-8B: 7.50B params multiply per token (the input embedding is a row lookup), + norms.

