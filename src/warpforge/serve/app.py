@@ -13,11 +13,14 @@ receive channel).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import hmac
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from warpforge.serve.config import ServeConfig
+from warpforge.serve.engine_client import as_engine
 from warpforge.serve.metrics import CONTENT_TYPE, ServerMetrics
 from warpforge.serve.protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                       bad_request, chat_messages, check_n, parse, sampling_kwargs, structured_outputs)
@@ -32,6 +36,8 @@ from warpforge.serve.serving import Job, Prompt
 from warpforge.serve.tools import ToolPlan, tool_plan
 
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait: about one batch's worth of decode steps
+GRAMMAR_CACHE = 1024  # output constraints whose compile outcome is remembered (least recently used go first)
+GRAMMAR_THREADS = 2  # constraints compiled at once, off the event loop
 _OUTCOMES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "not_found", 413: "too_large",
              429: "rejected", 500: "error", 503: "error"}
 
@@ -40,19 +46,24 @@ class ServerState:
     """What the handlers share: the engine, the settings, the metrics, the admitted requests."""
 
     def __init__(self, llm, config: ServeConfig):
-        self.llm, self.config = llm, config
+        self.llm, self.config = as_engine(llm), config
+        llm = self.llm
         self.tokenizer = llm.tokenizer
         if config.chat_template is not None:
             self.tokenizer.chat_template = config.chat_template
             self.tokenizer.__dict__.pop("_template", None)  # the compiled template is cached on first use
         self.metrics = ServerMetrics(llm, config.model_name)
-        self.max_model_len: int = llm.engine.config.max_model_len
-        self.vocab_size: int = llm.engine.model_config.vocab_size
+        self.max_model_len: int = llm.max_model_len
+        self.vocab_size: int = llm.vocab_size
         self.jobs: dict[str, Job] = {}
         self.num_seqs = 0  # sequences of the admitted jobs
         self.draining = False
         self.started = int(time.time())
         self._token_text: dict[int, str] = {}
+        # constraint key -> None (compiles) or its error; compiles in flight, shared by requests that ask alike
+        self._grammar_seen: collections.OrderedDict[str, str | None] = collections.OrderedDict()
+        self._grammar_running: dict[str, asyncio.Future] = {}
+        self._grammar_pool: ThreadPoolExecutor | None = None
 
     def token_text(self, token_id: int) -> str:
         s = self._token_text.get(token_id)
@@ -104,6 +115,39 @@ class ServerState:
             await asyncio.sleep(0.05)
 
     # ---- request checks --------------------------------------------------------------------------
+
+    async def check_constraint(self, so, field: str) -> None:
+        """Compile ``so`` on a worker thread (a large schema takes seconds; the event loop, and with it every
+        other stream, goes on meanwhile): a bad schema, regex or grammar is a 400 naming ``field``. The
+        outcome is remembered for the last GRAMMAR_CACHE constraints."""
+        key = json.dumps(dataclasses.asdict(so), sort_keys=True, default=str)
+        if key in self._grammar_seen:
+            self._grammar_seen.move_to_end(key)
+            err = self._grammar_seen[key]
+        else:
+            fut = self._grammar_running.get(key)
+            if fut is None:
+                if self._grammar_pool is None:
+                    self._grammar_pool = ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="warpforge-grammar")
+                fut = asyncio.get_running_loop().run_in_executor(self._grammar_pool, _compile_error,
+                                                                 self.llm.grammars, so)
+                self._grammar_running[key] = fut
+                fut.add_done_callback(lambda f: self._grammar_done(key, f))
+            err = await asyncio.shield(fut)
+        if err is not None:
+            msg = err if field == "structured_outputs" else re.sub(r"^structured_outputs(\.\w+)?", field, err)
+            raise bad_request(msg, param=field.split(".")[0].split("[")[0])
+
+    def _grammar_done(self, key: str, fut: asyncio.Future) -> None:
+        self._grammar_running.pop(key, None)
+        if not fut.cancelled() and fut.exception() is None:
+            self._grammar_seen[key] = fut.result()
+            while len(self._grammar_seen) > GRAMMAR_CACHE:
+                self._grammar_seen.popitem(last=False)
+
+    def close(self) -> None:
+        if self._grammar_pool is not None:
+            self._grammar_pool.shutdown(wait=False, cancel_futures=True)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
@@ -163,9 +207,20 @@ def _sampling(kw: dict, names: dict[str, str]) -> dict:
     return kw
 
 
-def _structured(state: ServerState, req, params: dict, tools: ToolPlan | None = None) -> dict:
-    """``params`` with the body's output constraint (or the one tool_choice forces), compiled now so that a
-    bad schema, regex or grammar is a 400 naming its field before the request is admitted."""
+def _compile_error(grammars, so) -> str | None:
+    """None when ``so`` compiles, else why not (a worker thread runs this)."""
+    try:
+        grammars.compile(so)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _structured(state: ServerState, req, params: dict,
+                tools: ToolPlan | None = None) -> tuple[dict, tuple | None]:
+    """``params`` with the body's output constraint (or the one tool_choice forces), and (constraint, the
+    field that asked for it) for ``ServerState.check_constraint`` to compile before the request is admitted,
+    so that a bad schema, regex or grammar is a 400 naming its field."""
     so, field = structured_outputs(req)
     compact = bool((req.structured_outputs or {}).get("disable_any_whitespace", False))
     forced = tools.constraint(compact) if tools is not None else None
@@ -177,13 +232,8 @@ def _structured(state: ServerState, req, params: dict, tools: ToolPlan | None = 
         so, field = forced, (f"tools[{names.index(tools.name)}].function.parameters" if tools.mode == "named"
                              else "tools")
     if so is None:
-        return params
-    try:
-        state.llm.engine.grammars.compile(so)
-    except ValueError as e:
-        msg = str(e) if field == "structured_outputs" else re.sub(r"^structured_outputs(\.\w+)?", field, str(e))
-        raise bad_request(msg, param=field.split(".")[0].split("[")[0]) from None
-    return {**params, "structured_outputs": so}
+        return params, None
+    return {**params, "structured_outputs": so}, (so, field)
 
 
 def _stream_flags(req) -> dict:
@@ -211,9 +261,9 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     stream_flags = _stream_flags(req)
     prompts = state.completion_prompts(req.prompt)
     max_tokens = state.max_tokens(prompts, req.max_tokens, "max_tokens", default=16)
-    params = _structured(state, req, _sampling(sampling_kwargs(req, max_tokens, req.logprobs), {}))
+    params, constraint = _structured(state, req, _sampling(sampling_kwargs(req, max_tokens, req.logprobs), {}))
     job = Job.build(state, "/v1/completions", state.config.model_name, prompts, req.n, params, chat=False,
-                    logprobs=req.logprobs, echo=req.echo, **stream_flags)
+                    logprobs=req.logprobs, echo=req.echo, constraint=constraint, **stream_flags)
     return job, req.stream
 
 
@@ -247,9 +297,9 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, bool]:
     max_tokens = state.max_tokens([prompt], asked, name, default=None)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(sampling_kwargs(req, max_tokens, logprobs), {"max_tokens": name, "logprobs": "top_logprobs"})
-    params = _structured(state, req, params, tools)
+    params, constraint = _structured(state, req, params, tools)
     job = Job.build(state, "/v1/chat/completions", state.config.model_name, [prompt], req.n, params, chat=True,
-                    logprobs=logprobs, tools=tools, **stream_flags)
+                    logprobs=logprobs, tools=tools, constraint=constraint, **stream_flags)
     return job, req.stream
 
 
@@ -402,10 +452,12 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
         return error_response(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code))
 
     async def handled(request: Request, endpoint: str, handle):
-        """``handle(state, body)`` of the request's JSON body, or the Response that refuses it (counted)."""
+        """``handle(state, body)`` (awaited when it is a coroutine) of the request's JSON body, or the Response
+        that refuses it (counted)."""
         try:
             state.check_available()
-            return handle(state, await read_json(request, config.max_body_bytes))
+            got = handle(state, await read_json(request, config.max_body_bytes))
+            return (await got) if asyncio.iscoroutine(got) else got
         except APIError as e:
             m.requests.labels(endpoint, _OUTCOMES.get(e.status, "bad_request")).inc()
             return error_response(e)
@@ -414,8 +466,10 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
             return Response(status_code=499)
 
     def admitted(make):
-        def handle(state: ServerState, body: dict) -> tuple[Job, bool]:
+        async def handle(state: ServerState, body: dict) -> tuple[Job, bool]:
             job, stream = make(state, body)
+            if job.constraint is not None:
+                await state.check_constraint(*job.constraint)
             state.admit(job)
             return job, stream
         return handle

@@ -62,6 +62,7 @@ class Job:
     include_usage: bool = False
     continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's continuous_usage_stats)
     tools: ToolPlan | None = None  # chat with tools: replies may be tool calls (serve/tools.py)
+    constraint: tuple | None = None  # (StructuredOutputsParams, the field that asked): compiled before admission
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.perf_counter)
