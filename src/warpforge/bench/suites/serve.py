@@ -16,11 +16,12 @@ interpreter with the server. Cases:
    server output tok/s over offline output tok/s; the issue's bar is 0.90.
 3. ``server cost per request, model step stubbed, 64 streams``: ``_serve_stub`` runs the real server over
    an engine whose step returns a fixed token at once (tiny model, CPU), driven by 64 concurrent
-   closed-loop streams (default-mix prompts, 16 output tokens each). Figure: each request's share of the
+   closed-loop streams (default-mix prompts, 16 output tokens each) from up to 4 client processes
+   (``_serve_clients``: one Python client would be the limit). Figure: each request's share of the
    server under processor sharing (:func:`~warpforge.bench.loadgen.metrics.shared_time`: dt / n(t) for
    every instant it is in flight, from the client's timestamps), the stub's own time taken out; p50 / p99
    against the bars 1 ms / 5 ms. Beside it: the raw E2E latency at 64 streams (which includes waiting
-   behind the other 63), the server process's CPU time per request, TTFT and ITL.
+   behind the other 63), the server's CPU time per request (HTTP and engine processes), TTFT and ITL.
 
 Weights are random bf16 at Llama 3.1 8B's shape (``random_weights.cached_checkpoint``; its tokenizer is the
 small Hamlet BPE, given to the load generator so prompts have exact token counts). ``--quick``: the same
@@ -122,10 +123,21 @@ class ServerProcess:
         return self._url
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process so far (Linux /proc), None where unknown."""
+        """User + system CPU time of the server so far: its process and their children (the engine process),
+        from Linux /proc; None where unknown."""
+        def tree(pid: int) -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in os.listdir(f"/proc/{pid}/task"):
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                    try:
+                        total += tree(int(child))
+                    except OSError:  # exited meanwhile
+                        pass
+            return total
+
         try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return tree(self.proc.pid)
         except (OSError, IndexError, ValueError):
             return None
 
@@ -304,7 +316,9 @@ def stub_cost_run(sz: Sizes):
     def fn(device: torch.device, rep: int) -> list[Run]:
         from warpforge.bench.loadgen import LengthMix, make_requests, run_load, summarize
         from warpforge.bench.loadgen.metrics import distribution, shared_time
+        from warpforge.bench.suites._serve_clients import client_procs, run_split
 
+        procs = client_procs()
         ckpt = _checkpoint(STUB_PRESET, torch.float32)
         tok = _tokenizer(ckpt)
         mix = LengthMix(f"{sz.mix.name} prompts, {COST_TOKENS} out", prompt_mean=sz.mix.prompt_mean,
@@ -323,8 +337,7 @@ def stub_cost_run(sz: Sizes):
         for i in range(rep):
             specs = make_requests(sz.cost_requests, mix, 1, tokenizer=tok, text_seed=100 + i)
             cpu0 = server.cpu_seconds()
-            run = asyncio.run(run_load(_target(server.url, "stub"), specs, [0.0] * len(specs),
-                                       max_concurrency=STREAMS))
+            run = run_split(_target(server.url, "stub"), specs, STREAMS, procs)
             cpu1 = server.cpu_seconds()
             runs.append((run, None if cpu0 is None or cpu1 is None else cpu1 - cpu0))
         stop_server()  # the stub writes its stats as it exits
@@ -350,10 +363,12 @@ def stub_cost_run(sz: Sizes):
                      "streams": STREAMS, "output_tokens_per_request": COST_TOKENS,
                      "requests": len(run.results), "completed": s["completed"], "failed": s["failed"],
                      "errors": s["errors"],
+                     # both processes (HTTP and engine), stub included: the cost a loaded machine cannot inflate
                      "server_cpu_ms_per_request": None if cpu is None else 1e3 * cpu / max(1, len(done)),
                      "wall_ms_per_request": 1e3 * run.duration_s / max(1, len(done)),
                      "stub_step_us": 1e6 * stub_step_s, "stub_steps": st["steps"],
-                     "client_cpu": s["client_cpu"], "mean_concurrency": s["mean_concurrency"],
+                     "client_cpu": s["client_cpu"], "client_processes": procs,
+                     "mean_concurrency": s["mean_concurrency"],
                      "how": "each request is charged dt/n(t) for every instant it is in flight (n(t): requests in "
                             "flight, client timestamps), less its share of the stub's time; p50/p99 over requests"}
             out.append(Run(ms=cost_d["p50"], tokens=sum(n_out),
