@@ -201,11 +201,12 @@ class EngineClient:
     @property
     def grammars(self):
         """A grammar compiler over the engine's vocabulary, for checking a request's constraint before it
-        is admitted (the engine process compiles its own for the matcher)."""
+        is admitted (the engine process compiles its own for the matcher). It keeps no compiled grammar:
+        the server remembers outcomes (app.GRAMMAR_CACHE), the engine its compiled grammars."""
         if self._grammars is None:
             from warpforge.llm.structured import GrammarBackend
 
-            self._grammars = GrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            self._grammars = GrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids, cache_bytes=0)
         return self._grammars
 
     # ---- the socket ----------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from warpforge.llm.outputs import RequestOutput
 from warpforge.llm.sampling import SamplingParams
 from warpforge.serve.protocol import APIError, usage
-from warpforge.serve.tools import ToolPlan, ToolStream
+from warpforge.serve.tool_stream import ToolStream
+from warpforge.serve.tools import ToolPlan
 
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf (vLLM clamps the same way)
 DONE = b"data: [DONE]\n\n"
@@ -176,16 +177,20 @@ class Job:
                     yield head + json.dumps(out.delta_text, ensure_ascii=False).encode() + tail
                     continue
                 text, reason = out.delta_text, out.finish_reason
-                delta = {"content": text} if self.chat else text
+                deltas = [{"content": text} if self.chat else text]
                 if tool_streams:
                     ts = tool_streams[c.index]
-                    delta = ts.feed(out.text, text, out.finished)
-                    reason = ts.finish_reason(out.text, reason) if out.finished else None
-                    if delta is None:
-                        continue  # held back (a call forming): its tokens' logprobs ride the next chunk
+                    deltas = ts.feed(out.text, text, out.finished)
+                    if out.finished:
+                        reason = ts.finish_reason(out.text, reason)
+                        deltas = deltas or [{}]
+                    if not deltas:
+                        continue  # held back (a tag may be forming): its tokens' logprobs ride the next chunk
                 lps = self._logprobs(c, out, c.sent_tokens)
                 c.sent_tokens = len(out.token_ids)
-                event = self._event(self._chunk(c, delta, reason, lps))
+                last = len(deltas) - 1
+                event = b"".join(self._event(self._chunk(c, d, reason if k == last else None, lps if k == 0 else None))
+                                 for k, d in enumerate(deltas))
                 if out.finished:
                     live -= 1
                     if not live:  # the last chunk goes out with the usage and [DONE], in one write
