@@ -148,3 +148,36 @@ def test_cli_bad_usage_is_one_line_and_exit_2(tiny_model, tmp_path):
     broken = shutil.copytree(tiny_model, tmp_path / "broken")
     (broken / "config.json").write_text(json.dumps({"model_type": "nonsense"}))
     run(str(broken))  # a checkpoint the loader refuses: one line, exit 2
+
+
+def test_constraint_checks_are_cached_and_bounded(engine_parts, monkeypatch):
+    """Each distinct constraint compiles once (good or bad: a bad one is the same 400 again, naming the field
+    that asked); the cache keeps the last GRAMMAR_CACHE outcomes."""
+    pytest.importorskip("xgrammar")
+    from warpforge.llm.structured import StructuredOutputsParams
+    from warpforge.serve import app as app_module
+    from warpforge.serve.protocol import APIError
+
+    monkeypatch.setattr(app_module, "GRAMMAR_CACHE", 3)
+    llm = make_llm(engine_parts)
+    state = app_module.ServerState(llm, ServeConfig(served_model_name="tiny"))
+    compiled = []
+    real = llm.engine.grammars.compile
+    monkeypatch.setattr(llm.engine.grammars, "compile", lambda so: (compiled.append(so), real(so))[1])
+
+    async def main():
+        bad = StructuredOutputsParams(regex="(unclosed")
+        for _ in range(2):
+            with pytest.raises(APIError) as e:
+                await state.check_constraint(bad, "guided_regex")
+            assert e.value.status == 400 and e.value.param == "guided_regex"
+            assert e.value.message.startswith("guided_regex: not a usable regex")
+        for n in range(4):
+            await state.check_constraint(StructuredOutputsParams(choice=[f"yes{n}", "no"]), "guided_choice")
+        await state.check_constraint(StructuredOutputsParams(choice=["yes3", "no"]), "guided_choice")
+        await llm.shutdown()
+
+    asyncio.run(main())
+    state.close()
+    assert len(compiled) == 5  # the bad regex once, four choices once each; the repeats came from the cache
+    assert len(state._grammar_seen) == 3 and not state._grammar_running

@@ -136,6 +136,26 @@ def test_serve_suite_quick_runs_on_cpu(cli, tmp_path):
     assert set(cost["meets"]) == {"max_ms", "max.cost_p99_ms"}
 
 
+def test_the_gpu_run_has_every_figure_the_issue_asks_for_in_priority_order():
+    """One `bench serve` call: the stubbed cost first (seconds, CPU), the 1B workload against offline, the 8B
+    rates that share its server with the 8B unlimited rate against offline, the slow low rates last."""
+    from warpforge.bench.suites.serve import SUITE
+
+    cases = SUITE.cases(False)
+    assert [c.name for c in cases] == [
+        "server cost per request, model step stubbed, 64 streams",
+        "llama-1b @ inf req/s, 512 requests in64-512-out128",
+        "llama-8b @ 64 req/s, 640 requests sharegpt-like", "llama-8b @ 16 req/s, 640 requests sharegpt-like",
+        "llama-8b @ inf req/s, 1000 requests sharegpt-like",
+        "llama-8b @ 4 req/s, 160 requests sharegpt-like", "llama-8b @ 1 req/s, 60 requests sharegpt-like"]
+    for c in cases:
+        if "@ inf" in c.name:
+            assert set(c.peers) == {"offline"} and c.target == {"ratio": {"offline": 0.95}}
+        elif "@" in c.name:
+            assert not c.peers and c.params["requests"] >= 60  # enough for a p99 to mean more than the max
+    assert cases[0].target == {"max_ms": 1.0, "max": {"cost_p99_ms": 5.0}}
+
+
 # ---- the workload -----------------------------------------------------------------------------------
 
 def test_arrivals_poisson_seeded_with_the_right_mean():

@@ -125,24 +125,65 @@ def test_tool_calls_stream_as_deltas(server, choice):
     kw = dict(model=server.model, messages=MESSAGES, tools=[WEATHER], max_tokens=80, temperature=1.0, seed=7,
               tool_choice=tool_choice, extra_body=COMPACT)
     whole = c.chat.completions.create(**kw).choices[0].message.tool_calls[0]
-    calls: dict[int, dict] = {}
-    finish = None
-    for chunk in c.chat.completions.create(stream=True, **kw):
-        d = chunk.choices[0].delta
-        assert not d.content
-        for tc in d.tool_calls or []:
-            got = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-            got["id"] = tc.id or got["id"]
-            got["name"] = (tc.function.name if tc.function else None) or got["name"]
-            got["arguments"] += (tc.function.arguments or "") if tc.function else ""
-        finish = chunk.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and list(calls) == [0]
+    content, calls, finish = _streamed(c.chat.completions.create(stream=True, **kw))
+    assert finish == "tool_calls" and content == "" and len(calls) == 1
     assert calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
     assert json.loads(calls[0]["arguments"]) == json.loads(whole.function.arguments)  # same seed, same call
 
 
+def _streamed(chunks) -> tuple[str, list[dict], str | None]:
+    """(content, calls, finish_reason) of an openai client stream; asserts the OpenAI delta order: each call's
+    header (id, name, empty arguments) before any of its argument fragments."""
+    content, calls, finish = "", [], None
+    for chunk in chunks:
+        d = chunk.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            if tc.index == len(calls):
+                assert tc.id.startswith("call_") and tc.function.name and tc.function.arguments == ""
+                calls.append({"id": tc.id, "name": tc.function.name, "arguments": "", "fragments": 0})
+            else:
+                assert tc.id is None and tc.function.name is None
+                calls[tc.index]["arguments"] += tc.function.arguments
+                calls[tc.index]["fragments"] += 1
+        finish = chunk.choices[0].finish_reason or finish
+    return content, calls, finish
+
+
+def test_auto_streams_content_then_the_call(server):
+    """tool_choice "auto": the reply (forced here by guided_choice, the tiny model being random) streams its
+    text as content, then the call's header, then its arguments; the whole reply parses to the same."""
+    reply = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+             '</tool_call>')
+    c = server.client()
+    kw = dict(model=server.model, messages=MESSAGES, tools=[WEATHER, TIME], tool_choice="auto", max_tokens=200,
+              extra_body={"guided_choice": [reply]})
+    whole = c.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Let me check."
+    assert _args(whole.message.tool_calls[0]) == {"city": "Paris", "days": 2}
+    content, calls, finish = _streamed(c.chat.completions.create(stream=True, **kw))
+    assert finish == "tool_calls" and content == "Let me check."
+    assert [c_["name"] for c_ in calls] == ["get_weather"] and calls[0]["fragments"] >= 1
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 2}
+
+
+def test_the_clients_stream_helper_reads_the_calls(server):
+    """openai's ``chat.completions.stream`` accumulates the deltas into the final message (strict tools: it
+    parses their arguments)."""
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    c = server.client()
+    with c.chat.completions.stream(model=server.model, messages=MESSAGES, tools=[strict], tool_choice="required",
+                                   max_tokens=80, temperature=1.0, seed=7, extra_body=COMPACT) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_completion()
+    assert "tool_calls.function.arguments.delta" in kinds and "tool_calls.function.arguments.done" in kinds
+    ch = final.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.tool_calls[0].function.name == "get_weather"
+    jsonschema.validate(ch.message.tool_calls[0].function.parsed_arguments, WEATHER["function"]["parameters"])
+
+
 def test_auto_parses_calls_and_passes_text():
-    from warpforge.serve.tools import ToolPlan, ToolStream, parse_auto
+    from warpforge.serve.tools import parse_auto
 
     names = {"get_weather"}
     text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
@@ -153,17 +194,6 @@ def test_auto_parses_calls_and_passes_text():
     assert content is None and json.loads(calls[0].arguments) == {"city": "Paris"}
     assert parse_auto('{"name": "launch", "arguments": {}}', names)[1] == []  # not a known tool: text
     assert parse_auto("To be, or not to be", names) == ("To be, or not to be", [])
-    # streamed: text flows until a tag may be forming, the call goes out whole
-    ts = ToolStream(ToolPlan([WEATHER], "auto"))
-    sent, deltas = "", []
-    for i in range(1, len(text) + 1):
-        d = ts.feed(text[:i], text[len(sent):i], i == len(text))
-        if d is not None:
-            deltas.append(d)
-            sent = text[:i]
-    assert "".join(d.get("content", "") for d in deltas) == "Let me look.\n"
-    assert deltas[-1]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert ts.finish_reason(text, "stop") == "tool_calls"
 
 
 HERMES = ("{{ bos_token }}{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t['function'] | tojson }}"

@@ -34,6 +34,9 @@ from warpforge._validate import from_dict
 MAX_JSON_WHITESPACE = 20
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# Compiled grammars kept for reuse by a GrammarBackend, least recently used dropped first: a server that sees a
+# new schema per request would otherwise grow without bound (vLLM bounds its xgrammar cache the same way).
+GRAMMAR_CACHE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -138,10 +141,10 @@ class GrammarBackend:
 
     ``tokenizer``: warpforge's Tokenizer (a `tokenizers` backend); ``vocab_size``: the model's logits width
     (may exceed the tokenizer's: the extra ids are never allowed); ``stop_token_ids``: what ends a
-    complete grammar (the engine's EOS ids).
+    complete grammar (the engine's EOS ids); ``cache_bytes``: compiled grammars kept (0: none).
     """
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], cache_bytes: int = GRAMMAR_CACHE_BYTES):
         xgr = _xgrammar()
         backend = tokenizer.backend
         encoded = [""] * vocab_size
@@ -157,7 +160,8 @@ class GrammarBackend:
         self.info = xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
                                       stop_token_ids=list(stop_token_ids) or None,
                                       add_prefix_space=meta["add_prefix_space"])
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=2)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=cache_bytes > 0,
+                                            cache_limit_bytes=cache_bytes if cache_bytes > 0 else -1)
         self.vocab_size = vocab_size
 
     def compile(self, so: StructuredOutputsParams):

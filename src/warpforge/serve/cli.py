@@ -34,13 +34,14 @@ def cli_serve(model: str, *, chat_template: str | None, **settings) -> int:
     except (ValueError, OSError) as e:
         return fail(str(e))
     try:
+        from warpforge.serve.engine_client import EngineStartError
         from warpforge.serve.server import build_llm
 
         llm = build_llm(config)
     except ModuleNotFoundError as e:
         sock.close()
         return fail(f"{e.name} is missing: install the llm extra (pip install 'warpforge[llm]')")
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, EngineStartError) as e:
         sock.close()
         return fail(str(e))
     return serve(config, llm=llm, sock=sock)

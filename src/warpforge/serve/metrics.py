@@ -6,8 +6,9 @@ its ``model_name`` label (``vllm:num_requests_running{model_name="..."}``, ...),
 autoscalers written for vLLM read this server unchanged.
 
 Request-side series are updated as requests run; engine-side gauges (running and waiting
-sequences, KV-cache use, prefix-cache hit rate, preemptions) are read from the engine at scrape
-time, so they are exact whenever Prometheus looks and cost nothing in between.
+sequences, KV-cache use, prefix-cache hit rate, preemptions) are read at scrape time from what the
+engine reported with its last step (``stats()`` of serve/engine_client.py), so they cost nothing in
+between.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _EngineCollector:
-    """Gauges and counters read from the engine when scraped (lengths of lists the engine thread
-    mutates: each read is atomic; the set of them is a snapshot within one step)."""
+    """Gauges and counters of the engine's last reported state (``engine_core.stats``), read when scraped."""
 
     def __init__(self, llm, model_name: str):
-        self.llm, self.model_name = llm, model_name
+        from warpforge.serve.engine_client import as_engine
+
+        self.llm, self.model_name = as_engine(llm), model_name
 
     def _vllm(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(f"{VLLM}:{name}", doc, labels=["model_name"])
@@ -37,10 +39,7 @@ class _EngineCollector:
         return g
 
     def collect(self):
-        engine = self.llm.engine
-        sched, bm = engine.scheduler, engine.block_manager
-        running, waiting = len(sched.running), self.llm.num_waiting()
-        kv_used = 1.0 - bm.num_free_pages / bm.num_pages
+        running, waiting, kv_used, hit, queried, preemptions, spec = self.llm.stats()
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Sequences running in the engine (holding KV pages).",
                                 value=running)
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting",
@@ -53,27 +52,25 @@ class _EngineCollector:
         # vLLM's older name and its current one: dashboards exist for both
         yield self._vllm("gpu_cache_usage_perc", "KV-cache usage (1 = full).", kv_used)
         yield self._vllm("kv_cache_usage_perc", "KV-cache usage (1 = full).", kv_used)
-        queried = bm.prefix_queried_tokens
         yield GaugeMetricFamily(f"{PREFIX}_prefix_cache_hit_rate",
                                 "Prompt tokens served from the prefix cache over prompt tokens looked up "
                                 "(0 before any).",
-                                value=bm.prefix_hit_tokens / queried if queried else 0.0)
+                                value=hit / queried if queried else 0.0)
         yield CounterMetricFamily(f"{PREFIX}_num_preemptions",
                                   "Sequences preempted (KV pages freed, recomputed later).",
-                                  value=sched.num_preemptions)
-        spec = getattr(engine, "spec", None)
+                                  value=preemptions)
         if spec is not None:  # speculative decoding on: its counters (vLLM's spec_decode series)
-            s = spec.stats
+            drafted, accepted, emitted, rate = spec
             yield CounterMetricFamily(f"{PREFIX}_spec_decode_num_draft_tokens", "Draft tokens verified by the target.",
-                                      value=s.num_draft_tokens)
+                                      value=drafted)
             yield CounterMetricFamily(f"{PREFIX}_spec_decode_num_accepted_tokens", "Draft tokens the target accepted.",
-                                      value=s.num_accepted_tokens)
+                                      value=accepted)
             yield CounterMetricFamily(f"{PREFIX}_spec_decode_num_emitted_tokens",
                                       "Tokens added by speculative steps (accepted drafts + one per sequence).",
-                                      value=s.num_emitted_tokens)
+                                      value=emitted)
             yield GaugeMetricFamily(f"{PREFIX}_spec_decode_draft_acceptance_rate",
                                     "Accepted over drafted tokens since start (0 before any draft).",
-                                    value=s.acceptance_rate)
+                                    value=rate)
 
 
 class _Twin:

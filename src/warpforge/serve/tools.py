@@ -15,9 +15,8 @@ auto        (the default with tools) unconstrained; the reply is parsed for call
             them; "parameters" is read as "arguments"). Anything else is text.
 
 Calls come back as ``tool_calls: [{"id", "type": "function", "function": {"name", "arguments": JSON
-text}}]`` with finish_reason "tool_calls". Streams: a named call streams its arguments as they are
-generated (the header first); "required" and "auto" calls go out whole once the reply is complete
-(auto streams text until a ``<tool_call>`` tag or a leading ``{``/``[`` may start a call).
+text}}]`` with finish_reason "tool_calls". Streamed replies send each call's header and then its
+arguments as they are generated (serve/tool_stream.py).
 """
 
 from __future__ import annotations
@@ -154,58 +153,3 @@ def parse_auto(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
     if items and all(calls):
         return None, calls
     return text, []
-
-
-class ToolStream:
-    """One streamed choice's deltas under a plan: ``feed(text, delta, finished)`` -> delta dicts to send."""
-
-    def __init__(self, plan: ToolPlan):
-        self.plan = plan
-        self.sent = 0  # chars of text sent as content (auto)
-        self.named = ToolCall(plan.name, "") if plan.mode == "named" else None
-
-    def first(self) -> dict:
-        """The role chunk's delta (a named call's header rides it)."""
-        delta = {"role": "assistant", "content": None if self.named else ""}
-        if self.named:
-            delta["tool_calls"] = [self.named.body(0)]
-        return delta
-
-    def feed(self, text: str, delta: str, finished: bool) -> dict | None:
-        mode = self.plan.mode
-        if mode == "none":
-            return {"content": delta}
-        if mode == "named":
-            return {"tool_calls": [{"index": 0, "function": {"arguments": delta}}]} if delta or finished else None
-        if not finished:
-            if mode == "required":
-                return None
-            safe = self._plain_prefix(text)  # auto: what cannot belong to a call goes out now
-            if safe > self.sent:
-                out, self.sent = text[self.sent:safe], safe
-                return {"content": out}
-            return None
-        content, calls = self.plan.calls(text)
-        if calls:
-            return {"tool_calls": [c.body(i) for i, c in enumerate(calls)]}
-        rest, self.sent = (content or "")[self.sent:], len(content or "")
-        return {"content": rest}
-
-    @staticmethod
-    def _plain_prefix(text: str) -> int:
-        """How much of an unfinished auto reply is surely content: all of it up to a (possibly partial)
-        ``<tool_call>`` tag; nothing when it opens with JSON."""
-        if text.lstrip()[:1] in ("{", "["):
-            return 0
-        i = text.find(TOOL_CALL_OPEN)
-        if i >= 0:
-            return i
-        for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):  # a tag may be forming at the end
-            if TOOL_CALL_OPEN.startswith(text[-k:]):
-                return len(text) - k
-        return len(text)
-
-    def finish_reason(self, text: str, reason: str | None) -> str | None:
-        if reason == "stop" and self.plan.mode != "none" and self.plan.calls(text)[1]:
-            return "tool_calls"
-        return reason
