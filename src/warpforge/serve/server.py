@@ -61,7 +61,7 @@ def build_llm(config: ServeConfig, **spec):
     line (a spinner on a terminal). ``spec``: more EngineSpec fields (device, setup, setup_args).
     EngineStartError says why the model did not load."""
     from warpforge._cli_support import make_console
-    from warpforge.llm.cli import resolve_model
+    from warpforge.llm.loader import resolve_model
     from warpforge.serve.engine_client import EngineClient
     from warpforge.serve.engine_core import EngineSpec
 
