@@ -136,6 +136,29 @@ def test_serve_suite_quick_runs_on_cpu(cli, tmp_path):
     assert set(cost["meets"]) == {"max_ms", "max.cost_p99_ms"}
 
 
+def test_the_stub_step_queues_on_a_pretend_device():
+    """InstantStep: one fixed token per sampling sequence; with step_ms, steps queue one after another on a
+    pretend device and result() waits (GIL-free) until its step is done."""
+    import time
+    from types import SimpleNamespace
+
+    from warpforge.bench.suites._serve_stub import InstantStep
+
+    batch = SimpleNamespace(sampling_seqs=[0, 1, 2])
+    free = InstantStep(7)
+    assert free.launch(batch).result() == ([7, 7, 7], [None, None, None])
+    stub = InstantStep(7, step_ms=30)
+    t0 = time.perf_counter()
+    a, b = stub.launch(batch), stub.launch(batch)  # the second queues behind the first
+    a.result()
+    t1 = time.perf_counter()
+    b.result()
+    t2 = time.perf_counter()
+    assert 0.029 <= t1 - t0 and 0.059 <= t2 - t0 and stub.steps == 2
+    with pytest.raises(ValueError, match="step_ms"):
+        InstantStep.install(None, step_ms=-1)
+
+
 def test_load_from_several_client_processes_is_one_run(server):
     """run_split: requests and streams dealt over client processes started at one instant, merged back in
     order and timed as one run (the suite uses it where one client would set the pace)."""
