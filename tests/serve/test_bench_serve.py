@@ -136,6 +136,45 @@ def test_serve_suite_quick_runs_on_cpu(cli, tmp_path):
     assert set(cost["meets"]) == {"max_ms", "max.cost_p99_ms"}
 
 
+def test_the_stub_step_queues_on_a_pretend_device():
+    """InstantStep: one fixed token per sampling sequence; with step_ms, steps queue one after another on a
+    pretend device and result() waits (GIL-free) until its step is done."""
+    import time
+    from types import SimpleNamespace
+
+    from warpforge.bench.suites._serve_stub import InstantStep
+
+    batch = SimpleNamespace(sampling_seqs=[0, 1, 2])
+    free = InstantStep(7)
+    assert free.launch(batch).result() == ([7, 7, 7], [None, None, None])
+    stub = InstantStep(7, step_ms=30)
+    t0 = time.perf_counter()
+    a, b = stub.launch(batch), stub.launch(batch)  # the second queues behind the first
+    a.result()
+    t1 = time.perf_counter()
+    b.result()
+    t2 = time.perf_counter()
+    assert 0.029 <= t1 - t0 and 0.059 <= t2 - t0 and stub.steps == 2
+    with pytest.raises(ValueError, match="step_ms"):
+        InstantStep.install(None, step_ms=-1)
+
+
+def test_load_from_several_client_processes_is_one_run(server):
+    """run_split: requests and streams dealt over client processes started at one instant, merged back in
+    order and timed as one run (the suite uses it where one client would set the pace)."""
+    from warpforge.bench.loadgen import Target
+    from warpforge.bench.suites._serve_clients import run_split
+
+    specs = make_requests(12, parse_mix("fixed:16:6"), 0, tokenizer=resolve_tokenizer(str(server.checkpoint)))
+    run = run_split(Target(url=server.root, model=server.model), specs, [0.0] * 12, 4, 3)
+    s = summarize(run)
+    assert s["completed"] == 12 and [r.index for r in run.results] == list(range(12))
+    assert all(r.output_tokens == 6 for r in run.results)
+    assert s["mean_concurrency"] <= 4 + 1e-6  # 4 streams over 3 processes: 2 + 1 + 1
+    first, last = min(r.sent for r in run.results), max(r.sent + r.e2e for r in run.results)
+    assert run.duration_s == pytest.approx(last - first, abs=0.05) and run.client_cpu_s > 0
+
+
 def test_the_gpu_run_has_every_figure_the_issue_asks_for_in_priority_order():
     """One `bench serve` call: the stubbed cost first (seconds, CPU), the 1B workload against offline, the 8B
     rates that share its server with the 8B unlimited rate against offline, the slow low rates last."""

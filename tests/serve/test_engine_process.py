@@ -46,6 +46,8 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="re
 def test_sigterm_stops_the_engine_process_too(start_server):
     s = start_server()
     pid = engine_pid(s)
+    # its OpenMP threads sleep at barriers instead of spinning on cores the HTTP process needs
+    assert b"OMP_WAIT_POLICY=PASSIVE" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     r = httpx.post(s.base_url + "/completions", json={"model": s.model, "prompt": "To be", "max_tokens": 4},
                    timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
@@ -124,3 +126,29 @@ def test_a_slow_schema_does_not_stall_other_streams(server):
     # matcher). Were the event loop or the engine's loop blocked by one, a gap would be about half of it.
     assert t1 - t0 > 1.5, f"the schema compiled in {t1 - t0:.2f} s: too fast to show anything"
     assert len(during) >= 20 and max(gaps) < 0.3 * (t1 - t0), (t1 - t0, len(during), max(gaps))
+
+
+def test_a_lagging_stream_gets_the_steps_it_missed_as_one_output():
+    """What arrived since the last read comes out as one output (deltas joined, cumulative text and ids); an
+    engine failure after a finish still hands the finish out first."""
+    from warpforge.serve.engine_client import _Stream
+
+    async def main():
+        st = _Stream("r", [1, 2], logprobs=[])
+        st.put(" to", [7], [{7: -0.1}], None)
+        st.put(" be", [8], [{8: -0.2}], None)
+        a = await st.get()
+        assert (a.delta_text, a.delta_token_ids, a.text, a.token_ids) == (" to be", [7, 8], " to be", [7, 8])
+        assert a.logprobs == [{7: -0.1}, {8: -0.2}] and a.finish_reason is None
+        st.put(",", [9], [{9: -0.3}], "abort")
+        st.fail(RuntimeError("engine failed: gone"))
+        b = await st.get()
+        assert (b.delta_text, b.delta_token_ids, b.text, b.finish_reason) == (",", [9], " to be,", "abort")
+        with pytest.raises(RuntimeError, match="gone"):
+            await st.get()
+        lone = _Stream("q", [1])
+        lone.fail(ValueError("refused"))
+        with pytest.raises(ValueError, match="refused"):
+            await lone.get()
+
+    asyncio.run(main())

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="device time of every step (a GIL-free wait); 0: the step is free")
     args = ap.parse_args(argv)
+    if not 0 <= args.step_ms < 1e4:
+        ap.error(f"--step-ms: expected milliseconds in [0, 10000), got {args.step_ms}")
 
     from warpforge.serve.config import ServeConfig
     from warpforge.serve.server import bind, build_llm, serve

@@ -245,12 +245,13 @@ def _warm(model: str, sh: Shape, tok: Any) -> Any:
     return warm
 
 
-def _summary_run(run: Any, specs: list, work: dict | None = None) -> Run:
+def _summary_run(run: Any, specs: list, work: dict | None = None, client_procs: int = 1) -> Run:
     from warpforge.bench.loadgen import summarize
 
     s = summarize(run, prompt_tokens=[x.prompt_tokens for x in specs])
     out = {"n": len(specs), "failed": s["failed"], "short": s["short_outputs"], "errors": s["errors"]}
     extra = {k: v for k, v in s.items() if k not in ("output_tokens",)}
+    extra["client_processes"] = client_procs
     return Run(ms=1e3 * run.duration_s, tokens=s["output_tokens"], output=out, extra=extra, work=work or {})
 
 
@@ -264,7 +265,8 @@ def _work(preset: str, device: torch.device, prompt_lens: list[int], out_lens: l
 def server_run(sh: Shape, rate: float, n: int, rate_index: int, *, with_work: bool = False):
     """``warpforge serve`` (shared across the shape's rate cases) driven at ``rate`` with ``n`` requests."""
     def fn(device: torch.device, rep: int) -> list[Run]:
-        from warpforge.bench.loadgen import arrival_times, run_load
+        from warpforge.bench.loadgen import arrival_times
+        from warpforge.bench.suites._serve_clients import client_procs, drive
 
         ckpt = checkpoint(sh.preset, run_dtype(device))
         tok = _tokenizer(ckpt)
@@ -276,13 +278,13 @@ def server_run(sh: Shape, rate: float, n: int, rate_index: int, *, with_work: bo
         runs = []
         for i in range(rep):
             times = arrival_times(len(specs), rate, arrivals="poisson", seed=rate_index + i)
-            run = asyncio.run(run_load(_target(server.url, sh.preset), specs, times))
+            run = drive(_target(server.url, sh.preset), specs, times)
             work = None
             if with_work:
                 done = [r for r in run.results if r.ok]
                 work = _work(sh.preset, device, [r.prompt_tokens or 0 for r in done],
                              [r.output_tokens or 0 for r in done]) if done else None
-            runs.append(_summary_run(run, specs, work))
+            runs.append(_summary_run(run, specs, work, client_procs()))
         return runs
     return fn
 
@@ -328,7 +330,7 @@ def stub_cost_run(sz: Sizes, mix: LengthMix):
     def fn(device: torch.device, rep: int) -> list[Run]:
         from warpforge.bench.loadgen import LengthMix, make_requests, run_load, summarize
         from warpforge.bench.loadgen.metrics import distribution, shared_time
-        from warpforge.bench.suites._serve_clients import client_procs, run_split
+        from warpforge.bench.suites._serve_clients import client_procs, drive
 
         procs = client_procs()
         ckpt = checkpoint(STUB_PRESET, torch.float32)
@@ -349,7 +351,7 @@ def stub_cost_run(sz: Sizes, mix: LengthMix):
         for i in range(rep):
             specs = make_requests(sz.cost_requests, mix_, 1, tokenizer=tok, text_seed=100 + i)
             cpu0 = server.cpu_seconds()
-            run = run_split(_target(server.url, "stub"), specs, STREAMS, procs)
+            run = drive(_target(server.url, "stub"), specs, [0.0] * len(specs), STREAMS)
             cpu1 = server.cpu_seconds()
             runs.append((run, None if cpu0 is None or cpu1 is None else cpu1 - cpu0))
         stop_server()  # the stub writes its stats as it exits
