@@ -33,7 +33,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "memory": (_B + "suites/memory.py", _K),
     # the engine's quantized weights reuse the optimizer's quantizers (optimize/weight_only.py, fp8.py)
     "llm": (_B + "suites/llm.py", _B + "suites/_llm_spec.py", _B + "suites/_llm_static.py", _B + "suites/_inductor.py",
-            _B + "suites/_llm_guided.py",
+            _B + "suites/_llm_guided.py", _B + "suites/_llm_models.py", _B + "suites/_llm_work.py",
             "src/warpforge/llm/", "src/warpforge/optimize/", _K),
     "vision": (_B + "suites/vision.py", _B + "suites/_vision_peers.py", _B + "suites/_inductor.py",
                _B + "suites/_session.py", _B + "suites/_vision_run.py",
@@ -44,6 +44,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "splat_train": (_B + "suites/splat_train.py", "src/warpforge/splat/", _K),
     "serve": (_B + "suites/serve.py", _B + "suites/_serve_stub.py", _B + "suites/llm.py", _B + "suites/_llm_spec.py",
               _B + "suites/_llm_static.py", _B + "suites/_inductor.py", _B + "suites/_llm_guided.py",
+              _B + "suites/_llm_models.py", _B + "suites/_llm_work.py", _B + "suites/_serve_clients.py",
               _B + "loadgen/", _B + "serve_cli.py", "src/warpforge/serve/", "src/warpforge/llm/",
               "src/warpforge/optimize/", "src/warpforge/_cli_support.py", _K),
     # benchmarks/profile_h200.py: the profiler against the bench on kernel cases, and model reports
