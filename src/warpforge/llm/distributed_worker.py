@@ -243,8 +243,9 @@ def serve(tp: TPGroup, path: str, dtype: torch.dtype, device: torch.device, engi
     dist.destroy_process_group()
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the driver process is gone (killed without running its exit handlers)."""
+def watch_parent(parent_pid: int) -> None:
+    """Exit when the parent process is gone (killed without running its exit handlers): a worker or engine
+    process must not outlive the process that started it. Run it on a daemon thread."""
     while True:
         time.sleep(1.0)
         if os.getppid() != parent_pid:
@@ -266,7 +267,7 @@ def spawn_worker(args: dict) -> subprocess.Popen:
 
 def worker_main(rank: int, n: int, init_method: str, path: str, dtype: torch.dtype, device_type: str,
                 engine_config: EngineConfig, threads: int, parent_pid: int) -> None:
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=watch_parent, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(threads)
     device = _rank_device(device_type, rank)
     try:

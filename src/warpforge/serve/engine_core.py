@@ -24,14 +24,12 @@ when the compile is done, on a thread of its own, and steps go on meanwhile. The
 from __future__ import annotations
 
 import importlib
-import os
 import pickle
 import select
 import signal
 import socket
 import struct
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,14 +256,6 @@ def run(spec: EngineSpec, sock: socket.socket) -> None:
         sock.close()
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the API process is gone while the model still loads (after that, the socket says so)."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-
 # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's main module): the first
 # frame is (sys.path, the pickled spec), read before anything of warpforge is imported so that the
 # API process's path finds it.
@@ -277,5 +267,8 @@ BOOT = ("import pickle, socket, struct, sys; s = socket.socket(fileno=int(sys.ar
 
 def main(sock: socket.socket, spec: bytes, parent_pid: int) -> None:
     """Entry of ``python -c BOOT FD PID``."""
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    from warpforge.llm.distributed_worker import watch_parent
+
+    # the API process may die while the model still loads; after that, the socket says so
+    threading.Thread(target=watch_parent, args=(parent_pid,), daemon=True).start()
     run(pickle.loads(spec), sock)

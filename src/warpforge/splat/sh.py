@@ -281,18 +281,23 @@ def _alloc(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _check_dense(named, device: torch.device, like: str) -> None:
+    """What the kernels index by hand: float32, contiguous, on ``device`` (that of ``like``)."""
+    for name, t in named:
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be torch.float32, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel indexes it densely)")
+        if t.device != device:
+            raise ValueError(f"{name} must be on {device} like {like}, got {t.device}")
+
+
 def _check_kernel_args(dirs, coeffs, cams: int) -> None:
     """The kernels index dirs [CAMS * N, 3] and coeffs [N, K, 3] densely, float32, one device."""
     if coeffs.dim() != 3 or coeffs.shape[-1] != 3 or dirs.dim() != 2 or dirs.shape != (cams * coeffs.shape[0], 3):
         raise ValueError(f"SH kernel arguments must be dirs [CAMS * N, 3] and coeffs [N, K, 3] with CAMS={cams}, "
                          f"got {list(dirs.shape)} and {list(coeffs.shape)}")
-    for name, t in (("dirs", dirs), ("coeffs", coeffs)):
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be torch.float32, got {t.dtype}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (the kernel indexes it densely)")
-    if coeffs.device != dirs.device:
-        raise ValueError(f"coeffs must be on {dirs.device} like dirs, got {coeffs.device}")
+    _check_dense((("dirs", dirs), ("coeffs", coeffs)), dirs.device, "dirs")
 
 
 def _meta(degree: int, K: int, block: int) -> dict:
@@ -334,13 +339,7 @@ def _check_render_args(means, centres, coeffs) -> None:
             or tuple(coeffs.shape[:-2]) not in ((N,), (C, N))):
         raise ValueError(f"SH render kernel arguments must be means [N, 3], centres [C, 3] and coeffs [N, K, 3] or "
                          f"[C, N, K, 3], got {list(means.shape)}, {list(centres.shape)} and {list(coeffs.shape)}")
-    for name, t in (("means", means), ("centres", centres), ("coeffs", coeffs)):
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be torch.float32, got {t.dtype}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (the kernel indexes it densely)")
-        if t.device != means.device:
-            raise ValueError(f"{name} must be on {means.device} like means, got {t.device}")
+    _check_dense((("means", means), ("centres", centres), ("coeffs", coeffs)), means.device, "means")
 
 
 def sh_colors_fwd_triton(degree: int, means: torch.Tensor, centres: torch.Tensor,
