@@ -112,6 +112,27 @@ def test_straggler_named_from_merged_ranks():
     assert stragglers([fast, copy.deepcopy(fast)]) is None
 
 
+def test_exposed_comm_is_net_of_the_wait_for_a_straggler():
+    # Rank 0 spends 15 ms per step in the all-reduce, all of it waiting for rank 1's 15 ms of extra loading: the
+    # merged profile blames the straggler, and the network only for what is left over.
+    fast = _profile({"forward": 10, "backward": 20, "comm_exposed": 15})
+    slow = _profile({"forward": 10, "backward": 20, "data": 15, "comm_exposed": 0.5})
+    fast["meta"], slow["meta"] = {"rank": 0}, {"rank": 1}
+    merged = dict(copy.deepcopy(fast), ranks=[fast, slow])
+    kinds = [f["kind"] for f in train_findings(merged)]
+    assert kinds[0] == "straggler" and "exposed_comm" not in kinds
+    # With 6 ms of its own on top of the wait, the finding stays, sized and worded by those 6 ms.
+    noisy = _profile({"forward": 10, "backward": 20, "comm_exposed": 21})
+    noisy["meta"] = {"rank": 0}
+    merged = dict(copy.deepcopy(noisy), ranks=[noisy, slow])
+    comm = next(f for f in train_findings(merged) if f["kind"] == "exposed_comm")
+    assert comm["evidence"]["exposed_ms"] == pytest.approx(6.0)
+    assert comm["evidence"]["straggler_wait_ms"] == pytest.approx(15.0)
+    assert comm["severity"] == pytest.approx(6 / 51, abs=1e-4)
+    assert "6 ms per step" in comm["text"] and "15 ms waiting for the straggler, rank 1" in comm["text"]
+    assert train_findings(noisy)[0]["evidence"]["straggler_wait_ms"] == 0  # one rank alone: no wait taken off
+
+
 def test_clean_profile_has_no_finding_at_the_threshold():
     d = _profile({"data": 0.5, "h2d": 0.2, "forward": 30, "backward": 60, "optimizer": 5, "other": 2})
     assert [f for f in train_findings(d) if f["severity"] >= THRESHOLD] == []

@@ -77,10 +77,16 @@ def _nvlink_GBps(d: dict[str, Any]) -> float | None:
     return spec.nvlink_GBps if spec is not None else None
 
 
-def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None,
+                 straggler: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Collective time with no compute beside it, less what was spent waiting for a straggler: that wait is the
+    late rank's cost, not the network's."""
     a = d["aggregate"]
-    m, s = a["mean"], a["share"]
-    if s["comm_exposed"] < THRESHOLD:
+    m = a["mean"]
+    wait = min(m["comm_exposed"], straggler["evidence"]["excess_ms"]) if straggler is not None else 0.0
+    own = m["comm_exposed"] - wait
+    share = own / m["step_ms"] if m["step_ms"] > 0 else 0.0
+    if share < THRESHOLD:
         return None
     total = m["comm_exposed"] + m["comm_overlapped"]
     # Bytes over the collectives' time (overlapped or not): the rate to set beside `probe --collectives`.
@@ -105,15 +111,18 @@ def exposed_comm(d: dict[str, Any], probe: dict[str, Any] | None = None) -> dict
         advice = (f"overlap more: smaller buckets start the first all-reduce earlier (bucket_cap_mb, now "
                   f"{ddp['bucket_cap_mb']:.0f}); gradient accumulation with no_sync() all-reduces once per several "
                   "micro-batches; bf16 gradient compression halves the bytes")
-    return _f("exposed_comm", s["comm_exposed"],
-              f"Gradient communication is exposed: {_ms(m['comm_exposed'])} per step "
-              f"({100 * s['comm_exposed']:.0f}%) with no compute beside it; "
+    waiting = (f" (besides {_ms(wait)} waiting for the straggler, rank {straggler['evidence']['worst_rank']})"
+               if straggler is not None and wait > 0 else "")
+    return _f("exposed_comm", share,
+              f"Gradient communication is exposed: {_ms(own)} per step ({100 * share:.0f}%) with no compute beside "
+              f"it{waiting}; "
               f"{100 * m['comm_overlapped'] / total if total else 0:.0f}% of the collectives' time overlaps compute"
               + (f"; they move {a['comm_bytes'] / 2**20:.3g} MiB per step at {algbw:.3g} GB/s algorithm bandwidth"
                  + (f", {busbw:.3g} GB/s bus bandwidth" if busbw else "")
                  + (f" ({100 * of_link:.0f}% of the {link:g} GB/s NVLink datasheet figure)" if of_link else "")
                  + "; `warpforge probe --collectives` measures what this machine's links reach." if algbw else "."),
-              advice + ".", exposed_ms=m["comm_exposed"], overlapped_ms=m["comm_overlapped"], algbw_GBps=algbw,
+              advice + ".", exposed_ms=own, straggler_wait_ms=wait, overlapped_ms=m["comm_overlapped"],
+              algbw_GBps=algbw,
               busbw_GBps=busbw, nvlink_GBps=link, of_link=of_link,
               collectives_per_step=a["collectives"], bytes_per_step=a["comm_bytes"])
 
@@ -207,20 +216,7 @@ def stragglers(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
 def train_findings(d: dict[str, Any], probe: dict[str, Any] | None = None,
                    peak_tflops: float | None = None) -> list[dict[str, Any]]:
     """Every finding for one rank's profile (and the stragglers of a merged one), largest first."""
-    found = [starved_loader(d), pageable_copies(d, probe), exposed_comm(d, probe), launch_bound_optimizer(d),
-             activation_peak(d), low_mfu_layers(d, peak_tflops), launch_gaps(d)]
-    if d.get("ranks"):
-        lag = stragglers(d["ranks"])
-        found.append(lag)
-        comm = found[2]
-        if lag is not None and comm is not None:
-            # Time spent in a collective waiting for a late rank is the straggler's cost, not the network's.
-            step = d["aggregate"]["mean"]["step_ms"]
-            own = max(0.0, d["aggregate"]["mean"]["comm_exposed"] - lag["evidence"]["excess_ms"])
-            if own / step < THRESHOLD:
-                found[2] = None
-            else:
-                comm["severity"] = round(own / step, 4)
-                comm["text"] += (f" Of it, about {_ms(lag['evidence']['excess_ms'])} is waiting for the straggler, "
-                                 f"rank {lag['evidence']['worst_rank']}.")
+    lag = stragglers(d["ranks"]) if d.get("ranks") else None
+    found = [starved_loader(d), pageable_copies(d, probe), exposed_comm(d, probe, lag), launch_bound_optimizer(d),
+             activation_peak(d), low_mfu_layers(d, peak_tflops), launch_gaps(d), lag]
     return sorted((f for f in found if f is not None), key=lambda f: -f["severity"])
