@@ -27,7 +27,7 @@ from typing import Any
 from warpforge.bench.ratio import FRACTION_MAX, RATIO_RTOL, entry_side, put_ratio, same_work_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
-# What is known of why a figure broke a rule (benchmarks/NOTES.md, 2026-12-05), by (suite, field).
+# What is known of why a figure broke a rule (benchmarks/notes/harness.md, 2026-12-05), by (suite, field).
 CAUSES = {
     ("kernels", "roofline"): "the compute ceiling was the probed cuBLAS rate, below what ran; the ceiling is now "
                              "the larger of the datasheet's dense peak and the probe",

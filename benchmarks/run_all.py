@@ -36,10 +36,10 @@ class Shard:
     deps: tuple[str, ...] = ()  # run_gpu.sh install stages it needs, run once before the lanes start
 
 
-# Expected times: "measured" where benchmarks/NOTES.md has the figure, "estimate" otherwise (then generous:
+# Expected times: "measured" where benchmarks/notes/ has the figure, "estimate" otherwise (then generous:
 # a shard that overruns is stopped by its lane's limit, its finished cases kept).
 SHARDS: tuple[Shard, ...] = (
-    Shard("kernels", ("bench:kernels",), 150),  # measured: ~2 min (NOTES, session plans)
+    Shard("kernels", ("bench:kernels",), 150),  # measured: ~2 min (notes/gpu-runs.md, session plans)
     Shard("memory-attention", ("bench:memory", "bench:attention"), 240),  # estimate
     Shard("vision-mobilenet", ("bench:vision:mobilenet_v2 batch",), 420),  # estimate: max-autotune peers compile
     Shard("vision-resnet50", ("bench:vision:resnet50 batch",), 420),  # estimate
@@ -48,11 +48,11 @@ SHARDS: tuple[Shard, ...] = (
     Shard("vision-wall", ("bench:vision:optimize wall",), 360),  # measured: ours 48.6 s, max-autotune peer 277 s
     Shard("llm-decode", ("bench:llm:decode batch 1", "bench:llm:gemma3"), 240, ("gemma",)),  # estimate
     Shard("llm-offline", ("bench:llm:offline", "bench:llm:prefix cache", "bench:llm:long prompt"), 420),  # estimate
-    Shard("llm-throughput", ("bench:llm:throughput",), 300),  # measured: ~4 min for both rows (NOTES)
+    Shard("llm-throughput", ("bench:llm:throughput",), 300),  # measured: ~4 min for both rows (notes/llm.md)
     Shard("splat", ("bench:splat",), 300, ("gsplat",)),  # estimate
     Shard("splat-train", ("bench:splat_train",), 360, ("gsplat",)),  # estimate
     Shard("serve", ("bench:serve",), 420, ("serve-deps",)),  # estimate
-    Shard("profile", ("profile",), 200),  # measured: 2-3 min (NOTES)
+    Shard("profile", ("profile",), 200),  # measured: 2-3 min (notes/llm.md)
 )
 BY_NAME = {s.name: s for s in SHARDS}
 

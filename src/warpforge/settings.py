@@ -24,7 +24,8 @@ _TRUE = ("1", "on", "true", "yes")
 _FALSE = ("0", "off", "false", "no")
 AUTOTUNE_MODES = ("on", "off", "cold", "retune")
 
-# Experiment switches that ended: the measured winner is plain code now (benchmarks/NOTES.md, 2026-12-05).
+# Experiment switches that ended: the measured winner is plain code now (benchmarks/notes/optimize.md, the
+# experiment switches entry, lists each one's figure).
 REMOVED = {
     "WARPFORGE_INT8_FOLD": "the folded int8-out epilogue always runs",
     "WARPFORGE_INT8_ALU_CVT": "int8 conversions always go through integer and float adds",
@@ -108,7 +109,7 @@ class Settings:
     git: str | None  # the revision records name, where the code runs from a copy without .git
     bench_max_autotune: bool  # bench vision runs its torch.compile max-autotune peers (latency rows, wall time)
     bench_wall_limit_s: float | None  # bench vision's wall-time case: each side's time limit
-    # Experiments awaiting their H200 A/B (benchmarks/NOTES.md, 2026-12-05); the EngineConfig field wins.
+    # Experiments awaiting their GPU A/B (benchmarks/notes/llm.md); the EngineConfig field wins.
     pdl: bool  # programmatic dependent launch in the LLM engine's decode graphs
     fused_norm: bool  # the LLM engine's RMSNorms computed inside the next projection's GEMV
     # the variables set, as given (name, value): what a bench record names

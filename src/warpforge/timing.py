@@ -157,8 +157,8 @@ def own_cublas_workspace() -> Iterator[None]:
     """Around a CUDA-graph capture: drop cuBLAS's cached workspaces before and after it (as torch.compile's
     cudagraph trees do). torch.cuda.graph captures every graph on one shared stream, and cuBLAS keeps one
     workspace per (handle, stream): without this, the workspace allocated in the first capture's private
-    pool is baked into every later graph, outliving the graph that owns it. On the H200 that ended in
-    "unspecified launch failure" (ViT-B/16 b32, 2026-12-02): the fused-linear tactic choice captures and
+    pool is baked into every later graph, outliving the graph that owns it. That ended in an
+    "unspecified launch failure" (ViT-B/16 b32): the fused-linear tactic choice captures and
     drops a graph per layer, then the model's graph and torch.compile's ran on that memory. Cleared, each
     capture allocates its own workspace in its own pool."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)

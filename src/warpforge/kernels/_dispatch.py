@@ -47,19 +47,12 @@ def use_triton(*tensors: torch.Tensor) -> bool:
 
 
 # ---- programmatic dependent launch (Hopper) ------------------------------------------------------
-# A kernel launched with PDL may start while the kernel before it in the stream is still finishing:
-# its programs become resident, run up to ``pdl_enter``'s ``griddepcontrol.wait`` (which returns once
-# the previous grid has completed and its writes are visible). The next kernel may launch in turn once
-# every program of this one has run ``griddepcontrol.launch_dependents``, which ``pdl_release`` does after
-# the kernel's main loop, so that the next grid's programs do not sit resident through this one's last
-# wave. Inside a CUDA graph of many short kernels (an LLM decode step: ~10 per layer) that should hide most
-# of each kernel-to-kernel launch gap. Correctness stays stream order, since every kernel waits before it
-# reads anything an earlier kernel writes or writes anything itself (the GEMV loads its first tile of
-# static weights before the wait: PDL is for graphs over fixed weights). Off unless a caller opts in with
-# ``programmatic_launch()`` (the LLM engine's decode graphs, EngineConfig.pdl); ``pdl(x)`` is what
-# launchers ask (1 or 0). Releasing the next grid at entry instead was measured slower on the H200
-# (Llama-3.2-1B shape, batch 1: 798 tok/s against 879 without PDL) and removed; this form awaits its A/B
-# (benchmarks/NOTES.md).
+# A PDL kernel may start while the one before it finishes: its programs run up to ``pdl_enter``'s
+# ``griddepcontrol.wait``, and ``pdl_release`` lets the next grid launch after this one's main loop (not at
+# entry: the next grid's programs would sit resident through this one's last wave, which measured slower).
+# In a CUDA graph of many short kernels (an LLM decode step) that hides launch gaps; stream order holds since
+# every kernel waits before touching what an earlier one writes (the GEMV's first static-weight tile loads
+# before it). Opt-in via ``programmatic_launch()`` (EngineConfig.pdl); awaits its A/B (notes/llm.md).
 
 PDL_OFF, PDL_ON = 0, 1
 _PDL = contextvars.ContextVar("warpforge_pdl", default=PDL_OFF)

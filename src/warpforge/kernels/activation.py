@@ -397,16 +397,12 @@ def _online_update(x, m_vec, s_vec):
 def _softmax_persistent_kernel(x_ptr, out_ptr, M, N, stride_xm, stride_om,
                                BLOCK_N: tl.constexpr, VEC: tl.constexpr,
                                KEEP: tl.constexpr = "", DROP: tl.constexpr = ""):
-    # Streamed rows (two reads) on a persistent grid of G programs: program p serves rows p, p + G, ...,
-    # so G rows are in flight and pass 2 re-reads each from L2 (G x row bytes under the L2), where
-    # one program per row keeps every row of a 512-row problem resident at once and pass 2 goes to HBM.
-    # A chunk is [BLOCK_N // VEC, VEC], VEC contiguous elements (one 16-byte load) per thread, so the
-    # running max and sum are one fp32 per VEC elements (reduced along axis 1 in registers) and the
-    # registers go to loads in flight. The loads of the next chunk (pass 1's last: pass 2's first chunk;
-    # pass 2's last: the next row's first) are issued before the current chunk's math: one load stream
-    # per program through both passes and across rows (each pass's last chunk is peeled for that).
-    # KEEP / DROP: L2 eviction policies ("" or "evict_last" / "evict_first") of the reads pass 2 needs
-    # again, and of pass 2's reads and the stores, which nothing here reads again.
+    # Streamed rows on a persistent grid of G programs (rows p, p + G, ...): G rows in flight, so pass 2
+    # re-reads each from L2, where one program per row keeps a 512-row problem resident and goes to HBM.
+    # A chunk is [BLOCK_N // VEC, VEC] (one 16-byte load a thread): the running max and sum take one fp32
+    # per VEC elements, the registers go to loads in flight. The next chunk's loads (across passes and rows;
+    # each pass's last chunk peeled) are issued before this chunk's math. KEEP / DROP: L2 eviction policies
+    # ("", "evict_last", "evict_first") of the reads pass 2 needs again, and of what nothing reads again.
     R: tl.constexpr = BLOCK_N // VEC
     offs = tl.arange(0, R)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [R, VEC] column offsets in a chunk
     G = tl.num_programs(0)

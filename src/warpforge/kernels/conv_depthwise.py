@@ -72,12 +72,8 @@ def depthwise_config(cout: int) -> DepthwiseConfig:
     divides it, as MobileNetV2's 144), 1K outputs per program (8 fp32 accumulators a thread: a 7x7
     unrolled loop stays near 100 registers).
 
-    Measured on the H200 (benchmarks/sweeps/depthwise_sweep.py, MobileNetV2 b32's 17 depthwise convs,
-    2026-12-04): the 64-channel blocks used before wasted a quarter of the lanes at 96 and 144 channels
-    (96 @112/2 fp16: 47.9 us against 42.1 in 32-channel blocks, 144 @56: 61.0 against 47.8 in 16s); sums
-    over the 17: fp16 301 -> 272 us, int8 out 296 -> 263. With fp16 weights read as given
-    (_dw_fp32_weights) fp16 is at 248 us; int8 out, 284 in 1K programs, 277 in 2K, 263 with fp32 weights
-    in 1K (kept: fp32 weights in 2K programs were not measured)."""
+    Blocks that divide Cout leave no lanes idle: 64-channel blocks masked a quarter of theirs at MobileNetV2's
+    96 and 144 channels (benchmarks/sweeps/depthwise_sweep.py; figures in benchmarks/notes/optimize.md)."""
     if cout % 32 == 0:
         bc = 32
     elif cout % 16 == 0:
@@ -88,9 +84,9 @@ def depthwise_config(cout: int) -> DepthwiseConfig:
 
 
 # A 16-bit depthwise weight read as an fp32 copy (_DW_F32, one per weight): the kernel's fp32 taps then take
-# it without a conversion each. Same values, same sums. Measured on the H200 (depthwise_sweep.py, MobileNetV2
-# b32's 17 depthwise convs, 2026-12-04): fp16 in and out 270 us with it, 248 without; fp16 in, int8 out
-# 263 with it, 284 without. So for int8 out only (_dw_fp32_weights).
+# it without a conversion each. Same values, same sums. It pays only with int8 out (depthwise_sweep.py:
+# with fp16 out the copy's extra bytes cost more than the conversions it saves), so for int8 out only
+# (_dw_fp32_weights).
 _DW_F32: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 

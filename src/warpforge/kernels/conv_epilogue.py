@@ -25,25 +25,20 @@ def _mma(a, b, acc, INT_ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, F16_MMA:
 
 
 # The int8 epilogues convert through integer and float adds (quantize.i2f_exact, f2i_rn), not the conversion
-# unit, which sm_90 issues at 16 per clock per SM: the int8 ResNet-50 b32 forward 994.4 -> 950.3 us on the
-# H200 (2026-12-03), the same codes bit for bit.
+# unit, which sm_90 issues at 16 per clock per SM: three conversions per output element made the int8 1x1
+# convs conversion-bound. The same codes bit for bit (benchmarks/notes/optimize.md).
 
 
 @triton.jit
 def _epilogue_factors(co, n_mask, b_ptr, xs_ptr, wsc_ptr, os_ptr, rs_ptr, HAS_BIAS: tl.constexpr,
                       HAS_RES: tl.constexpr, INT_ACC: tl.constexpr, OUT_ZERO: tl.constexpr, RES_INT8: tl.constexpr,
                       RES_ZERO: tl.constexpr, FOLDS: tl.constexpr):
-    # The epilogue of output channels co is y = acc * f1[co] + f2[co] (+ r * f3), then the activation: f1, f2
-    # [BN] fp32, f3 a scalar, f4 the folded ReLU6's upper code. Loaded once per program (the persistent
-    # kernel hoists them out of its tile loop). r: the residual as stored (int8 codes with RES_INT8).
-    # FOLDS, the folded int8-out epilogue (int8 in and out, no activation, ReLU or ReLU6): every per-channel
-    # factor in one FMA, y in the output's code domain,
-    # q = acc * (x_scale * w_scale[co] / out_scale) + (bias[co] / out_scale + OUT_ZERO) [+ r * f3], then one
-    # clamp and a round to nearest even (_epilogue_apply). ReLU is the clamp's lower bound in the code domain
-    # (y >= 0 <=> q >= OUT_ZERO), ReLU6 its upper one too. Unfolded, dequantize, bias, activation and
-    # requantize cost ~18 instructions per output element in the int8 1x1 convs (Nsight Compute, H200,
-    # 2026-12-02), twice fp16's; folded, ResNet-50 b32's int8 convs went 907 -> 864 us. Same codes as
-    # ``dequantize -> act -> round_to_int8`` up to a rounding tie broken the other way (the FMA rounds once).
+    # y = acc * f1[co] + f2[co] (+ r * f3), then the activation; f1, f2 [BN] fp32, f3 a scalar, f4 the folded
+    # ReLU6's upper code; loaded once per program (the persistent kernel hoists them). r: the residual as stored.
+    # FOLDS (int8 in and out; no activation, ReLU or ReLU6): every per-channel factor in one FMA in the output's
+    # code domain, q = acc * (x_scale * w_scale[co] / out_scale) + (bias[co] / out_scale + OUT_ZERO) [+ r * f3],
+    # the activation as the clamp's bounds, then a round to nearest even: unfolded, the int8 epilogue costs about
+    # twice fp16's instructions per element. Same codes up to a rounding tie (the FMA rounds once).
     f3 = 1.0
     f4 = 127.0
     if FOLDS:

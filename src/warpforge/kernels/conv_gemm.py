@@ -34,18 +34,13 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
                       X_ZERO: tl.constexpr = 0, OUT_ZERO: tl.constexpr = 0, DUAL_OUT: tl.constexpr = False,
                       F16_MMA: tl.constexpr = False, rs_ptr=None, RES_INT8: tl.constexpr = False,
                       RES_ZERO: tl.constexpr = 0):
-    # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K). Output tile [BM pixels, BN channels] of
-    # group g; with SPLIT_K > 1 program z sums its share of the K steps into workspace slice z (fp32, int32
-    # with INT_ACC; ws [SPLIT_K, M, COUT], SPLIT_STRIDE = M * COUT) and _splitk_epilogue_kernel finishes.
-    # INT_ACC (conv2d_int8): int8 x and w, exact int32 accumulator, dequantized by x_scale (xs_ptr, one
-    # value) and w_scale (wsc_ptr, [COUT]) in the epilogue; QUANT_OUT: int8 out at scale os_ptr. Zero
-    # points (x = scale * (q - zero), 0 or -128 for unsigned data): X_ZERO fills x's padding and is taken
-    # out of the accumulator with the weight sums (wsum_ptr, [COUT] int32); OUT_ZERO is the output's.
-    # xpad_ptr (MODE_TAPS with X_ZERO != 0): >= CIN_G bytes of X_ZERO, the row a padded pixel reads.
-    # DUAL_OUT: float out (o_ptr) and the same y as int8 at os_ptr / OUT_ZERO (q_ptr), from one epilogue.
-    # F16_MMA (with INT_ACC, SPLIT_K 1): int8 x, its codes minus X_ZERO converted to fp16 in registers, times
-    # fp16 w (the int8 weights' values) on fp16 tensor cores into fp32: Triton 3.6 keeps such an MMA in
-    # flight across K steps, never an int32 one. Integer products, sums exact below 2^24.
+    # grid (cdiv(M, BM) * cdiv(COUT_G, BN), groups, SPLIT_K): tile [BM pixels, BN channels] of group g; with
+    # SPLIT_K > 1 program z sums its K steps into ws[z] ([SPLIT_K, M, COUT]) for _splitk_epilogue_kernel.
+    # INT_ACC: int8 x and w, exact int32 sums, dequantized by xs_ptr * wsc_ptr[co]; QUANT_OUT: int8 out at
+    # os_ptr. X_ZERO fills x's padding (xpad_ptr: the row a padded pixel reads) and leaves the sums through
+    # wsum_ptr; OUT_ZERO is the output's. DUAL_OUT: float out (o_ptr) and the same y as int8 (q_ptr).
+    # F16_MMA: int8 codes minus X_ZERO to fp16 in registers, fp16 tensor cores into fp32 (exact below 2^24):
+    # Triton 3.6 keeps such an MMA in flight across K steps, never an int32 one.
     pid = tl.program_id(0)
     g = tl.program_id(1)
     pid_k = tl.program_id(2)

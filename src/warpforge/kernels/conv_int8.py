@@ -15,8 +15,7 @@ in the epilogue. ``out_scale`` fuses the next int8 layer's input quantization in
 epilogue: an int8 activation is half the bytes of an fp16 one, for this store and the next layer's loads.
 With int8 out and no activation, ReLU or ReLU6, the epilogue folds every per-channel factor into one FMA
 per element and takes the activation as the clamp's bounds (``kernels.conv_epilogue._epilogue_factors``): the same
-codes as dequantize -> activation -> requantize up to a rounding tie (H200, ResNet-50 b32: the fold took
-its int8 convs from 907 to 864 us).
+codes as dequantize -> activation -> requantize up to a rounding tie, in fewer instructions per element.
 
 Depthwise convs (groups == C) are refused: a 3x3 depthwise conv does 9 MACs per loaded value, so it is
 memory-bound and int8 tensor cores gain it little; it stays on ``conv2d`` (fp16). Other group counts
@@ -62,15 +61,11 @@ def _pad_row(device: torch.device, zero_point: int) -> torch.Tensor:
     return row
 
 # int8 is half fp16's bytes: the fp16 candidates (kernels/conv_tuning.py) with block_k doubled to 128, the same
-# shared memory per stage. Every block_k is >= 32, the K of the s8 MMA instruction. Compiled for sm_90
-# (tests/kernels/sm90_compile.py --all, triton 3.6, 2026-12-01; bias + residual + silu epilogue, fp16 out,
-# and int8 out): none spills, all fit shared memory (<= 131 KB), all but the BM=32 split-K tile reach
-# wgmma (that one runs mma.sync, still tensor cores). fp16's (128, 256, 64) twin, (128, 256, 128), spilled
-# 184-240 B there and was replaced by (128, 128, 128) with 4 stages. Not yet run on a GPU.
-# What differs from fp16 (sm90_compile.py --all --only=conv, 2026-12-01): Triton 3.6 makes a wgmma
-# asynchronous across K steps only with an fp32 accumulator, so every int8 config waits for its MMA before
-# issuing the next step's loads (fp16: one MMA in flight); configs holding 2-5 blocks per SM (BN or BM 64,
-# 4 warps) let another block's MMA fill that gap, the 8-warp 128x128 tiles hold one, as fp16's default.
+# shared memory per stage; every block_k >= 32, the s8 MMA's K. Each compiles for sm_90 without spills
+# (tests/kernels/sm90_compile.py --all); fp16's (128, 256, 64) twin spilled and became (128, 128, 128), 4 stages.
+# Triton 3.6 keeps a wgmma in flight across K steps only with an fp32 accumulator, so every int8 config waits
+# for its MMA before the next step's loads; configs holding 2-5 blocks per SM (BN or BM 64, 4 warps) let
+# another block's MMA fill that gap.
 INT8_CONV_CONFIGS = [
     ConvConfig(128, 128, 128, 8, 8, 3),
     ConvConfig(128, 64, 128, 8, 4, 4),
@@ -97,8 +92,8 @@ INT8_CONV_CONFIGS = [
     ConvConfig(64, 64, 64, 8, 4, 4, f16_mma=True),
     ConvConfig(64, 64, 32, 8, 4, 5, f16_mma=True),
     # Persistent pointwise tilings (1x1 convs, C <= block_k), ``persistent`` = the blocks one SM holds
-    # (sm90_compile.py --all, 2026-12-02, every epilogue above and the int8 residual: no spills, 177-255
-    # registers, 28-131 KB; the 64-row tiles hold 2 blocks per SM, the 128-row ones 1).
+    # (sm90_compile.py --all, every epilogue above and the int8 residual: no spills; the 64-row tiles hold
+    # 2 blocks per SM, the 128-row ones 1).
     ConvConfig(128, 128, 64, 8, 8, 3, persistent=1),
     ConvConfig(64, 128, 64, 8, 4, 3, persistent=2),
     ConvConfig(128, 128, 128, 8, 8, 3, persistent=1),
@@ -108,9 +103,8 @@ INT8_CONV_CONFIGS = [
 INT8_INTERPRET_CONFIG = ConvConfig(32, 32, 32, 4, 4, 1)  # CPU interpreter: small tiles, odd sizes exercise masks
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm", INT8_CONV_CONFIGS, ConvConfig)
 # The residual tuner's extra persistent tilings (conv.RESIDUAL_TILINGS' int8 twins, K tiles 64-256; offline
-# sm_90 with the int8 residual and folded int8 out: 103-128 registers, 4 or 2 blocks per SM, no spills; with
-# res_dot 152-169). H200 (2026-12-03): int8 64->256 @56 +res 43.6 -> 37.5 us (64x64, 4 blocks per SM),
-# 128->512 @28 +res 28.6 -> 22.7 us, 256->1024 @14 +res 19.5 -> 17.6 us (64x128x256, 8 warps).
+# sm_90 with the int8 residual and folded int8 out: 4 or 2 blocks per SM, no spills): more warps per SM hide
+# the epilogue's residual load, which the +res 1x1 convs wait on (benchmarks/notes/optimize.md).
 INT8_RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 3), (256, 2))] + [
     ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))] + [
     ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 3), (256, 2))]
@@ -119,9 +113,8 @@ _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_int8_gemm_residual", residual_cand
     INT8_CONV_CONFIGS, INT8_RESIDUAL_TILINGS, no_dot=(ConvConfig(64, 128, 256, 8, 4, 3, persistent=2),)), ConvConfig)
 
 # Narrow int8 convs (Cout/groups <= conv.NARROW_COUT: MobileNetV2's projections): 32- and 16-wide tilings, K
-# tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv_tuning.py. H200, b32
-# (6bba348): 144->24 + skip @56 12.5-13.5 us, 32->16 @112 11.3 us (85.1 on the default tile). The six that
-# won a bucket there, of nine tried (128x32x128 and two deeper persistent ones never won).
+# tiles of 32 bytes or more (int8 MMA steps 32 deep), under their own tuner as in conv_tuning.py: the default
+# tile is 4-8x wider than their output. The six that won a bucket on MobileNetV2 b32, of nine tried.
 INT8_NARROW_TILINGS = [
     ConvConfig(128, 32, 64, 8, 4, 4),
     ConvConfig(128, 32, 32, 8, 4, 5),

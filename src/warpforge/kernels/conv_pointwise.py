@@ -33,21 +33,12 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                                       RES_INT8: tl.constexpr = False, RES_ZERO: tl.constexpr = 0,
                                       r_desc=None, o_desc=None, TMA_EPI: tl.constexpr = False,
                                       RES_DOT: tl.constexpr = False):
-    # A 1x1 conv without padding (any stride) whose whole K is one tile (C <= BLOCK_K): grid
-    # (PROGS_M * cdiv(COUT, BN),). Program p owns the output channels pid_n = p % num_n, loads their weights
-    # once, and walks the M tiles p // num_n, + PROGS_M, ... The tile loop has no inner loop, so the
-    # pipeliner prefetches the next tiles' x (num_stages deep) while this one's MMA and epilogue run. A
-    # short-K layer (ResNet's 64->256, 256->64, ...) is one load, one MMA and a long epilogue per tile,
-    # which one program per tile cannot overlap at 1-3 resident blocks per SM. Operands and epilogue as
-    # _conv_gemm_kernel's MODE_PLAIN. TMA_EPI (not with DUAL_OUT): the residual tile arrives and the output
-    # tile leaves through TMA descriptors over the [M, COUT] matrices (r_desc, o_desc, block [BM, BN]): no
-    # per-element addresses in registers (a 128x128 tile's int64 pointers alone are 128 registers a thread
-    # in the accumulator's layout) and no masks; TMA clips the tile at M. A residual loaded in the epilogue
-    # stalls every tile on DRAM (Triton 3.6 pipelines only the loads that feed an MMA). RES_DOT (with
-    # HAS_RES, a 16-bit or int8 residual): the residual tile goes through an MMA with the identity, r @ I
-    # (exact: each sum has one non-zero term), so the pipeliner prefetches its load like x's, num_stages
-    # deep into shared memory, and the MMA leaves it in the accumulator's layout. It helps some tilings and
-    # hurts others: the residual tuner chooses it per tiling (ConvConfig.res_dot).
+    # A 1x1 conv without padding whose whole K is one tile (C <= BLOCK_K). Program p owns output channels
+    # p % num_n, loads their weights once and walks the M tiles p // num_n, + PROGS_M, ...: with no inner loop
+    # the pipeliner prefetches the next tiles' x while this one's MMA and epilogue run, which one program per
+    # tile cannot overlap for short-K layers. TMA_EPI (not with DUAL_OUT): residual in, output out through TMA
+    # descriptors over [M, COUT] (no per-element pointers in registers, no masks). RES_DOT: the residual tile
+    # through an MMA with the identity (exact), so the pipeliner prefetches it; chosen per tiling by the tuner.
     pid = tl.program_id(0)
     num_n = tl.cdiv(COUT, BLOCK_N)
     pid_n = pid % num_n
@@ -134,12 +125,10 @@ def _launch_pointwise(x, wp, b_arg, r_arg, dst, g: _Geometry, cfg: ConvConfig, e
 
 
 # The persistent pointwise kernel's epilogue through TMA (see _conv_pointwise_persistent_kernel) wherever the
-# output and residual matrices allow a descriptor, else per-element loads and stores. H200 (ResNet-50 b32
-# forward timelines, 2026-12-02, TMA / pointers): fp16 pointwise convs 141.8 / 145.2 us, int8 168.8 / 169.2
-# (its residual TMA load is not prefetched: each tile waits for it). A residual loaded one tile ahead through
-# pointers changed nothing in the forward (int8 1018.9 us, fp16 1308.7 us, 255 registers on 64x128) and was
-# removed; res_dot on every persistent launch made fp16 slower (1317.5 -> 1343.5 us), so it is a per-tiling
-# choice of the residual tuner (ConvConfig.res_dot).
+# output and residual matrices allow a descriptor, else per-element loads and stores: it frees the pointer
+# registers, and was no slower anywhere (its residual load is still not prefetched). Prefetching the residual
+# by hand gained nothing and was removed; res_dot helps some tilings and slows others, so the residual tuner
+# chooses it per tiling (ConvConfig.res_dot). Figures: benchmarks/notes/optimize.md.
 
 
 def _tma_epilogue(dst: torch.Tensor, residual: torch.Tensor | None, out_q, m: int, cout: int,

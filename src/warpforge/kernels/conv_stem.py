@@ -50,8 +50,8 @@ def _s2d_pack_kernel(x_ptr, o_ptr, P, HS, WS, H, W, C, s_xn, s_xc, s_xh, s_xw, p
 # the space-to-depth weights (s2d_weight), one per weight tensor (conv_common._cached_per_weight)
 _S2D_WEIGHTS: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
-# Through MODE_FLAT (one K index decomposed per element) ResNet-50's 7x7/2 stem at batch 32 ran 224 us on the
-# H200 (33 TFLOP/s, 2026-12-02); through space-to-depth, 86 us (pack 15.4 + conv 71.8).
+# MODE_FLAT decomposes one K index per element, so a stem on 3 channels runs far below the tensor cores' rate;
+# through space-to-depth the taps loop reads 16-channel pixels, a fraction of the time (notes/optimize.md).
 S2D_CHANNELS = 16  # one s2d pixel: 2x2 input pixels x C <= 4 channels, zero-padded to a 16-channel K quantum
 
 
@@ -124,9 +124,8 @@ def _patch_gemm_ok(g: _Geometry, dtype: torch.dtype, activation: str | None, res
     """A ViT-style patch embedding: non-overlapping KHxKW windows (stride == kernel, no padding, no
     dilation, one group), 16-bit, an activation the matmul epilogue has, and not both an activation and a
     residual (conv2d adds the residual before the activation, the matmul after it). Its channels (3 for
-    RGB) are too few for the taps loop, and MODE_FLAT decomposes every K index: on the H200 ViT-B/16's
-    16x16/16 patch embedding at batch 32 ran 172 us there (43 TFLOP/s, 2026-12-02); with this path and the
-    fuse_norm pass ViT-B/16 went 3.18 -> 2.78 ms at batch 32, 0.675 -> 0.554 ms at batch 1."""
+    RGB) are too few for the taps loop, and MODE_FLAT decomposes every K index, far below the tensor cores'
+    rate; as one gather and a matmul the patch embedding runs at matmul speed (benchmarks/notes/optimize.md)."""
     return (g.groups == 1 and g.stride == (g.kh, g.kw) and g.padding == (0, 0)
             and g.dilation == (1, 1) and g.kh * g.kw > 1 and dtype in (torch.float16, torch.bfloat16)
             and activation in PATCH_ACTIVATIONS

@@ -68,9 +68,9 @@ class ConvConfig:
 
 
 # Candidates for sm_90 fp16/bf16 (first = default when tuning is off). The lead sweeps by editing this.
-# Offline sm_90 compiles (tests/kernels/sm90_compile.py --all, triton 3.6, 2026-12-01; fp16, bias + residual
-# + silu epilogue): all fit shared memory; all but two are spill-free: (128, 256, 64) spills 124 B, and
-# (32, 64, 64, split 8) 8 B; that one also runs mma.sync (BM 32 is below wgmma's 64 rows), the rest wgmma.
+# Offline sm_90 compiles (tests/kernels/sm90_compile.py --all; fp16, bias + residual + silu epilogue): all fit
+# shared memory; all but (128, 256, 64) and (32, 64, 64, split 8) are spill-free; the latter runs mma.sync
+# (BM 32 is below wgmma's 64 rows), the rest wgmma.
 CONV_CONFIGS = [
     ConvConfig(128, 128, 64, 8, 8, 3),
     ConvConfig(128, 64, 64, 8, 4, 4),
@@ -81,11 +81,9 @@ CONV_CONFIGS = [
     # Batch-1 late layers (7x7 and 14x14 outputs, long K): too few output tiles to fill 132 SMs.
     ConvConfig(64, 64, 64, 8, 4, 4, split_k=4),
     ConvConfig(32, 64, 64, 4, 4, 4, split_k=8),
-    # Persistent pointwise tilings (1x1, C <= block_k), ``persistent`` = the blocks one SM holds. Offline
-    # sm_90 (sm90_compile.py --all, triton 3.6, 2026-12-02; bias + residual + silu): the weights stay in
-    # shared memory, x is prefetched num_stages - 1 tiles ahead, no spills; (128, 128, 64) 178 registers,
-    # 98 KB, 1 block per SM (100 registers and 2 blocks with bias + relu alone); (64, 128, 64) 182, 49 KB,
-    # 2; (128, 128, 128, 2 stages) 131 KB, 1; (64, 128, 256, 2 stages) 139 KB, 1.
+    # Persistent pointwise tilings (1x1, C <= block_k), ``persistent`` = the blocks one SM holds (offline
+    # sm_90, sm90_compile.py --all: the weights stay in shared memory, x is prefetched num_stages - 1 tiles
+    # ahead, no spills; the 128-row and 256-deep tiles fit one block per SM, (64, 128, 64) two).
     ConvConfig(128, 128, 64, 8, 8, 3, persistent=1),
     ConvConfig(64, 128, 64, 8, 4, 3, persistent=2),
     ConvConfig(128, 128, 128, 8, 8, 2, persistent=1),
@@ -105,27 +103,20 @@ def residual_candidates(configs: list[ConvConfig], extra: list[ConvConfig],
 
 
 _TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm", CONV_CONFIGS, ConvConfig)
-# Persistent tilings holding 16 warps per SM (offline sm_90, triton 3.6: 80-100 registers, no spills), for the
-# residual tuner only: H200 (2026-12-03) fp16 64->256 @56 +res 41.7 -> 38.1 us (64x64, 4 blocks per SM),
-# 128->512 @28 +res 34.2 -> 26.4 us (64x128, 8 warps). Tuned for every conv they would serve, they would
-# void the shipped winners (the tuner's candidate hash) for a gain seen with the residual only.
+# Persistent tilings holding 16 warps per SM (offline sm_90: no spills), for the residual tuner only: more
+# warps hide the residual's epilogue load, a gain seen with the residual only (benchmarks/notes/optimize.md).
+# In the main list they would void the shipped winners (the tuner's candidate hash).
 RESIDUAL_TILINGS = [ConvConfig(64, 64, bk, 8, 4, st, persistent=4) for bk, st in ((64, 3), (128, 2))] + [
     ConvConfig(64, 128, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))] + [
     ConvConfig(128, 64, bk, 8, 8, st, persistent=2) for bk, st in ((64, 3), (128, 2))]
 _RES_TUNER: Tuner[ConvConfig] = Tuner("conv2d_gemm_residual", residual_candidates(CONV_CONFIGS, RESIDUAL_TILINGS),
                                       ConvConfig)
-# Narrow convs (Cout/groups <= NARROW_COUT): MobileNetV2's projections (32->16 @112, 96->24 and 144->24 + skip
-# @56, 144->32 @28) and its 3->32 stem. No CONV_CONFIGS tiling but the default is narrow enough to pass _fits
-# (block_n <= 32), so they all ran the default's 128x128x64 tile, 4-8x wider than their output: H200
-# (2026-12-04, forward timeline, batch 32) 32->16 @112 51.3 us, 144->24 + skip @56 57.4 us, the stem 73.4 us,
-# ~230 of the fp16 forward's 774 us, against ~40 us of HBM traffic. A third tuner (its own cache, so the
-# shipped winners of the main list stay valid) picks among the base and these 32-wide tilings; the 16-deep K
-# tile serves the space-to-depth stem (12 channels per tap). H200, b32 (6bba348): stem 73.4 -> 22.5 us,
-# 32->16 @112 51.3 -> 11.1, 144->24 + skip @56 57.4 -> 15.8; the fp16 forward 773.6 -> ~620 us, the suite's
-# row 0.784 -> 0.631 ms. The list holds the four tilings that won a bucket there, of nine tried (128x32x64,
-# 256x32x64, 128x16x64 and two deeper persistent ones never won). Only for convs of NARROW_MIN_M output
-# pixels or more: at batch 1 the forward is launch-bound (MobileNetV2 b1 0.250 ms before, 0.255 after) and
-# the tuning's compiles cost the cold optimize run ~35 s (optimize wall time 35.1 -> 70.7 s).
+# Narrow convs (Cout/groups <= NARROW_COUT: MobileNetV2's projections and 3->32 stem) passed _fits only on the
+# default 128x128x64 tile, 4-8x wider than their output, so they ran far above their HBM traffic. A third
+# tuner (its own cache: the main list's shipped winners stay valid) picks among the base and these 32-wide
+# tilings, the four that won a bucket on MobileNetV2 b32; the 16-deep K tile serves the space-to-depth stem.
+# Only from NARROW_MIN_M output pixels: at batch 1 the forward is launch-bound and the tuning's compiles
+# would only lengthen a cold optimize run (figures: benchmarks/notes/optimize.md).
 NARROW_COUT = 32
 NARROW_MIN_M = 16384
 NARROW_TILINGS = [
@@ -148,13 +139,10 @@ def tune_bucket(x: torch.Tensor, g: _Geometry, mode: int) -> tuple:
 
 # A 1x1 conv with a residual add (a ResNet block's last conv, MobileNetV2's projection + skip) reads one more
 # [M, Cout] tensor than the same conv without it, in the epilogue of every tile: its best tiling differs
-# (H200, ResNet-50 b32, 2026-12-03, benchmarks/sweeps/residual_epilogue.py: int8 64->256 @56 +res 43.6 us
-# on the tiling tuned without the residual, 37.3-37.5 us on a 16-warps-per-SM tiling or with RES_DOT; fp16
-# 128->512 @28 +res 34.2 -> 26.4 us). Such convs take the tuning without the residual (the base: shipped
+# (benchmarks/sweeps/residual_epilogue.py). Such convs take the tuning without the residual (the base: shipped
 # winners serve it), then a second tuner (_RES_TUNER here, conv_int8._RES_TUNER for int8; their own caches)
 # picks among the base and the persistent tilings, each also with res_dot, under the key plus the residual's
-# dtype and the base. H200 (2026-12-03): the ResNet-50 b32 forward fp16 1317.5 -> 1285.3 us, int8 1015.0 ->
-# 994.4 us with it.
+# dtype and the base.
 
 
 def _tag(cfg: ConvConfig) -> str:

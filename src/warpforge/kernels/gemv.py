@@ -128,7 +128,7 @@ def _configs(bm: int) -> list[LinearConfig]:
         words = [  # M=1 int8/int4 weights (invalid for the others, so the first of these is their default)
             LinearConfig(1, 64, 256, 1, 4, 3, words=True),
             # Narrow and deep: 896 programs of 8 KB (int4) per stage, ~6 resident per SM, as the dense
-            # default keeps ~4 x 48 KB in flight per SM; 64-row tiles left ~40 KB (see NOTES.md).
+            # default keeps ~4 x 48 KB in flight per SM; 64-row tiles left ~40 KB (notes/kernels.md).
             LinearConfig(1, 16, 1024, 1, 4, 3, words=True),
             LinearConfig(1, 32, 1024, 1, 4, 3, words=True),
             LinearConfig(1, 128, 512, 2, 8, 3, words=True),

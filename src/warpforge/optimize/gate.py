@@ -125,7 +125,7 @@ DEFAULT_BUDGETS = {
     "bf16": Budget(max_rel=5e-2, min_cosine=0.995, min_top1=0.98, min_detections=0.97),
     # W8A8 (warpforge-int8): every int8 layer adds ~0.4% (127 levels) of noise to its input, and the error
     # compounds with depth. MobileNetV2 with its ImageNet weights, calibrated on 6 bundled photos and
-    # checked on 104 views of all 13 (CPU reference kernels, 2026-12-01): max_rel 0.07-0.12 and worst
+    # checked on 104 views of all 13 (CPU reference kernels): max_rel 0.07-0.12 and worst
     # per-sample cosine 0.979-0.988 across the max/percentile/MSE observers. The bars leave headroom
     # (0.2, 0.95) for other nets and calibration sets while rejecting a broken scale (cosine << 0.9).
     # Top-1 is the bar, 0.99, over samples whose fp32 decision is not a coin toss: a reference

@@ -34,10 +34,9 @@ def default_passes() -> list[Pass]:
 def float_passes() -> list[Pass]:
     """The float candidates' pipeline (warpforge-fp32/fp16/bf16): the defaults, then layer norms with the
     residual adds before them onto the norm kernel (passes/fuse_norm.py), then linears merged and fused into
-    the matmul kernel (passes/fuse_linear.py). On the H200 (2026-12-02) fuse_norm with the patch-embedding
-    GEMM (kernels/conv_stem.py) took ViT-B/16 b32 from 3.18 to 2.78 ms (torch.compile 3.15) and the planner at b1
-    from 0.58 to 0.47 ms. Not the quantizing candidates' first step: int8, fp8 and weight-only passes replace
-    Linear modules themselves."""
+    the matmul kernel (passes/fuse_linear.py): fewer memory passes over the transformer's activations
+    (figures: benchmarks/notes/optimize.md). Not the quantizing candidates' first step: int8, fp8 and
+    weight-only passes replace Linear modules themselves."""
     return default_passes() + [FuseNorm(), FuseLinear()]
 
 

@@ -441,9 +441,9 @@ def _why_float(m: nn.Module, parent: nn.Module | None, min_channels: int) -> str
                 "cores gain it little; stays on the float conv kernel")
     if cin_g < min_channels:
         # MobileNetV2 (ImageNet weights): int8 on the stem's input alone moved the logits by 5% (relative),
-        # as much as any other single layer, for a conv with K = 27 that tensor cores barely serve. ResNet-50's
-        # 7x7/2 stem in int8 (space-to-depth on the codes) ran 69.7 -> 42.8 us on the H200, but the accuracy
-        # fallback put it back to fp16 in the suite's INT8 row (2026-12-02): it stays float.
+        # as much as any other single layer, for a conv with K = 27 that tensor cores barely serve. An int8
+        # ResNet-50 stem was faster, but the accuracy fallback put it back to fp16 in the suite's INT8 row
+        # anyway (benchmarks/notes/optimize.md): it stays float.
         return (f"C/groups = {cin_g} < {min_channels} (an image stem): too few channels for int8 tensor cores to "
                 "pay, and quantizing the network's input costs accuracy")
     if cin_g * kh * kw > MAX_K:
@@ -688,11 +688,11 @@ def quantize_model(model: nn.Module, calib_inputs: list[tuple], observer="max", 
     calibration quantizes it on the unsigned grid (one more bit). ``requant`` (FX graphs): a quantized conv
     feeding only another quantized conv's input stores int8 at that layer's scale. ``int8_residual`` (FX
     graphs with ``requant``): residual adds read int8 too, so a residual block's output is stored once, as
-    int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error. On the H200
-    (ResNet-50 b32, 2026-12-02) the int8 forward went 1.453 -> 1.417 ms with it, the real MobileNetV2 kept
-    top-1 0.9923. ``bias_correction``: each int8 layer's bias absorbs the mean output shift of its weight
-    rounding on the calibration inputs (:func:`weight_bias_correction`; the int8 accuracy fallback tries it
-    on the layers its search keeps float, optimize.api.int8_fallback).
+    int8 (see :func:`_fuse_requant`); the residual then carries that quantization's error, for fewer bytes a
+    block at the same top-1 (benchmarks/notes/optimize.md). ``bias_correction``: each int8 layer's bias
+    absorbs the mean output shift of its weight rounding on the calibration inputs
+    (:func:`weight_bias_correction`; the int8 accuracy fallback tries it on the layers its search keeps
+    float, optimize.api.int8_fallback).
     Returns (model, report); a bare layer ``model`` comes back as its new quantized module. Calibration
     runs in eval mode under no_grad; each module's mode is restored.
     """

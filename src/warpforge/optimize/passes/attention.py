@@ -15,7 +15,7 @@ is and recorded as skipped with the reason. Layouts: SDPA's [B, H, S, D] goes to
 ``x.transpose(1, 2)`` views ([B, S, H, D], no copies) and the output comes back the same way.
 
 In ``default_passes()`` as ``ReplaceAttention(cuda_only=True)``: a model built for CUDA gets the kernel
-(its GPU tests, exactness and speed against torch SDPA, passed on the H200 on 2026-12-01); on the CPU the
+(its GPU tests check exactness and speed against torch SDPA); on the CPU the
 kernel would run in Triton's interpreter, so there the pass leaves attention to torch. Tests and users
 that want the rewrite anywhere pass ``ReplaceAttention()``.
 """

@@ -88,8 +88,7 @@ def _time_impls(mod: FusedLinear, x: torch.Tensor, res: torch.Tensor | None) -> 
     """{"triton": us, "torch": us} per call of ``mod(x, res)`` each way: GPU time with the host hidden, as the
     optimized model runs (one CUDA graph). Each way is captured in a graph of back-to-back calls and the two
     replay interleaved. Timing single eager calls between two events measured the Python launch path
-    instead (2026-12-02, H200, ViT-B/16 at batch 1: 140-200 us for this kernel's launches against 31-43 us
-    for cuBLAS's, so every layer went to cuBLAS)."""
+    instead, which made cuBLAS win every layer."""
     from warpforge.timing import time_interleaved
 
     def run(impl: str):
@@ -111,9 +110,8 @@ def _can_time(w: torch.Tensor) -> bool:
 def select_impl(mod: FusedLinear, x_shape: tuple[int, ...], ctx: PassContext) -> tuple[str, float, float] | None:
     """Time ``mod`` at its input shape both ways on the GPU (this kernel, or cuBLAS + torch's epilogue ops)
     and keep the faster in ``mod.impl``; (choice, triton us, torch us), or None when not on a CUDA 16-bit
-    model. Measured because neither wins everywhere: on the H200, ViT-B/16 at batch 32 (M = 6304 tokens)
-    ran 3.82 ms with every linear on this kernel against 3.26 ms with cuBLAS, while at batch 1 the kernel
-    was ahead (0.735 against 0.755 ms)."""
+    model. Measured because neither wins everywhere: on ViT-B/16 cuBLAS was faster at batch 32 (M = 6304
+    tokens) and this kernel at batch 1 (benchmarks/notes/optimize.md)."""
     w = mod.weight
     if not _can_time(w):
         return None

@@ -6,9 +6,9 @@ norm); this pass makes it one kernel (kernels/norm.py ``layer_norm`` with ``resi
 from one read of x and of the branch, s stored for its other users, rounded to the input dtype first
 so they and the norm see the same values (torch's order: the add rounds, the norm reads the rounded s).
 
-Why: on the H200 (2026-12-02, ViT-B/16 at batch 32, warpforge's own profile of the optimized model) torch's
-``vectorized_layer_norm_kernel`` ran 25 calls in 378 us at 27% of the memory roof, and the 24 residual
-adds another 160 us.
+Why: in warpforge's own profile of the optimized ViT-B/16, torch's ``vectorized_layer_norm_kernel`` ran at a
+fraction of the memory roof and the residual adds before it were separate passes over the same tensors
+(benchmarks/notes/optimize.md).
 
 Rewrites ``nn.LayerNorm`` modules over the last dim (any ``normalized_shape`` of one int); an
 ``operator.add`` / ``torch.add`` (no alpha) of two same-shape tensors directly before it becomes the

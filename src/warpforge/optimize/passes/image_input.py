@@ -1,8 +1,8 @@
 """Hand a network's image input, as the caller gave it, to a space-to-depth stem that reads it directly.
 
-Why: before ResNet-50's 7x7/2 stem the 16-bit candidates cast the fp32 NCHW input to fp16 (5.7 us at batch
-32 on the H200) and the channels_last pass copied it to NHWC (12.1 us), and then the stem's space-to-depth
-pack read it once more (14.2 us, 2026-12-03 forward timeline). The pack gathers 2x2 pixels x C channels
+Why: before ResNet-50's 7x7/2 stem the 16-bit candidates cast the fp32 NCHW input to fp16, the channels_last
+pass copied it to NHWC, and then the stem's space-to-depth pack read it once more: three passes over the
+image, each a kernel of its own. The pack gathers 2x2 pixels x C channels
 per s2d pixel through x's strides anyway and can cast what it loads, so it reads the fp32 NCHW input
 itself (``kernels.conv.reads_image``): one pass over the image instead of three.
 

@@ -1,7 +1,8 @@
 """Put each nn.MaxPool2d of a graph on warpforge's max-pool kernel (kernels/pool.py).
 
-Why: torch's channels_last fp16 max pool took 113 us of the H200's 1.41 ms ResNet-50 fp16 forward at batch
-32 (2026-12-02): ~0.6 TB/s on a memory-bound op. The kernel reads each pixel's channels as 16-byte vectors;
+Why: torch's channels_last fp16 max pool runs far below the memory bandwidth on a memory-bound op, a visible
+share of ResNet-50's fp16 forward (benchmarks/notes/optimize.md). The kernel reads each pixel's channels as
+16-byte vectors;
 it also pools int8 codes, which the int8 pass uses after an int8 stem (optimize/quant.py). On CPU the
 module calls torch (no kernel to gain there).
 """
