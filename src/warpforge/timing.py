@@ -11,8 +11,8 @@ IQR, never a mean (one preempted repeat would drag it). On the GPU:
 * before each repeat a GPU sleep (``torch.cuda._sleep``) longer than the host's time to issue one
   call is enqueued, so the GPU never runs dry waiting for Python: otherwise a short kernel behind
   a slow launcher (a Triton launcher costs ~20-40 us of host time) is timed together with the
-  host latency that its start event waited out. On the H200, 8-30 us decode GEMVs read 20-25 us
-  without it (a host-latency floor), whatever the kernel did. ``hide_host=False`` keeps the host
+  host latency that its start event waited out: short decode GEMVs would all read the host's
+  latency floor, whatever the kernel did. ``hide_host=False`` keeps the host
   in (for measuring launch cost itself);
 * ``cuda_graph=True`` captures several back-to-back calls in one graph and times replays: for
   launch-bound work the CPU launch cost would otherwise be what we measure. Only the first call
@@ -133,9 +133,9 @@ def flush_bytes(device: torch.device) -> int:
 
 def _flush_l2(device: torch.device) -> None:
     """Evict the L2 by *reading* 2x its size. A flush that writes (a memset) leaves up to a whole L2
-    of dirty lines, and the timed kernel pays for writing them back as it evicts them: on the H200
-    a read-only 256 MiB sum read 3.5 TB/s after a memset flush against 4.3 TB/s in the profiler's
-    back-to-back window, ~13 us of write-back charged to a 63 us kernel. Clean lines evict free."""
+    of dirty lines, and the timed kernel pays for writing them back as it evicts them (a read-only
+    kernel then reads well under the bandwidth the profiler shows for it; notes/harness.md has the
+    figures). Clean lines evict free."""
     # Allocated once per device and reused: allocating 100+ MiB per repeat would time the allocator.
     bufs = _flush_buffers.get(device.index)
     if bufs is None:

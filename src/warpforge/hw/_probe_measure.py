@@ -179,8 +179,8 @@ def measure_matmul(dev: torch.device, plan: ProbePlan, gen: torch.Generator) -> 
                 fn, how = _matmul_fn(prec, n, dev, gen)
                 rep = plan.fp32_rep if prec == "fp32" else plan.matmul_rep
                 # A ceiling is the best sustained rate: the median of each trial, best of three trials.
-                # One trial right after another precision's products read 664 instead of 786 TFLOP/s
-                # bf16 on an H200 (clocks and power settle between shapes).
+                # A trial right after another precision's products reads ~15% low (clocks and power settle
+                # between shapes; notes/probe.md).
                 trials = [time_fn(fn, warmup=max(3, rep // 2), rep=rep, flush_l2=False, device=dev).median_ms
                           for _ in range(3)]
                 ms = min(trials)

@@ -371,7 +371,7 @@ def _linear_words_kernel(
     """M = 1 against int8 (per-channel scale) or int4 (group scale and minimum) weights read as int32 words.
 
     The general kernel spends ~8 instructions per int4 weight (unpack, join, offset, scale, minimum,
-    convert, FMA), which caps it at ~1.3 TB/s of packed bytes on the H200. Here each word's nibble
+    convert, FMA), which made it instruction-bound well under the memory bandwidth. Here each word's nibble
     (or byte) j is turned into an fp32 by bit operations alone: OR-ing a value v < 2^8 into the
     mantissa of 2^23 (0x4B000000) gives the float 2^23 + v, and one subtraction leaves v exactly
     (signed bytes are first offset by 128 with an XOR). It is multiplied by x[8i + j] (x[4i + j]

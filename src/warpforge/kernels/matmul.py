@@ -51,7 +51,7 @@ class MatmulConfig:
     num_warps: int = 8
     num_stages: int = 3
     tma: bool = True  # persistent TMA kernel; False: pointer kernel
-    warp_specialize: bool = False  # TMA kernel only: producer/consumer warp groups; disabled (hung on the H200)
+    warp_specialize: bool = False  # TMA kernel only: producer/consumer warp groups; disabled (it hung, Triton 3.6)
     flatten: bool = False  # TMA kernel only: flatten tile and K loops into one pipelined loop
     epilogue_subtile: bool = False  # TMA kernel only: store C in two halves (less shared memory)
 
@@ -63,8 +63,8 @@ class MatmulConfig:
         if not self.tma and (self.warp_specialize or self.flatten or self.epilogue_subtile):
             raise ValueError("MatmulConfig: warp_specialize/flatten/epilogue_subtile need tma=True")
         if self.warp_specialize:
-            raise ValueError("MatmulConfig.warp_specialize: the warp-specialized persistent kernel hung on the "
-                             "H200 with triton 3.6.0 (see _tma_configs); it is disabled")
+            raise ValueError("MatmulConfig.warp_specialize: the warp-specialized persistent kernel hangs with "
+                             "triton 3.6.0 on Hopper (see _tma_configs); it is disabled")
         if self.epilogue_subtile and self.block_n < 32:
             raise ValueError("MatmulConfig.epilogue_subtile needs block_n >= 32")
 
@@ -74,7 +74,7 @@ SMEM_BUDGET = 232448 - 16384  # sm_90's 227 KB per block, less room for barriers
 
 def fit_shared_memory(cfg: MatmulConfig, itemsize: int, out_itemsize: int) -> MatmulConfig:
     """The candidates are sized for 16-bit operands; 4-byte (fp32) operands would need twice the
-    shared memory (one default read 327,696 B on the H200 against 232,448). Drop pipeline stages
+    shared memory (a default config would ask for ~1.4x sm_90's 232,448 B). Drop pipeline stages
     (to 2), then halve block_k (to 16), until the estimate fits. 16-bit and fp8 candidates are left
     as they are: each was compiled for sm_90 and fits (tests/kernels/sm90_compile.py)."""
     if itemsize <= 2:

@@ -51,8 +51,8 @@ def _max_pool2d_kernel(x_ptr, o_ptr, M, OH, OW, H, W, C, s_xn, s_xh, s_xw, s_on,
             ok = h_ok & (iw >= 0) & (iw < W)
             mask = ok[:, None] & c_mask[None, :]
             if IS_INT:
-                # masked int8 loads take other=0 and the padding is selected out in int32: on the H200 an int8
-                # other=-128 gave wrong maxima at the image border (2618 of 6.4M outputs, git 1a94f5d)
+                # masked int8 loads take other=0 and the padding is selected out in int32: an int8 other=-128
+                # gave wrong maxima at the image border on the GPU (notes/optimize.md)
                 v = tl.load((x_img + ih * s_xh + iw * s_xw)[:, None] + c[None, :], mask=mask, other=0)
                 best = tl.where(mask, tl.maximum(best, v.to(tl.int32)), best)
             else:

@@ -11,7 +11,7 @@ write an empty partial (lse = -inf) and exit; a second kernel merges the partial
 partial, then draws a ticket from an int32 counter per (sequence, KV head); the program drawing the
 last ticket merges that KV head's GROUP query heads, writes O and resets the counter to 0, so the
 next launch (or CUDA-graph replay) finds it zeroed without a memset. One kernel launch less per call
-(the probe reads ~1 us per kernel inside a graph on the H200), paid for by the merging program's read
+(a kernel's fixed cost inside a graph, as `probe` measures it), paid for by the merging program's read
 of the partials on one SM. Not yet measured on a GPU.
 """
 
@@ -121,12 +121,12 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, *, num_sm
                       config: DecodeConfig | None = None) -> int:
     """Splits per (sequence, KV head), a function of static sizes only (so a CUDA graph stays valid).
 
-    About ``num_sms * programs_per_sm`` programs (rounded down: B64 ctx512 at 1.03 slots' worth of
-    programs per split ran 3.02 TB/s with 2 splits, 3.56 TB/s with 1), but no split shorter than
-    ``min_split_tokens`` of the largest context the grid is built for, and at most ``max_splits``;
-    then rounded down to a power of two, so a sequence's blocks divide evenly among its splits (H200,
-    B16 ctx8k: 5 splits 3.24 TB/s, 4 splits 4.11 TB/s). The count is a runtime argument of the kernel:
-    any value reuses the same compiled kernel.
+    About ``num_sms * programs_per_sm`` programs, rounded down (a split count that leaves a partial
+    wave of programs was slower than one split fewer), but no split shorter than ``min_split_tokens``
+    of the largest context the grid is built for, and at most ``max_splits``; then rounded down to a
+    power of two, so a sequence's blocks divide evenly among its splits (uneven splits left SMs idle:
+    notes/attention.md). The count is a runtime argument of the kernel: any value reuses the same
+    compiled kernel.
     """
     cfg = config or DecodeConfig()
     want = num_sms * cfg.programs_per_sm // max(1, batch * num_kv_heads)
