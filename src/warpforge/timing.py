@@ -36,7 +36,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 
@@ -194,7 +194,20 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int, call
     return graph
 
 
-def interleaved_samples(fns: dict[str, Callable[[], Any]], *, warmup: int, rep: int, flush_l2: bool = True,
+class SampleOptions(TypedDict, total=False):
+    """How :func:`interleaved_samples` takes its samples (its defaults apply to what is left out):
+    :func:`time_interleaved` and :func:`time_stable` pass these through."""
+
+    warmup: int
+    rep: int
+    flush_l2: bool
+    cuda_graph: bool
+    device: torch.device | str | int | None
+    graph_calls: int
+    hide_host: bool
+
+
+def interleaved_samples(fns: dict[str, Callable[[], Any]], *, warmup: int = 10, rep: int = 50, flush_l2: bool = True,
                         cuda_graph: bool = False, device: torch.device | str | int | None = None,
                         graph_calls: int = GRAPH_CALLS, hide_host: bool = True) -> tuple[dict[str, list[float]], str]:
     """Per-call samples (ms) of every callable in the order they were taken, and the method."""
@@ -247,24 +260,14 @@ def interleaved_samples(fns: dict[str, Callable[[], Any]], *, warmup: int, rep: 
     return samples, method
 
 
-def time_interleaved(
-    fns: dict[str, Callable[[], Any]],
-    *,
-    warmup: int = 10,
-    rep: int = 50,
-    flush_l2: bool = True,
-    cuda_graph: bool = False,
-    device: torch.device | str | int | None = None,
-    graph_calls: int = GRAPH_CALLS,
-    hide_host: bool = True,
-) -> dict[str, Timing]:
+def time_interleaved(fns: dict[str, Callable[[], Any]], **options: Unpack[SampleOptions]) -> dict[str, Timing]:
     """Time several callables round-robin so clock and thermal drift hit each alike.
 
     Repeat i runs every callable once, starting at a rotating position so none always runs right
-    after the flush or right after a particular neighbour. Returns one Timing per name.
+    after the flush or right after a particular neighbour. Returns one Timing per name. ``options``: how the
+    samples are taken (:class:`SampleOptions`: warmup 10, rep 50, L2 flushed, no CUDA graph by default).
     """
-    samples, method = interleaved_samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
-                               device=device, graph_calls=graph_calls, hide_host=hide_host)
+    samples, method = interleaved_samples(fns, **options)
     return {n: summarize(v, method) for n, v in samples.items()}
 
 
@@ -362,25 +365,12 @@ def stabilize(measure: Callable[[], tuple[dict[str, list[float]], str]], *, roun
                           spread=spreads, attempts=attempts, noisy=not settled, bound=bound)
 
 
-def time_stable(
-    fns: dict[str, Callable[[], Any]],
-    *,
-    warmup: int = 10,
-    rep: int = 50,
-    rounds: int = ROUNDS,
-    bound: float = NOISE_BOUND,
-    retries: int = RETRIES,
-    flush_l2: bool = True,
-    cuda_graph: bool = False,
-    device: torch.device | str | int | None = None,
-    graph_calls: int = GRAPH_CALLS,
-    hide_host: bool = True,
-) -> Stable:
+def time_stable(fns: dict[str, Callable[[], Any]], *, rounds: int = ROUNDS, bound: float = NOISE_BOUND,
+                retries: int = RETRIES, **options: Unpack[SampleOptions]) -> Stable:
     """:func:`time_interleaved` under the stability rule (see the module docstring): ``rep`` interleaved
     repeats cut into ``rounds`` rounds, re-timed up to ``retries`` times when a spread exceeds ``bound``."""
     def measure() -> tuple[dict[str, list[float]], str]:
-        return interleaved_samples(fns, warmup=warmup, rep=rep, flush_l2=flush_l2, cuda_graph=cuda_graph,
-                                   device=device, graph_calls=graph_calls, hide_host=hide_host)
+        return interleaved_samples(fns, **options)
     return stabilize(measure, rounds=rounds, bound=bound, retries=retries)
 
 

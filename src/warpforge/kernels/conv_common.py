@@ -14,12 +14,27 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl  # noqa: F401  (the interpreter needs it among a @jit function's globals)
+
+from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 
 CONV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONV_ACTIVATIONS = (None, "relu", "silu", "gelu", "relu6")
 # The implicit GEMM's K loops (conv_gemm.py): a plain GEMM (1x1, stride 1, no padding), one (kh, kw) tap and
 # a chunk of channels per step (C/groups a multiple of 16), or K walked as one flat index (small C).
 MODE_PLAIN, MODE_TAPS, MODE_FLAT = 0, 1, 2
+
+
+@triton.jit
+def _out_pixels(offs, OH, OW):
+    """Flat output-pixel indices over [N, OH, OW] (NHWC order, the kernels' M dimension) as (image, row,
+    column)."""
+    ow = offs % OW
+    t = offs // OW
+    oh = t % OH
+    nb = t // OH
+    return nb, oh, ow
 
 
 def _pair(v, name: str, lo: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._checks import check_num_warps, check_pow2
-from warpforge.kernels.conv_common import _cached_per_weight, _Geometry, _prepared, prepare_conv_weight
+from warpforge.kernels.conv_common import _cached_per_weight, _Geometry, _out_pixels, _prepared, prepare_conv_weight
 from warpforge.kernels.conv_epilogue import _epilogue_store
 
 
@@ -35,10 +35,7 @@ def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, os_ptr, q_ptr,
     p_mask = offs_p < M
     c_mask = co < COUT
     ci = co // MULT
-    ow = offs_p % OW
-    t = offs_p // OW
-    oh = t % OH
-    nb = t // OH
+    nb, oh, ow = _out_pixels(offs_p, OH, OW)
     x_img = x_ptr + nb.to(tl.int64) * s_xn  # [BP]
     w_c = w_ptr + co * s_wo  # [BC]
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)

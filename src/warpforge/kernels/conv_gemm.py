@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
-from warpforge.kernels.conv_common import MODE_TAPS, _Geometry
+from warpforge.kernels.conv_common import MODE_TAPS, _Geometry, _out_pixels
 from warpforge.kernels.conv_epilogue import _epilogue_store, _mma
 from warpforge.kernels.conv_pointwise import _launch_pointwise
 from warpforge.kernels.conv_tuning import ConvConfig
@@ -58,10 +58,7 @@ def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, ws_ptr, xs_ptr, wsc_ptr
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < COUT_G
-    ow = offs_m % OW
-    t = offs_m // OW
-    oh = t % OH
-    nb = t // OH
+    nb, oh, ow = _out_pixels(offs_m, OH, OW)
     x_img = x_ptr + nb.to(tl.int64) * s_xn + (g * CIN_G).to(tl.int64) * s_xc  # [BM] image base pointers
     w_col = w_ptr + (g * COUT_G + offs_n).to(tl.int64) * s_wo  # [BN] weight row pointers
     ih0 = oh * stride_h - pad_h

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import INTERPRET
-from warpforge.kernels.conv_common import _Geometry, pointwise_ok
+from warpforge.kernels.conv_common import _Geometry, _out_pixels, pointwise_ok
 from warpforge.kernels.conv_epilogue import _epilogue_factors, _epilogue_tile, _mma
 from warpforge.kernels.conv_tuning import ConvConfig
 from warpforge.kernels.matmul import _descriptor, _tma_arch_ok, num_sms, tma_layout
@@ -69,10 +69,7 @@ def _conv_pointwise_persistent_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, xs_ptr,
                 r_cur = tl.dot(r_tile, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32), out_dtype=tl.int32)
             else:
                 r_cur = tl.dot(r_tile, eye, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
-        ow = offs_m % OW
-        t = offs_m // OW
-        oh = t % OH
-        nb = t // OH
+        nb, oh, ow = _out_pixels(offs_m, OH, OW)
         a_row = x_ptr + nb.to(tl.int64) * s_xn + (oh * stride_h) * s_xh + (ow * stride_w) * s_xw
         # other=0 with a zero point too: masked rows are never stored, masked channels meet zero weights
         a = tl.load(a_row[:, None] + c[None, :] * s_xc, mask=m_mask[:, None] & c_mask[None, :], other=0)

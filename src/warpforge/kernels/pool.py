@@ -25,7 +25,7 @@ import triton.language as tl
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels._dispatch import use_triton
-from warpforge.kernels.conv_common import _pair
+from warpforge.kernels.conv_common import _out_pixels, _pair
 
 
 @triton.jit
@@ -36,10 +36,7 @@ def _max_pool2d_kernel(x_ptr, o_ptr, M, OH, OW, H, W, C, s_xn, s_xh, s_xw, s_on,
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_mask = offs_p < M
     c_mask = c < C
-    ow = offs_p % OW
-    t = offs_p // OW
-    oh = t % OH
-    nb = t // OH
+    nb, oh, ow = _out_pixels(offs_p, OH, OW)
     x_img = x_ptr + nb.to(tl.int64) * s_xn
     # int8 codes compared as int32: vectors of i8 max are a lowering we do not need to trust
     best = tl.full((BLOCK_P, BLOCK_C), LOWEST, tl.int32 if IS_INT else x_ptr.dtype.element_ty)

@@ -35,7 +35,8 @@ from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.matmul_fp8 import FP8_DTYPE, K_ALIGN, N_ALIGN, matmul_fp8, to_e4m3
 from warpforge.kernels.reference import FP8_E4M3_MAX, FP8_MIN_AMAX
 from warpforge.optimize.quant import (
-    KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, calibrating, make_observer, plan_layers, swap,
+    KeptLayer, MSEObserver, _check_calib_inputs, _ErrorStats, _run, calibrating, linear_repr, make_observer,
+    plan_layers, swap,
 )
 from warpforge.optimize.weight_only import linears, why_float
 
@@ -77,8 +78,7 @@ class FP8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         act = "dynamic per row" if self.act_scale is None else f"{float(self.act_scale):.4g}"
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"act_scale={act}")
+        return linear_repr(self, act_scale=act)
 
 
 # ---- reports ------------------------------------------------------------------------------------

@@ -127,21 +127,33 @@ class _Trials:
                 (f" with {len(res.kept)} layers kept {res.kept_as} (not pruned further)" if res.kept else ""))
 
 
+def _searched(n_layers: int, passes: Callable[[list[str]], tuple[bool, str]], max_trials: int, kept_as: str,
+              empty_note: str, body: Callable[[Fallback, _Trials], None]) -> Fallback:
+    """What the searches share: the result and its memoized trials; ``empty_note`` with no layer to search,
+    else ``body(res, trial)`` (which sets ``res.kept`` and ``res.note``), cut short when the trials run out."""
+    res = Fallback(layers=n_layers, kept=None, kept_as=kept_as)
+    trial = _Trials(res, passes, max_trials)
+    if not n_layers:
+        res.note = empty_note
+        return res
+    try:
+        body(res, trial)
+    except _OutOfTrials:
+        res.note = trial.stopped()
+    return res
+
+
 def search(layers: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]],
            max_trials: int = MAX_TRIALS) -> Fallback:
     """The smallest set of ``layers`` found to pass when kept fp32 (see the module docstring).
 
     ``passes(kept)`` -> (within budget, why not); it is called at most ``max_trials`` times."""
     layers = list(layers)
-    res = Fallback(layers=len(layers), kept=None)
-    trial = _Trials(res, passes, max_trials)
-    try:
-        if not layers:
-            res.note = "no layer with parameters to keep in fp32"
-            return res
+
+    def body(res: Fallback, trial: _Trials) -> None:
         if not trial(layers):
             res.note = "still over budget with every layer fp32: not a per-layer precision problem"
-            return res
+            return
         lo, hi = 1, len(layers)  # shortest passing prefix length in [lo, hi]
         while lo < hi:
             mid = (lo + hi) // 2
@@ -161,9 +173,8 @@ def search(layers: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]
         trial.prune()
         res.note = (f"{len(res.kept)} of {len(layers)} layers kept fp32 "
                     f"({len(res.trials)} trials, bisection over execution order)")
-    except _OutOfTrials:
-        res.note = trial.stopped()
-    return res
+
+    return _searched(len(layers), passes, max_trials, "fp32", "no layer with parameters to keep in fp32", body)
 
 
 def search_ranked(ranked: Sequence[str], passes: Callable[[list[str]], tuple[bool, str]], *,
@@ -177,27 +188,22 @@ def search_ranked(ranked: Sequence[str], passes: Callable[[list[str]], tuple[boo
     ranked = list(ranked)
     if len(set(ranked)) != len(ranked):
         raise ValueError(f"ranked: layer names must be distinct, got {ranked}")
-    res = Fallback(layers=len(ranked), kept=None, kept_as=kept_as)
-    trial = _Trials(res, passes, max_trials)
-    try:
-        if not ranked:
-            res.note = f"no layer to keep {kept_as}"
-            return res
+
+    def body(res: Fallback, trial: _Trials) -> None:
         lo, k = 0, 1  # the prefixes of length <= lo fail; gallop k = 1, 2, 4, ... up to every layer
         while not trial(ranked[:k]):
             if k == len(ranked):
                 res.note = (f"still over budget with all {len(ranked)} layers kept {kept_as}: not a per-layer "
                             "precision problem")
-                return res
+                return
             lo, k = k, min(2 * k, len(ranked))
         res.kept = ranked[:_bisect(trial, ranked, lo, k)]
         trial.prune()
         n = len(res.trials)
         res.note = (f"{len(res.kept)} of {len(ranked)} layers kept {kept_as} ({n} trial{'s' * (n != 1)}, "
                     f"galloping search over the layers ranked by {ranked_by})")
-    except _OutOfTrials:
-        res.note = trial.stopped()
-    return res
+
+    return _searched(len(ranked), passes, max_trials, kept_as, f"no layer to keep {kept_as}", body)
 
 
 class _OutOfTrials(Exception):
@@ -223,19 +229,14 @@ def shorten_prefix(kept: Sequence[str], passes: Callable[[list[str]], tuple[bool
     which ends the search when it fails (one trial: the other build does not help here), then bisection
     down to the empty prefix. ``kept`` of the result is None when no shorter prefix was found to pass."""
     kept = list(kept)
-    res = Fallback(layers=len(kept), kept=None, kept_as=kept_as)
-    trial = _Trials(res, passes, max_trials)
-    try:
-        if not kept:
-            res.note = f"no layer kept {kept_as}: nothing to shorten"
-            return res
+
+    def body(res: Fallback, trial: _Trials) -> None:
         if not trial(kept[:-1]):
             res.note = f"the first {len(kept) - 1} of the {len(kept)} layers kept {kept_as} did not pass"
-            return res
+            return
         hi = _bisect(trial, kept, -1, len(kept) - 1)
         res.kept = kept[:hi]
         n = len(res.trials)
         res.note = f"{hi} of the {len(kept)} layers kept {kept_as} ({n} trial{'s' * (n != 1)}, bisection)"
-    except _OutOfTrials:
-        res.note = f"stopped after {max_trials} trials"
-    return res
+
+    return _searched(len(kept), passes, max_trials, kept_as, f"no layer kept {kept_as}: nothing to shorten", body)

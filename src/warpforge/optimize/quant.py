@@ -46,8 +46,8 @@ from warpforge.optimize.passes.fuse_conv import FusedConv2d
 from warpforge.optimize.passes.pool import MaxPool2d, poolable
 
 __all__ = ["KeptLayer", "LayerQuantReport", "MSEObserver", "MaxObserver", "Observer", "PercentileObserver",
-           "QuantConv2d", "QuantLinearW8A8", "QuantReport", "QuantizeInput", "make_observer", "quantize_linears",
-           "quantize_model"]
+           "QuantConv2d", "QuantLinearW8A8", "QuantReport", "QuantizeInput", "linear_repr", "make_observer",
+           "quantize_linears", "quantize_model"]
 
 MIN_AMAX = 1e-8  # an all-zero activation still gets a usable (tiny) scale
 
@@ -184,6 +184,12 @@ def make_observer(observer) -> Observer:
 
 
 # ---- module -------------------------------------------------------------------------------------
+def linear_repr(layer: nn.Module, **more: object) -> str:
+    """The ``extra_repr`` of a layer standing in for an ``nn.Linear``: nn.Linear's fields, then ``more``."""
+    return ", ".join([f"in_features={layer.in_features}", f"out_features={layer.out_features}",
+                      f"bias={layer.bias is not None}", *(f"{k}={v}" for k, v in more.items())])
+
+
 class QuantLinearW8A8(nn.Module):
     """``x [..., K] -> [..., N]``: int8 input (static per-tensor scale), int8 weight (per output channel)."""
 
@@ -214,8 +220,7 @@ class QuantLinearW8A8(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, act_scale={float(self.act_scale):.4g}")
+        return linear_repr(self, act_scale=f"{float(self.act_scale):.4g}")
 
 
 class QuantizeInput(nn.Module):

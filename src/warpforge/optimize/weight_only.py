@@ -29,7 +29,7 @@ from torch import nn
 from warpforge.kernels.gemv import linear
 from warpforge.kernels.matmul import FLOAT_DTYPES
 from warpforge.kernels.quant_linear import QuantizedWeight, packed_view, quantize_weight
-from warpforge.optimize.quant import KeptLayer, plan_layers, swap
+from warpforge.optimize.quant import KeptLayer, linear_repr, plan_layers, swap
 
 __all__ = ["SCHEMES", "LayerWeightReport", "WeightOnlyLinear", "WeightOnlyReport", "quantize_weights"]
 
@@ -99,8 +99,7 @@ class WeightOnlyLinear(nn.Module):
         super().__setstate__(state)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"scheme={self.scheme}, dtype={str(self.dtype).removeprefix('torch.')}")
+        return linear_repr(self, scheme=self.scheme, dtype=str(self.dtype).removeprefix('torch.'))
 
 
 # ---- reports ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from triton.language.extra import libdevice
 from warpforge.kernels import INTERPRET, use_triton  # importing the package chooses the interpreter first
 from warpforge.splat import reference as ref
 from warpforge.splat._blend_torch import blend_backward, blend_forward
+from warpforge.splat.tiles import _load_gaussians
 
 # Measured on an H100 (1M Gaussians, 1080p, 3.16M intersections), fwd / bwd ms: a chunked variant that
 # evaluated CHUNK Gaussians as a [CHUNK, pixels] block with tl.cumprod took 2.21 / 8.95; one at a time at
@@ -36,8 +37,11 @@ MAX_TILE = 32  # the Triton kernels keep a tile's pixels in one program
 
 
 @triton.jit
-def _pixels(pid, W, H, TW, TH, TILE: tl.constexpr, PB: tl.constexpr):
-    """The program's camera, tile pixels (x, y, flat index in [C*H*W]) and which of them are in the image."""
+def _tile(offsets_ptr, n_isects, n_tiles, W, H, TW, TH, TILE: tl.constexpr, PB: tl.constexpr, D: tl.constexpr,
+          DB: tl.constexpr):
+    """The program's camera, tile pixels (x, y, flat index in [C*H*W]), which of them are in the image, its
+    range [start, end) of the sorted intersections, and the colour channels (DB lanes, the first D live)."""
+    pid = tl.program_id(0)
     cam = pid // (TH * TW)
     tile = pid % (TH * TW)
     p = tl.arange(0, PB)
@@ -45,7 +49,11 @@ def _pixels(pid, W, H, TW, TH, TILE: tl.constexpr, PB: tl.constexpr):
     py = (tile // TW) * TILE + p // TILE
     inside = (p < TILE * TILE) & (px < W) & (py < H)
     pix = (cam.to(tl.int64) * H + py) * W + px
-    return cam, px.to(tl.float32) + 0.5, py.to(tl.float32) + 0.5, pix, inside
+    start = tl.load(offsets_ptr + pid)
+    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
+    dcol = tl.arange(0, DB)
+    dm = dcol < D
+    return cam, px.to(tl.float32) + 0.5, py.to(tl.float32) + 0.5, pix, inside, start, end, dcol, dm
 
 
 # GPU math for the per-(pixel, Gaussian) work, by offline sm_90 SASS counts of the forward loop: libdevice's
@@ -75,18 +83,27 @@ def _div(x, y):
 
 
 @triton.jit
+def _gaussian_at(means_ptr, conics_ptr, colors_ptr, opac_ptr, ids_ptr, j, jm, fx, fy, dcol, dm, D: tl.constexpr):
+    """Intersection j's Gaussian (lanes off ``jm`` read zeros): its index, conic, opacity, colour, offset from
+    the pixels and p2, the exponent of its falloff there in log2 units (the forward and backward agree on it)."""
+    g = tl.load(ids_ptr + j, mask=jm, other=0).to(tl.int64)
+    gx, gy, ca, cb, cc, op = _load_gaussians(means_ptr, conics_ptr, opac_ptr, g, jm, 0.0)
+    col = tl.load(colors_ptr + g * D + dcol, mask=dm & jm, other=0.0)
+    dx = gx - fx
+    dy = gy - fy
+    p2 = ((-0.5 * LOG2E) * ca * dx + (-LOG2E) * cb * dy) * dx + (-0.5 * LOG2E) * cc * dy * dy
+    return g, ca, cb, cc, op, col, dx, dy, p2
+
+
+@triton.jit
 def _blend_fwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offsets_ptr, ids_ptr,
                       out_ptr, alpha_ptr, T_ptr, last_ptr,
                       n_isects, n_tiles, W, H, TW, TH,
                       D: tl.constexpr, DB: tl.constexpr, TILE: tl.constexpr, PB: tl.constexpr,
                       UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ALPHA_MIN: tl.constexpr,
                       ALPHA_MAX: tl.constexpr, T_MIN: tl.constexpr):
-    pid = tl.program_id(0)
-    cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
-    start = tl.load(offsets_ptr + pid)
-    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
-    dcol = tl.arange(0, DB)
-    dm = dcol < D
+    cam, fx, fy, pix, inside, start, end, dcol, dm = _tile(offsets_ptr, n_isects, n_tiles, W, H, TW, TH, TILE, PB,
+                                                           D, DB)
     T = tl.full([PB], 1.0, tl.float32)
     done = inside == 0
     last = tl.full([PB], -1, tl.int32)
@@ -97,17 +114,8 @@ def _blend_fwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
         for k in tl.static_range(UNROLL):
             j = i + k
             jm = j < end
-            g = tl.load(ids_ptr + j, mask=jm, other=0).to(tl.int64)
-            gx = tl.load(means_ptr + 2 * g, mask=jm, other=0.0)
-            gy = tl.load(means_ptr + 2 * g + 1, mask=jm, other=0.0)
-            ca = tl.load(conics_ptr + 3 * g, mask=jm, other=0.0)
-            cb = tl.load(conics_ptr + 3 * g + 1, mask=jm, other=0.0)
-            cc = tl.load(conics_ptr + 3 * g + 2, mask=jm, other=0.0)
-            op = tl.load(opac_ptr + g, mask=jm, other=0.0)
-            col = tl.load(colors_ptr + g * D + dcol, mask=dm & jm, other=0.0)
-            dx = gx - fx
-            dy = gy - fy
-            p2 = ((-0.5 * LOG2E) * ca * dx + (-LOG2E) * cb * dy) * dx + (-0.5 * LOG2E) * cc * dy * dy
+            g, ca, cb, cc, op, col, dx, dy, p2 = _gaussian_at(means_ptr, conics_ptr, colors_ptr, opac_ptr, ids_ptr,
+                                                              j, jm, fx, fy, dcol, dm, D)
             alpha = tl.minimum(op * _exp2(p2), ALPHA_MAX)
             alpha = tl.where((p2 <= 0) & (alpha >= ALPHA_MIN), alpha, 0.0)
             t_next = T * (1.0 - alpha)
@@ -137,12 +145,8 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
                       UNROLL: tl.constexpr, HAS_BG: tl.constexpr, ABSGRAD: tl.constexpr, ALPHA_GRAD: tl.constexpr,
                       ALPHA_MIN: tl.constexpr, ALPHA_MAX: tl.constexpr):
     # ALPHA_GRAD: the alphas took a gradient (v_alpha is read; without it, as if zero)
-    pid = tl.program_id(0)
-    cam, fx, fy, pix, inside = _pixels(pid, W, H, TW, TH, TILE, PB)
-    start = tl.load(offsets_ptr + pid)
-    end = tl.load(offsets_ptr + pid + 1, mask=pid + 1 < n_tiles, other=n_isects)
-    dcol = tl.arange(0, DB)
-    dm = dcol < D
+    cam, fx, fy, pix, inside, start, end, dcol, dm = _tile(offsets_ptr, n_isects, n_tiles, W, H, TW, TH, TILE, PB,
+                                                           D, DB)
     T = tl.load(T_ptr + pix, mask=inside, other=1.0)  # T after the pixel's last Gaussian, then walking back
     last = tl.load(last_ptr + pix, mask=inside, other=-1)
     v_c = tl.load(v_out_ptr + pix[:, None] * D + dcol[None, :], mask=inside[:, None] & dm[None, :], other=0.0)
@@ -157,17 +161,8 @@ def _blend_bwd_kernel(means_ptr, conics_ptr, colors_ptr, opac_ptr, bg_ptr, offse
         for k in tl.static_range(UNROLL):
             j = j0 - k
             jm = j >= start
-            g = tl.load(ids_ptr + j, mask=jm, other=0).to(tl.int64)
-            gx = tl.load(means_ptr + 2 * g, mask=jm, other=0.0)
-            gy = tl.load(means_ptr + 2 * g + 1, mask=jm, other=0.0)
-            ca = tl.load(conics_ptr + 3 * g, mask=jm, other=0.0)
-            cb = tl.load(conics_ptr + 3 * g + 1, mask=jm, other=0.0)
-            cc = tl.load(conics_ptr + 3 * g + 2, mask=jm, other=0.0)
-            op = tl.load(opac_ptr + g, mask=jm, other=0.0)
-            col = tl.load(colors_ptr + g * D + dcol, mask=dm & jm, other=0.0)
-            dx = gx - fx
-            dy = gy - fy
-            p2 = ((-0.5 * LOG2E) * ca * dx + (-LOG2E) * cb * dy) * dx + (-0.5 * LOG2E) * cc * dy * dy
+            g, ca, cb, cc, op, col, dx, dy, p2 = _gaussian_at(means_ptr, conics_ptr, colors_ptr, opac_ptr, ids_ptr,
+                                                              j, jm, fx, fy, dcol, dm, D)
             vis = _exp2(p2)
             raw = op * vis
             alpha = tl.minimum(raw, ALPHA_MAX)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from warpforge.splat.scene import PosedImages, Views
+from warpforge.splat.scene import PosedImages, Views, one_image_size
 
 # model id -> (name, number of parameters)
 CAMERA_MODELS = {
@@ -283,11 +283,7 @@ def load_colmap(folder: str | Path, *, downscale: int = 1, test_every: int = 8,
         except OSError as e:  # Pillow's UnidentifiedImageError and truncated files are OSErrors
             raise ColmapError(f"{path}: cannot read the image ({e})") from None
         h, w = arr.shape[:2]
-        if size is None:
-            size = (w, h)
-        elif size != (w, h):
-            raise ColmapError(f"{path}: size {w}x{h} differs from the first image's {size[0]}x{size[1]}; "
-                              "training needs one image size")
+        size = one_image_size(size, w, h, path, ColmapError)
         fx, fy, cx, cy = cam.pinhole()
         sx, sy = w / cam.width, h / cam.height
         ks.append([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])

@@ -117,15 +117,21 @@ class MCMCDensifier:
     def _sample(self, probs: Tensor, n: int) -> Tensor:
         return torch.multinomial(probs, n, replacement=True, generator=self.generator)
 
-    def _moved(self, params: dict[str, Tensor], sources: Tensor) -> tuple[Tensor, Tensor]:
-        """New (logit opacities, log scales) of ``sources`` once they are shared: Eq. 9 with the count of each
-        source among ``sources`` plus itself."""
+    def _moved(self, params: dict[str, Tensor], sources: Tensor) -> dict[str, Tensor]:
+        """Detached copies of ``params`` with the new logit opacities and log scales of ``sources`` once they
+        are shared: Eq. 9 with the count of each source among ``sources`` plus itself."""
         eps = torch.finfo(torch.float32).eps
         opac = torch.sigmoid(params["opacities"].detach())
         copies = torch.bincount(sources, minlength=opac.shape[0])[sources] + 1
         o_new, s_new = compute_relocation(opac[sources], torch.exp(params["scales"].detach())[sources], copies)
         o_new = o_new.clamp(min=self.cfg.min_opacity, max=1.0 - eps)
-        return torch.logit(o_new), torch.log(s_new)
+        new = {"opacities": torch.logit(o_new), "scales": torch.log(s_new)}
+        out = {}
+        for name, p in params.items():
+            out[name] = v = p.detach().clone()
+            if name in new:
+                v[sources] = new[name]
+        return out
 
     def relocate(self, params: dict[str, Tensor], opt: SelectiveAdam | None) -> int:
         """Move every dead Gaussian onto a live one sampled by opacity; returns how many moved."""
@@ -135,15 +141,9 @@ class MCMCDensifier:
         if len(dead_idx) == 0 or len(alive_idx) == 0:
             return 0
         src = alive_idx[self._sample(opac[alive_idx], len(dead_idx))]
-        logit, log_scale = self._moved(params, src)
-        for name, p in params.items():
-            v = p.detach().clone()
-            if name == "opacities":
-                v[src] = logit
-            elif name == "scales":
-                v[src] = log_scale
+        for name, v in self._moved(params, src).items():
             v[dead_idx] = v[src]
-            params[name] = v.requires_grad_(p.requires_grad)
+            params[name] = v.requires_grad_(params[name].requires_grad)
             if opt is not None:  # the sources changed and the dead start afresh: no stale Adam moments
                 for m in opt.state[name].values():
                     m[src] = 0
@@ -157,14 +157,8 @@ class MCMCDensifier:
         if add == 0:
             return 0
         src = self._sample(torch.sigmoid(params["opacities"].detach()), add)
-        logit, log_scale = self._moved(params, src)
-        for name, p in params.items():
-            v = p.detach().clone()
-            if name == "opacities":
-                v[src] = logit
-            elif name == "scales":
-                v[src] = log_scale
-            params[name] = v.requires_grad_(p.requires_grad)
+        for name, v in self._moved(params, src).items():
+            params[name] = v.requires_grad_(params[name].requires_grad)
         _apply(params, opt, torch.arange(n, device=src.device), {k: v.detach()[src] for k, v in params.items()},
                add)
         return add

@@ -66,8 +66,20 @@ def _load_gaussian(quats_ptr, scales_ptr, g, mask):
 
 
 @triton.jit
-def _sandwich(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s11, s12, s22):
-    """A S A^T for symmetric S (6 entries in, 6 out: 00, 01, 02, 11, 12, 22)."""
+def _gram(m00, m01, m02, m10, m11, m12, m20, m21, m22):
+    """M M^T (the world covariance of M = R S): 6 entries, 00, 01, 02, 11, 12, 22."""
+    s00 = m00 * m00 + m01 * m01 + m02 * m02
+    s01 = m00 * m10 + m01 * m11 + m02 * m12
+    s02 = m00 * m20 + m01 * m21 + m02 * m22
+    s11 = m10 * m10 + m11 * m11 + m12 * m12
+    s12 = m10 * m20 + m11 * m21 + m12 * m22
+    s22 = m20 * m20 + m21 * m21 + m22 * m22
+    return s00, s01, s02, s11, s12, s22
+
+
+@triton.jit
+def _mul_sym(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s11, s12, s22):
+    """A S for symmetric S (6 entries: 00, 01, 02, 11, 12, 22): the 9 entries, row by row."""
     t00 = a00 * s00 + a01 * s01 + a02 * s02
     t01 = a00 * s01 + a01 * s11 + a02 * s12
     t02 = a00 * s02 + a01 * s12 + a02 * s22
@@ -77,6 +89,14 @@ def _sandwich(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s11, s
     t20 = a20 * s00 + a21 * s01 + a22 * s02
     t21 = a20 * s01 + a21 * s11 + a22 * s12
     t22 = a20 * s02 + a21 * s12 + a22 * s22
+    return t00, t01, t02, t10, t11, t12, t20, t21, t22
+
+
+@triton.jit
+def _sandwich(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s11, s12, s22):
+    """A S A^T for symmetric S (6 entries in, 6 out: 00, 01, 02, 11, 12, 22)."""
+    t00, t01, t02, t10, t11, t12, t20, t21, t22 = _mul_sym(a00, a01, a02, a10, a11, a12, a20, a21, a22,
+                                                           s00, s01, s02, s11, s12, s22)
     return (t00 * a00 + t01 * a01 + t02 * a02, t00 * a10 + t01 * a11 + t02 * a12, t00 * a20 + t01 * a21 + t02 * a22,
             t10 * a10 + t11 * a11 + t12 * a12, t10 * a20 + t11 * a21 + t12 * a22, t20 * a20 + t21 * a21 + t22 * a22)
 
@@ -245,12 +265,7 @@ def _camera_gaussian(mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
     else:
         c0, c1, j00, j01, j02, j10, j11, j12 = _fisheye(x, y, z, fx, fy, cx, cy, EPS)
     # world covariance M M^T, then R_view (.) R_view^T
-    s00 = m00 * m00 + m01 * m01 + m02 * m02
-    s01 = m00 * m10 + m01 * m11 + m02 * m12
-    s02 = m00 * m20 + m01 * m21 + m02 * m22
-    s11 = m10 * m10 + m11 * m11 + m12 * m12
-    s12 = m10 * m20 + m11 * m21 + m12 * m22
-    s22 = m20 * m20 + m21 * m21 + m22 * m22
+    s00, s01, s02, s11, s12, s22 = _gram(m00, m01, m02, m10, m11, m12, m20, m21, m22)
     k00, k01, k02, k11, k12, k22 = _sandwich(r00, r01, r02, r10, r11, r12, r20, r21, r22, s00, s01, s02, s11, s12, s22)
     u0 = k00 * j00 + k01 * j01 + k02 * j02  # Sigma_c J0^T
     u1 = k01 * j00 + k11 * j01 + k12 * j02
@@ -422,21 +437,9 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
         v_mz += r02 * v_x + r12 * v_y + r22 * v_z
         if VIEW_GRAD:
             # p = R m + t: dL/dR += v_p m^T, dL/dt = v_p; Sigma_c = R Sigma R^T: dL/dR += 2 E R Sigma
-            s00 = m00 * m00 + m01 * m01 + m02 * m02
-            s01 = m00 * m10 + m01 * m11 + m02 * m12
-            s02 = m00 * m20 + m01 * m21 + m02 * m22
-            s11 = m10 * m10 + m11 * m11 + m12 * m12
-            s12 = m10 * m20 + m11 * m21 + m12 * m22
-            s22 = m20 * m20 + m21 * m21 + m22 * m22
-            a00 = r00 * s00 + r01 * s01 + r02 * s02  # R Sigma
-            a01 = r00 * s01 + r01 * s11 + r02 * s12
-            a02 = r00 * s02 + r01 * s12 + r02 * s22
-            a10 = r10 * s00 + r11 * s01 + r12 * s02
-            a11 = r10 * s01 + r11 * s11 + r12 * s12
-            a12 = r10 * s02 + r11 * s12 + r12 * s22
-            a20 = r20 * s00 + r21 * s01 + r22 * s02
-            a21 = r20 * s01 + r21 * s11 + r22 * s12
-            a22 = r20 * s02 + r21 * s12 + r22 * s22
+            s00, s01, s02, s11, s12, s22 = _gram(m00, m01, m02, m10, m11, m12, m20, m21, m22)
+            a00, a01, a02, a10, a11, a12, a20, a21, a22 = _mul_sym(  # R Sigma
+                r00, r01, r02, r10, r11, r12, r20, r21, r22, s00, s01, s02, s11, s12, s22)
             vv = v_view_ptr + 16 * cam
             tl.atomic_add(vv, tl.sum(v_x * mx + 2.0 * (e00 * a00 + e01 * a10 + e02 * a20), axis=0), sem="relaxed")
             tl.atomic_add(vv + 1, tl.sum(v_x * my + 2.0 * (e00 * a01 + e01 * a11 + e02 * a21), axis=0), sem="relaxed")

@@ -179,6 +179,16 @@ class PosedImages:
         return 1.1 * float((c - c.mean(0)).norm(dim=-1).max().clamp_min(1e-6))
 
 
+def one_image_size(size: tuple[int, int] | None, width: int, height: int, where: object,
+                   error: type[Exception]) -> tuple[int, int]:
+    """The dataset's image size while its images are read: the first image's (``size`` None until then), which
+    each later one must match, as training takes one image size; a mismatch raises ``error`` naming ``where``."""
+    if size is not None and size != (width, height):
+        raise error(f"{where}: size {width}x{height} differs from the first image's {size[0]}x{size[1]}; "
+                    "training needs one image size")
+    return width, height
+
+
 # ---- cameras --------------------------------------------------------------------------------------------
 
 def look_at(eyes: Tensor,  # [C, 3]

@@ -34,18 +34,9 @@ NUM_WARPS = 4
 
 C0: tl.constexpr = tl.constexpr(ref.SH_C0)
 C1: tl.constexpr = tl.constexpr(ref.SH_C1)
-C20: tl.constexpr = tl.constexpr(ref.SH_C2[0])
-C21: tl.constexpr = tl.constexpr(ref.SH_C2[1])
-C22: tl.constexpr = tl.constexpr(ref.SH_C2[2])
-C23: tl.constexpr = tl.constexpr(ref.SH_C2[3])
-C24: tl.constexpr = tl.constexpr(ref.SH_C2[4])
-C30: tl.constexpr = tl.constexpr(ref.SH_C3[0])
-C31: tl.constexpr = tl.constexpr(ref.SH_C3[1])
-C32: tl.constexpr = tl.constexpr(ref.SH_C3[2])
-C33: tl.constexpr = tl.constexpr(ref.SH_C3[3])
-C34: tl.constexpr = tl.constexpr(ref.SH_C3[4])
-C35: tl.constexpr = tl.constexpr(ref.SH_C3[5])
-C36: tl.constexpr = tl.constexpr(ref.SH_C3[6])
+# the degree-2 and degree-3 constants, one module-level constexpr each (the kernels read them as globals)
+C20, C21, C22, C23, C24 = (tl.constexpr(c) for c in ref.SH_C2)
+C30, C31, C32, C33, C34, C35, C36 = (tl.constexpr(c) for c in ref.SH_C3)
 
 
 @triton.jit
@@ -167,25 +158,38 @@ def _load_coeffs(coeffs_ptr, row, col, mask, K):
 
 
 @triton.jit
+def _block(N, BLOCK: tl.constexpr, KB: tl.constexpr):
+    """The program's block of Gaussians n (and which are < N), the coefficient columns [1, KB], and N as int64
+    per lane (row cam * N + n of the per-camera layouts, without int32 overflow)."""
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    return n, n < N, tl.arange(0, KB)[None, :], tl.zeros([BLOCK], tl.int64) + N
+
+
+@triton.jit
+def _view(dirs_ptr, centres_ptr, cam, n, n64, col, mask, mx, my, mz, RENDER: tl.constexpr, DEGREE: tl.constexpr,
+          BLOCK: tl.constexpr, KB: tl.constexpr):
+    """Camera cam's row of the block, its unit view direction (``_unit_dir``) and the SH basis there."""
+    row = cam * n64 + n
+    x, y, z, norm, inv = _unit_dir(dirs_ptr, centres_ptr, cam, row, mask, mx, my, mz, RENDER)
+    return row, x, y, z, norm, inv, _basis(x, y, z, col, DEGREE, BLOCK, KB)
+
+
+@triton.jit
 def _sh_fwd_kernel(dirs_ptr, centres_ptr, coeffs_ptr, out_ptr, N, CAMS, K,
                    RENDER: tl.constexpr, COEF_SHARED: tl.constexpr, DEGREE: tl.constexpr, KB: tl.constexpr,
                    BLOCK: tl.constexpr):
     # out [CAMS * N, 3], row cam * N + n. Directions: dirs [CAMS * N, 3]; RENDER: means [N, 3] (at dirs_ptr)
     # minus centres [CAMS, 3], and the colour + 0.5 clamped at 0 (gsplat's rasterization()). Coefficients: row n
     # of [N, K, 3] for every camera (COEF_SHARED), else row cam * N + n of [CAMS * N, K, 3].
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = n < N
-    col = tl.arange(0, KB)[None, :]
+    n, mask, col, n64 = _block(N, BLOCK, KB)
     if COEF_SHARED:
         c_r, c_g, c_b = _load_coeffs(coeffs_ptr, n, col, mask, K)
     mx, my, mz = _load_means(dirs_ptr, n, mask, RENDER)
-    n64 = tl.zeros([BLOCK], tl.int64) + N
     for cam in range(CAMS):
-        row = cam * n64 + n
+        row, x, y, z, _norm, _inv, b = _view(dirs_ptr, centres_ptr, cam, n, n64, col, mask, mx, my, mz, RENDER,
+                                             DEGREE, BLOCK, KB)
         if not COEF_SHARED:
             c_r, c_g, c_b = _load_coeffs(coeffs_ptr, row, col, mask, K)
-        x, y, z, _norm, _inv = _unit_dir(dirs_ptr, centres_ptr, cam, row, mask, mx, my, mz, RENDER)
-        b = _basis(x, y, z, col, DEGREE, BLOCK, KB)
         r = tl.sum(b * c_r, axis=1)
         g = tl.sum(b * c_g, axis=1)
         bl = tl.sum(b * c_b, axis=1)
@@ -203,9 +207,7 @@ def _sh_bwd_kernel(dirs_ptr, centres_ptr, coeffs_ptr, v_out_ptr, v_dirs_ptr, v_c
     # The forward's layouts. v_dirs [CAMS * N, 3]; RENDER: v_means [N, 3] (at v_dirs_ptr), summed over the
     # cameras in registers, and with CENTRE_GRAD v_centres [CAMS, 3] (atomics into zeros). v_coeffs: [N, K, 3]
     # summed over the cameras in registers (COEF_SHARED), else per row.
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = n < N
-    col = tl.arange(0, KB)[None, :]
+    n, mask, col, n64 = _block(N, BLOCK, KB)
     if COEF_SHARED:
         c_r, c_g, c_b = _load_coeffs(coeffs_ptr, n, col, mask, K)
         acc_r = tl.zeros([BLOCK, KB], tl.float32)
@@ -215,13 +217,11 @@ def _sh_bwd_kernel(dirs_ptr, centres_ptr, coeffs_ptr, v_out_ptr, v_dirs_ptr, v_c
     vm_x = tl.zeros([BLOCK], tl.float32)
     vm_y = tl.zeros([BLOCK], tl.float32)
     vm_z = tl.zeros([BLOCK], tl.float32)
-    n64 = tl.zeros([BLOCK], tl.int64) + N
     for cam in range(CAMS):
-        row = cam * n64 + n
+        row, x, y, z, norm, inv, b = _view(dirs_ptr, centres_ptr, cam, n, n64, col, mask, mx, my, mz, RENDER,
+                                           DEGREE, BLOCK, KB)
         if not COEF_SHARED:
             c_r, c_g, c_b = _load_coeffs(coeffs_ptr, row, col, mask, K)
-        x, y, z, norm, inv = _unit_dir(dirs_ptr, centres_ptr, cam, row, mask, mx, my, mz, RENDER)
-        b = _basis(x, y, z, col, DEGREE, BLOCK, KB)
         m_r, m_g, m_b = mask, mask, mask
         if RENDER:  # the clamp at 0 passes the gradient where colour + 0.5 >= 0 (torch's clamp_min)
             m_r = mask & (tl.sum(b * c_r, axis=1) + 0.5 >= 0.0)

@@ -29,18 +29,29 @@ BLOCK_TILES = 256  # tiles per program of the offsets kernel
 
 
 @triton.jit
-def _setup(means_ptr, radii_ptr, conics_ptr, opac_ptr, g, mask, TILE: tl.constexpr, TW, TH,
-           CUT_REL: tl.constexpr, CUT_ABS: tl.constexpr, MIN_DET: tl.constexpr):
-    """Load a block of Gaussians; return their centre, conic, cutoff, candidate box and test mode
-    (``reference.gaussian_tile_setup``, same float32 operations)."""
+def _load_gaussians(means_ptr, conics_ptr, opac_ptr, g, mask, DIAG_OTHER: tl.constexpr):
+    """Gaussians g's 2D centre, conic (a, b, c) and opacity; masked lanes read 0 but for the conic's diagonal,
+    which reads ``DIAG_OTHER`` (shared by the tile intersection and the blend kernels)."""
     x = tl.load(means_ptr + 2 * g, mask=mask, other=0.0)
     y = tl.load(means_ptr + 2 * g + 1, mask=mask, other=0.0)
+    a = tl.load(conics_ptr + 3 * g, mask=mask, other=DIAG_OTHER)
+    b = tl.load(conics_ptr + 3 * g + 1, mask=mask, other=0.0)
+    c = tl.load(conics_ptr + 3 * g + 2, mask=mask, other=DIAG_OTHER)
+    op = tl.load(opac_ptr + g, mask=mask, other=0.0)
+    return x, y, a, b, c, op
+
+
+@triton.jit
+def _setup(means_ptr, radii_ptr, conics_ptr, opac_ptr, total, TILE: tl.constexpr, TW, TH,
+           CUT_REL: tl.constexpr, CUT_ABS: tl.constexpr, MIN_DET: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's block of Gaussians (one lane each of the flattened [C*N]) and its mask; load them and
+    return their centre, conic, cutoff, candidate box and test mode (``reference.gaussian_tile_setup``, same
+    float32 operations)."""
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = g < total
+    x, y, a, b, c, op = _load_gaussians(means_ptr, conics_ptr, opac_ptr, g, mask, 1.0)
     rx = tl.load(radii_ptr + 2 * g, mask=mask, other=0)
     ry = tl.load(radii_ptr + 2 * g + 1, mask=mask, other=0)
-    a = tl.load(conics_ptr + 3 * g, mask=mask, other=1.0)
-    b = tl.load(conics_ptr + 3 * g + 1, mask=mask, other=0.0)
-    c = tl.load(conics_ptr + 3 * g + 2, mask=mask, other=1.0)
-    op = tl.load(opac_ptr + g, mask=mask, other=0.0)
     t = 2.0 * tl.log(tl.maximum(op * 255.0, 1e-30))  # opacity 0: -138, never -inf
     t = t * (1.0 + CUT_REL) + CUT_ABS
     valid = mask & (rx > 0) & (ry > 0) & (t > 0)
@@ -58,7 +69,7 @@ def _setup(means_ptr, radii_ptr, conics_ptr, opac_ptr, g, mask, TILE: tl.constex
     exact = exact & valid
     a, c = tl.where(exact, a, 1.0), tl.where(exact, c, 1.0)
     b, det, t = tl.where(exact, b, 0.0), tl.where(exact, det, 1.0), tl.where(exact, t, 1.0)
-    return x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows
+    return g, mask, x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows
 
 
 @triton.jit
@@ -89,10 +100,8 @@ def _isect_count_kernel(means_ptr, radii_ptr, conics_ptr, opac_ptr, counts_ptr, 
                         TILE: tl.constexpr, CUT_REL: tl.constexpr, CUT_ABS: tl.constexpr, MIN_DET: tl.constexpr,
                         BLOCK: tl.constexpr):
     # one lane per Gaussian of the flattened [C*N]; counts [C*N] int32
-    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = g < total
-    x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows = _setup(
-        means_ptr, radii_ptr, conics_ptr, opac_ptr, g, mask, TILE, TW, TH, CUT_REL, CUT_ABS, MIN_DET)
+    g, mask, x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows = _setup(
+        means_ptr, radii_ptr, conics_ptr, opac_ptr, total, TILE, TW, TH, CUT_REL, CUT_ABS, MIN_DET, BLOCK)
     count = tl.zeros([BLOCK], dtype=tl.int32)
     for r in range(0, tl.max(n_rows, axis=0)):
         c0, c1 = _row_span(x, y, a, b, c, det, t, (ty0 + r) * TILE, TILE, tx0, tx1, exact)
@@ -106,10 +115,8 @@ def _isect_emit_kernel(means_ptr, radii_ptr, conics_ptr, opac_ptr, depths_ptr, c
                        TILE: tl.constexpr, CUT_REL: tl.constexpr, CUT_ABS: tl.constexpr, MIN_DET: tl.constexpr,
                        BLOCK: tl.constexpr):
     # writes Gaussian g's keys and ids at [cum[g] - counts[g], cum[g]), rows top to bottom, tiles left to right
-    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = g < total
-    x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows = _setup(
-        means_ptr, radii_ptr, conics_ptr, opac_ptr, g, mask, TILE, TW, TH, CUT_REL, CUT_ABS, MIN_DET)
+    g, mask, x, y, a, b, c, det, t, exact, tx0, tx1, ty0, n_rows = _setup(
+        means_ptr, radii_ptr, conics_ptr, opac_ptr, total, TILE, TW, TH, CUT_REL, CUT_ABS, MIN_DET, BLOCK)
     cur = tl.load(cum_ptr + g, mask=mask, other=0) - tl.load(counts_ptr + g, mask=mask, other=0).to(tl.int64)
     depth = tl.load(depths_ptr + g, mask=mask, other=0.0)
     depth_bits = depth.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from warpforge.splat.scene import PosedImages, Views, camera_focus
+from warpforge.splat.scene import PosedImages, Views, one_image_size, camera_focus
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips camera y and z: right-multiplied on camera-to-world
 INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y", "camera_model",
@@ -189,11 +189,7 @@ def load_transforms(path: str | Path, *, downscale: int = 1, test_every: int = 8
         img_path, factor = _image_path(jpath, frame["file_path"], downscale)
         arr, alpha = _load_image(img_path, factor)
         h, w = arr.shape[:2]
-        if size is None:
-            size = (w, h)
-        elif size != (w, h):
-            raise TransformsError(f"{img_path}: size {w}x{h} differs from the first image's {size[0]}x{size[1]}; "
-                                  "training needs one image size")
+        size = one_image_size(size, w, h, img_path, TransformsError)
         any_alpha |= alpha
         pixels.append(arr)
         ks.append(_intrinsics(jpath, meta, frame, w, h, downscale))
