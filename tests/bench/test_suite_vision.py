@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from warpforge.bench.e2e import meets_target, run_end_to_end
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.bench.suites import _vision_run as vr
 from warpforge.models import images
