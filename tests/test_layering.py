@@ -24,21 +24,21 @@ MAY_IMPORT: dict[str, set[str]] = {
     "results": set(FLOOR),
     # bench's harness, load generator and commands: product-free, so any product can use them
     "bench": FLOOR | {"kernels", "hw", "results"},
-    "models": FLOOR | {"kernels"},
+    "zoo": FLOOR | {"kernels"},  # the vision model zoo (the decoder architectures are llm.models)
     "llm": FLOOR | {"kernels"},
     "splat": FLOOR | {"kernels"},
     "serve": FLOOR | {"kernels", "llm"},
     # the optimizer's figures are the results part's ratios and host description
-    "optimize": FLOOR | {"kernels", "hw", "results", "models"},
+    "optimize": FLOOR | {"kernels", "hw", "results", "zoo"},
     # profile's targets are the products' models (an engine step, a zoo model, an optimized artifact) and the
     # bench's kernel cases (loaded through bench's runner); its host check is the results part's
-    "profile": FLOOR | {"kernels", "hw", "results", "bench", "models", "llm", "optimize"},
+    "profile": FLOOR | {"kernels", "hw", "results", "bench", "zoo", "llm", "optimize"},
     # the suites measure the products against their peers, through bench's harness
-    "bench.suites": FLOOR | {"kernels", "hw", "results", "bench", "models", "llm", "serve", "splat", "optimize",
+    "bench.suites": FLOOR | {"kernels", "hw", "results", "bench", "zoo", "llm", "serve", "splat", "optimize",
                              "profile"},
-    "examples": FLOOR | {"kernels", "models", "optimize", "profile"},
-    "demo": FLOOR | {"kernels", "hw", "results", "bench", "models", "llm", "serve", "splat", "optimize", "profile"},
-    "cli": FLOOR | {"kernels", "hw", "results", "bench", "bench.suites", "models", "llm", "serve", "splat",
+    "examples": FLOOR | {"kernels", "zoo", "optimize", "profile"},
+    "demo": FLOOR | {"kernels", "hw", "results", "bench", "zoo", "llm", "serve", "splat", "optimize", "profile"},
+    "cli": FLOOR | {"kernels", "hw", "results", "bench", "bench.suites", "zoo", "llm", "serve", "splat",
                     "optimize", "profile", "demo"},
     "__main__": {"cli"},
 }

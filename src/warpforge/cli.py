@@ -641,7 +641,7 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
              exhaustive: bool, capture: str, dynamic: tuple[str, ...]) -> None:
     """Find the fastest way to run MODEL that keeps its accuracy, and save it.
 
-    MODEL is a zoo name (see `warpforge.models.names()`) or `path/to/file.py:factory`
+    MODEL is a zoo name (see `warpforge.zoo.names()`) or `path/to/file.py:factory`
     (or `package.module:factory`). The factory returns `(model, example_inputs)` or a dict
     `{"model", "example_inputs", "kind", "val"}` (kind "classifier" adds top-1 agreement; val is a
     list of input tuples to check accuracy on); it may take `batch` and `device` keyword arguments.

@@ -38,7 +38,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
             "src/warpforge/llm/", "src/warpforge/optimize/", _K),
     "vision": (_B + "suites/vision.py", _B + "suites/_vision_peers.py", _B + "suites/_inductor.py",
                _B + "suites/_session.py", _B + "suites/_vision_run.py",
-               _B + "suites/_vision_stages.py", _B + "suites/_vision_wall.py", "src/warpforge/models/",
+               _B + "suites/_vision_stages.py", _B + "suites/_vision_wall.py", "src/warpforge/zoo/",
                "src/warpforge/optimize/", "src/warpforge/_factory.py", _K),
     "splat": (_B + "suites/splat.py", _B + "suites/_splat_run.py", _B + "suites/_session.py", "src/warpforge/splat/",
               _K),
@@ -51,7 +51,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     # benchmarks/profile_h200.py: the profiler against the bench on kernel cases, and model reports
     "profile": ("benchmarks/profile_h200.py", "src/warpforge/profile/", _B + "suites/memory.py",
                 _B + "suites/kernels.py", _B + "suites/_kernels_fused.py", _B + "suites/_kernels_matmul.py",
-                _B + "suites/attention.py", "src/warpforge/models/", "src/warpforge/optimize/",
+                _B + "suites/attention.py", "src/warpforge/zoo/", "src/warpforge/optimize/",
                 "src/warpforge/llm/", "src/warpforge/_factory.py", _K),
 }
 
