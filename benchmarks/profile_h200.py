@@ -91,7 +91,7 @@ def pick_cases(quick: bool) -> list[tuple[str, Any]]:
 def agreement(suite: str, case: Any, dev: torch.device, *, quick: bool) -> dict[str, Any]:
     """One case: the harness's figure and the profiler's, on the same inputs, and how far apart."""
     from warpforge.bench.compare import case_seed
-    from warpforge.bench.record import device_info, git_version, now_iso
+    from warpforge.results.record import device_info, git_version, now_iso
     from warpforge.timing import capture_graph, time_fn
     from warpforge.profile import profile
     from warpforge.profile.targets import case_work
@@ -181,7 +181,7 @@ def write_report(folder: Path, spec: str, opts: dict[str, int], dev: torch.devic
 
 def report_line(summary: dict[str, Any], dev: torch.device) -> dict[str, Any]:
     """A report's summary as a JSONL record, so the overhead of the model profiles is on file with the cases."""
-    from warpforge.bench.record import device_info, git_version, now_iso
+    from warpforge.results.record import device_info, git_version, now_iso
 
     keep = ("verdict", "window_ms", "plain_ms", "overhead", "overhead_parts", "window", "detail_ms", "pad_us",
             "placed_share")

@@ -26,7 +26,7 @@ def test_version():
 def test_public_api_imports():
     import importlib
 
-    for mod in ["warpforge", "warpforge.kernels", "warpforge.bench", "warpforge.hw"]:
+    for mod in ["warpforge", "warpforge.kernels", "warpforge.bench", "warpforge.results", "warpforge.hw"]:
         m = importlib.import_module(mod)
         for name in m.__all__:
             assert hasattr(m, name), f"{mod}.{name} is exported but missing"

@@ -63,7 +63,7 @@ def _console():
 def test_the_summary_reads_the_demos_own_run_not_the_latest(tmp_path):
     """Another process may store a run between the demo's bench and its summary: the summary reads its own."""
     from tests.bench.conftest import fake_record
-    from warpforge.bench.store import Store
+    from warpforge.results.store import Store
     from warpforge.demo import _headline
 
     url = str(tmp_path / "r.sqlite")
@@ -81,7 +81,7 @@ def test_the_summary_reads_the_demos_own_run_not_the_latest(tmp_path):
 
 
 def test_the_committed_gpu_figures_follow_the_cpu_ones(monkeypatch):
-    from warpforge.bench import headline
+    from warpforge.results import headline
     from warpforge.demo import _committed
 
     console = _console()

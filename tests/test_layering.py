@@ -19,22 +19,27 @@ MAY_IMPORT: dict[str, set[str]] = {
     "_cli_support": {"settings"},
     "kernels": {"settings"},  # torch and triton only (test_kernels_import_only_torch_triton_and_stdlib)
     "hw": FLOOR | {"kernels"},
-    # bench's harness, records, store, load generator and commands: product-free, so any product can use them
-    "bench": FLOOR | {"kernels", "hw"},
-    "models": FLOOR | {"kernels"},
+    # the results system: records and their ratio rule, the store, history, tables, the report, the host's state.
+    # It reads records and never runs a case: the floor alone, so the harness and every product can use it.
+    "results": set(FLOOR),
+    # bench's harness, load generator and commands: product-free, so any product can use them
+    "bench": FLOOR | {"kernels", "hw", "results"},
+    "zoo": FLOOR | {"kernels"},  # the vision model zoo (the decoder architectures are llm.models)
     "llm": FLOOR | {"kernels"},
     "splat": FLOOR | {"kernels"},
     "serve": FLOOR | {"kernels", "llm"},
-    # the optimizer's figures are bench's ratios and host description
-    "optimize": FLOOR | {"kernels", "hw", "bench", "models"},
-    # profile's targets are the products' models (an engine step, a zoo model, an optimized artifact)
-    "profile": FLOOR | {"kernels", "hw", "bench", "models", "llm", "optimize"},
+    # the optimizer's figures are the results part's ratios and host description
+    "optimize": FLOOR | {"kernels", "hw", "results", "zoo"},
+    # profile's targets are the products' models (an engine step, a zoo model, an optimized artifact) and the
+    # bench's kernel cases (loaded through bench's runner); its host check is the results part's
+    "profile": FLOOR | {"kernels", "hw", "results", "bench", "zoo", "llm", "optimize"},
     # the suites measure the products against their peers, through bench's harness
-    "bench.suites": FLOOR | {"kernels", "hw", "bench", "models", "llm", "serve", "splat", "optimize", "profile"},
-    "examples": FLOOR | {"kernels", "models", "optimize", "profile"},
-    "demo": FLOOR | {"kernels", "hw", "bench", "models", "llm", "serve", "splat", "optimize", "profile"},
-    "cli": FLOOR | {"kernels", "hw", "bench", "bench.suites", "models", "llm", "serve", "splat", "optimize",
-                    "profile", "demo"},
+    "bench.suites": FLOOR | {"kernels", "hw", "results", "bench", "zoo", "llm", "serve", "splat", "optimize",
+                             "profile"},
+    "examples": FLOOR | {"kernels", "zoo", "optimize", "profile"},
+    "demo": FLOOR | {"kernels", "hw", "results", "bench", "zoo", "llm", "serve", "splat", "optimize", "profile"},
+    "cli": FLOOR | {"kernels", "hw", "results", "bench", "bench.suites", "zoo", "llm", "serve", "splat",
+                    "optimize", "profile", "demo"},
     "__main__": {"cli"},
 }
 # Single module edges that cross the rules above, each with its reason.
@@ -239,3 +244,4 @@ def test_the_rule_check_sees_an_upward_import():
     assert _part("warpforge.bench.suites.llm") == "bench.suites" and _part("warpforge.bench.runner") == "bench"
     assert _part("warpforge.bench.suites") == "bench" and _part("warpforge") == "warpforge"
     assert "optimize" not in MAY_IMPORT["llm"] and "llm" not in MAY_IMPORT["bench"]
+    assert "bench" not in MAY_IMPORT["results"] and "bench" not in MAY_IMPORT["optimize"]

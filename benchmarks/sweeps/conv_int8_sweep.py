@@ -68,7 +68,7 @@ EXTRA = [  # not in the tuner: candidates this sweep tests
 def model_layers(name: str) -> list[ConvLayer]:
     """The distinct dense (groups == 1) conv shapes of a zoo model at 224 px, with their counts: the convs
     warpforge-int8 runs on conv2d_int8 (depthwise convs stay fp16). Square kernels, padding k // 2."""
-    from warpforge.models import get
+    from warpforge.zoo import get
 
     seen: dict[tuple, int] = {}
     model = get(name, pretrained=False).model.eval()
@@ -103,7 +103,7 @@ def inputs(layer: ConvLayer, batch: int, dev: torch.device, gen: torch.Generator
 
 def depthwise_layers(name: str) -> list[tuple[int, int, int, int, int]]:
     """(C, hw, k, stride, count) of the depthwise convs of a zoo model at 224 px (they stay fp16 in int8)."""
-    from warpforge.models import get
+    from warpforge.zoo import get
 
     seen: dict[tuple, int] = {}
     model = get(name, pretrained=False).model.eval()
@@ -120,7 +120,7 @@ def depthwise_layers(name: str) -> list[tuple[int, int, int, int, int]]:
 def build_candidates(name: str, batch: int, dev: torch.device):
     """(fp32 model, input, {warpforge-fp16, warpforge-int8}) as optimize builds them: random weights, int8
     calibrated on one random batch, each replaying its own CUDA graph on the GPU."""
-    from warpforge.models import get
+    from warpforge.zoo import get
     from warpforge.optimize.backends import _build_warpforge, _build_warpforge_int8
 
     torch.manual_seed(0)

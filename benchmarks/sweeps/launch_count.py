@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from warpforge.models import get  # noqa: E402
+from warpforge.zoo import get  # noqa: E402
 from warpforge.optimize.backends import _pipeline  # noqa: E402
 from warpforge.optimize.quant import quantize_model  # noqa: E402
 from warpforge.profile.launches import record_launches  # noqa: E402

@@ -1,9 +1,10 @@
 """warpforge: fast neural-network inference on NVIDIA GPUs, measured against the machine's ceilings.
 
-Parts (docs/design.md): ``hw`` measures ceilings, ``bench`` times ours against peers and keeps
-records, ``kernels`` holds the Triton kernels; ``llm``, ``optimize``, ``profile`` and ``splat``
-are the products built on them. Import is cheap: nothing heavy loads until a part is used;
-``warpforge.optimize(model, inputs)`` imports the optimizer on first use.
+Parts (docs/design.md): ``hw`` measures ceilings, ``bench`` times ours against peers, ``results`` keeps
+and reads the records, ``kernels`` holds the Triton kernels; ``llm``, ``optimize``, ``profile`` and
+``splat`` are the products built on them, ``zoo`` the vision models they are measured on. Import is
+cheap: nothing heavy loads until a part is used; ``warpforge.optimize(model, inputs)`` imports the
+optimizer on first use.
 """
 
 __version__ = "0.1.0"

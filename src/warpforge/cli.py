@@ -128,7 +128,7 @@ _store_option = click.option("--store", "store_url", default=None,
 @_json_option
 def results_list(store_url: str | None, suite: str | None, limit: int, json_out: bool) -> None:
     """List the stored runs, newest first."""
-    from warpforge.bench.cli import cli_results_list
+    from warpforge.results.cli import cli_results_list
 
     sys.exit(cli_results_list(store_url=store_url, suite=suite, limit=limit, console=_console(), json_out=json_out))
 
@@ -139,7 +139,7 @@ def results_list(store_url: str | None, suite: str | None, limit: int, json_out:
 @_json_option
 def results_show(run: str, store_url: str | None, json_out: bool) -> None:
     """Show every record of RUN (an id from `results list`, or `latest`)."""
-    from warpforge.bench.cli import cli_results_show
+    from warpforge.results.cli import cli_results_show
 
     sys.exit(cli_results_show(run=run, store_url=store_url, console=_console(), json_out=json_out))
 
@@ -151,7 +151,7 @@ def results_show(run: str, store_url: str | None, json_out: bool) -> None:
 @_json_option
 def results_compare(run_a: str, run_b: str, store_url: str | None, json_out: bool) -> None:
     """Per-case ratio of RUN_B against RUN_A; flags changes beyond the run-to-run spread."""
-    from warpforge.bench.cli import cli_results_compare
+    from warpforge.results.cli import cli_results_compare
 
     sys.exit(cli_results_compare(run_a=run_a, run_b=run_b, store_url=store_url, console=_console(),
                                  json_out=json_out))
@@ -173,9 +173,9 @@ def results_stale(paths: tuple[str, ...], rev: str, strict: bool, json_out: bool
     """List committed records whose timed code changed since their commit.
 
     PATH: .jsonl files or directories of them (default benchmarks/results/h200). A suite's timed code is its
-    modules, the code they time and the harness (warpforge.bench.provenance.SUITE_SOURCES).
+    modules, the code they time and the harness (warpforge.results.provenance.SUITE_SOURCES).
     """
-    from warpforge.bench.results_cli import cli_results_stale
+    from warpforge.results.cli import cli_results_stale
 
     sys.exit(cli_results_stale(paths, rev=rev, strict=strict, console=_console(), json_out=json_out))
 
@@ -209,7 +209,7 @@ def results_table(suite: str | None, cases: tuple[str, ...], peers: str | None, 
     `warpforge results table --update README.md` fills every marked table from the records. A marker's
     records=DIR (relative to the file) reads that table from another records directory (another device).
     """
-    from warpforge.bench.results_cli import cli_results_table
+    from warpforge.results.cli import cli_results_table
 
     sys.exit(cli_results_table(suite, cases, peers, fmt, records, store_url, run, update, check, console=_console()))
 
@@ -229,7 +229,7 @@ def results_history(case: str, suite: str | None, records: tuple[str, ...], stor
     CASE: an exact case name, or text found in exactly one. Reads the committed records (with their git
     history) and the results store.
     """
-    from warpforge.bench.results_cli import cli_results_history
+    from warpforge.results.cli import cli_results_history
 
     sys.exit(cli_results_history(case, suite, records, store_url, with_git=not no_git, console=_console(),
                                  json_out=json_out))
@@ -243,7 +243,7 @@ def results_history(case: str, suite: str | None, records: tuple[str, ...], stor
 @_git_option
 def results_report(out: str, records: tuple[str, ...], store_url: str | None, no_git: bool) -> None:
     """Write a self-contained HTML dashboard: one plot per case over time, regressions marked."""
-    from warpforge.bench.results_cli import cli_results_report
+    from warpforge.results.cli import cli_results_report
 
     sys.exit(cli_results_report(out, records, store_url, with_git=not no_git, console=_console()))
 
@@ -260,7 +260,7 @@ def results_check(baseline: str, run: str, store_url: str | None, json_out: bool
     A case regresses when ours is slower by more than the larger relative spread of the two records plus
     2%, or fails its check or fails to run where the baseline passed.
     """
-    from warpforge.bench.results_cli import cli_results_check
+    from warpforge.results.cli import cli_results_check
 
     sys.exit(cli_results_check(baseline, run, store_url, console=_console(), json_out=json_out))
 
@@ -641,7 +641,7 @@ def optimize(model: str, batch: int | None, device: str, precisions: tuple[str, 
              exhaustive: bool, capture: str, dynamic: tuple[str, ...]) -> None:
     """Find the fastest way to run MODEL that keeps its accuracy, and save it.
 
-    MODEL is a zoo name (see `warpforge.models.names()`) or `path/to/file.py:factory`
+    MODEL is a zoo name (see `warpforge.zoo.names()`) or `path/to/file.py:factory`
     (or `package.module:factory`). The factory returns `(model, example_inputs)` or a dict
     `{"model", "example_inputs", "kind", "val"}` (kind "classifier" adds top-1 agreement; val is a
     list of input tuples to check accuracy on); it may take `batch` and `device` keyword arguments.

@@ -21,7 +21,7 @@ def _headline(console: Console, store_url: str | None, run_id: int | None) -> No
     """One line per figure a reader should take away, read back from what was just measured: the bench run
     by the id it was stored under ("latest" could be another process's run by now)."""
     from warpforge.settings import default_store_url
-    from warpforge.bench.store import Store, StoreError
+    from warpforge.results.store import Store, StoreError
     from warpforge.hw.probe import figures, format_value, load_cached
 
     probe = load_cached()
@@ -53,7 +53,7 @@ def _committed(console: Console) -> None:
     """The README's headline GPU figures from the checkout's committed records: what a CPU box cannot measure."""
     from rich.markup import escape
 
-    from warpforge.bench.headline import RESULTS, checkout_root, headline_rows
+    from warpforge.results.headline import RESULTS, checkout_root, headline_rows
 
     root = checkout_root()
     if root is None:

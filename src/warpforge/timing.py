@@ -26,7 +26,7 @@ cut into ``rounds`` consecutive rounds (every round holds every callable, round-
 stable when its round medians agree within ``NOISE_BOUND`` (max / min) and its p80 / p20 is within it
 too. If any callable is not, everything is timed again (``retries`` times); if that does not settle it,
 the result says ``noisy`` and keeps the spreads, so a reader sees how far to trust it. The per-round
-medians also give each ratio its interval (``bench.record.same_work_ratio``).
+medians also give each ratio its interval (``results.ratio.same_work_ratio``).
 """
 
 from __future__ import annotations

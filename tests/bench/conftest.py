@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from warpforge.bench.compare import CaseResult, Outcome
-from warpforge.bench.record import build_record
+from warpforge.bench.compare import CaseResult, Outcome, build_record
 from warpforge.bench.suite import Case
 from warpforge.timing import Timing
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from warpforge.bench.record import read_jsonl
+from warpforge.results.record import read_jsonl
 from warpforge.cli import main
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from warpforge.bench.compare import case_seed, compare_case
-from warpforge.bench.record import build_record, device_info
+from warpforge.bench.compare import build_record, case_seed, compare_case
 from warpforge.bench.suite import Case
+from warpforge.results.record import device_info
 
 CPU = torch.device("cpu")
 
@@ -90,7 +90,7 @@ def test_without_reference_the_first_peer_stands_in():
 def test_device_info_names_the_knobs_it_ran_under(monkeypatch):
     """A setting such as WARPFORGE_AUTOTUNE changes the code measured: the record's device block says which
     were set (where results go and the revision are not knobs)."""
-    from warpforge.bench.record import device_info
+    from warpforge.results.record import device_info
 
     for k in [k for k in __import__("os").environ if k.startswith("WARPFORGE_")]:
         monkeypatch.delenv(k)

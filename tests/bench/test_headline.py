@@ -7,8 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from warpforge.bench.headline import checkout_root, headline_rows
-from warpforge.bench.tables import markers
+from warpforge.results.headline import checkout_root, headline_rows
+from warpforge.results.tables import markers
 
 from .conftest import fake_record
 

@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from warpforge.bench.compare import CaseResult, Outcome, compare_case
+from warpforge.bench.compare import CaseResult, Outcome, build_record, compare_case
 from warpforge.bench.e2e import run_end_to_end
-from warpforge.bench.ratio import Side, same_work_ratio
-from warpforge.bench.record import RecordError, build_record, device_info, figure_violations, validate_record
 from warpforge.bench.suite import Case, EndToEndCase, Run
+from warpforge.results.ratio import Side, same_work_ratio
+from warpforge.results.record import RecordError, device_info, figure_violations, validate_record
 from warpforge.timing import summarize
 from warpforge.hw.roofline import Ceilings
 

@@ -8,10 +8,9 @@ import json
 import pytest
 import torch
 
-from warpforge.bench.compare import compare_case
-from warpforge.bench.record import (RecordError, build_record, device_info, git_version, read_jsonl, roofline_for,
-                                    validate_record, write_jsonl)
+from warpforge.bench.compare import build_record, compare_case, roofline_for
 from warpforge.bench.suite import Case
+from warpforge.results.record import RecordError, device_info, git_version, read_jsonl, validate_record, write_jsonl
 
 CPU = torch.device("cpu")
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from warpforge.bench.history import (FLOOR, committed_records, find_case, gate, history, noise_band, regressions,
-                                     spread, store_records)
-from warpforge.bench.record import write_jsonl
-from warpforge.bench.store import Store
+from warpforge.results.history import (FLOOR, committed_records, find_case, gate, history, noise_band, regressions,
+                                       spread, store_records)
+from warpforge.results.record import write_jsonl
+from warpforge.results.store import Store
 from warpforge.cli import main
 
 from .conftest import fake_record

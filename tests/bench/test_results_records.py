@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from warpforge.bench.provenance import missing_provenance, provenance, split_git
-from warpforge.bench.record import RecordError, check_violations, figure_violations, validate_record
+from warpforge.results.provenance import missing_provenance, provenance, split_git
+from warpforge.results.record import RecordError, check_violations, figure_violations, validate_record
 
 from .conftest import fake_record
 

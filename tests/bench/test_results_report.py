@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from warpforge.bench.history import Sourced, cases_of, committed_records
-from warpforge.bench.report_html import case_count, render_dashboard
+from warpforge.results.history import Sourced, cases_of, committed_records
+from warpforge.results.report_html import case_count, render_dashboard
 from warpforge.cli import main
 
 from .conftest import fake_record

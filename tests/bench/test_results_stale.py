@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from warpforge.bench.provenance import NOT_TIMED, SUITE_SOURCES, stale_groups, timed_paths
+from warpforge.results.provenance import NOT_TIMED, SUITE_SOURCES, stale_groups, timed_paths
 from warpforge.bench.runner import list_suites
 
 from .conftest import fake_record
@@ -72,14 +72,14 @@ def test_the_map_covers_every_module_a_suite_reaches(suite):
     paths = timed_paths(suite) + NOT_TIMED
     missing = sorted(str(f.relative_to(REPO)) for f in _closure(f"warpforge.bench.suites.{suite}")
                      if not _covered(f, paths))
-    assert not missing, f"add to SUITE_SOURCES[{suite!r}] in warpforge/bench/provenance.py: {missing}"
+    assert not missing, f"add to SUITE_SOURCES[{suite!r}] in warpforge/results/provenance.py: {missing}"
 
 
 def test_the_map_covers_the_profile_script():
     script = REPO / "benchmarks" / "profile_h200.py"
     paths = timed_paths("profile") + NOT_TIMED
     missing = sorted(str(f.relative_to(REPO)) for f in _closure("", script) if not _covered(f, paths))
-    assert not missing, f"add to SUITE_SOURCES['profile'] in warpforge/bench/provenance.py: {missing}"
+    assert not missing, f"add to SUITE_SOURCES['profile'] in warpforge/results/provenance.py: {missing}"
 
 
 def test_every_map_path_exists_and_unknown_suites_are_named():
@@ -163,7 +163,7 @@ def test_stale_cli(repo, monkeypatch):
 def test_a_generated_table_marks_rows_whose_timed_code_changed(repo):
     """`results table --update` with the repository at hand: a row measured before a change to its suite's
     timed code says "**stale** (N commits since)"; the committed-table check ignores that moving note."""
-    from warpforge.bench.tables import STALE_NOTE, check_markdown, stale_loader, update_markdown
+    from warpforge.results.tables import STALE_NOTE, check_markdown, stale_loader, update_markdown
 
     first = _git(repo, "rev-parse", "HEAD")
     rec = dict(fake_record("copy", suite="memory"), git=first)

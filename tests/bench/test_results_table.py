@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from warpforge.bench.record import write_jsonl
-from warpforge.bench.tables import (TableError, check_markdown, count_markers, dir_loader, parse_marker, render_suites,
-                                    render_table, update_markdown)
+from warpforge.results.record import write_jsonl
+from warpforge.results.tables import (TableError, check_markdown, count_markers, dir_loader, parse_marker,
+                                      render_suites, render_table, update_markdown)
 from warpforge.cli import main
 
 from .conftest import fake_record
@@ -42,7 +42,7 @@ def records_dir(tmp_path) -> Path:
 
 
 def test_the_record_cell_names_the_commit_and_staleness_drops_out_of_the_check():
-    from warpforge.bench.tables import STALE_KEY, STALE_NOTE, record_cell
+    from warpforge.results.tables import STALE_KEY, STALE_NOTE, record_cell
 
     r = {"suite": "llm", "git": "0123456789abcdef-dirty", "time": "2026-01-03T00:00:00+00:00"}
     assert record_cell(r) == "llm.jsonl @ 0123456-dirty, 2026-01-03"

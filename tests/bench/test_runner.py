@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 from warpforge.bench.runner import UnknownSuiteError, list_suites, load_suite, run_suite
 from warpforge.bench.suite import Case, Suite
 

@@ -9,7 +9,7 @@ import torch
 
 from warpforge import timing
 from warpforge.bench import compare
-from warpforge.bench.host import check_host, parse_compute_apps
+from warpforge.results.host import check_host, parse_compute_apps
 from warpforge.timing import NOISE_BOUND, round_medians, spread_of, stabilize
 
 
@@ -92,7 +92,7 @@ def test_compare_case_records_a_noisy_case_with_its_spread(monkeypatch):
                         ours=torch.neg, peers={"torch": lambda x: -x}, reference=lambda x: -x.double(),
                         flops=8, bytes=64, dtype=torch.float32)
     res = compare.compare_case(case, suite="t", device=torch.device("cpu"), warmup=1, rep=12)
-    from warpforge.bench.record import build_record
+    from warpforge.bench.compare import build_record
 
     rec = build_record(res, suite="t", device={"name": "cpu", "torch": torch.__version__}, git=None)
     assert seen == [12, 12]  # timed, then re-timed once
@@ -134,7 +134,7 @@ def test_bench_cli_prints_the_busy_warning_once_and_keeps_it_in_every_record(mon
     from click.testing import CliRunner
 
     import warpforge.kernels  # noqa: F401  (dispatch decided before CUDA is hidden, as test_cli does)
-    from warpforge.bench.record import read_jsonl
+    from warpforge.results.record import read_jsonl
     from warpforge.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

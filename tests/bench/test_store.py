@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from warpforge.bench.store import SCHEMA_VERSION, Store, StoreError, StoreMissing, compare_records, to_url
+from warpforge.results.store import SCHEMA_VERSION, Store, StoreError, StoreMissing, compare_records, to_url
 
 from .conftest import fake_record
 

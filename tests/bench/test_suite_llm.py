@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from warpforge.bench.e2e import mbu, mfu, run_end_to_end
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.bench.suites import llm as llm_suite
 

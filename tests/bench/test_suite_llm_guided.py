@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 
 
 def _suite():

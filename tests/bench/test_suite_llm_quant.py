@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 
 
 def test_full_rows_and_targets():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 
 
 def _suite():

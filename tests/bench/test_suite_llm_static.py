@@ -44,7 +44,7 @@ def test_llama3_rope_scaling_matches_hf():
 
 
 def test_the_quick_decode_row_judges_the_peer_as_ours():
-    from warpforge.bench.record import validate_record
+    from warpforge.results.record import validate_record
     from warpforge.bench.runner import load_suite, run_suite
     from warpforge.bench.suites._llm_static import NAME
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from warpforge.bench.e2e import run_end_to_end
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 
 pytestmark = pytest.mark.timeout(120)
 

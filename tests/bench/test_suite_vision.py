@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from warpforge.bench.e2e import meets_target, run_end_to_end
-from warpforge.bench.record import validate_record
+from warpforge.results.record import validate_record
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.bench.suites import _vision_run as vr
-from warpforge.models import images
+from warpforge.zoo import images
 
 CPU = torch.device("cpu")
 ENV = {"name": "cpu", "torch": torch.__version__}

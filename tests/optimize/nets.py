@@ -119,8 +119,8 @@ def tokens(b: int = 2, t: int = 9, f: int = 10, seed: int = 1) -> torch.Tensor:
 
 
 def small_planner(dim: int = 48, ffn: int = 80):
-    """The zoo's planner (warpforge.models.planner) at a CPU-test size, with one seeded scene of batch 2."""
-    from warpforge.models.planner import Planner, PlannerConfig, scene
+    """The zoo's planner (warpforge.zoo.planner) at a CPU-test size, with one seeded scene of batch 2."""
+    from warpforge.zoo.planner import Planner, PlannerConfig, scene
 
     c = PlannerConfig(agents=4, history=5, polylines=6, points=7, dim=dim, heads=4, ffn=ffn, encoder_layers=1,
                       decoder_layers=1, modes=3, horizon=5)
@@ -131,15 +131,15 @@ def small_planner(dim: int = 48, ffn: int = 80):
 
 
 def tiny_zoo(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Zoo model ``name`` (warpforge.models) built from its own code at a CPU-test size, eval mode, with seeded
+    """Zoo model ``name`` (warpforge.zoo) built from its own code at a CPU-test size, eval mode, with seeded
     inputs of batch 2. torch.export's cost grows with the number of operators, so the classifiers get fewer
     blocks than the published ones: MobileNetV2 and EfficientNet-Lite0 from shortened block tables (every
     block kind kept: expansion 1 and 6, stride 1 and 2, the residual add, EfficientNet's odd "SAME" pad),
-    ResNet-50's bottlenecks one per stage. The others are tests/models' small configurations."""
+    ResNet-50's bottlenecks one per stage. The others are tests/zoo's small configurations."""
     from unittest import mock
 
-    from warpforge.models import bev_lss, detr, efficientnet_lite, mobilenet_v2, planner, resnet, vit
-    from warpforge.models._common import calibrate_batchnorm
+    from warpforge.zoo import bev_lss, detr, efficientnet_lite, mobilenet_v2, planner, resnet, vit
+    from warpforge.zoo._common import calibrate_batchnorm
 
     g = torch.Generator().manual_seed(7)
     img = torch.randn(2, 3, 64, 64, generator=g)

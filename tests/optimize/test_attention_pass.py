@@ -186,7 +186,7 @@ def test_explicit_without_scale_gives_scale_one():
 
 
 def test_two_blocks_and_default_passes_together():
-    from warpforge.models.layers import Block
+    from warpforge.zoo.layers import Block
 
     model = nn.Sequential(Block(128, 2, 256), Block(128, 2, 256, explicit=True)).eval()
     x = _x()
@@ -269,7 +269,7 @@ def test_flash_module_causal_with_other_lengths_keeps_sdpa_semantics():
 
 def test_rewritten_model_through_the_triton_kernel(triton_on_cpu):
     """The kernel itself (Triton interpreter) accepts the views the module hands it: tiny shapes."""
-    from warpforge.models.layers import Block
+    from warpforge.zoo.layers import Block
 
     model, x = nn.Sequential(Block(64, 1, 64), Block(64, 1, 64, explicit=True)).eval(), _x(b=1, s=5, dim=64)
     opt, report = optimize_graph(model, (x,), [ReplaceAttention()], capture="fx")
@@ -293,8 +293,8 @@ def test_rewritten_model_pickles():
 # --- zoo models (small configs: the full ones take ~10 s each on two CPU cores; see the GPU tests) ---------
 
 def _small_planner(heads):
-    from warpforge.models._common import generator
-    from warpforge.models.planner import PlannerConfig, build, scene
+    from warpforge.zoo._common import generator
+    from warpforge.zoo.planner import PlannerConfig, build, scene
 
     c = PlannerConfig(agents=4, history=3, polylines=6, points=4, dim=256, heads=heads, ffn=256,
                       encoder_layers=1, decoder_layers=1, modes=2, horizon=2)
@@ -318,7 +318,7 @@ def test_zoo_planner_head_dim_64_is_replaced():
 
 
 def test_zoo_vit_is_replaced():
-    from warpforge.models.vit import VisionTransformer
+    from warpforge.zoo.vit import VisionTransformer
 
     torch.manual_seed(0)
     model = VisionTransformer(image_size=32, patch=16, dim=128, depth=2, heads=2, hidden=256, num_classes=10)
@@ -338,7 +338,7 @@ def _rel(got, want):
 @pytest.mark.parametrize("name,count", [("vit_b16", 12), ("planner", 8)])
 def test_gpu_zoo_bf16_accuracy(name, count):
     """bf16 through the kernel loses no more than the bf16 model itself does against fp32."""
-    from warpforge.models import get
+    from warpforge.zoo import get
 
     ref = get(name, pretrained=False, device="cuda", dtype=torch.float32)
     low = get(name, pretrained=False, device="cuda", dtype=torch.bfloat16)
@@ -356,7 +356,7 @@ def test_gpu_zoo_bf16_accuracy(name, count):
 
 
 def _long_attention(explicit):
-    from warpforge.models.layers import Attention
+    from warpforge.zoo.layers import Attention
 
     torch.manual_seed(0)
     return Attention(1024, 16, explicit=explicit).to("cuda", torch.bfloat16).eval()  # 16 heads of 64
@@ -407,7 +407,7 @@ def test_gpu_sdpa_replacement_is_near_torch_sdpa(causal):
 
 def test_default_passes_leave_attention_to_torch_on_the_cpu():
     """default_passes() carries ReplaceAttention(cuda_only=True): on the CPU it rewrites nothing and says so."""
-    from warpforge.models.layers import Block
+    from warpforge.zoo.layers import Block
 
     model = nn.Sequential(Block(128, 2, 256), Block(128, 2, 256, explicit=True)).eval()
     x = _x()

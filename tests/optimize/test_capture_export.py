@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from warpforge import models
+from warpforge import zoo
 from warpforge.optimize import FoldBatchNorm, FuseConvEpilogue, PassContext, Pipeline, capture, optimize
 from warpforge.optimize.capture import EXPORT, FX, METHODS
 from warpforge.optimize.passes import ChannelsLast, ReplaceAttention
@@ -46,7 +46,7 @@ def _pass_reports(gm, inputs):
 
 
 # fcos_small's post-processing is data-dependent: the whole model does not export (test_regions covers it).
-@pytest.mark.parametrize("name", [n for n in models.names() if n != "fcos_small"])
+@pytest.mark.parametrize("name", [n for n in zoo.names() if n != "fcos_small"])
 def test_zoo_model_exports_and_the_passes_see_what_they_see_in_the_fx_graph(name):
     model, inputs = tiny_zoo(name)
     exported, traced = capture(model, inputs), capture(model, inputs, method="fx")

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from warpforge.kernels._dispatch import force_triton
-from warpforge.models.layers import Block
+from warpforge.zoo.layers import Block
 from warpforge.optimize.passes.fuse_linear import FusedLinear, FuseLinear
 from warpforge.optimize.pipeline import default_passes, float_passes, optimize_graph
 
@@ -103,7 +103,7 @@ def test_rejects_bad_arguments_and_non_graphs():
 def test_gpu_vit_block_stack_through_the_kernels(dtype):
     """Real kernels on CUDA: a 2-layer ViT-shaped stack (197 tokens, odd batch) against the same model in
     fp32, and against the unfused 16-bit graph (same budget as the fp16 candidate)."""
-    from warpforge.models.vit import VisionTransformer
+    from warpforge.zoo.vit import VisionTransformer
 
     torch.manual_seed(0)
     model = VisionTransformer(image_size=224, depth=2, num_classes=37).eval().cuda()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from warpforge.kernels._dispatch import force_triton
-from warpforge.models.layers import Block
+from warpforge.zoo.layers import Block
 from warpforge.optimize.passes.fuse_linear import FusedLinear
 from warpforge.optimize.passes.fuse_norm import FusedLayerNorm, FuseNorm
 from warpforge.optimize.pipeline import default_passes, float_passes, optimize_graph

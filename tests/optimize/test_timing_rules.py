@@ -69,7 +69,7 @@ def test_a_baseline_that_did_not_pass_its_gate_is_no_baseline():
     records = _records(("eager-fp32", "eager", "passed"), ("torch.compile-fp32", "torch.compile", "rejected"))
     records[1].update(latency={"p50_ms": 1.0, "rounds_ms": [1.0]}, reason="max_rel 0.3 > 0.02")
     records[0]["latency"] = {"p50_ms": 2.0, "rounds_ms": [2.0]}
-    from warpforge.bench.ratio import same_work_ratio
+    from warpforge.results.ratio import same_work_ratio
 
     r = same_work_ratio(api._side(records[0]), api._side(records[1]))
     assert r.value is None and "max_rel 0.3 > 0.02" in r.why and "no baseline" in r.why

@@ -197,7 +197,7 @@ def test_saved_and_reloaded(tmp_path, precision):
     man = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert man["precision"] == precision and man["format"] == "pickle"
     loaded = load(tmp_path / "m")
-    from warpforge.models.planner import scene
+    from warpforge.zoo.planner import scene
 
     x2 = scene(torch.Generator().manual_seed(8), 3, c)  # another batch size than the saved check set
     for a, b in zip(loaded(*x2), opt(*x2)):

@@ -15,7 +15,7 @@ from warpforge.bench.loadgen import (SHAREGPT_LIKE, LoadRun, RequestResult, arri
 from warpforge.bench.loadgen.client import parse_events
 from warpforge.bench.loadgen.metrics import is_good, shared_time
 from warpforge.bench.loadgen.workload import shakespeare
-from warpforge.bench.record import read_jsonl
+from warpforge.results.record import read_jsonl
 from warpforge.bench.serve_cli import _redacted_argv, resolve_tokenizer
 from warpforge.cli import main
 

@@ -1,4 +1,5 @@
-"""Timing harness, suites, side-by-side comparison with peers, records and the results store."""
+"""The benchmark suites and their harness: cases, side-by-side comparison with peers, the runner and the load
+generator. What a run leaves (records, the store, tables, history) is :mod:`warpforge.results`."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ _LAZY = {
     # the timing primitives live at the bottom of the package (hw and optimize time with them too)
     "Timing": "warpforge.timing", "time_fn": "warpforge.timing", "time_interleaved": "warpforge.timing",
     "time_stable": "warpforge.timing",
-    "same_work_ratio": "ratio", "figure_violations": "record", "check_host": "host",
     "Case": "suite", "Suite": "suite",
     "run_suite": "runner", "load_suite": "runner", "list_suites": "runner",
-    "validate_record": "record", "read_jsonl": "record", "write_jsonl": "record",
-    "Store": "store", "StoreError": "store",
 }
 
 __all__ = list(_LAZY)

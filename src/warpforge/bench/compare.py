@@ -10,21 +10,23 @@ Order of work for a case:
 
 A peer that raises (torch.compile unavailable, an unsupported dtype) is recorded as an error and
 gets no ratio; it never stops the run. If ours raises, the case is recorded as failed. Ratios come
-from ``bench.record.same_work_ratio`` only: a peer that fails its check is shown, never a baseline.
+from ``results.ratio.same_work_ratio`` only: a peer that fails its check is shown, never a baseline.
 """
 
 from __future__ import annotations
 
+import math
 import traceback
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from warpforge.bench.ratio import Side, check_note, same_work_ratio
+from warpforge.results.ratio import Side, check_note, entry_side, put_ratio, same_work_ratio
 from warpforge.bench.suite import Case
+from warpforge.results.record import correct_entry, finish_record, now_iso
 from warpforge.timing import Stable, Timing, time_stable
 from warpforge.kernels.tolerance import check, tolerance
 
@@ -187,3 +189,85 @@ def _merge(alone: dict[str, Stable]) -> Stable | None:
 
 def _bind(fn: Callable[..., Any], inputs: tuple) -> Callable[[], Any]:
     return lambda: fn(*inputs)
+
+
+# ---- the record of a case ----------------------------------------------------------------------
+
+def _timed(t: Timing, figure: float, metric: str, rounds_ms: Sequence[float] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms,
+                           metric: figure}
+    if rounds_ms:
+        out["rounds_ms"] = [float(x) for x in rounds_ms]
+    return out
+
+
+def _peer(o: Outcome, result: CaseResult) -> dict[str, Any]:
+    if o.error is not None or o.timing is None:
+        return {"error": o.error or "not timed"}
+    return {**_timed(o.timing, result.case.figure(o.timing.median_ms), result.case.metric, o.rounds_ms),
+            "correct": correct_entry(o.correct)}
+
+
+def roofline_for(result: CaseResult, ceil: Any) -> dict[str, Any] | None:
+    """Floor over measured time against the device's ceilings; None when either is unknown. A fraction
+    above 1.0 raises :class:`warpforge.hw.roofline.CeilingError` (a bug: reported, never stored)."""
+    if ceil is None or result.ours.timing is None:
+        return None
+    try:
+        from warpforge.hw.roofline import CeilingError, roofline
+    except ImportError:
+        return None
+    try:
+        r = roofline(result.case.flops, result.case.bytes, result.case.dtype, result.ours.timing.median_ms, ceil,
+                     strict=True)
+    except CeilingError:
+        raise
+    except Exception:  # noqa: BLE001 - an unknown ceiling for this dtype: record null, never a guess
+        return None
+    keys = ("floor_ms", "fraction", "bound", "compute_ms", "memory_ms")
+    out = {k: r[k] for k in keys if k in r}
+    if not all(isinstance(out.get(k), (int, float)) and math.isfinite(out[k]) for k in ("floor_ms", "fraction")):
+        return None
+    out["ceilings"] = getattr(ceil, "source", None)
+    return out
+
+
+def build_record(result: CaseResult, *, suite: str, device: dict[str, Any], git: str | None,
+                 ceil: Any = None, time: str | None = None, host: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One record for one case result (see the module docstring for the keys); ``host``: the
+    :func:`warpforge.results.host.check_host` state the case was timed under."""
+    case = result.case
+    if result.ours.error is not None or result.ours.timing is None:
+        ours: dict[str, Any] = {"error": result.ours.error or "not timed"}
+        correct = {"rel_err": None, "ok": False, "note": "ours failed to run"}
+    else:
+        ours = _timed(result.ours.timing, case.figure(result.ours.timing.median_ms), case.metric,
+                      result.ours.rounds_ms)
+        correct = correct_entry(result.ours.correct)
+    timings = [o.timing for o in [result.ours, *result.peers.values()] if o.timing is not None]
+    figure_errors: list[str] = []
+    try:
+        roof = roofline_for(result, ceil)
+    except ValueError as e:  # CeilingError: a fraction above 1.0
+        roof = None
+        figure_errors.append(str(e))
+    rec: dict[str, Any] = {
+        "suite": suite, "case": case.name, "params": case.params, "device": device, "git": git,
+        "time": time or now_iso(),
+        "ours": ours,
+        "peers": {name: _peer(o, result) for name, o in result.peers.items()},
+        "ratio": {},
+        "roofline": roof,
+        "correct": correct,
+        "metric": case.metric,
+        "work": {"flops": case.flops, "bytes": case.bytes, "dtype": str(case.dtype).removeprefix("torch.")},
+        "seed": result.seed,
+        "timing": {"method": timings[0].method if timings else None, "warmup": result.warmup, "rep": result.rep,
+                   "interleaved": result.interleaved},
+    }
+    ours_side = entry_side(ours, correct)
+    for name, entry in rec["peers"].items():
+        put_ratio(rec, name, same_work_ratio(ours_side, entry_side(entry, entry.get("correct"))))
+    if result.stability is not None:
+        rec["stability"] = result.stability
+    return finish_record(rec, host, figure_errors)

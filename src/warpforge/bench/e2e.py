@@ -6,7 +6,7 @@ same run on the outputs of the first timed run (``case.check``). The record keep
 keys (ours / peers / ratio / roofline / correct) and adds per-callable figures: ``tokens``,
 ``mbu`` (bytes the run read / wall time / the HBM read bandwidth), ``mfu`` (flops / wall time / the
 compute ceiling of ``case.dtype``), and whatever the run reports (``ttft_ms``, ``peak_mem_GB``, ...).
-Ratios come from ``bench.record.same_work_ratio`` only: peer ms / ours ms when both ran the same work
+Ratios come from ``results.ratio.same_work_ratio`` only: peer ms / ours ms when both ran the same work
 (the same ``Run.ran`` and the same output tokens) and both passed their check; for "tok/s" that is ours /
 peer, so above 1 still means ours is better (docs/design.md). Otherwise the ratio is null and ``ratio_null``
 says why, and a peer that ran other work carries ``ran`` (ours too). A peer is the baseline
@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 import torch
 
 from warpforge.bench.compare import case_seed, error_line
-from warpforge.bench.ratio import Side, check_note, put_ratio, same_work_ratio
-from warpforge.bench.record import _correct, _finite, finish_record, now_iso
+from warpforge.results.ratio import Side, check_note, put_ratio, same_work_ratio
+from warpforge.results.record import correct_entry, finish_record, finite_or_none, now_iso
 from warpforge.bench.suite import EndToEndCase, Run
 from warpforge.timing import NOISE_BOUND, spread_of, summarize
 
@@ -105,7 +105,7 @@ def _utilisation(what: str, value: float, ceil: Any, errors: list[str] | None) -
     in ``errors`` and not stored."""
     from warpforge.hw.roofline import CeilingError, check_fraction
 
-    v = _finite(value)
+    v = finite_or_none(value)
     if v is None:
         return None
     try:
@@ -138,7 +138,7 @@ def _timed(case: EndToEndCase, runs: list[Run], ceil: Any, errors: list[str] | N
         if mid.work.get("flops") and peak:
             out["mfu"] = _utilisation(f"{who} mfu", mfu(mid.work["flops"], wall, peak), ceil, errors)
     for k, v in mid.extra.items():
-        out[k] = _finite(v) if isinstance(v, float) else v
+        out[k] = finite_or_none(v) if isinstance(v, float) else v
     return out
 
 
@@ -192,7 +192,7 @@ def _check(case: EndToEndCase, ours: Any, peer: Any, against: str) -> dict[str, 
     extra = {k: v for k, v in c.items() if k not in ("rel_err", "tol", "ok", "against")}
     # A case checked without a peer names what its check compared with ("completion", a peer run inside the
     # session); "self" is never a verdict's reference.
-    out = _correct({"rel_err": c.get("rel_err"), "tol": c.get("tol"), "ok": bool(c.get("ok")),
+    out = correct_entry({"rel_err": c.get("rel_err"), "tol": c.get("tol"), "ok": bool(c.get("ok")),
                     "against": c.get("against") or against})
     return {**out, **extra}
 
@@ -230,7 +230,7 @@ def _peer_correct(own: Any) -> dict[str, Any]:
     if not isinstance(own, dict):
         return dict(BASELINE)
     extra = {k: v for k, v in own.items() if k not in ("rel_err", "tol", "ok", "against")}
-    return {**_correct({"rel_err": own.get("rel_err"), "tol": own.get("tol"), "ok": bool(own.get("ok")),
+    return {**correct_entry({"rel_err": own.get("rel_err"), "tol": own.get("tol"), "ok": bool(own.get("ok")),
                         "against": own.get("against", "reference")}), **extra}
 
 

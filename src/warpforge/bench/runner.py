@@ -2,7 +2,7 @@
 
 The hot path is ``run_suite``: build the cases, then for each one ``compare_case`` (check, time)
 and ``build_record``. Device facts, the git version and the roofline ceilings are gathered once; the
-host's load (``bench.host.check_host``) before each case, and kept in its record.
+host's load (``results.host.check_host``) before each case, and kept in its record.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from warpforge.bench import suites as _suites_pkg
-from warpforge.bench.compare import CaseResult, Outcome, case_seed, compare_case
-from warpforge.bench.host import check_host
-from warpforge.bench.record import build_record, device_info, git_version
+from warpforge.bench.compare import CaseResult, Outcome, build_record, case_seed, compare_case
 from warpforge.bench.suite import EndToEndCase, Suite
+from warpforge.results.host import check_host
+from warpforge.results.record import device_info, git_version
 
 # (warmup, rep): quick trades spread for speed; the full run keeps enough repeats for a stable p20/p80.
 REPEATS = {False: (10, 50), True: (3, 15)}

@@ -51,7 +51,7 @@ def serve_record(summary: dict[str, Any], *, case: str, params: dict[str, Any], 
                  git: str | None, seed: int, n_requests: int, baseline: str = NO_PEER) -> dict[str, Any]:
     """One rate's record in the bench format: ``ours.ms`` is the run's wall time and ``ours["tok/s"]``
     the output-token throughput (as the llm suite's end-to-end rows); every latency figure beside them."""
-    from warpforge.bench.record import now_iso, validate_record
+    from warpforge.results.record import now_iso, validate_record
 
     if summary["completed"] == 0:
         ours: dict[str, Any] = {"error": f"no request completed: {summary['errors']}"}
@@ -161,7 +161,7 @@ def run_sweep(*, url: str, model: str | None, endpoint: str, rates: list[float],
     from warpforge.bench.loadgen import (Target, arrival_times, case_name, make_requests, parse_mix, rate_label,
                                          run_load, summarize)
     from warpforge.bench.loadgen.client import ServerError, check_request, served_models
-    from warpforge.bench.record import git_version
+    from warpforge.results.record import git_version
 
     length_mix = parse_mix(mix)
     tok = resolve_tokenizer(tokenizer)
@@ -241,7 +241,7 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
     from warpforge._cli_support import make_console, note_in_log
     from warpforge.settings import default_store_url
     from warpforge.bench.loadgen import ServerError, parse_goodput, parse_rates
-    from warpforge.bench.record import now_iso, write_jsonl
+    from warpforge.results.record import now_iso, write_jsonl
 
     err = err or make_console(stderr=True)
     try:
@@ -292,7 +292,7 @@ def cli_bench_serve(*, url: str, model: str | None, endpoint: str, rate: str, ar
     if out:
         console.print(f"wrote {len(records)} records to {escape(out)}")
     if not no_store:
-        from warpforge.bench.store import Store, StoreError
+        from warpforge.results.store import Store, StoreError
 
         try:
             with Store(store_url or default_store_url()) as store:

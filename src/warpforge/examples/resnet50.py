@@ -46,7 +46,7 @@ class RandomImages(torch.utils.data.Dataset):
 
 
 def factory(size: str | None = None, device: torch.device | str | None = None) -> TrainSetup:
-    from warpforge.models.resnet import ResNet
+    from warpforge.zoo.resnet import ResNet
 
     device, size, c = pick(size, device, SIZES)
     torch.manual_seed(0)

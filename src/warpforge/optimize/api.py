@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from warpforge._factory import accepts
-from warpforge.bench.ratio import Side, same_work_ratio
+from warpforge.results.ratio import Side, same_work_ratio
 from warpforge.timing import NOISE_BOUND
 from warpforge.optimize.backends import REFERENCE, Built, Candidate, forget_pipelines, select
 from warpforge.optimize.capture import METHODS as CAPTURE_METHODS
@@ -398,7 +398,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, val: Iterable[Any] | None
     forget_pipelines(base)  # every candidate is built: the memoized pipeline graphs go back
     forget_plans(base)  # and the region plans (optimize.regions)
     # 5. Time the passing ones together, then offline throughput each; on a busy machine say so first.
-    from warpforge.bench.host import check_host
+    from warpforge.results.host import check_host
 
     host = check_host(dev)
     settings["host"] = host.as_dict()
@@ -702,7 +702,8 @@ def _time(live: dict[str, tuple[Candidate, Built]], records: list[dict[str, Any]
           dev: torch.device, queries: int, warmup: int, offline_calls: int) -> int:
     """Single-stream latency of every live candidate (interleaved, re-timed while noisy), then offline
     throughput each; speedups against eager-fp32 and the fastest torch.compile candidate, each through the
-    bench's ratio rule (both passed their gate) with its range across rounds. Returns the timing attempts."""
+    ratio rule of warpforge.results.ratio (both passed their gate) with its range across rounds. Returns the
+    timing attempts."""
     by_name = {r["name"]: r for r in records}
     fns = {n: b.fn for n, (_, b) in live.items()}
     attempts = 1

@@ -1,6 +1,6 @@
 """The ``warpforge optimize MODEL`` command: resolve the model, run the search, print and write the result.
 
-MODEL is a zoo name (``warpforge.models.names()``) or ``path/to/file.py:factory`` (also
+MODEL is a zoo name (``warpforge.zoo.names()``) or ``path/to/file.py:factory`` (also
 ``package.module:factory``). The factory contract: ``factory()`` returns ``(model, example_inputs)``
 or a dict ``{"model", "example_inputs", "kind", "val"}``; it may take ``batch`` and ``device``
 keyword arguments, which get ``--batch`` and ``--device``.
@@ -69,13 +69,13 @@ _ZOO_KIND = {"classifier": "classifier"}
 def _from_zoo(name: str, batch: int | None, device: torch.device, random_weights: bool) -> Resolved:
     forms = "a zoo name or path/to/file.py:factory"
     try:
-        models = importlib.import_module("warpforge.models")
+        zoo = importlib.import_module("warpforge.zoo")
     except ImportError as e:
-        raise ModelError(f"{name!r}: the model zoo (warpforge.models) cannot be imported ({e}); give {forms}") from e
-    if not callable(getattr(models, "names", None)) or not callable(getattr(models, "get", None)):
-        raise ModelError(f"{name!r}: the model zoo (warpforge.models) is not available yet; "
+        raise ModelError(f"{name!r}: the model zoo (warpforge.zoo) cannot be imported ({e}); give {forms}") from e
+    if not callable(getattr(zoo, "names", None)) or not callable(getattr(zoo, "get", None)):
+        raise ModelError(f"{name!r}: the model zoo (warpforge.zoo) is not available yet; "
                          "give path/to/file.py:factory")
-    available = list(models.names())
+    available = list(zoo.names())
     if name not in available:
         raise ModelError(f"unknown model {name!r}; the zoo has: {', '.join(available) or '(nothing yet)'}; "
                          "or give path/to/file.py:factory")
@@ -85,7 +85,7 @@ def _from_zoo(name: str, batch: int | None, device: torch.device, random_weights
     if random_weights:
         kwargs["pretrained"] = False
     try:
-        spec = models.get(name, **kwargs)
+        spec = zoo.get(name, **kwargs)
     except ImportError as e:
         raise ModelError(f"{name}: {e} (or pass --random-weights)") from e
     except Exception as e:

@@ -233,7 +233,7 @@ def profile(fn: Callable[..., Any], *inputs: Any, module: torch.nn.Module | None
     counts_note = ("compiled module: FLOPs counted on its eager original; the compiled kernels carry time only"
                    if eager is not None else None)
     module_calls = sum(v for p, v in counts.module_calls.items() if module_depth(p) <= cfg.module_depth)
-    from warpforge.bench.host import check_host
+    from warpforge.results.host import check_host
 
     host = check_host(dev)  # a busy machine inflates host time and the overhead: said, and kept in meta
     try:

@@ -8,7 +8,7 @@ TARGET forms:
   ``llm:CHECKPOINT``              one decode step of warpforge's LLM engine (``--batch`` sequences,
                                   ``--prompt-len`` tokens of context), CUDA-graph replay on a GPU
   ``llm-prefill:CHECKPOINT``      one prefill of ``--batch`` fresh prompts of ``--prompt-len`` tokens
-  ``NAME``                        a model of the zoo (``warpforge.models.names()``) at ``--batch``
+  ``NAME``                        a model of the zoo (``warpforge.zoo.names()``) at ``--batch``
   ``optimized:NAME``              the zoo model as ``warpforge optimize`` ships it: the fastest eager or
                                   warpforge candidate within the default budgets on the zoo's validation
                                   inputs (torch.compile candidates are left out: minutes to build), its
@@ -89,13 +89,13 @@ def resolve(spec: str, *, input_shapes: list[tuple[int, ...]] | None = None, dev
 
 
 def _zoo(name: str, dev: torch.device, batch: int | None) -> Target:
-    from warpforge import models
+    from warpforge import zoo
 
-    if name not in models.names():
-        raise TargetError(f"{name!r}: not a zoo model ({', '.join(models.names())}); "
+    if name not in zoo.names():
+        raise TargetError(f"{name!r}: not a zoo model ({', '.join(zoo.names())}); "
                           f"TARGET can be one of: {', '.join(FORMS)}")
     try:
-        spec = models.get(name, batch=batch or 1, device=dev)
+        spec = zoo.get(name, batch=batch or 1, device=dev)
     except (ImportError, ValueError) as e:  # a missing weights package names itself
         raise TargetError(f"{name}: {e}") from e
     return Target(name=f"{name} (batch {batch or 1}, {spec.weights} weights)", fn=spec.model,
@@ -107,11 +107,11 @@ OPTIMIZED_PROTOCOL = {False: (50, 10, 10), True: (4, 1, 2)}
 
 
 def _optimized(name: str, dev: torch.device, batch: int | None, quick: bool = False) -> Target:
-    from warpforge import models
+    from warpforge import zoo
     from warpforge.optimize import optimize
 
-    zoo = _zoo(name, dev, batch)  # checks the name
-    spec = models.get(name, batch=batch or 1, device=dev)
+    plain = _zoo(name, dev, batch)  # checks the name
+    spec = zoo.get(name, batch=batch or 1, device=dev)
     val = list(spec.val_inputs())
     budget, basis = None, "the default budgets"
     if spec.weights == "random" and dev.type == "cuda":
@@ -127,7 +127,7 @@ def _optimized(name: str, dev: torch.device, batch: int | None, quick: bool = Fa
     notes = [f"the optimizer chose {opt.name} (of its {', '.join(OPTIMIZED_BACKENDS)} candidates within {basis}; "
              f"{'CUDA graph replay' if built.cuda_graph else 'no CUDA graph'})"]
     return Target(name=f"{name} optimized: {opt.name} (batch {batch or 1}, {spec.weights} weights)", fn=opt,
-                  inputs=zoo.inputs, module=built.module, notes=notes,
+                  inputs=plain.inputs, module=built.module, notes=notes,
                   count_fn=built.module if built.cuda_graph else None)  # a replay hides its operators
 
 

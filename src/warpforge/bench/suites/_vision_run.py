@@ -9,7 +9,7 @@ ours and its peers see the same inputs, the same clock drift and the same device
 benchmark contract asks, while the record keeps the end-to-end shape (per-callable figures, per-peer
 correctness).
 
-Imports of warpforge.models and warpforge.optimize stay inside functions (bench imports no product part
+Imports of warpforge.zoo and warpforge.optimize stay inside functions (bench imports no product part
 at import time; ``bench --list`` stays cheap).
 """
 
@@ -115,7 +115,7 @@ def photo_batches(batch: int, device: torch.device, *, size: int,
                   **views: Any) -> tuple[list[tuple[torch.Tensor]], int]:
     """The zoo's validation views of the real photos (``images.views``: scikit-image's and scikit-learn's
     natural photos at three scales x five crops x mirrored) in batches, and how many distinct views."""
-    from warpforge.models import images
+    from warpforge.zoo import images
 
     x = images.views(size=size, **views)
     return images.in_batches(x, batch, device), x.shape[0]
@@ -129,27 +129,27 @@ def _seeded_build(build: Callable[[], nn.Module]) -> nn.Module:
 
 def _tiny(w: Workload, device: torch.device) -> tuple[nn.Module, Callable[[torch.Generator], tuple], str]:
     """Small configs of the zoo's architectures (random weights; mobilenet_v2 keeps its real ones)."""
-    from warpforge import models
+    from warpforge import zoo
 
     b = w.batch
     if w.model in ("mobilenet_v2", "resnet50"):  # the zoo model itself on small images
-        spec = models.get(w.model, batch=1, device=device, pretrained=w.real_weights)
+        spec = zoo.get(w.model, batch=1, device=device, pretrained=w.real_weights)
         return spec.model, lambda g: (torch.randn(b, 3, TINY_IMAGE, TINY_IMAGE, generator=g),), spec.weights
     if w.model == "vit_b16":
-        from warpforge.models.vit import VisionTransformer
+        from warpforge.zoo.vit import VisionTransformer
 
         model = _seeded_build(lambda: VisionTransformer(image_size=32, patch=8, dim=64, depth=2, heads=4, hidden=128,
                                                         num_classes=100))
         return model, lambda g: (torch.randn(b, 3, 32, 32, generator=g),), "random"
     if w.model == "bev_lss":
-        from warpforge.models import bev_lss
+        from warpforge.zoo import bev_lss
 
         # The nuScenes rig's geometry scaled to 96 px wide images (focal and principal point by 96/352).
         c = bev_lss.LSSConfig(image_size=(32, 96), focal=278.5 * 96 / 352, principal=(48.0, 51.0 * 96 / 352),
                               widths=(8, 16, 32, 64), depth=(4.0, 45.0, 4.0), context=8, grid=(-51.2, 51.2, 3.2),
                               bev_width=8)
         return bev_lss.build(c), lambda g: (torch.randn(b, c.cameras, 3, *c.image_size, generator=g),), "random"
-    from warpforge.models import planner
+    from warpforge.zoo import planner
 
     c = planner.PlannerConfig(agents=8, history=5, polylines=16, points=6, dim=32, heads=4, ffn=64, encoder_layers=1,
                               decoder_layers=1, modes=3, horizon=6)
@@ -162,7 +162,7 @@ def load(w: Workload, device: torch.device) -> Loaded:
     loaded = _load(w, device)
     if w.precision == "int8":
         if w.real_weights:
-            from warpforge.models import images
+            from warpforge.zoo import images
 
             size = TINY_IMAGE if w.tiny else 224
             x = images.imagenet_batch(CALIB_PHOTOS, size=size, resize=round(size * 256 / 224))
@@ -176,7 +176,7 @@ def load(w: Workload, device: torch.device) -> Loaded:
 
 
 def _load(w: Workload, device: torch.device) -> Loaded:
-    from warpforge import models
+    from warpforge import zoo
 
     if w.tiny:
         model, make, weights = _tiny(w, device)
@@ -190,12 +190,12 @@ def _load(w: Workload, device: torch.device) -> Loaded:
         val = _random_batches(make, range(100, 100 + TINY_VAL_BATCHES), device)
         return Loaded(model, inputs, val, TINY_VAL_BATCHES * w.batch, weights,
                       f"{TINY_VAL_BATCHES} seeded random batches")
-    spec = models.get(w.model, batch=w.batch, device=device, pretrained=w.real_weights)
+    spec = zoo.get(w.model, batch=w.batch, device=device, pretrained=w.real_weights)
     inputs = tuple(spec.example_inputs)
     val = list(spec.val_inputs())  # real weights: the zoo's 270 photo views, in batches of w.batch
     n = sum(v[0].shape[0] for v in val)
     if w.real_weights:  # the last batch cycles to fill it: count each view once
-        from warpforge.models import images
+        from warpforge.zoo import images
 
         n = min(n, images.num_views())
         note = (f"{n} views of {len(images.VAL_PHOTOS)} real photos (scikit-image, scikit-learn): "

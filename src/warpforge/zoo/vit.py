@@ -17,9 +17,9 @@ import math
 import torch
 from torch import nn
 
-from warpforge.models._common import random_images, random_spec, seeded
-from warpforge.models.layers import Block, init_transformer
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo._common import random_images, random_spec, seeded
+from warpforge.zoo.layers import Block, init_transformer
+from warpforge.zoo.registry import ModelSpec
 
 
 class VisionTransformer(nn.Module):

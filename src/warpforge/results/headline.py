@@ -2,9 +2,9 @@
 
 A CPU user of `warpforge demo` measures CPU figures only; the GPU figures the README shows are in the
 checkout's committed records, ``benchmarks/results/<device>/<suite>.jsonl``. The README's results:table
-marker (bench.tables) says which cases make the headline; the same marker picks the rows here, per device
+marker (results.tables) says which cases make the headline; the same marker picks the rows here, per device
 directory that holds them, each with the commit it was measured at and "stale" when the code it timed changed
-since (bench.provenance, as `warpforge results stale` says it).
+since (results.provenance, as `warpforge results stale` says it).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ class HeadlineRow:
     device: str  # the records' directory: h200, h100
     suite: str
     case: str
-    ours: str  # bench.tables.ours_cell: "1.389 ms, 792 TFLOP/s"
-    peers: str  # bench.tables.peers_cell: "1.00x cublas"
+    ours: str  # results.tables.ours_cell: "1.389 ms, 792 TFLOP/s"
+    peers: str  # results.tables.peers_cell: "1.00x cublas"
     commit: str | None  # the record's git sha (a "-dirty" suffix kept)
     status: str  # current, stale, dirty, unknown commit, no source map; "" when git could not say
 
@@ -36,15 +36,15 @@ class HeadlineRow:
 def checkout_root() -> Path | None:
     """The repository this warpforge runs from (an editable install, or PYTHONPATH=src), or None when it is
     installed without one: a wheel carries neither the README nor the records."""
-    root = Path(__file__).resolve().parents[3]  # src/warpforge/bench/headline.py -> the checkout
+    root = Path(__file__).resolve().parents[3]  # src/warpforge/results/headline.py -> the checkout
     return root if (root / RESULTS).is_dir() and (root / "README.md").is_file() else None
 
 
 def headline_rows(root: Path) -> list[HeadlineRow]:
     """The cases of the README's first results:table, from each device directory under benchmarks/results/
     that holds them (the device with the most first)."""
-    from warpforge.bench import provenance
-    from warpforge.bench.tables import TableError, dir_loader, markers, ours_cell, peers_cell, pick, select
+    from warpforge.results import provenance
+    from warpforge.results.tables import TableError, dir_loader, markers, ours_cell, peers_cell, pick, select
 
     found = markers((root / "README.md").read_text(encoding="utf-8"))
     if not found:

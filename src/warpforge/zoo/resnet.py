@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from warpforge.models._common import build_calibrated, random_images, random_spec
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo._common import build_calibrated, random_images, random_spec
+from warpforge.zoo.registry import ModelSpec
 
 
 class Bottleneck(nn.Module):

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import build_calibrated, random_images, random_spec
-from warpforge.models.layers import Attention, Mlp, init_transformer
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo._common import build_calibrated, random_images, random_spec
+from warpforge.zoo.layers import Attention, Mlp, init_transformer
+from warpforge.zoo.registry import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`warpforge results stale|table|history|report|check`: the committed records and the store over time.
+"""`warpforge results`: the runs in the store (list, show, compare), and the committed records and the store
+over time (stale, table, history, report, check).
 
 Each function returns the exit code: 0 fine, 1 what the command checks for was found (a regression, a table
 that disagrees with its records, a stale record with --strict), 2 bad usage or an unreadable source, said
@@ -16,15 +17,132 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from warpforge.bench.cli import _err, _json_console, _print_json
+from warpforge.results.terminal import (ms_text, print_environment, print_error, print_json, print_record_errors,
+                                        print_store_error, ratio_text, records_table)
 from warpforge.settings import default_store_url
 
 DEFAULT_RECORDS = "benchmarks/results/h200"
 
 
+# ---- list, show, compare: the runs in the store ------------------------------------------------------
+
+def _open(store_url: str | None) -> Any:
+    from warpforge.results.store import Store
+
+    return Store(store_url or default_store_url(), create=False)
+
+
+def _json_console(console: Console, json_out: bool) -> Console:
+    """The console for everything but the JSON: stderr when stdout carries JSON."""
+    if not json_out:
+        return console
+    from warpforge._cli_support import make_console
+
+    return make_console(stderr=True)
+
+
+def cli_results_list(store_url: str | None, suite: str | None, limit: int, console: Console,
+                     json_out: bool = False) -> int:
+    from warpforge.results.store import StoreError, StoreMissing
+
+    console = _json_console(console, json_out)
+    try:
+        with _open(store_url) as store:
+            runs = store.list_runs(suite=suite, limit=limit)
+            where = store.where
+    except StoreMissing as e:
+        console.print(str(e))
+        if json_out:
+            print_json([])
+        return 0
+    except StoreError as e:
+        return print_store_error(e, console)
+    if json_out:
+        print_json(runs)
+        return 0
+    if not runs:
+        console.print(f"no runs{f' of suite {suite}' if suite else ''} in {escape(where)}")
+        return 0
+    t = Table(title=f"runs in {where}", title_justify="left", header_style="bold")
+    for col in ("run", "suite", "started (UTC)", "device", "git", "cases", "failed", "host"):
+        t.add_column(col, justify="right" if col in ("run", "cases", "failed") else "left")
+    for r in runs:
+        failed = f"[bold red]{r['n_failed']}[/]" if r["n_failed"] else "0"
+        t.add_row(str(r["id"]), escape(r["suite"]), r["started"].replace("+00:00", ""), escape(r["device"]),
+                  (r["git"] or "—")[:12] + ("-dirty" if (r["git"] or "").endswith("-dirty") else ""),
+                  str(r["n_records"]), failed, escape(r["host"] or ""))
+    console.print(t)
+    return 0
+
+
+def cli_results_show(run: str, store_url: str | None, console: Console, json_out: bool = False) -> int:
+    from warpforge.results.store import StoreError
+
+    console = _json_console(console, json_out)
+    try:
+        with _open(store_url) as store:
+            got = store.get_run(run)
+    except StoreError as e:
+        return print_store_error(e, console)
+    if json_out:
+        print_json(got)
+        return 0
+    meta, records = got["run"], got["records"]
+    console.print(f"[bold]run {meta['id']}[/]: suite {escape(meta['suite'])}, {meta['started']} -> {meta['finished']}, "
+                  f"host {escape(meta['host'] or '?')}, warpforge {meta['warpforge_version']}")
+    if meta.get("argv"):
+        console.print(f"[dim]command: {escape(' '.join(map(str, meta['argv'])))}[/]")
+    if records:
+        console.print(records_table(records))
+        print_record_errors(records, console)
+        print_environment(records, console)
+    else:
+        console.print("(no records)")
+    return 0
+
+
+def cli_results_compare(run_a: str, run_b: str, store_url: str | None, console: Console,
+                        json_out: bool = False) -> int:
+    from warpforge.results.store import FLAG_FLOOR, StoreError, compare_records
+
+    console = _json_console(console, json_out)
+    try:
+        with _open(store_url) as store:
+            a, b = store.get_run(run_a), store.get_run(run_b)
+    except StoreError as e:
+        return print_store_error(e, console)
+    ra, rb = a["run"], b["run"]
+    if json_out:
+        print_json({"a": ra, "b": rb, "cases": compare_records(a["records"], b["records"])})
+        return 0
+    console.print(f"A = run {ra['id']} ({escape(ra['suite'])}, {escape(ra['device'])}, {ra['started']}, "
+                  f"git {(ra['git'] or '—')[:12]})")
+    console.print(f"B = run {rb['id']} ({escape(rb['suite'])}, {escape(rb['device'])}, {rb['started']}, "
+                  f"git {(rb['git'] or '—')[:12]})")
+    if ra["suite"] != rb["suite"] or ra["device"] != rb["device"]:
+        console.print("[yellow]warning: the runs differ in suite or device; only same-named cases are compared[/]")
+    rows = compare_records(a["records"], b["records"])
+    t = Table(header_style="bold")
+    for col in ("case", "A ms", "B ms", "A/B", "IQR/med A", "IQR/med B", "change"):
+        t.add_column(col, justify="left" if col in ("case", "change") else "right")
+    counts = {"faster": 0, "slower": 0}
+    for row in rows:
+        flag = row["flag"]
+        counts[flag] = counts.get(flag, 0) + 1
+        shown = {"faster": "[green]B faster[/]", "slower": "[red]B slower[/]"}.get(flag, f"[dim]{flag}[/]" if flag
+                                                                                    else "[dim]within spread[/]")
+        spread = [("—" if s is None else f"{100 * s:.1f}%") for s in (row["a_spread"], row["b_spread"])]
+        t.add_row(escape(row["case"]), ms_text(row["a_ms"]), ms_text(row["b_ms"]), ratio_text(row["ratio"]), *spread,
+                  shown)
+    console.print(t)
+    console.print(f"{counts['faster']} faster, {counts['slower']} slower in B; a change is flagged when it exceeds "
+                  f"both runs' relative spread (IQR/median) plus {100 * FLAG_FLOOR:.0f}%. A/B above 1: B is faster.")
+    return 0
+
+
 def _store(store_url: str | None, *, required: bool) -> Any:
     """The store, or None when it does not exist and is not required (StoreError otherwise)."""
-    from warpforge.bench.store import Store, StoreMissing
+    from warpforge.results.store import Store, StoreMissing
 
     try:
         return Store(store_url or default_store_url(), create=False)
@@ -37,15 +155,15 @@ def _store(store_url: str | None, *, required: bool) -> Any:
 # ---- stale ---------------------------------------------------------------------------------------
 
 def cli_results_stale(paths: Sequence[str], rev: str, strict: bool, console: Console, json_out: bool = False) -> int:
-    from warpforge.bench.provenance import GitError, stale_groups, timed_paths
+    from warpforge.results.provenance import GitError, stale_groups, timed_paths
 
     console = _json_console(console, json_out)
     try:
         groups = stale_groups(list(paths) or [DEFAULT_RECORDS], rev=rev)
     except (GitError, FileNotFoundError, ValueError) as e:
-        return _err(str(e))
+        return print_error(str(e))
     if json_out:
-        _print_json([g.as_dict() for g in groups])
+        print_json([g.as_dict() for g in groups])
     else:
         t = Table(title=f"committed records against {rev}", title_justify="left", header_style="bold")
         for col in ("file", "suite", "commit", "cases", "status", "timed code changed since"):
@@ -59,7 +177,7 @@ def cli_results_stale(paths: Sequence[str], rev: str, strict: bool, console: Con
         console.print(t)
         n = {s: sum(len(g.cases) for g in groups if g.status == s) for s in {g.status for g in groups}}
         console.print(", ".join(f"{v} {k}" for k, v in sorted(n.items())) + " record(s). The timed code of a suite: "
-                      "its modules, what they time and the harness (warpforge.bench.provenance.SUITE_SOURCES); e.g. "
+                      "its modules, what they time and the harness (warpforge.results.provenance.SUITE_SOURCES); e.g. "
                       f"memory: {', '.join(timed_paths('memory')[-2:])}")
     return 1 if strict and any(g.status != "current" for g in groups) else 0
 
@@ -81,8 +199,8 @@ def _md_loaders(md: Path, records: str | None, stale: bool) -> tuple[Any, Any]:
     """The loader of a Markdown file's tables (``--records`` or the default beside it) and the one for a
     marker's records=DIR (relative to the file); ``stale``: rows say how many commits have touched the code
     they time since they were measured."""
-    from warpforge.bench.provenance import GitError, repo_root
-    from warpforge.bench.tables import dir_loader, stale_loader
+    from warpforge.results.provenance import GitError, repo_root
+    from warpforge.results.tables import dir_loader, stale_loader
 
     loaders: dict[Path, Any] = {}
 
@@ -102,18 +220,19 @@ def _md_loaders(md: Path, records: str | None, stale: bool) -> tuple[Any, Any]:
 def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None, fmt: str, records: str | None,
                       store_url: str | None, run: str | None, update: Sequence[str], check: Sequence[str],
                       console: Console) -> int:
-    from warpforge.bench.store import StoreError
-    from warpforge.bench.tables import (TableError, check_markdown, count_markers, dir_loader, render_suites,
-                                        update_markdown)
+    from warpforge.results.store import StoreError
+    from warpforge.results.tables import (TableError, check_markdown, count_markers, dir_loader, render_suites,
+                                          update_markdown)
 
     if update or check:
         if suite or cases or run:
-            return _err("--update/--check regenerate the tables their markers name: give no SUITE, --cases or --run")
+            return print_error("--update/--check regenerate the tables their markers name: give no SUITE, --cases "
+                               "or --run")
         rc = 0
         for path, write in [(p, True) for p in update] + [(p, False) for p in check]:
             md = Path(path)
             if not md.is_file():
-                return _err(f"{'--update' if write else '--check'}: no such file: {md}")
+                return print_error(f"{'--update' if write else '--check'}: no such file: {md}")
             text = md.read_text(encoding="utf-8")
             load, load_for = _md_loaders(md, records, write)
             try:
@@ -133,10 +252,10 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
                                       "the records")
                     rc = rc or (1 if problems else 0)
             except TableError as e:
-                return _err(f"{md}: {e}")
+                return print_error(f"{md}: {e}")
         return rc
     if not suite:
-        return _err("name a suite: warpforge results table SUITE (or --update FILE to regenerate marked tables)")
+        return print_error("name a suite: warpforge results table SUITE (or --update FILE to regenerate marked tables)")
     try:
         if run is not None:
             with _store(store_url, required=True) as store:
@@ -149,13 +268,13 @@ def cli_results_table(suite: str | None, cases: Sequence[str], peers: str | None
         suites = [x.strip() for x in suite.split(",") if x.strip()]
         text = render_suites(load, suites, _split_cases(cases) or None, peer_list, fmt)
     except (TableError, StoreError, FileNotFoundError) as e:
-        return _err(str(e))
+        return print_error(str(e))
     print(text)
     return 0
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
-    from warpforge.bench.record import read_jsonl
+    from warpforge.results.record import read_jsonl
 
     if not path.is_file():
         raise FileNotFoundError(f"no records at {path} (expected a .jsonl file or a directory of <suite>.jsonl)")
@@ -166,7 +285,7 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
 
 def _gather(records: Sequence[str], store_url: str | None, with_git: bool, case: str | None = None):
     """(sourced records, the sources' names) from the committed files and the store (if it exists)."""
-    from warpforge.bench.history import committed_records, dedupe, store_records
+    from warpforge.results.history import committed_records, dedupe, store_records
 
     items, names = [], []
     for r in records or ([DEFAULT_RECORDS] if Path(DEFAULT_RECORDS).exists() else []):
@@ -182,18 +301,18 @@ def _gather(records: Sequence[str], store_url: str | None, with_git: bool, case:
 
 def cli_results_history(case: str, suite: str | None, records: Sequence[str], store_url: str | None, with_git: bool,
                         console: Console, json_out: bool = False) -> int:
-    from warpforge.bench.history import REGRESSED, find_case, history
-    from warpforge.bench.store import StoreError
+    from warpforge.results.history import REGRESSED, find_case, history
+    from warpforge.results.store import StoreError
 
     console = _json_console(console, json_out)
     try:
         items, names = _gather(records, store_url, with_git)
         suite, case = find_case(items, case, suite)
     except (StoreError, FileNotFoundError, LookupError) as e:
-        return _err(str(e))
+        return print_error(str(e))
     pts = history(items, case, suite)
     if json_out:
-        _print_json({"suite": suite, "case": case, "points": [p.as_dict() for p in pts]})
+        print_json({"suite": suite, "case": case, "points": [p.as_dict() for p in pts]})
         return 0
     t = Table(title=f"{suite}: {case}", title_justify="left", header_style="bold")
     for col in ("time (UTC)", "commit", "source", "ours ms (p20-p80)", "vs peers", "roofline", "check", "vs previous"):
@@ -220,16 +339,16 @@ def cli_results_history(case: str, suite: str | None, records: Sequence[str], st
 
 def cli_results_report(out: str, records: Sequence[str], store_url: str | None, with_git: bool,
                        console: Console) -> int:
-    from warpforge.bench.record import now_iso
-    from warpforge.bench.report_html import case_count, render_dashboard
-    from warpforge.bench.store import StoreError
+    from warpforge.results.record import now_iso
+    from warpforge.results.report_html import case_count, render_dashboard
+    from warpforge.results.store import StoreError
 
     try:
         items, names = _gather(records, store_url, with_git)
     except (StoreError, FileNotFoundError) as e:
-        return _err(str(e))
+        return print_error(str(e))
     if not items:
-        return _err(f"no records to show (looked in {', '.join(records) or DEFAULT_RECORDS} and the store)")
+        return print_error(f"no records to show (looked in {', '.join(records) or DEFAULT_RECORDS} and the store)")
     html = render_dashboard(items, sources=names, generated=f"generated {now_iso()}")
     path = Path(out)
     if path.suffix.lower() in (".html", ".htm"):
@@ -248,7 +367,7 @@ def cli_results_report(out: str, records: Sequence[str], store_url: str | None, 
 
 def _records_of(spec: str, store_url: str | None) -> tuple[list[dict[str, Any]], str]:
     """A run given as a path (.jsonl file or directory: the records as they are now) or a store run."""
-    from warpforge.bench.history import read_records
+    from warpforge.results.history import read_records
 
     p = Path(spec)
     if p.exists():
@@ -259,20 +378,20 @@ def _records_of(spec: str, store_url: str | None) -> tuple[list[dict[str, Any]],
 
 
 def cli_results_check(baseline: str, run: str, store_url: str | None, console: Console, json_out: bool = False) -> int:
-    from warpforge.bench.history import FLOOR, UNKNOWN_SPREAD, gate, regressions
-    from warpforge.bench.store import StoreError
+    from warpforge.results.history import FLOOR, UNKNOWN_SPREAD, gate, regressions
+    from warpforge.results.store import StoreError
 
     console = _json_console(console, json_out)
     try:
         base, base_name = _records_of(baseline, store_url)
         cur, cur_name = _records_of(run, store_url)
     except (StoreError, FileNotFoundError) as e:
-        return _err(f"results check: {e}")
+        return print_error(f"results check: {e}")
     rows = gate(base, cur)
     bad = regressions(rows)
     compared = [r for r in rows if r.flag not in ("new", "missing", "other device", "other settings")]
     if json_out:
-        _print_json({"baseline": base_name, "run": cur_name, "regressed": len(bad),
+        print_json({"baseline": base_name, "run": cur_name, "regressed": len(bad),
                      "cases": [r.as_dict() for r in rows]})
     else:
         t = Table(title=f"{cur_name} against {base_name}", title_justify="left", header_style="bold")
@@ -289,7 +408,7 @@ def cli_results_check(baseline: str, run: str, store_url: str | None, console: C
         console.print(f"[dim]band: the larger relative spread of the two records (p80/p20, round medians; "
                       f"{100 * UNKNOWN_SPREAD:.0f}% for a single repeat) + {100 * FLOOR:.0f}%[/]")
     if not compared:
-        return _err(f"results check: no case of {cur_name} is in {base_name}: nothing was compared")
+        return print_error(f"results check: no case of {cur_name} is in {base_name}: nothing was compared")
     if bad:
         console.print(f"[bold red]{len(bad)} of {len(compared)} case(s) regressed beyond their noise band:[/] "
                       + escape(", ".join(f"{r.case} ({r.flag})" for r in bad)))

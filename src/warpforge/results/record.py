@@ -1,4 +1,5 @@
-"""Benchmark records in warpforge's record format (docs/design.md): build, validate, read and write JSON lines.
+"""Benchmark records in warpforge's record format (docs/design.md): validate, read and write JSON lines (the
+harness builds them: ``bench.compare.build_record``, ``bench.e2e``).
 
 A record (one per case) carries the keys docs/design.md shows, plus a few that make it self-describing:
 ``metric``, ``work`` (the explicit flop and byte counts), ``seed`` (the per-case input draw),
@@ -8,7 +9,7 @@ an older run that broke a rule below, moved out of its field: ``{"<field>": {"va
 Non-finite numbers never enter a record: a NaN/Inf output gives ``rel_err: null`` with ``ok: false``, so every
 record is strict JSON.
 
-**Ratios.** Every ratio in a record comes from ``bench.ratio.same_work_ratio``: ``peer_ms / ours_ms`` when both ran
+**Ratios.** Every ratio in a record comes from ``results.ratio.same_work_ratio``: ``peer_ms / ours_ms`` when both ran
 the same work and both passed their correctness check, else no ratio and the reason, in ``ratio_null``.
 ``ratio_interval`` gives the lowest and highest per-round ratio (rounds are paired: the same round of
 ours and of the peer). :func:`figure_violations` lists what in a record breaks these rules (and a roofline
@@ -24,19 +25,16 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from warpforge import settings
-from warpforge.bench.ratio import FRACTION_MAX, RATIO_RTOL, Side, entry_side, put_ratio, same_work_ratio
+from warpforge.results.ratio import FRACTION_MAX, RATIO_RTOL, Side, entry_side, same_work_ratio
 
 if TYPE_CHECKING:  # torch stays unimported for `warpforge results`, which only reads and validates
     import torch
-
-    from warpforge.bench.compare import CaseResult, Outcome
-    from warpforge.timing import Timing
 
 REQUIRED = ("suite", "case", "params", "device", "git", "time", "ours", "peers", "ratio", "roofline", "correct")
 BOUNDS = ("compute", "memory")
@@ -130,99 +128,19 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-# ---- building ------------------------------------------------------------------------------------
+# ---- pieces of a record the harness builds ---------------------------------------------------------
 
-def _finite(x: float | None) -> float | None:
+def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _timed(t: Timing, figure: float, metric: str, rounds_ms: Sequence[float] = ()) -> dict[str, Any]:
-    out: dict[str, Any] = {"ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "iqr_ms": t.iqr_ms,
-                           metric: figure}
-    if rounds_ms:
-        out["rounds_ms"] = [float(x) for x in rounds_ms]
-    return out
-
-
-def _correct(c: dict[str, Any] | None) -> dict[str, Any]:
+def correct_entry(c: dict[str, Any] | None) -> dict[str, Any]:
     if c is None:
         return {"rel_err": None, "ok": False, "note": "no reference or peer output to check against"}
-    out = {"rel_err": _finite(c["rel_err"]), "tol": c.get("tol"), "ok": bool(c["ok"]), "against": c["against"]}
+    out = {"rel_err": finite_or_none(c["rel_err"]), "tol": c.get("tol"), "ok": bool(c["ok"]), "against": c["against"]}
     if out["rel_err"] is None:
         out["ok"], out["note"] = False, "non-finite output"
     return out
-
-
-def _peer(o: Outcome, result: CaseResult) -> dict[str, Any]:
-    if o.error is not None or o.timing is None:
-        return {"error": o.error or "not timed"}
-    return {**_timed(o.timing, result.case.figure(o.timing.median_ms), result.case.metric, o.rounds_ms),
-            "correct": _correct(o.correct)}
-
-
-def roofline_for(result: CaseResult, ceil: Any) -> dict[str, Any] | None:
-    """Floor over measured time against the device's ceilings; None when either is unknown. A fraction
-    above 1.0 raises :class:`warpforge.hw.roofline.CeilingError` (a bug: reported, never stored)."""
-    if ceil is None or result.ours.timing is None:
-        return None
-    try:
-        from warpforge.hw.roofline import CeilingError, roofline
-    except ImportError:
-        return None
-    try:
-        r = roofline(result.case.flops, result.case.bytes, result.case.dtype, result.ours.timing.median_ms, ceil,
-                     strict=True)
-    except CeilingError:
-        raise
-    except Exception:  # noqa: BLE001 - an unknown ceiling for this dtype: record null, never a guess
-        return None
-    keys = ("floor_ms", "fraction", "bound", "compute_ms", "memory_ms")
-    out = {k: r[k] for k in keys if k in r}
-    if not all(isinstance(out.get(k), (int, float)) and math.isfinite(out[k]) for k in ("floor_ms", "fraction")):
-        return None
-    out["ceilings"] = getattr(ceil, "source", None)
-    return out
-
-
-def build_record(result: CaseResult, *, suite: str, device: dict[str, Any], git: str | None,
-                 ceil: Any = None, time: str | None = None, host: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One record for one case result (see the module docstring for the keys); ``host``: the
-    :func:`warpforge.bench.host.check_host` state the case was timed under."""
-    case = result.case
-    if result.ours.error is not None or result.ours.timing is None:
-        ours: dict[str, Any] = {"error": result.ours.error or "not timed"}
-        correct = {"rel_err": None, "ok": False, "note": "ours failed to run"}
-    else:
-        ours = _timed(result.ours.timing, case.figure(result.ours.timing.median_ms), case.metric,
-                      result.ours.rounds_ms)
-        correct = _correct(result.ours.correct)
-    timings = [o.timing for o in [result.ours, *result.peers.values()] if o.timing is not None]
-    figure_errors: list[str] = []
-    try:
-        roof = roofline_for(result, ceil)
-    except ValueError as e:  # CeilingError: a fraction above 1.0
-        roof = None
-        figure_errors.append(str(e))
-    rec: dict[str, Any] = {
-        "suite": suite, "case": case.name, "params": case.params, "device": device, "git": git,
-        "time": time or now_iso(),
-        "ours": ours,
-        "peers": {name: _peer(o, result) for name, o in result.peers.items()},
-        "ratio": {},
-        "roofline": roof,
-        "correct": correct,
-        "metric": case.metric,
-        "work": {"flops": case.flops, "bytes": case.bytes, "dtype": str(case.dtype).removeprefix("torch.")},
-        "seed": result.seed,
-        "timing": {"method": timings[0].method if timings else None, "warmup": result.warmup, "rep": result.rep,
-                   "interleaved": result.interleaved},
-    }
-    ours_side = entry_side(ours, correct)
-    for name, entry in rec["peers"].items():
-        put_ratio(rec, name, same_work_ratio(ours_side, entry_side(entry, entry.get("correct"))))
-    if result.stability is not None:
-        rec["stability"] = result.stability
-    return finish_record(rec, host, figure_errors)
 
 
 def finish_record(rec: dict[str, Any], host: dict[str, Any] | None, figure_errors: list[str] | None

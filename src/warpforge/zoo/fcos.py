@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from warpforge.models._common import build_calibrated, random_images, random_spec
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo._common import build_calibrated, random_images, random_spec
+from warpforge.zoo.registry import ModelSpec
 
 STRIDES = (8, 16, 32)
 

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models._common import build_calibrated, random_images, random_spec
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo._common import build_calibrated, random_images, random_spec
+from warpforge.zoo.registry import ModelSpec
 
 # (name, yaw in degrees, x, y, z of the camera in the ego frame: x forward, y left, z up; metres)
 NUSCENES_RIG = (("front", 0.0, 1.70, 0.00, 1.5), ("front_left", 55.0, 1.55, 0.50, 1.5),

@@ -1,7 +1,7 @@
 """The ratio rule, in one place: a ratio only between two sides that ran the same work and both passed
-their correctness check (docs/design.md, "Rules for a figure"). Records (``bench.record``), the side-by-side
+their correctness check (docs/design.md, "Rules for a figure"). Records (``results.record``), the side-by-side
 (``bench.compare``), end-to-end cases (``bench.e2e``) and the optimizer's speedups all take their ratios
-through :func:`same_work_ratio`; ``bench.record.figure_violations`` checks stored records against it.
+through :func:`same_work_ratio`; ``results.record.figure_violations`` checks stored records against it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from warpforge.bench.record import dumps, now_iso, validate_record
+from warpforge.results.record import dumps, now_iso, validate_record
 
 SCHEMA_VERSION = 1
 APP_MARK = "warpforge-results"

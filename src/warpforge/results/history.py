@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpforge.bench.tables import check_cell
+from warpforge.results.tables import check_cell
 
 FLOOR = 0.02  # the store's compare flag floor: below 2% two runs are "the same" whatever their spreads
 UNKNOWN_SPREAD = 0.10  # warpforge.timing.NOISE_BOUND - 1: what one repeat is trusted to

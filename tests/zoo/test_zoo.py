@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.fx
 
-from warpforge import models
-from warpforge.models import bev_lss, detr, efficientnet_lite, mobilenet_v2, planner, resnet, vit
-from warpforge.models._common import calibrate_batchnorm
+from warpforge import zoo
+from warpforge.zoo import bev_lss, detr, efficientnet_lite, mobilenet_v2, planner, resnet, vit
+from warpforge.zoo._common import calibrate_batchnorm
 
 # name -> (kind, example input shapes, output shapes) at batch 1.
 EXPECTED = {
@@ -30,9 +30,9 @@ EXPECTED = {
 
 
 @functools.cache
-def _spec(name: str) -> models.ModelSpec:
+def _spec(name: str) -> zoo.ModelSpec:
     # pretrained=False: the shape and tracing checks need no weights package (test_pretrained covers those).
-    return models.get(name, pretrained=False)
+    return zoo.get(name, pretrained=False)
 
 
 @functools.cache
@@ -49,7 +49,7 @@ DATA_DEPENDENT = {"fcos_small": ("detector", [(1, 3, 640, 640)])}
 
 
 def test_expected_covers_the_registry():
-    assert sorted([*EXPECTED, *DATA_DEPENDENT]) == sorted(models.names())
+    assert sorted([*EXPECTED, *DATA_DEPENDENT]) == sorted(zoo.names())
 
 
 def test_fcos_small_runs_and_returns_detections_per_image():
@@ -179,6 +179,6 @@ def test_config_errors():
         planner.PlannerConfig(agents=0)
     with pytest.raises(ValueError, match="image_size: expected a multiple of patch=16"):
         vit.VisionTransformer(image_size=100)
-    from warpforge.models.layers import Attention
+    from warpforge.zoo.layers import Attention
     with pytest.raises(ValueError, match="heads: expected a divisor of dim=10"):
         Attention(10, 3)

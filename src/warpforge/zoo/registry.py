@@ -1,7 +1,7 @@
 """The model zoo's registry: ``names()`` and ``get(name)`` -> ``ModelSpec``.
 
 Every model lives in its own file and exposes ``spec(batch, device, dtype, pretrained) -> ModelSpec``;
-the registry imports that file only when the model is asked for, so ``import warpforge.models`` stays
+the registry imports that file only when the model is asked for, so ``import warpforge.zoo`` stays
 cheap and a model whose weights come from an optional package fails only when it is built.
 """
 
@@ -16,7 +16,7 @@ from torch import nn
 
 KINDS = ("classifier", "detector", "bev", "planner")
 
-# name -> module under warpforge.models that builds it (its ``spec`` function).
+# name -> module under warpforge.zoo that builds it (its ``spec`` function).
 _MODULES = {
     "mobilenet_v2": "mobilenet_v2",
     "efficientnet_lite0": "efficientnet_lite",
@@ -78,7 +78,7 @@ def get(name: str, *, batch: int = 1, device: str | torch.device = "cpu", dtype:
     if dtype not in _FLOAT_DTYPES:
         raise ValueError(f"dtype: expected a floating dtype {_FLOAT_DTYPES}, got {dtype!r}")
     device = torch.device(device)
-    module = importlib.import_module(f"warpforge.models.{_MODULES[name]}")
+    module = importlib.import_module(f"warpforge.zoo.{_MODULES[name]}")
     spec = module.spec(batch=batch, device=device, dtype=dtype, pretrained=bool(pretrained))
     spec.model.eval()
     return spec

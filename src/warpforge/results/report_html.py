@@ -1,7 +1,7 @@
 """The results dashboard: one self-contained HTML page, one plot per case over its runs.
 
 Each plot shows ours' time per record, oldest to newest (p20-p80 as a whisker), the noise band around the
-previous point (the band :func:`warpforge.bench.history.judge` uses), and marks a point red when it is
+previous point (the band :func:`warpforge.results.history.judge` uses), and marks a point red when it is
 slower beyond that band (or failed its check or failed to run), green when faster. Under each plot: the
 commit, source, ratio against each peer with its interval, and the roofline fraction of every point.
 
@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from html import escape
 
-from warpforge.bench.history import REGRESSED, Point, Sourced, cases_of, history
+from warpforge.results.history import REGRESSED, Point, Sourced, cases_of, history
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;background:#f7fafc;color:#1a202c}

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from warpforge.models import bev_lss
+from warpforge.zoo import bev_lss
 
 
 def _small() -> bev_lss.LSSConfig:

@@ -153,8 +153,8 @@ STALE_NOTE = re.compile(r" \*\*stale\*\* \(\d+ commits? since\)")
 
 def stale_loader(load: Loader, repo: Path, rev: str = "HEAD") -> Loader:
     """``load`` with each record's staleness filled in: "**stale** (N commits since)" when commits after the
-    record's own touched the code its suite times (warpforge.bench.provenance), nothing when current."""
-    from warpforge.bench.provenance import Group, check_group, resolve_commit
+    record's own touched the code its suite times (warpforge.results.provenance), nothing when current."""
+    from warpforge.results.provenance import Group, check_group, resolve_commit
 
     head = resolve_commit(repo, rev)
     seen: dict[tuple[str, str | None], str | None] = {}
@@ -348,7 +348,7 @@ def count_markers(text: str) -> int:
 
 def dir_loader(records_dir: str | Path) -> Loader:
     """Records of a suite from ``records_dir/<suite>.jsonl`` (the committed records' layout)."""
-    from warpforge.bench.record import read_jsonl
+    from warpforge.results.record import read_jsonl
 
     cache: dict[str, list[dict[str, Any]]] = {}
     root = Path(records_dir)

@@ -8,6 +8,6 @@ All are plain torch and trace with ``torch.fx.symbolic_trace``, except fcos_smal
 threshold, top-k, NMS) is data-dependent as real detectors' is (``warpforge.optimize`` optimizes its regions).
 """
 
-from warpforge.models.registry import KINDS, ModelSpec, get, names
+from warpforge.zoo.registry import KINDS, ModelSpec, get, names
 
 __all__ = ["KINDS", "ModelSpec", "get", "names"]

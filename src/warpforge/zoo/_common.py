@@ -97,7 +97,7 @@ def random_spec(name: str, kind: str, model: nn.Module, make: Callable[[torch.Ge
                 device: torch.device, dtype: torch.dtype):
     """The ModelSpec of a random-weight model (no weights reachable offline): ``model`` in eval mode on
     device/dtype, example inputs from ``make`` at EXAMPLE_SEED, validation inputs at VAL_SEEDS."""
-    from warpforge.models.registry import ModelSpec
+    from warpforge.zoo.registry import ModelSpec
 
     return ModelSpec(name=name, model=model.to(device=device, dtype=dtype).eval(),
                      example_inputs=move(make(generator(EXAMPLE_SEED)), device, dtype), kind=kind, weights="random",

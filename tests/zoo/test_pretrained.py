@@ -15,8 +15,8 @@ import functools
 import pytest
 import torch
 
-from warpforge import models
-from warpforge.models import images
+from warpforge import zoo
+from warpforge.zoo import images
 
 pytest.importorskip("skimage", reason="real photos need scikit-image (pip install 'warpforge[vision]')")
 
@@ -36,9 +36,9 @@ EXPECTED = {
 
 
 @functools.cache
-def _spec(name: str) -> models.ModelSpec:
+def _spec(name: str) -> zoo.ModelSpec:
     pytest.importorskip(WEIGHT_MODULES[name], reason=f"{name}'s real weights are not installed")
-    return models.get(name)
+    return zoo.get(name)
 
 
 @functools.cache
@@ -112,7 +112,7 @@ def test_efficientnet_lite_matches_the_reference_implementation():
 
 
 def test_efficientnet_convert_rejects_unknown_keys():
-    from warpforge.models.efficientnet_lite import convert_state_dict
+    from warpforge.zoo.efficientnet_lite import convert_state_dict
 
     with pytest.raises(ValueError, match="unexpected key '_se_reduce.weight'"):
         convert_state_dict({"_se_reduce.weight": torch.zeros(1)})

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from torch import nn
 
-from warpforge.models._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_images,
+from warpforge.zoo._common import (EXAMPLE_SEED, VAL_SEEDS, calibrate_batchnorm, generator, move, random_images,
                                      random_inputs, require, seeded)
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo.registry import ModelSpec
 
 # Photos of ImageNet-like subjects, in the order ``val_inputs()`` returns them.
 VAL_IMAGES = ("chelsea", "coffee", "astronaut", "rocket", "stereo_motorcycle", "clock", "camera")

