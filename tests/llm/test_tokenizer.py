@@ -57,6 +57,17 @@ def test_chat_template_file_and_list_forms(tiny, tmp_path):
     assert Tokenizer.from_dir(tmp_path).apply_chat_template(MESSAGES) == "You are Horatio."
 
 
+def test_a_new_template_replaces_the_compiled_one_and_a_copy_leaves_the_original(tiny):
+    _, _, path = tiny
+    tok = Tokenizer.from_dir(path)
+    before = tok.apply_chat_template(MESSAGES)  # compiles and caches the checkpoint's template
+    other = tok.with_chat_template("{{ messages[0]['content'] }}")
+    assert other.apply_chat_template(MESSAGES) == "You are Horatio."
+    assert tok.apply_chat_template(MESSAGES) == before  # the original (say, the engine's) is unchanged
+    tok.chat_template = "{{ messages[-1]['content'] }}"  # set in place: the cached compiled template is dropped
+    assert tok.apply_chat_template(MESSAGES) == MESSAGES[-1]["content"]
+
+
 def test_errors(tiny, tmp_path):
     ours, _, path = tiny
     with pytest.raises(ValueError, match="messages"):

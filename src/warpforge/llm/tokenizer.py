@@ -13,6 +13,7 @@ Chat prompts: ``apply_chat_template`` returns text that already holds the templa
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -198,6 +199,21 @@ class Tokenizer:
         """Token ids of the chat prompt (the template writes the special tokens; none are added)."""
         return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs),
                            add_special_tokens=False)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self._chat_template = template
+        self.__dict__.pop("_template", None)  # the compiled template is cached on first use
+
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """A copy that renders chat prompts with ``template``; this tokenizer (maybe the engine's) is unchanged."""
+        other = copy.copy(self)
+        other.chat_template = template
+        return other
 
     @cached_property
     def _template(self):
