@@ -9,11 +9,21 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class FieldError(ValueError):
+    """A refused argument: ``field`` names it and ``problem`` says what it takes and what it got; the message is
+    ``"field: problem"``. A caller that calls the field by another name (a server's API) renames it from these
+    attributes, never by parsing the text."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
 def check_int(name: str, value, lo: int, hi: int | None = None) -> None:
-    """ValueError unless ``value`` is an int (not a bool) in [lo, hi] (hi None: no upper bound)."""
+    """FieldError unless ``value`` is an int (not a bool) in [lo, hi] (hi None: no upper bound)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name}: expected an integer {rng}, got {value!r}")
+        raise FieldError(name, f"expected an integer {rng}, got {value!r}")
 
 
 def from_dict(name: str, cls: type[T], value: dict[str, Any]) -> T:
@@ -22,8 +32,8 @@ def from_dict(name: str, cls: type[T], value: dict[str, Any]) -> T:
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ValueError(f"{name}: unknown settings {unknown}; expected some of {sorted(known)}")
+        raise FieldError(name, f"unknown settings {unknown}; expected some of {sorted(known)}")
     return cls(**value)
 
 
-__all__ = ["check_int", "from_dict"]
+__all__ = ["FieldError", "check_int", "from_dict"]

@@ -45,6 +45,7 @@ def test_invalid_values_name_field_and_range(field, value, expected):
     with pytest.raises(ValueError) as e:
         SamplingParams(**{field: value})
     assert str(e.value).startswith(field + ":") and expected in str(e.value)
+    assert e.value.field == field and expected in e.value.problem  # a server renames the field from these
 
 
 def test_stop_strings_and_flags():

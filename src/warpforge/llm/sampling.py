@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from warpforge._validate import check_int
+from warpforge._validate import FieldError, check_int
 from warpforge.llm.structured import StructuredOutputsParams
 
 # Temperatures below this are greedy (as vLLM): dividing logits by ~0 would overflow to inf.
@@ -18,7 +18,7 @@ def _number(name: str, value, lo: float, hi: float, *, lo_open: bool = False, hi
           and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi))
     if not ok:
         rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-        raise ValueError(f"{name}: expected a number in {rng}, got {value!r}")
+        raise FieldError(name, f"expected a number in {rng}, got {value!r}")
 
 
 @dataclass
@@ -75,7 +75,7 @@ class SamplingParams:
             self.stop = []
         self.stop = list(self.stop)
         if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop: expected non-empty strings, got {self.stop!r}")
+            raise FieldError("stop", f"expected non-empty strings, got {self.stop!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
         for t in self.stop_token_ids:
             check_int("stop_token_ids", t, 0)
@@ -83,7 +83,7 @@ class SamplingParams:
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+            raise FieldError("ignore_eos", f"expected a bool, got {self.ignore_eos!r}")
         self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
 
     @property

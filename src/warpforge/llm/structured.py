@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from warpforge._validate import from_dict
+from warpforge._validate import FieldError, from_dict
 
 # Whitespace xgrammar allows between JSON tokens unless disable_any_whitespace: unbounded, a model that
 # likes newlines can spend max_tokens on them (the endless-whitespace reports vLLM users file). 20 chars
@@ -62,25 +62,25 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs: expected exactly one of {', '.join(_KINDS)}, got "
+            raise FieldError("structured_outputs", f"expected exactly one of {', '.join(_KINDS)}, got "
                              f"{', '.join(given) if given else 'none'}")
         if self.json is not None and not isinstance(self.json, (dict, str)):
-            raise ValueError(f"structured_outputs.json: expected a JSON schema (an object or its JSON text), "
+            raise FieldError("structured_outputs.json", f"expected a JSON schema (an object or its JSON text), "
                              f"got {type(self.json).__name__}")
         for name in ("regex", "grammar"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
-                raise ValueError(f"structured_outputs.{name}: expected a non-empty string, got {v!r:.80}")
+                raise FieldError(f"structured_outputs.{name}", f"expected a non-empty string, got {v!r:.80}")
         if self.choice is not None:
             if (not isinstance(self.choice, (list, tuple)) or not self.choice
                     or not all(isinstance(c, str) and c for c in self.choice)):
-                raise ValueError(f"structured_outputs.choice: expected a non-empty list of non-empty strings, "
+                raise FieldError("structured_outputs.choice", f"expected a non-empty list of non-empty strings, "
                                  f"got {self.choice!r:.80}")
             object.__setattr__(self, "choice", tuple(self.choice))  # hashable: the compile cache's key
         if self.json_object not in (None, True, False):
-            raise ValueError(f"structured_outputs.json_object: expected a bool, got {self.json_object!r}")
+            raise FieldError("structured_outputs.json_object", f"expected a bool, got {self.json_object!r}")
         if not isinstance(self.disable_any_whitespace, bool):
-            raise ValueError(f"structured_outputs.disable_any_whitespace: expected a bool, "
+            raise FieldError("structured_outputs.disable_any_whitespace", f"expected a bool, "
                              f"got {self.disable_any_whitespace!r}")
 
     @property
@@ -94,14 +94,15 @@ class StructuredOutputsParams:
             return value
         if isinstance(value, dict):
             return from_dict("structured_outputs", cls, value)
-        raise ValueError(f"structured_outputs: expected StructuredOutputsParams or a dict, got {type(value).__name__}")
+        raise FieldError("structured_outputs",
+                         f"expected StructuredOutputsParams or a dict, got {type(value).__name__}")
 
 
 def _xgrammar():
     try:
         import xgrammar
     except ImportError:
-        raise ValueError("structured_outputs: needs the xgrammar package (pip install 'warpforge[llm]')") from None
+        raise FieldError("structured_outputs", "needs the xgrammar package (pip install 'warpforge[llm]')") from None
     return xgrammar
 
 
@@ -184,7 +185,7 @@ class GrammarBackend:
         except (RuntimeError, ValueError, TypeError, RecursionError) as e:
             what = {"json": "JSON schema", "json_object": "JSON", "regex": "regex", "choice": "choice",
                     "grammar": "EBNF grammar"}[kind]
-            raise ValueError(f"structured_outputs.{kind}: not a usable {what}: {_clean(e)}") from None
+            raise FieldError(f"structured_outputs.{kind}", f"not a usable {what}: {_clean(e)}") from None
 
     def matcher(self, so: StructuredOutputsParams) -> Any:
         """A fresh GrammarMatcher for one sequence."""
