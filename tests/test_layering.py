@@ -12,10 +12,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "warpforge"
 # part lists the parts it may import (its own modules always). The rules form a DAG (checked below), so a
 # pair of parts can never import each other, and a new edge is a decision made here, not an accident.
 # The floor: shared helpers every part may use; they import no part (``_cli_support`` reads settings).
-FLOOR = {"warpforge", "settings", "dtypes", "timing", "_validate", "_lazy", "_factory", "_cli_support"}
+FLOOR = {"warpforge", "settings", "dtypes", "timing", "_validate", "_lazy", "_factory", "_cli_support", "_html"}
 MAY_IMPORT: dict[str, set[str]] = {
     "warpforge": set(),  # the package itself: its version, and the optimizer on first attribute access
     "settings": set(), "dtypes": set(), "timing": set(), "_validate": set(), "_lazy": set(), "_factory": set(),
+    "_html": set(),
     "_cli_support": {"settings"},
     "kernels": {"settings"},  # torch and triton only (test_kernels_import_only_torch_triton_and_stdlib)
     "hw": FLOOR | {"kernels"},

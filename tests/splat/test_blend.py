@@ -250,7 +250,7 @@ def test_bad_input_names_the_argument():
         blend.rasterize_to_pixels(*args, W, H, ts, s["offsets"], s["flatten_ids"].long())
     with pytest.raises(ValueError, match=r"backgrounds must have shape \[1, 3\]"):
         blend.rasterize_to_pixels(*args, W, H, ts, s["offsets"], s["flatten_ids"], backgrounds=torch.zeros(3))
-    with pytest.raises(ValueError, match="opacities must be torch.float32"):
+    with pytest.raises(ValueError, match="opacities must have dtype torch.float32"):
         blend.rasterize_to_pixels(*args[:3], args[3].double(), W, H, ts, s["offsets"], s["flatten_ids"])
     with pytest.raises(ValueError, match="width must be an int >= 1"):
         blend.rasterize_to_pixels(*args, 0, H, ts, s["offsets"], s["flatten_ids"])

@@ -5,11 +5,13 @@ and a torch reference in :mod:`warpforge.kernels.reference`. Imports torch and t
 """
 
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
+from warpforge.kernels._checks import check_tensor_as
 from warpforge.kernels._dispatch import INTERPRET, force_triton, programmatic_launch, use_triton
 
 # INTERPRET: whether Triton kernels run in its interpreter (no GPU), for kernels outside this package that
-# take another code path there.
-__all__ = ["INTERPRET", "force_triton", "programmatic_launch", "use_triton"]
+# take another code path there. check_tensor_as: the launchers' shape/dtype/device check of a tensor, for
+# those kernels' launchers too (one wording for the same mistake).
+__all__ = ["INTERPRET", "check_tensor_as", "force_triton", "programmatic_launch", "use_triton"]
 
 # Kernels are imported from their modules (``from warpforge.kernels.matmul import matmul``): several
 # functions share their module's name (matmul, gemv, rope), so re-exporting them here would make

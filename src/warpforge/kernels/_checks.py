@@ -42,6 +42,20 @@ def check_num_warps(config: Any, allowed: tuple[int, ...] = NUM_WARPS) -> None:
         raise ValueError(f"{type(config).__name__}.num_warps must be one of {allowed}, got {config.num_warps}")
 
 
+def check_tensor_as(t: Any, name: str, shape: tuple, dtype: torch.dtype, device: torch.device, like: str = "") -> None:
+    """``t`` is a torch.Tensor of exactly this shape, dtype and device (an ``out=`` buffer, or an input that must
+    match another), else a one-line ValueError naming what differs: ``like`` names where the device came from
+    ("means2d" gives "... must be on cuda:0 like means2d, got cpu")."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}{f' like {like}' if like else ''}, got {t.device}")
+
+
 def resolve_check_values(check_values: bool | None, device: torch.device) -> bool:
     """``check_values`` with None resolved: check, unless a CUDA graph is being captured on ``device``'s
     stream (its values cannot be read then; the eager call before capture is where they are checked)."""
@@ -59,5 +73,5 @@ def refuse_interpreted_bf16(name: str, *tensors: torch.Tensor | None) -> None:
                          f"dot products are wrong); use float16 or float32 here, or run on a CUDA GPU")
 
 
-__all__ = ["NUM_WARPS", "check_num_warps", "check_pow2", "check_range", "refuse_interpreted_bf16",
+__all__ = ["NUM_WARPS", "check_num_warps", "check_pow2", "check_range", "check_tensor_as", "refuse_interpreted_bf16",
            "resolve_check_values"]

@@ -25,7 +25,7 @@ import triton.language as tl
 from warpforge.kernels import _dispatch  # noqa: F401  (chooses the interpreter before any @jit)
 from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner, pow2_bucket
-from warpforge.kernels._checks import check_num_warps, check_pow2
+from warpforge.kernels._checks import check_num_warps, check_pow2, check_tensor_as
 from warpforge.kernels._dispatch import pdl, pdl_enter, pdl_release, use_triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -96,14 +96,7 @@ def check_float(x: torch.Tensor, name: str, dtypes=FLOAT_DTYPES) -> None:
 
 def check_out(out: torch.Tensor, name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Validate a caller-given output buffer; returns its 2-D row view."""
-    if not isinstance(out, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
-    if out.dtype != dtype:
-        raise ValueError(f"{name} must have dtype {dtype}, got {out.dtype}")
-    if out.device != device:
-        raise ValueError(f"{name} must be on {device}, got {out.device}")
+    check_tensor_as(out, name, tuple(shape), dtype, device)
     return rows_view(out, name)
 
 

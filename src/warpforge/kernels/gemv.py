@@ -340,23 +340,17 @@ def _linear_kernel(
 
 
 @triton.jit
-def _and_or(a, mask: tl.constexpr, bits: tl.constexpr, ASM: tl.constexpr):
-    """(a & mask) | bits as one LOP3 (ptxas otherwise emits two: one immediate per instruction)."""
+def _lop3(a, mask: tl.constexpr, bits: tl.constexpr, XOR: tl.constexpr, ASM: tl.constexpr):
+    """(a & mask) ^ bits with XOR, else (a & mask) | bits, as one LOP3 (ptxas otherwise emits two: one immediate
+    per instruction). LOP3's immediate is the function's truth table on (0xF0, 0xCC, 0xAA): 0x6A, 0xEA."""
     if ASM:
-        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r",
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0x6A;" if XOR else "lop3.b32 $0, $1, $2, $3, 0xEA;",
+                                         "=r,r,r,r",
                                          [a, tl.full(a.shape, mask, tl.int32), tl.full(a.shape, bits, tl.int32)],
                                          dtype=tl.int32, is_pure=True, pack=1)
+    if XOR:
+        return (a & mask) ^ bits
     return (a & mask) | bits
-
-
-@triton.jit
-def _and_xor(a, mask: tl.constexpr, bits: tl.constexpr, ASM: tl.constexpr):
-    """(a & mask) ^ bits as one LOP3."""
-    if ASM:
-        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0x6A;", "=r,r,r,r",
-                                         [a, tl.full(a.shape, mask, tl.int32), tl.full(a.shape, bits, tl.int32)],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    return (a & mask) ^ bits
 
 
 @triton.jit
@@ -422,10 +416,10 @@ def _linear_words_kernel(
                 step = float(1 << (BITS * jj))  # the value's weight in the word: 16^jj or 256^jj
                 if FORMAT == 2:
                     xsum += xj
-                    v = _and_or(ph, 0xF << (BITS * jj), 0x4B000000, ASM)
+                    v = _lop3(ph, 0xF << (BITS * jj), 0x4B000000, XOR=False, ASM=ASM)
                     q = v.to(tl.float32, bitcast=True) - 8388608.0  # q * 16^jj
                 else:  # two's-complement byte b: b ^ 0x80 = q + 128, placed as (q + 128) * 256^jj
-                    v = _and_xor(ph, 0xFF << (BITS * jj), 0x4B000000 | (0x80 << (BITS * jj)), ASM)
+                    v = _lop3(ph, 0xFF << (BITS * jj), 0x4B000000 | (0x80 << (BITS * jj)), XOR=True, ASM=ASM)
                     q = v.to(tl.float32, bitcast=True) - (8388608.0 + 128.0 * step)  # q * 256^jj
                 part += q * (xj * (1.0 / step))
         if FORMAT == 2:

@@ -10,21 +10,14 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from warpforge._html import page_css
 from warpforge.profile import svg
 
 TOP = 25
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;background:#f7fafc;color:#1a202c}
-main{max-width:1180px;margin:0 auto;padding:20px 28px 60px}
-h1{font-size:22px;margin:8px 0 2px}
-h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
-.sub{color:#4a5568;font-size:13px}
+CSS = page_css(h2_top=30, figs_margin=8, fig_min_width=100) + """
 .verdict{background:#fff;border:1px solid #e2e8f0;border-left:6px solid #2b6cb0;padding:12px 16px;margin:16px 0;
   font-size:19px;font-weight:600}
-.figs{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}
-.fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:100px;flex:1 1 0}
-.fig b{display:block;font-size:18px} .fig span{font-size:12px;color:#4a5568}
 .finding{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:9px 12px;margin:7px 0}
 .finding .sev{display:inline-block;width:60px;font-weight:700;color:#c53030}
 .finding .adv{color:#2d3748;font-size:13px;margin-top:3px}

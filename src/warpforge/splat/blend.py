@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from warpforge.kernels import INTERPRET, use_triton  # importing the package chooses the interpreter first
+from warpforge.kernels import INTERPRET, check_tensor_as, use_triton  # the import picks the interpreter first
 from warpforge.splat import reference as ref
 from warpforge.splat._blend_torch import blend_backward, blend_forward
 from warpforge.splat.tiles import _load_gaussians
@@ -275,17 +275,6 @@ class _Blend(torch.autograd.Function):
         return (*grads, v_bg, None, None, None, None, None, None, None)
 
 
-def _check(name: str, t, shape: tuple, dtype: torch.dtype, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device} like means2d, got {t.device}")
-
-
 def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2], or packed [nnz, 2]
                         conics: torch.Tensor,  # [C, N, 3] / [nnz, 3]
                         colors: torch.Tensor,  # [C, N, D] / [nnz, D]
@@ -322,16 +311,16 @@ def rasterize_to_pixels(means2d: torch.Tensor,  # [C, N, 2], or packed [nnz, 2]
     if D < 1:
         raise ValueError(f"colors must have at least one channel, got D={D}")
     th, tw = -(-height // tile_size), -(-width // tile_size)
-    _check("means2d", means2d, (*lead, 2), torch.float32, dev)
-    _check("conics", conics, (*lead, 3), torch.float32, dev)
-    _check("colors", colors, (*lead, D), torch.float32, dev)
-    _check("opacities", opacities, lead, torch.float32, dev)
-    _check("tile_offsets", tile_offsets, (C, th, tw), torch.int32, dev)
+    check_tensor_as(means2d, "means2d", (*lead, 2), torch.float32, dev)
+    check_tensor_as(conics, "conics", (*lead, 3), torch.float32, dev, like="means2d")
+    check_tensor_as(colors, "colors", (*lead, D), torch.float32, dev, like="means2d")
+    check_tensor_as(opacities, "opacities", lead, torch.float32, dev, like="means2d")
+    check_tensor_as(tile_offsets, "tile_offsets", (C, th, tw), torch.int32, dev, like="means2d")
     if not isinstance(flatten_ids, torch.Tensor) or flatten_ids.dim() != 1 or flatten_ids.dtype != torch.int32:
         raise ValueError("flatten_ids must be a 1-D int32 tensor")
-    _check("flatten_ids", flatten_ids, (flatten_ids.numel(),), torch.int32, dev)
+    check_tensor_as(flatten_ids, "flatten_ids", (flatten_ids.numel(),), torch.int32, dev, like="means2d")
     if backgrounds is not None:
-        _check("backgrounds", backgrounds, (C, D), torch.float32, dev)
+        check_tensor_as(backgrounds, "backgrounds", (C, D), torch.float32, dev, like="means2d")
     triton_path = use_triton(means2d)
     if triton_path and tile_size > MAX_TILE:
         raise ValueError(f"tile_size must be at most {MAX_TILE} for the Triton blend, got {tile_size}")

@@ -66,30 +66,33 @@ def _load_gaussian(quats_ptr, scales_ptr, g, mask):
 
 
 @triton.jit
+def _mul_t(a00, a01, a02, a10, a11, a12, a20, a21, a22, b00, b01, b02, b10, b11, b12, b20, b21, b22):
+    """A B^T: the 9 entries, row by row (entry ij is row i of A dotted with row j of B)."""
+    t00 = a00 * b00 + a01 * b01 + a02 * b02
+    t01 = a00 * b10 + a01 * b11 + a02 * b12
+    t02 = a00 * b20 + a01 * b21 + a02 * b22
+    t10 = a10 * b00 + a11 * b01 + a12 * b02
+    t11 = a10 * b10 + a11 * b11 + a12 * b12
+    t12 = a10 * b20 + a11 * b21 + a12 * b22
+    t20 = a20 * b00 + a21 * b01 + a22 * b02
+    t21 = a20 * b10 + a21 * b11 + a22 * b12
+    t22 = a20 * b20 + a21 * b21 + a22 * b22
+    return t00, t01, t02, t10, t11, t12, t20, t21, t22
+
+
+@triton.jit
 def _gram(m00, m01, m02, m10, m11, m12, m20, m21, m22):
-    """M M^T (the world covariance of M = R S): 6 entries, 00, 01, 02, 11, 12, 22."""
-    s00 = m00 * m00 + m01 * m01 + m02 * m02
-    s01 = m00 * m10 + m01 * m11 + m02 * m12
-    s02 = m00 * m20 + m01 * m21 + m02 * m22
-    s11 = m10 * m10 + m11 * m11 + m12 * m12
-    s12 = m10 * m20 + m11 * m21 + m12 * m22
-    s22 = m20 * m20 + m21 * m21 + m22 * m22
+    """M M^T (the world covariance of M = R S): 6 entries, 00, 01, 02, 11, 12, 22 (the lower three of
+    ``_mul_t`` are unused, so the compiler drops them)."""
+    s00, s01, s02, _s10, s11, s12, _s20, _s21, s22 = _mul_t(m00, m01, m02, m10, m11, m12, m20, m21, m22,
+                                                             m00, m01, m02, m10, m11, m12, m20, m21, m22)
     return s00, s01, s02, s11, s12, s22
 
 
 @triton.jit
 def _mul_sym(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s11, s12, s22):
-    """A S for symmetric S (6 entries: 00, 01, 02, 11, 12, 22): the 9 entries, row by row."""
-    t00 = a00 * s00 + a01 * s01 + a02 * s02
-    t01 = a00 * s01 + a01 * s11 + a02 * s12
-    t02 = a00 * s02 + a01 * s12 + a02 * s22
-    t10 = a10 * s00 + a11 * s01 + a12 * s02
-    t11 = a10 * s01 + a11 * s11 + a12 * s12
-    t12 = a10 * s02 + a11 * s12 + a12 * s22
-    t20 = a20 * s00 + a21 * s01 + a22 * s02
-    t21 = a20 * s01 + a21 * s11 + a22 * s12
-    t22 = a20 * s02 + a21 * s12 + a22 * s22
-    return t00, t01, t02, t10, t11, t12, t20, t21, t22
+    """A S for symmetric S (6 entries: 00, 01, 02, 11, 12, 22): the 9 entries, row by row (A S^T, as S = S^T)."""
+    return _mul_t(a00, a01, a02, a10, a11, a12, a20, a21, a22, s00, s01, s02, s01, s11, s12, s02, s12, s22)
 
 
 @triton.jit
@@ -247,12 +250,13 @@ def _fisheye_vjp(x, y, z, fx, fy, v_m0, v_m1, vj00, vj01, vj02, vj10, vj11, vj12
 
 
 @triton.jit
-def _camera_gaussian(mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
-                     r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy, W, H, near, far, eps2d,
-                     CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr):
-    """One camera's view of a block of Gaussians: the safe camera-space point, projected centre, Jacobian,
-    camera covariance, Sigma_c J^T columns, the blurred 2D covariance (a, b, c), whether depth and
-    determinant allow it, and the determinant before the blur (for the antialiased compensation)."""
+def _camera_gaussian(view_ptr, K_ptr, cam, mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
+                     W, H, near, far, eps2d, CAMERA: tl.constexpr, CLAMP: tl.constexpr, EPS: tl.constexpr):
+    """Camera ``cam``'s view of a block of Gaussians (both kernels' per-camera start): the camera's rotation and
+    intrinsics, then the safe camera-space point, projected centre, Jacobian, camera covariance, Sigma_c J^T
+    columns, the blurred 2D covariance (a, b, c), whether depth and determinant allow it, and the determinant
+    before the blur (for the antialiased compensation)."""
+    r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
     px = r00 * mx + r01 * my + r02 * mz + t0
     py = r10 * mx + r11 * my + r12 * mz + t1
     pz = r20 * mx + r21 * my + r22 * mz + t2
@@ -280,7 +284,8 @@ def _camera_gaussian(mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22,
     c = c_raw + eps2d
     det = a * c - b * b
     ok = in_range & (det > 0)
-    return (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
+    return (r00, r01, r02, r10, r11, r12, r20, r21, r22, fx, fy, cx, cy,
+            x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
             u0, u1, u2, w0, w1, w2, a, b, c, tl.where(ok, det, 1.0), ok, a_raw * c_raw - b * b)
 
 
@@ -308,11 +313,10 @@ def _project_fwd_kernel(means_ptr, quats_ptr, scales_ptr, opac_ptr, view_ptr, K_
     Hf = H * 1.0
     n64 = tl.zeros([BLOCK], tl.int64) + N  # [C, N] offsets in int64 (N may be a constexpr 1)
     for cam in range(C):
-        r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
-        (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
-         u0, u1, u2, w0, w1, w2, a, b, c, det, ok, det_raw) = _camera_gaussian(
-            mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, r00, r01, r02, t0, r10, r11, r12, t1,
-            r20, r21, r22, t2, fx, fy, cx, cy, Wf, Hf, near, far, eps2d, CAMERA, CLAMP, EPS)
+        (r00, r01, r02, r10, r11, r12, r20, r21, r22, fx, fy, cx, cy, x, y, z, pz, c0, c1, j00, j01, j02, j10, j11,
+         j12, k00, k01, k02, k11, k12, k22, u0, u1, u2, w0, w1, w2, a, b, c, det, ok, det_raw) = _camera_gaussian(
+            view_ptr, K_ptr, cam, mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, Wf, Hf, near, far, eps2d,
+            CAMERA, CLAMP, EPS)
         if ANTIALIAS:
             # Mip-Splatting's 2D filter: the blur keeps the splat's integral, so its opacity shrinks by
             # sqrt(det(Sigma2d) / det(Sigma2d + eps2d I)); the radii and culling use the compensated opacity
@@ -372,11 +376,10 @@ def _project_bwd_kernel(means_ptr, quats_ptr, scales_ptr, view_ptr, K_ptr, radii
     g12 = tl.zeros([BLOCK], tl.float32)
     g22 = tl.zeros([BLOCK], tl.float32)
     for cam in range(C):
-        r00, r01, r02, t0, r10, r11, r12, t1, r20, r21, r22, t2, fx, fy, cx, cy = _load_camera(view_ptr, K_ptr, cam)
-        (x, y, z, pz, c0, c1, j00, j01, j02, j10, j11, j12, k00, k01, k02, k11, k12, k22,
-         u0, u1, u2, w0, w1, w2, a, b, c, det, ok, det_raw) = _camera_gaussian(
-            mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, r00, r01, r02, t0, r10, r11, r12, t1,
-            r20, r21, r22, t2, fx, fy, cx, cy, Wf, Hf, near, far, eps2d, CAMERA, CLAMP, EPS)
+        (r00, r01, r02, r10, r11, r12, r20, r21, r22, fx, fy, cx, cy, x, y, z, pz, c0, c1, j00, j01, j02, j10, j11,
+         j12, k00, k01, k02, k11, k12, k22, u0, u1, u2, w0, w1, w2, a, b, c, det, ok, det_raw) = _camera_gaussian(
+            view_ptr, K_ptr, cam, mx, my, mz, m00, m01, m02, m10, m11, m12, m20, m21, m22, Wf, Hf, near, far, eps2d,
+            CAMERA, CLAMP, EPS)
         out = cam * n64 + g
         keep = mask & (tl.load(radii_ptr + 2 * out, mask=mask, other=0) > 0)  # culled pairs pass no gradient
         v_m0 = tl.load(v_means2d_ptr + 2 * out, mask=keep, other=0.0)

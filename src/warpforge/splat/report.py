@@ -16,15 +16,9 @@ from typing import Any
 
 import numpy as np
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;background:#f7fafc;color:#1a202c}
-main{max-width:1180px;margin:0 auto;padding:20px 28px 60px}
-h1{font-size:22px;margin:8px 0 2px}
-h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
-.sub{color:#4a5568;font-size:13px}
-.figs{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
-.fig{background:#fff;border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:110px;flex:1 1 0}
-.fig b{display:block;font-size:18px} .fig span{font-size:12px;color:#4a5568}
+from warpforge._html import page_css
+
+CSS = page_css(h2_top=28, figs_margin=12, fig_min_width=110) + """
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:10px}
 .chart{width:100%;height:auto;background:#fff;border:1px solid #e2e8f0;border-radius:6px}
 table{border-collapse:collapse;background:#fff;font-size:13px}
