@@ -91,6 +91,42 @@ def test_each_app_has_its_own_metrics(engine_parts):
     assert b'endpoint="/health"' not in b.state.server.metrics.render()
 
 
+def test_tallied_chunks_read_as_if_each_updated_the_series():
+    """ServerMetrics.chunk tallies tokens and gaps; a scrape folds them in: the exposition equals one observe /
+    inc per chunk (bucket edges included), and a scrape between chunks sees every chunk before it."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from warpforge.serve.engine_client import LocalEngine
+    from warpforge.serve.metrics import _LATENCY, ServerMetrics
+
+    class Idle(LocalEngine):
+        def __init__(self) -> None:
+            pass
+
+        def stats(self) -> tuple:
+            return (0, 0, 0.0, 0, 0, 0, None)
+
+    gaps = [0.001, 0.0025, 0.0, 0.07, 80.0, 200.0, 0.00999, 0.01, *[0.0001 * k for k in range(1, 300)]]
+    m = ServerMetrics(Idle())
+    r = CollectorRegistry()
+    itl = Histogram("warpforge_inter_token_latency_seconds", "x", buckets=_LATENCY, registry=r)
+    tokens = Counter("warpforge_generation_tokens", "x", registry=r)
+
+    def series(text: str, name: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(name) and "_created" not in line]
+
+    m.chunk(3, None)
+    tokens.inc(3)
+    for k, g in enumerate(gaps):
+        m.chunk(k % 3 + 1, g)
+        itl.observe(g)
+        tokens.inc(k % 3 + 1)
+        if k in (5, len(gaps) - 1):  # a scrape mid-way and at the end
+            ours, theirs = m.render().decode(), generate_latest(r).decode()
+            for name in ("warpforge_inter_token_latency_seconds", "warpforge_generation_tokens_total"):
+                assert series(ours, name) == series(theirs, name) != []
+
+
 def test_preemptions_reach_the_counter(engine_parts):
     """Too few KV pages for the batch: the scheduler preempts, and /metrics counts it."""
     from warpforge.llm import AsyncLLM, EngineConfig, LLMEngine, SamplingParams

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from warpforge.llm.outputs import RequestOutput
-from warpforge.serve.engine_core import BOOT, EngineSpec, Frames, pack, stats, tune
+from warpforge.serve.engine_core import BOOT, RECV_BYTES, EngineSpec, Frames, pack, stats, tune
 
 
 class EngineStartError(RuntimeError):
@@ -106,6 +106,9 @@ class EngineClient:
         self._ops: list[tuple] = []
         self._out = bytearray()  # frames not yet taken by the socket
         self._frames = Frames()
+        # recv into one buffer: recv(4 MiB) allocates (and the kernel zeroes) a 4 MiB bytes object per call,
+        # ~0.3 ms of the event loop per request in the stubbed-step profile (py-spy)
+        self._inbuf = memoryview(bytearray(RECV_BYTES))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grammars = None
         self._stopping = False  # shutdown sent "stop": the socket closing is expected
@@ -256,19 +259,19 @@ class EngineClient:
 
     def _readable(self) -> None:
         try:
-            data = self.sock.recv(4 << 20)
+            n = self.sock.recv_into(self._inbuf)
         except BlockingIOError:
             return
         except OSError as e:
-            data, why = b"", str(e)
+            n, why = 0, str(e)
         else:
             why = None
-        if not data:
+        if not n:
             code = self.proc.poll()
             self._fail(why or ("the engine process stopped" if self._stopping else "the engine process exited"
                                + (f" with status {code}" if code is not None else "")))
             return
-        for msg in self._frames.feed(data):
+        for msg in self._frames.feed(self._inbuf[:n]):
             kind = msg[0]
             if kind == "outputs":
                 self._stats = msg[2]

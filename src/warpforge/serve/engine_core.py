@@ -36,6 +36,7 @@ from typing import Any
 
 _LEN = struct.Struct("!I")
 SOCKET_BUFFER = 4 << 20  # bytes each way: a step's outputs for hundreds of streams never wait on a full pipe
+RECV_BYTES = 4 << 20  # most bytes one read takes, into a buffer allocated once (see EngineClient._readable)
 GRAMMAR_THREADS = 2  # compiles at once (each one's matcher is cached by xgrammar afterwards)
 
 
@@ -128,6 +129,7 @@ class Core:
     def __init__(self, engine, sock: socket.socket):
         self.engine, self.sock = engine, sock
         self.frames = Frames()
+        self._inbuf = memoryview(bytearray(RECV_BYTES))
         self.compiling: dict[str, Future] = {}  # rid -> the request being built on a grammar thread
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -142,10 +144,10 @@ class Core:
             timeout = 0.005  # a grammar may finish: look again soon
         ops: list = []
         while select.select([self.sock], [], [], timeout)[0]:
-            data = self.sock.recv(1 << 20)
-            if not data:
+            n = self.sock.recv_into(self._inbuf)
+            if not n:
                 return None
-            for frame in self.frames.feed(data):
+            for frame in self.frames.feed(self._inbuf[:n]):
                 ops.extend(frame)
             timeout = 0.0
         return ops
