@@ -39,9 +39,9 @@ from warpforge.serve.tools import ToolPlan, tool_plan
 RETRY_AFTER_S = 1  # what a 429 tells the client to wait: about one batch's worth of decode steps
 GRAMMAR_CACHE = 1024  # output constraints whose compile outcome is remembered (least recently used go first)
 WORKER_THREADS = 4  # grammar compiles and long tokenizations at once, off the event loop
-# Texts at least this long are tokenized on a worker thread: `tokenizers`' encode holds the GIL (a 60k-token
-# text stalled every stream for 150 ms on this project's CPU), its batch call does not. Measured on ~365-char
-# prompts: 177 us of the event loop's time inline, 56-87 us handed off; a few words are cheaper inline.
+# Texts at least this long are tokenized on a worker thread: `tokenizers`' encode holds the GIL (a long text
+# stalls every stream), its batch call does not; a few words are cheaper inline than handed off
+# (notes/serve.md has the figures).
 INLINE_TEXT = 256
 _OUTCOMES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "not_found", 413: "too_large",
              429: "rejected", 500: "error", 503: "error"}
@@ -54,9 +54,8 @@ class ServerState:
         self.llm, self.config = as_engine(llm), config
         llm = self.llm
         self.tokenizer = llm.tokenizer
-        if config.chat_template is not None:
-            self.tokenizer.chat_template = config.chat_template
-            self.tokenizer.__dict__.pop("_template", None)  # the compiled template is cached on first use
+        if config.chat_template is not None:  # the server's own copy: the engine's tokenizer stays as loaded
+            self.tokenizer = self.tokenizer.with_chat_template(config.chat_template)
         self.metrics = ServerMetrics(llm, config.model_name)
         self.max_model_len: int = llm.max_model_len
         self.vocab_size: int = llm.vocab_size
@@ -213,14 +212,16 @@ class ServerState:
 
 def _sampling(kw: dict, names: dict[str, str]) -> dict:
     """Check ``kw`` as SamplingParams does; its message names the field (renamed to the API's name)."""
+    from warpforge._validate import FieldError
     from warpforge.llm.sampling import SamplingParams
 
     try:
         SamplingParams(**kw)
+    except FieldError as e:
+        param = names.get(e.field, e.field)
+        raise bad_request(f"{param}: {e.problem}", param=param) from None
     except ValueError as e:
-        field = str(e).split(":", 1)[0]
-        param = names.get(field, field)
-        raise bad_request(str(e).replace(field, param, 1), param=param) from None
+        raise bad_request(str(e)) from None
     return kw
 
 

@@ -1,10 +1,10 @@
 """The engine's own process: `warpforge serve` steps its LLMEngine here, the HTTP server runs beside it.
 
 Why a process: a step's Python (schedule, launch, postprocess, detokenize) and the server's event loop
-(HTTP, JSON, SSE for every stream) need the same GIL when they share a process. With the model step
-stubbed to a fixed 30 ms of GIL-free device time, the engine thread waited a median 12.5 ms for the GIL
-before each step and the loop 6 ms to pick up each step's outputs, and the server made 0.47-0.53x the
-tokens/s of the same engine offline. vLLM split its API server and engine the same way (v0.6).
+(HTTP, JSON, SSE for every stream) need the same GIL when they share a process: even with the model step
+stubbed to GIL-free device time, the engine thread waited for the GIL before each step and the loop to pick
+up each step's outputs, and the server fell far behind the same engine offline (notes/serve.md). vLLM split
+its API server and engine the same way (v0.6).
 
 ``run(spec, sock)`` is the process's body (``EngineClient`` in engine_client.py starts it and talks to it).
 One socketpair carries frames of a 4-byte length and a pickle:
