@@ -10,7 +10,7 @@ an aborted or disconnected stream frees its pages at the next step boundary.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -46,7 +46,7 @@ class AsyncLLM:
         self.error: BaseException | None = None  # set when a step failed: the engine is unusable
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                       *, add_special_tokens: bool = True) -> AsyncIterator[RequestOutput]:
+                       *, add_special_tokens: bool = True) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request: an output per step that sampled a token for it (``delta_text``,
         ``delta_token_ids``), the last one with ``finish_reason`` set. Leaving the loop early (a
         client disconnect, a cancelled task) aborts the request."""
@@ -94,7 +94,7 @@ class AsyncLLM:
             queue.put_nowait(item)
 
     async def chat(self, messages: list[dict], params: SamplingParams | None = None,
-                   request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                   request_id: str | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Stream a reply to one conversation through the tokenizer's chat template."""
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         async for out in self.generate(prompt, params, request_id, add_special_tokens=False):

@@ -83,6 +83,7 @@ class BlockManager:
         elif self._evictable:
             pid, _ = self._evictable.popitem(last=False)
             page = self.pages[pid]
+            assert page.hash is not None  # an evictable page is one the prefix cache holds
             del self._cached[page.hash]
             page.hash = page.token_ids = None
         else:

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from warpforge.llm.loader import GEMMA3_270M, load, resolve_model
 from warpforge.llm.outputs import Detokenizer, RequestMetrics, RequestOutput, now
 from warpforge.llm.runner import ModelRunner
 from warpforge.llm.sampling import SamplingParams
-from warpforge.llm.scheduler import Scheduler
+from warpforge.llm.scheduler import ScheduledBatch, Scheduler
 from warpforge.llm.sequence import Sequence
 from warpforge.llm.spec_step import SpecDecoder, draft_page_bytes
 
@@ -99,7 +100,7 @@ class LLMEngine:
             if tp_size > 1 and is_quantized_dir(model):
                 raise ValueError("tensor_parallel_size: a quantized checkpoint runs on one rank; load it with "
                                  "tensor_parallel_size=1")
-            self.model_path = Path(model)  # what save_quantized copies the config and tokenizer from
+            self.model_path: Path | None = Path(model)  # what save_quantized copies the config and tokenizer from
             if tp_size > 1:  # every rank loads the checkpoint and keeps its shard (llm/parallel.py)
                 from warpforge.llm.distributed_worker import start_driver
 
@@ -141,7 +142,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.lookahead_steps = 0  # steps queued by async scheduling (stats and tests)
-        self._ahead = None  # (batch, PendingStep): a lookahead step queued on the device, not yet postprocessed
+        # (batch, PendingStep): a lookahead step queued on the device, not yet postprocessed
+        self._ahead: tuple[ScheduledBatch, Any] | None = None
 
     @functools.cached_property
     def grammars(self):
@@ -177,7 +179,7 @@ class LLMEngine:
                              f"got {type(prompt).__name__}")
         if not ids:
             raise ValueError(f"request {rid}: empty prompt")
-        limit = self.config.max_model_len
+        limit = self.scheduler.max_model_len  # the config's, resolved
         if len(ids) + 1 > limit:
             raise ValueError(f"request {rid}: prompt of {len(ids)} tokens leaves no room for a new token "
                              f"within max_model_len {limit}")
@@ -341,18 +343,18 @@ class LLM:
                              f"got {type(prompts).__name__}")
         single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts)
                                               and all(isinstance(t, int) for t in prompts))
-        prompts = [prompts] if single else list(prompts)
+        prompt_list: list[Any] = [prompts] if single else list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params or SamplingParams()] * len(prompt_list)
         else:
             params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"sampling_params: expected one per prompt ({len(prompts)}), got {len(params)}")
+            if len(params) != len(prompt_list):
+                raise ValueError(f"sampling_params: expected one per prompt ({len(prompt_list)}), got {len(params)}")
         engine = self.engine
-        results: list[RequestOutput | None] = [None] * len(prompts)
+        results: list[RequestOutput | None] = [None] * len(prompt_list)
         index: dict[str, int] = {}
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, (prompt, p) in enumerate(zip(prompt_list, params)):
                 try:
                     index[engine.add_request(prompt, p, add_special_tokens=add_special_tokens)] = i
                 except ValueError as e:
@@ -392,7 +394,8 @@ class _progress:
     """A rich progress bar over finished requests (or nothing); yields the advance callback."""
 
     def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total, self._bar = enabled, total, None
+        self.enabled, self.total = enabled, total
+        self._bar: Any = None  # a rich Progress while entered
 
     def __enter__(self):
         if not self.enabled:

@@ -81,6 +81,7 @@ class Scheduler:
         if config.max_model_len is None:
             raise ValueError("max_model_len: the scheduler needs it resolved (EngineConfig.for_model)")
         self.config = config
+        self.max_model_len: int = config.max_model_len  # resolved (checked above), so typed int
         self.block_manager = block_manager
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
@@ -99,9 +100,9 @@ class Scheduler:
         name = f"request {seq.seq_id!r}"
         if seq.num_prompt_tokens == 0:
             raise ValueError(f"{name}: empty prompt")
-        if seq.num_prompt_tokens + 1 > self.config.max_model_len:
+        if seq.num_prompt_tokens + 1 > self.max_model_len:
             raise ValueError(f"{name}: prompt of {seq.num_prompt_tokens} tokens leaves no room for a new token "
-                             f"within max_model_len {self.config.max_model_len}")
+                             f"within max_model_len {self.max_model_len}")
         bm = self.block_manager
         if bm.pages_for(seq.num_prompt_tokens) > bm.num_pages:
             raise ValueError(f"{name}: prompt of {seq.num_prompt_tokens} tokens needs "
@@ -210,7 +211,7 @@ class Scheduler:
                 or len(batch.seqs) != len(self.running)
                 or len(batch.seqs) > self.config.max_num_batched_tokens):
             return None
-        max_len = self.config.max_model_len
+        max_len = self.max_model_len
         for seq, run in zip(batch.seqs, self.running):
             p = seq.params
             if (seq is not run or seq.is_finished or seq.pending_token
@@ -253,7 +254,7 @@ class Scheduler:
         if len(token_ids) != sum(sampling):
             raise ValueError(f"token_ids: expected {sum(sampling)} ids (one per sampling sequence), "
                              f"got {len(token_ids)}")
-        bm, max_len = self.block_manager, self.config.max_model_len
+        bm, max_len = self.block_manager, self.max_model_len
         out: list[Sequence] = []
         j = 0
         for seq, n, samples in zip(batch.seqs, batch.num_new_tokens, sampling):

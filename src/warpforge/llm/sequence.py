@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 from enum import Enum, auto
 
 from warpforge.llm.sampling import SamplingParams
@@ -44,7 +45,8 @@ class Sequence:
 
     def __init__(self, token_ids: list[int], params: SamplingParams | None = None, *,
                  seq_id=None, arrival_time: float | None = None):
-        self.seq_id = next(_ids) if seq_id is None else seq_id
+        # the engine's request id (a str), else a counter's int (a sequence made directly: tests, benchmarks)
+        self.seq_id: Any = next(_ids) if seq_id is None else seq_id
         self.token_ids: list[int] = list(token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params if params is not None else SamplingParams()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +133,7 @@ def _plain_bounded_strings(schema):
     return out
 
 
-def choice_grammar(choices: tuple[str, ...]) -> str:
+def choice_grammar(choices: Sequence[str]) -> str:
     """EBNF for "exactly one of these strings" (JSON string escapes are EBNF string escapes)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
@@ -168,7 +169,7 @@ class GrammarBackend:
     def compile(self, so: StructuredOutputsParams):
         """-> xgrammar's CompiledGrammar; a bad schema, regex or grammar -> ValueError naming the field."""
         kind = so.kind
-        ws = {"any_whitespace": not so.disable_any_whitespace}
+        ws: dict[str, Any] = {"any_whitespace": not so.disable_any_whitespace}
         if not so.disable_any_whitespace:
             ws["max_whitespace_cnt"] = MAX_JSON_WHITESPACE
         try:
@@ -180,6 +181,7 @@ class GrammarBackend:
             if kind == "regex":
                 return self.compiler.compile_regex(so.regex)
             if kind == "choice":
+                assert so.choice is not None  # kind names the field that is set
                 return self.compiler.compile_grammar(choice_grammar(so.choice))
             return self.compiler.compile_grammar(so.grammar)
         except (RuntimeError, ValueError, TypeError, RecursionError) as e:

@@ -294,7 +294,7 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Backen
     return backend
 
 
-def spm_merges(tokens: list[str], rank: dict[str, float]) -> list[tuple[str, str]]:
+def spm_merges(tokens: list[str], rank: Mapping[str, float]) -> list[tuple[str, str]]:
     """Merges implied by a sentencepiece vocabulary: every split of a token into two tokens, best
     merged-token ``rank`` first, then longer left and right parts, then lower ids (transformers' order)."""
     vocab = {t: i for i, t in enumerate(tokens)}

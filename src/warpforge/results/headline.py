@@ -50,6 +50,8 @@ def headline_rows(root: Path) -> list[HeadlineRow]:
     if not found:
         return []
     mk = found[0]
+    repo: Path | None
+    head: str | None
     try:
         repo = provenance.repo_root(root)
         head = provenance.resolve_commit(repo, "HEAD")

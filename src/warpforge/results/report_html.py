@@ -61,9 +61,9 @@ def _nice(x: float) -> float:
 
 def plot_svg(pts: Sequence[Point], idx: int) -> str:
     """Ours' ms per point (p20-p80 whiskers), the noise band of each step, regressions marked."""
-    timed = [p for p in pts if p.ms is not None]
-    high = max([p.p80_ms or p.ms for p in timed] + [p.ms * (1 + (q.band or 0)) for p, q in zip(timed, timed[1:])],
-               default=1.0) * 1.08
+    timed = [(p, p.ms) for p in pts if p.ms is not None]  # each with its ms, so the type checker knows it is set
+    high = max([p.p80_ms or ms for p, ms in timed]
+               + [ms * (1 + (q.band or 0)) for (_, ms), (q, _) in zip(timed, timed[1:])], default=1.0) * 1.08
     step = _nice(high / 4)
     top = step * math.ceil(high / step)
     n = len(pts)
@@ -80,20 +80,21 @@ def plot_svg(pts: Sequence[Point], idx: int) -> str:
         v = step * k
         out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#edf2f7"/>'
                    f'<text x="{PAD_L - 4}" y="{y(v) + 3:.1f}" text-anchor="end" fill="#4a5568">{_fmt_ms(v)}</text>')
-    prev = None
+    prev: Point | None = None
+    prev_ms = 0.0  # prev's ms: prev is only ever a timed point
     for p in pts:
         if p.ms is None:
             continue
         if prev is not None and p.band is not None:  # the band the step is judged against, around the previous point
-            lo, hi = prev.ms / (1 + p.band), prev.ms * (1 + p.band)
+            lo, hi = prev_ms / (1 + p.band), prev_ms * (1 + p.band)
             x0, x1 = x_of[id(prev)], x_of[id(p)]
             out.append(f'<rect class="band" x="{x0:.1f}" y="{y(hi):.1f}" width="{x1 - x0:.1f}" '
                        f'height="{y(lo) - y(hi):.1f}" fill="{BAND}" opacity="0.5"><title>noise band '
                        f'±{100 * p.band:.1f}%</title></rect>')
         if prev is not None:
-            out.append(f'<line x1="{x_of[id(prev)]:.1f}" y1="{y(prev.ms):.1f}" x2="{x_of[id(p)]:.1f}" '
+            out.append(f'<line x1="{x_of[id(prev)]:.1f}" y1="{y(prev_ms):.1f}" x2="{x_of[id(p)]:.1f}" '
                        f'y2="{y(p.ms):.1f}" stroke="{BLUE}" stroke-width="1.5"/>')
-        prev = p
+        prev, prev_ms = p, p.ms
     for p in pts:
         x = x_of[id(p)]
         label = escape((p.git or "—")[:7])

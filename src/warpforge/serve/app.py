@@ -21,7 +21,9 @@ import hmac
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -242,8 +244,9 @@ def _structured(state: ServerState, req, params: dict,
     so, field = structured_outputs(req)
     compact = bool((req.structured_outputs or {}).get("disable_any_whitespace", False))
     forced = tools.constraint(compact) if tools is not None else None
-    if forced is not None:
+    if tools is not None and forced is not None:
         if so is not None:
+            assert field is not None  # structured_outputs names the field of every constraint it returns
             raise bad_request(f"{field}: not together with tool_choice {req.tool_choice!r:.60} (it constrains the "
                               f"output to the tool call)", param=field.split(".")[0])
         names = [t["function"]["name"] for t in tools.tools]
@@ -474,6 +477,7 @@ class _APIKey:
         await self.app(scope, receive, send)
 
 
+_ASGI = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI app: (scope, receive, send)
 _ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
               "/detokenize", "/version")
 
@@ -494,7 +498,7 @@ class _App(FastAPI):
     routes let out reaches uvicorn, which answers 500 when nothing was sent yet, as Starlette's error
     middleware does."""
 
-    hot: dict[str, object]
+    hot: dict[str, _ASGI]
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -592,7 +596,7 @@ def create_app(llm, config: ServeConfig) -> FastAPI:
     posts = {"/v1/completions": generation("/v1/completions", completion_job),
              "/v1/chat/completions": generation("/v1/chat/completions", chat_job),
              "/tokenize": answer("/tokenize", tokenize), "/detokenize": answer("/detokenize", detokenize)}
-    hot: dict[str, object] = {}
+    hot: dict[str, _ASGI] = {}
     for path, respond in posts.items():
         # registered with FastAPI too: the router knows the path (a GET is a 405, not a 404)
         app.add_api_route(path, fastapi_route(respond), methods=["POST"])

@@ -25,11 +25,15 @@ import pickle
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from warpforge.llm.outputs import RequestOutput
 from warpforge.serve.engine_core import BOOT, RECV_BYTES, EngineSpec, Frames, pack, stats, tune
+
+if TYPE_CHECKING:
+    from warpforge.llm.structured import GrammarBackend  # imported when first used (the grammars property)
 
 
 class EngineStartError(RuntimeError):
@@ -110,7 +114,7 @@ class EngineClient:
         # ~0.3 ms of the event loop per request in the stubbed-step profile (py-spy)
         self._inbuf = memoryview(bytearray(RECV_BYTES))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._grammars = None
+        self._grammars: GrammarBackend | None = None
         self._stopping = False  # shutdown sent "stop": the socket closing is expected
 
     # ---- start and stop ------------------------------------------------------------------------------
@@ -146,7 +150,8 @@ class EngineClient:
     @staticmethod
     def _first(sock: socket.socket):
         """The first message (blocking: the load may take minutes); None when the process died first."""
-        frames, got = Frames(), []
+        frames = Frames()
+        got: list[Any] = []
         while not got:
             data = sock.recv(1 << 20)
             if not data:
@@ -177,7 +182,7 @@ class EngineClient:
 
     # ---- requests ------------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params, request_id: str) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request (token ids in); leaving the loop early aborts it."""
         if self.error is not None:
             raise RuntimeError(f"the engine failed earlier and stopped: {self.error}") from self.error
@@ -230,9 +235,16 @@ class EngineClient:
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self.sock, self._readable)
 
+    @property
+    def _attached(self) -> asyncio.AbstractEventLoop:
+        """The loop the socket is read and written from: _attach runs before anything is sent (generate
+        and shutdown call it; abort sends only for a stream that generate started)."""
+        assert self._loop is not None, "the socket is not attached to an event loop yet"
+        return self._loop
+
     def _send(self, op: tuple) -> None:
         if not self._ops:
-            self._loop.call_soon(self._flush)
+            self._attached.call_soon(self._flush)
         self._ops.append(op)
 
     def _flush(self) -> None:
@@ -253,11 +265,12 @@ class EngineClient:
             return
         del self._out[:n]
         if self._out:
-            self._loop.add_writer(self.sock, self._writable)
+            self._attached.add_writer(self.sock, self._writable)
         else:
-            self._loop.remove_writer(self.sock)
+            self._attached.remove_writer(self.sock)
 
     def _readable(self) -> None:
+        why: str | None
         try:
             n = self.sock.recv_into(self._inbuf)
         except BlockingIOError:
@@ -324,7 +337,7 @@ class LocalEngine:
     def grammars(self):
         return self.llm.engine.grammars
 
-    def generate(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt_ids: list[int], params, request_id: str) -> AsyncGenerator[RequestOutput, None]:
         return self.llm.generate(prompt_ids, params, request_id=request_id)
 
     def abort(self, request_id: str) -> None:

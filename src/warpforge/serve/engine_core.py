@@ -68,7 +68,7 @@ class Frames:
     def __init__(self) -> None:
         self.buf = bytearray()
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:  # recv_into hands a memoryview slice
         self.buf += data
         out, at = [], 0
         while len(self.buf) - at >= _LEN.size:

@@ -224,7 +224,7 @@ def chat_messages(req: ChatRequest) -> list[dict]:
         if content is None and not m.tool_calls:
             raise bad_request(f"messages[{i}].content: expected a string or a list of text parts, got null "
                               f"(null content goes with tool_calls)", param="messages")
-        msg = {"role": m.role, "content": content or ""}
+        msg: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_calls:

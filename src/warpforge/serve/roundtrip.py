@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 _LISTENING = re.compile(r"listening on (http://\S+?:\d+)")
 
@@ -34,8 +35,9 @@ class RoundTrip:
         return steps / ((self.e2e_ms - self.ttft_ms) / 1e3) if steps > 0 and self.e2e_ms > self.ttft_ms else 0.0
 
 
-def _wait_listening(proc: subprocess.Popen, timeout_s: float) -> str:
+def _wait_listening(proc: subprocess.Popen[str], timeout_s: float) -> str:
     """Read the server's stderr until its 'listening on URL' line; -> URL."""
+    assert proc.stderr is not None, "the server is started with stderr=PIPE"
     deadline = time.monotonic() + timeout_s
     seen: list[str] = []
     while time.monotonic() < deadline:
@@ -66,10 +68,14 @@ def round_trip(model: str, prompt: str, *, max_tokens: int, dtype: str = "auto",
         url = _wait_listening(proc, timeout_s)
         load_s = time.perf_counter() - t0
         # keep reading its stderr so a chatty server never blocks on a full pipe
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+        stderr = proc.stderr
+        assert stderr is not None  # stderr=PIPE above
+        threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}
-        text, usage, ttft = [], {}, None
+        text: list[str] = []
+        usage: dict[str, Any] = {}
+        ttft: float | None = None
         start = time.perf_counter()
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as r:
             if r.status_code != 200:

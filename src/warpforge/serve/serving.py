@@ -14,15 +14,19 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from warpforge.llm.outputs import RequestOutput
 from warpforge.llm.sampling import SamplingParams
 from warpforge.serve.protocol import APIError, usage
 from warpforge.serve.tool_stream import ToolStream
 from warpforge.serve.tools import ToolPlan
+
+if TYPE_CHECKING:
+    from warpforge.serve.app import ServerState  # app imports this module
 
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf (vLLM clamps the same way)
 DONE = b"data: [DONE]\n\n"
@@ -58,13 +62,20 @@ class Choice:
     first_token_t: float | None = None
     last_t: float | None = None
 
+    @property
+    def out(self) -> RequestOutput:
+        """The last output, once its stream has ended: a stream that ends without raising ends with its finished
+        output (an abort's too), so every choice has one."""
+        assert self.final is not None, f"{self.rid}: its stream ended without an output"
+        return self.final
+
 
 @dataclass
 class Job:
     """A validated request ready to run. ``chat`` picks the body shapes; ``logprobs`` is the top-n count
     (None: none); ``echo`` puts the prompt in front of the text (completions)."""
 
-    state: object  # app.ServerState (engine, tokenizer, metrics, bookkeeping)
+    state: ServerState  # engine, tokenizer, metrics, bookkeeping
     endpoint: str
     model: str
     prompts: list[Prompt]
@@ -100,7 +111,7 @@ class Job:
 
     # ---- running ---------------------------------------------------------------------------------
 
-    def _streams(self) -> list[AsyncIterator[RequestOutput]]:
+    def _streams(self) -> list[AsyncGenerator[RequestOutput, None]]:
         llm = self.state.llm
         return [llm.generate(c.prompt.ids, c.params, request_id=c.rid) for c in self.choices]
 
@@ -182,7 +193,7 @@ class Job:
                     yield head + _json_str(out.delta_text).encode() + tail
                     continue
                 text, reason = out.delta_text, out.finish_reason
-                deltas = [{"content": text} if self.chat else text]
+                deltas: Sequence[dict | str] = [{"content": text} if self.chat else text]
                 if tool_streams:
                     ts = tool_streams[c.index]
                     deltas = ts.feed(out.text, text, out.finished)
@@ -206,7 +217,7 @@ class Job:
                 tail += self._event({"id": self.id, "object": self._object(True), "created": self.created,
                                      "model": self.model, "choices": [], "usage": self._usage()})
             outcome = ("disconnected" if self.gone else
-                       "aborted" if any(c.final.finish_reason == "abort" for c in self.choices) else "ok")
+                       "aborted" if any(c.out.finish_reason == "abort" for c in self.choices) else "ok")
         except ValueError as e:  # the scheduler refused a sequence (checked before anything ran)
             outcome = "bad_request"
             tail += self._event(APIError(400, str(e)).body())
@@ -223,7 +234,7 @@ class Job:
         try:
             async for i, out in _merge(self._streams()):
                 self._observe(self.choices[i], out)
-            if any(c.final.finish_reason == "abort" for c in self.choices):
+            if any(c.out.finish_reason == "abort" for c in self.choices):
                 outcome = "aborted"
                 raise APIError(503, "the server is shutting down: request aborted", code="shutting_down")
             outcome = "ok"
@@ -261,10 +272,11 @@ class Job:
         return body
 
     def _full_choice(self, c: Choice) -> dict:
-        out = c.final
+        out = c.out
         lps = self._logprobs(c, out, 0)
         if self.chat:
-            message, reason = {"role": "assistant", "content": out.text}, out.finish_reason
+            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            reason = out.finish_reason
             if self.tools is not None and out.finish_reason == "stop":
                 content, calls = self.tools.calls(out.text)
                 if calls:
@@ -315,7 +327,7 @@ class Job:
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merge(streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(choice index, output) from every stream as they come. Every stream is closed on the way out,
     however it is left (a closed stream aborts its unfinished request)."""
     if len(streams) == 1:

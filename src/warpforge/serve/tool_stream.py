@@ -18,6 +18,7 @@ A call whose header went out stays a call even if the reply is cut short (finish
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from warpforge.serve.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, ToolPlan
 
@@ -58,6 +59,7 @@ class CallScanner:
         return events
 
     def _args(self, end: int, events: list) -> None:
+        assert self.args_from is not None  # called only while an arguments value is open
         start = self.args_from + self.args_sent
         if end > start:
             events.append(("args", self.calls, self.buf[start:end]))
@@ -183,19 +185,19 @@ class ToolStream:
     def __init__(self, plan: ToolPlan):
         self.plan = plan
         self.names = set(plan.functions)
-        self.named = ToolCall(plan.name, "") if plan.mode == "named" else None
+        self.named = ToolCall(plan.named, "") if plan.mode == "named" else None
         self.calls: list[ToolCall] = []  # headers sent, in index order
         self.read = 0  # chars of the reply handled
         self.held_ws = ""  # whitespace after content: sent only if more content follows
         self.block: CallScanner | None = None  # auto: the JSON being read as calls (a tag's, or the reply's)
         self.block_start = 0  # where that JSON began in the reply
         self.block_calls: dict[int, int] = {}  # the block's call i -> index in ``calls``
-        self.bare = None  # auto: None until the reply's first character says; True: the reply is JSON
+        self.bare: bool | None = None  # auto: None until the reply's first character says; True: the reply is JSON
         self.plain = False  # auto: the reply is known to be text only
 
     def first(self) -> dict:
         """The role chunk's delta (a named call's header rides it)."""
-        delta = {"role": "assistant", "content": None if self.named else ""}
+        delta: dict[str, Any] = {"role": "assistant", "content": None if self.named else ""}
         if self.named:
             delta["tool_calls"] = [self.named.body(0)]
         return delta
@@ -236,9 +238,11 @@ class ToolStream:
                 self.block, self.block_start = CallScanner(("arguments", "parameters")), len(text) - len(head)
                 self.read = self.block_start
         if self.bare and not self.plain:
+            block = self.block
+            assert block is not None  # opened with bare, dropped only once the reply turns out plain
             self._scan(text[self.read:], out)
             self.read = len(text)
-            if self.block.bad and not self.calls:  # JSON, but no call: it was text all along
+            if block.bad and not self.calls:  # JSON, but no call: it was text all along
                 self.plain, self.block = True, None
                 self._content(text[:self.read], out)
             elif finished and not self.calls and not self.plain:
@@ -283,11 +287,13 @@ class ToolStream:
     # ---- calls ------------------------------------------------------------------------------------------
 
     def _scan(self, text: str, out: list[dict]) -> None:
-        for ev in self.block.feed(text):
+        block = self.block
+        assert block is not None  # feed and _auto open the block before scanning into it
+        for ev in block.feed(text):
             kind, i = ev[0], ev[1]
             if kind == "name":
                 if ev[2] not in self.names:
-                    self.block.bad = True
+                    block.bad = True
                     return
                 call = ToolCall(ev[2], "")
                 self.block_calls[i] = len(self.calls)

@@ -57,11 +57,17 @@ class ToolPlan:
     def functions(self) -> dict[str, dict]:
         return {t["function"]["name"]: t["function"] for t in self.tools}
 
+    @property
+    def named(self) -> str:
+        """The tool mode "named" forces (tool_plan always gives that mode its name)."""
+        assert self.name is not None, "mode 'named' without a name"
+        return self.name
+
     def constraint(self, compact: bool = False) -> StructuredOutputsParams | None:
         """The structured output that forces the call ("required", "named"); None otherwise. ``compact``:
         no free whitespace (structured_outputs.disable_any_whitespace)."""
         if self.mode == "named":
-            return StructuredOutputsParams(json=_parameters(self.functions[self.name]), disable_any_whitespace=compact)
+            return StructuredOutputsParams(json=_parameters(self.functions[self.named]), disable_any_whitespace=compact)
         if self.mode != "required":
             return None
         calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [n]},
@@ -76,7 +82,7 @@ class ToolPlan:
     def calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """A finished reply -> (content, calls); no calls: (text, [])."""
         if self.mode == "named":
-            return None, [ToolCall(self.name, text)]
+            return None, [ToolCall(self.named, text)]
         if self.mode == "required":
             try:
                 items = json.loads(text)
@@ -142,14 +148,15 @@ def parse_auto(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
             return None
 
     if TOOL_CALL_OPEN in text:
-        calls = [call(loads(m.group(1))) for m in _TAGGED.finditer(text)]
-        if calls and all(calls):
+        tagged = [call(loads(m.group(1))) for m in _TAGGED.finditer(text)]
+        calls = [c for c in tagged if c is not None]
+        if tagged and len(calls) == len(tagged):  # every tag a known tool's call
             content = _TAGGED.sub("", text).strip()
             return content or None, calls
         return text, []
     obj = loads(text.strip())
     items = obj if isinstance(obj, list) else [obj]
-    calls = [call(o) for o in items]
-    if items and all(calls):
+    calls = [c for c in map(call, items) if c is not None]
+    if items and len(calls) == len(items):
         return None, calls
     return text, []

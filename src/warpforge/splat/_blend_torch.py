@@ -168,7 +168,7 @@ def blend_backward(means2d, conics, colors, opacities, backgrounds, width, heigh
             grads[1].index_add_(0, gm, -torch.stack([0.5 * sdxdx, sdxdy, 0.5 * sdydy], -1)[jm])
             grads[2].index_add_(0, gm, torch.bmm(w.transpose(1, 2), vc_a)[jm])
             grads[3].index_add_(0, gm, torch.where(ch.op > 0, s0 / ch.op, 0.0)[jm])
-            if absgrad:
+            if v_abs is not None:  # absgrad
                 av, bv, cv = ch.a[:, None, :], ch.b[:, None, :], ch.c[:, None, :]
                 ax = (v_pow * (av * ch.dx + bv * ch.dy)).abs().sum(1)
                 ay = (v_pow * (bv * ch.dx + cv * ch.dy)).abs().sum(1)
@@ -181,4 +181,4 @@ def blend_backward(means2d, conics, colors, opacities, backgrounds, width, heigh
                 act, hi, st, x0, y0, T_a, behind_a, fin_a, vc_a, last_a = (
                     v[more] for v in (act, hi, st, x0, y0, T_a, behind_a, fin_a, vc_a, last_a))
     grads = [g.view(v.shape) for g, v in zip(grads, (means2d, conics, colors, opacities))]
-    return grads, (v_abs.view(means2d.shape) if absgrad else None)
+    return grads, (v_abs.view(means2d.shape) if v_abs is not None else None)

@@ -11,6 +11,8 @@ path.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -106,7 +108,7 @@ def _check_kernel(p0, p1, p2, p3, p4, p5, n0, n1, n2, n3, n4, n5,
 
 def check_flag_triton(named: list[tuple[str, torch.Tensor]],
                       cameras: tuple[torch.Tensor, torch.Tensor] | None = None,
-                      bounds: list[tuple] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      bounds: Sequence[tuple] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One launch of ``_check_kernel``: (flag [1] int64, 0 when every check passed; camera centres [C, 3] or
     None). Every ``bounds`` entry names a tensor of ``named`` (its range applies to that slot)."""
     if not 1 <= len(named) <= MAX_SLOTS:
@@ -145,7 +147,7 @@ def gaussian_bounds(scales: torch.Tensor, opacities: torch.Tensor) -> list[tuple
 
 
 def input_flag(named: list[tuple[str, torch.Tensor]], cameras: tuple[torch.Tensor, torch.Tensor] | None = None,
-               bounds: list[tuple] = ()) -> torch.Tensor:
+               bounds: Sequence[tuple] = ()) -> torch.Tensor:
     """A 0-d bool tensor, True when every tensor of ``named`` is finite, the cameras' values are sound and each
     ``bounds`` entry (name, tensor, low, high or None, hint) is in its range; no host sync. One reduction per
     tensor: a sum is NaN or inf whenever an element is (it may also overflow on huge finite values, so a
@@ -160,7 +162,7 @@ def input_flag(named: list[tuple[str, torch.Tensor]], cameras: tuple[torch.Tenso
 
 
 def raise_input_problem(named: list[tuple[str, torch.Tensor]],
-                        cameras: tuple[torch.Tensor, torch.Tensor] | None = None, bounds: list[tuple] = ()) -> None:
+                        cameras: tuple[torch.Tensor, torch.Tensor] | None = None, bounds: Sequence[tuple] = ()) -> None:
     """ValueError naming what :func:`input_flag` found: the first tensor with a NaN or inf and its first bad
     index, the camera value that is wrong, or a value out of its documented range. Returns if nothing is."""
     if cameras is not None:
@@ -179,7 +181,7 @@ def raise_input_problem(named: list[tuple[str, torch.Tensor]],
 
 
 def check_finite(named: list[tuple[str, torch.Tensor]], cameras: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 bounds: list[tuple] = ()) -> None:
+                 bounds: Sequence[tuple] = ()) -> None:
     """The checks read now (one host sync), and on failure the ValueError of :func:`raise_input_problem`."""
     DeferredCheck(named, cameras, bounds).resolve()
 
@@ -193,7 +195,7 @@ class DeferredCheck:
     (no gradient), None on the torch path."""
 
     def __init__(self, named: list[tuple[str, torch.Tensor]],
-                 cameras: tuple[torch.Tensor, torch.Tensor] | None = None, bounds: list[tuple] = ()) -> None:
+                 cameras: tuple[torch.Tensor, torch.Tensor] | None = None, bounds: Sequence[tuple] = ()) -> None:
         self.args = (named, cameras, bounds)
         if use_triton(*(t for _, t in named)):
             self.flag, self.centres = check_flag_triton(named, cameras, bounds)

@@ -248,13 +248,19 @@ def _parse_vec(text: str, what: str) -> list[float]:
     return v
 
 
+def _split(split: dict[str, list[int]] | None) -> dict[str, list[int]]:
+    assert split is not None, "a checkpoint's cameras come with their train/test split (load_source)"
+    return split
+
+
 def resolve_cameras(specs: tuple[str, ...], views, split: dict[str, list[int]] | None, *,
                     size: tuple[int, int] | None, fov: float):
     """--camera values -> (names, Views). A spec is ``EYE@TARGET`` ("x,y,z@x,y,z", pinhole, --size/--fov), or
     for a checkpoint a camera name, ``train:I``, ``test:I``, ``test`` (all held out) or ``all``."""
     from warpforge.splat.scene import Views, intrinsics, look_at
 
-    names, mats, ks = [], [], []
+    names: list[str] = []
+    mats, ks = [], []
     w, h = size or ((views.width, views.height) if views is not None else (960, 540))
     for spec in specs:
         if "@" in spec:
@@ -270,13 +276,13 @@ def resolve_cameras(specs: tuple[str, ...], views, split: dict[str, list[int]] |
         if views is None:
             raise UsageError(f"--camera {spec!r}: a PLY has no cameras; give EYE@TARGET, e.g. 0,-20,10@0,0,0")
         if spec in ("all", "test", "train"):
-            idx = list(range(len(views))) if spec == "all" else list(split[spec])
+            idx = list(range(len(views))) if spec == "all" else list(_split(split)[spec])
         elif spec.startswith(("train:", "test:")):
-            part, _, i = spec.partition(":")
-            part_idx = split[part]
-            if not i.isdigit() or int(i) >= len(part_idx):
+            part, _, num = spec.partition(":")
+            part_idx = _split(split)[part]
+            if not num.isdigit() or int(num) >= len(part_idx):
                 raise UsageError(f"--camera {spec!r}: index must be in 0..{len(part_idx) - 1}")
-            idx = [part_idx[int(i)]]
+            idx = [part_idx[int(num)]]
         elif spec in views.names:
             idx = [views.names.index(spec)]
         else:

@@ -113,10 +113,10 @@ def _read_text(folder: Path) -> Model:
     while first < len(lines) and not lines[first].strip():
         first += 1
     for i in range(first, len(lines), 2):
-        ln = lines[i].split()
+        f = lines[i].split()
         try:
-            img = Image(int(ln[0]), np.array(ln[1:5], dtype=np.float64), np.array(ln[5:8], dtype=np.float64),
-                        int(ln[8]), " ".join(ln[9:]))
+            img = Image(int(f[0]), np.array(f[1:5], dtype=np.float64), np.array(f[5:8], dtype=np.float64),
+                        int(f[8]), " ".join(f[9:]))
             pts = lines[i + 1].split() if i + 1 < len(lines) else []
             arr = np.array(pts, dtype=np.float64).reshape(-1, 3)
         except (ValueError, IndexError) as e:
@@ -289,6 +289,7 @@ def load_colmap(folder: str | Path, *, downscale: int = 1, test_every: int = 8,
         ks.append([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])
         viewmats.append(im.viewmat())
         pixels.append(arr)
+    assert size is not None  # the model has images (checked above), and the first one set it
     views = Views(torch.tensor(np.array(viewmats), dtype=torch.float32), torch.tensor(ks, dtype=torch.float32),
                   size[0], size[1], [im.name for im in entries]).to(device)
     c = len(entries)

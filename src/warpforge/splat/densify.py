@@ -101,8 +101,9 @@ class Densifier:
         if self.grad2d is None or self.grad2d.shape[0] != n:
             self._reset_stats(n, g.device)
         cam, ids = torch.where(vis)
-        self.grad2d.index_add_(0, ids, g[cam, ids].norm(dim=-1))
-        self.count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
+        grad2d, count = self._stats()
+        grad2d.index_add_(0, ids, g[cam, ids].norm(dim=-1))
+        count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
         if self.radii is not None:
             r = rad[cam, ids].float() / float(max(width, height))
             self.radii.scatter_reduce_(0, ids, r, reduce="amax")
@@ -110,7 +111,8 @@ class Densifier:
     @torch.no_grad()
     def step(self, step: int, params: dict[str, Tensor], optimizer: SelectiveAdam | None) -> dict[str, int]:
         """Refine and/or reset when the schedule says so; returns how many Gaussians each edit touched."""
-        cfg, out = self.cfg, {}
+        cfg = self.cfg
+        out: dict[str, int] = {}
         if step >= cfg.refine_stop_iter:
             return out
         if step > cfg.refine_start_iter and step % cfg.refine_every == 0 and self.grad2d is not None:
@@ -131,13 +133,25 @@ class Densifier:
             if self.radii is not None:
                 self.all_reduce(self.radii, "max")
 
+    def _stats(self) -> tuple[Tensor, Tensor]:
+        """grad2d and count, which _reset_stats sets together (accumulate runs it first; step refines only
+        once grad2d is there)."""
+        assert self.grad2d is not None and self.count is not None, "no statistics yet"
+        return self.grad2d, self.count
+
+    def _radii(self) -> Tensor:
+        """The screen radii, kept whenever refine_scale2d_stop_iter > 0 (which a step before it implies)."""
+        assert self.radii is not None, "no screen radii: refine_scale2d_stop_iter is 0"
+        return self.radii
+
     def _grow(self, step: int, params: dict[str, Tensor], opt: SelectiveAdam | None) -> tuple[int, int]:
-        grads = self.grad2d / self.count.clamp_min(1)
+        grad2d, count = self._stats()
+        grads = grad2d / count.clamp_min(1)
         high = grads > self.cfg.grow_grad2d
         small = torch.exp(params["scales"]).max(-1).values <= self.cfg.grow_scale3d * self.scene_scale
         large = ~small
         if step < self.cfg.refine_scale2d_stop_iter:
-            large |= self.radii > self.cfg.grow_scale2d
+            large |= self._radii() > self.cfg.grow_scale2d
         clone, split = high & small, high & large
         n_clone, n_split = int(clone.sum()), int(split.sum())
         if n_clone:
@@ -153,7 +167,7 @@ class Densifier:
         if step > self.cfg.reset_every:
             prune |= torch.exp(params["scales"]).max(-1).values > self.cfg.prune_scale3d * self.scene_scale
             if step < self.cfg.refine_scale2d_stop_iter:
-                prune |= self.radii > self.cfg.prune_scale2d
+                prune |= self._radii() > self.cfg.prune_scale2d
         n = int(prune.sum())
         if n:
             self._edit_stats(remove(params, opt, prune))
@@ -166,7 +180,8 @@ class Densifier:
 
     def _edit_stats(self, index: Tensor) -> None:
         """Follow an edit of the Gaussians: new row i takes the statistics of old row ``index[i]``."""
-        self.grad2d, self.count = self.grad2d[index], self.count[index]
+        grad2d, count = self._stats()
+        self.grad2d, self.count = grad2d[index], count[index]
         if self.radii is not None:
             self.radii = self.radii[index]
 

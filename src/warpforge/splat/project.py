@@ -595,9 +595,11 @@ class _Project(torch.autograd.Function):
         C, N = radii.shape[:2]
         v_means2d = v_means2d.contiguous() if v_means2d is not None else means.new_zeros(C, N, 2)
         v_conics = v_conics.contiguous() if v_conics is not None else means.new_zeros(C, N, 3)
+        width, height, near, far, eps2d, camera = ctx.cfg
         v_means, v_quats, v_scales, v_view = project_bwd_triton(
             means, quats, scales, viewmats, Ks, radii, v_means2d, v_conics,
-            v_depths.contiguous() if v_depths is not None else None, *ctx.cfg, view_grad=ctx.needs_input_grad[4],
+            v_depths.contiguous() if v_depths is not None else None, width, height, near, far, eps2d, camera,
+            view_grad=ctx.needs_input_grad[4],
             v_comp=v_comp.contiguous() if ctx.antialiased and v_comp is not None else None)
         return v_means, v_quats, v_scales, None, v_view, None, None, None, None, None, None, None, None
 

@@ -438,7 +438,8 @@ def rasterize_to_pixels_reference(means2d, conics, colors, opacities, width: int
         ty, tx = divmod(i % (th * tw), tw)
         px, py = ox + (tx * tile_size + 0.5), oy + (ty * tile_size + 0.5)
         ids = flatten_ids[offs[i]:offs[i + 1]].long()
-        out, T = blend_tile(px, py, *(v[ids] for v in flat), chunk=chunk)
+        means_t, conics_t, colors_t, opacities_t = (v[ids] for v in flat)  # the tile's Gaussians
+        out, T = blend_tile(px, py, means_t, conics_t, colors_t, opacities_t, chunk=chunk)
         outs.append(out)
         Ts.append(T)
     return assemble_tiles(torch.stack(outs), torch.stack(Ts), C, th, tw, tile_size, width, height, backgrounds)

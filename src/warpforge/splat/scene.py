@@ -8,6 +8,7 @@ folder loads through ``colmap.py``; ``street_scene`` builds the procedural one (
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -349,7 +350,7 @@ class _Builder:
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
-        self.patches: list[tuple[float, float, object]] = []  # (area, weight, sampler(count))
+        self.patches: list[tuple[float, float, Callable[[int], None]]] = []  # (area, weight, sampler(count))
         self.parts: list[tuple[np.ndarray, ...]] = []
 
     def rect(self, origin, u, v, lu: float, lv: float, weight: float, color, gloss: float = 0.0) -> None:

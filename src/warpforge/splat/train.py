@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -32,8 +33,8 @@ STRATEGIES = ("default", "mcmc")
 # What each densification strategy changes in TrainConfig: gsplat simple_trainer's presets. MCMC starts denser
 # and brighter (opacity 0.5, scale 0.1 x the neighbour distance) and regularises opacity and scale so that
 # Gaussians it does not need fade and get relocated.
-STRATEGY_PRESETS = {"default": {}, "mcmc": {"init_opacity": 0.5, "init_scale": 0.1, "opacity_reg": 0.01,
-                                            "scale_reg": 0.01}}
+STRATEGY_PRESETS: dict[str, dict[str, Any]] = {  # TrainConfig keywords (Any: each a different field's type)
+    "default": {}, "mcmc": {"init_opacity": 0.5, "init_scale": 0.1, "opacity_reg": 0.01, "scale_reg": 0.01}}
 
 
 @dataclass
@@ -125,6 +126,8 @@ class Trainer:
             raise ValueError(f"Trainer: images must be at least 11x11 (the SSIM window), got "
                              f"{self.views.width}x{self.views.height}")
         self.world = world
+        self.rank: int
+        self.world_size: int
         self.rank, self.world_size = (world.rank, world.size) if world is not None else (0, 1)
         self.scene_scale = data.scene_scale
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -141,6 +144,7 @@ class Trainer:
         self.opt = SelectiveAdam(self.params, self.base_lrs, betas=(1 - bs * 0.1, 1 - bs * 0.001),
                                  eps=1e-15 / math.sqrt(bs))
         reduce = world.all_reduce_ if world is not None else None
+        self.densifier: Densifier | MCMCDensifier
         if cfg.strategy == "mcmc":  # no statistics to reduce: identical seeds make identical moves on every rank
             self.densifier = MCMCDensifier(cfg.mcmc, seed=cfg.seed + 1, device=self.device)
         else:

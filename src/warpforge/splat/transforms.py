@@ -197,6 +197,7 @@ def load_transforms(path: str | Path, *, downscale: int = 1, test_every: int = 8
         names.append(str(img_path.relative_to(jpath.parent.resolve())) if img_path.is_relative_to(
             jpath.parent.resolve()) else img_path.name)
         held.append(held_out)
+    assert size is not None  # _read_json refuses an empty frames list, so the first frame set it
     # RGBA (Blender renders on transparency): composite on white, which is then the training background
     background = np.ones(3) if any_alpha else np.zeros(3)
     rgb = []

@@ -20,6 +20,7 @@ import math
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,10 +64,11 @@ class Viewer:
         self.background = background.to(self.device, torch.float32)
         self.home, self.size, self.rasterize_mode, self.title = home, size, rasterize_mode, title
         self.frames = 0  # frames sent, all clients
-        self._dirty: dict[int, object] = {}  # client id -> ClientHandle whose camera moved since its last frame
+        # client id -> viser ClientHandle whose camera moved since its last frame (viser's types are Any to mypy)
+        self._dirty: dict[int, Any] = {}
         self._cond = threading.Condition()
         self._stopped = False
-        self._server = None
+        self._server: Any = None  # the viser server, once start() made it
         self._thread: threading.Thread | None = None
 
     # ---- one frame ----------------------------------------------------------------------------------------
