@@ -62,8 +62,9 @@ NOT_TIMED: tuple[str, ...] = (
     _B + "cli.py", _R + "__init__.py", _R + "terminal.py", _R + "record.py", _R + "store.py",
     "src/warpforge/hw/probe.py", "src/warpforge/hw/probe_plan.py", "src/warpforge/hw/_probe_kernels.py",
     "src/warpforge/hw/_probe_measure.py",
-    # lazy package names, argument checks and dtype spellings: read before anything is timed
-    "src/warpforge/_lazy.py", "src/warpforge/_validate.py", "src/warpforge/dtypes.py",
+    # lazy package names, argument checks and dtype spellings: read before anything is timed; the reports'
+    # shared stylesheet: written after
+    "src/warpforge/_lazy.py", "src/warpforge/_validate.py", "src/warpforge/dtypes.py", "src/warpforge/_html.py",
 )
 
 
