@@ -126,3 +126,6 @@ def test_incomplete_gguf_metadata_is_named():
     assert ModelConfig.from_gguf(meta, ["blk.0.attn_q_norm.weight"]).qk_norm
     with pytest.raises(ValueError, match="rope scaling 'yarn'"):
         ModelConfig.from_gguf({**meta, "qwen3.rope.scaling.type": "yarn"}, [])
+    no_vocab = {k: v for k, v in meta.items() if k != "tokenizer.ggml.tokens"}
+    with pytest.raises(ValueError, match="no qwen3.vocab_size and no tokenizer.ggml.tokens"):
+        ModelConfig.from_gguf(no_vocab, [])

@@ -161,6 +161,8 @@ def test_awq_lowers_output_error_with_outlier_channels():
     r = q.awq_search(w, x)
     print(f"AWQ: alpha {r.alpha}, output MSE {r.err_int4:.3e} (int4) -> {r.err_awq:.3e}")
     assert r.alpha > 0 and r.err_awq < 0.8 * r.err_int4
+    with pytest.raises(ValueError, match="alphas: expected at least one exponent"):
+        q.awq_search(w, x, alphas=())
 
 
 def test_awq_search_on_the_engines_calibration_activations():

@@ -97,6 +97,7 @@ def _stream(engine, req, load_s: float, model: str) -> int:
             click.echo(out.delta_text, nl=False)
             last = out
     click.echo()
+    assert last is not None  # an added request yields at least its final output
     m = last.metrics
     prefill = f"{m.prefill_tokens_per_s:,.1f} tok/s" if m.prefill_tokens_per_s else "n/a"
     decode = f"{m.decode_tokens_per_s:,.1f} tok/s" if m.decode_tokens_per_s else "n/a (one token)"

@@ -117,7 +117,10 @@ class ModelConfig:
 
     def window(self, layer: int) -> int | None:
         """The attention kernels' ``window`` for a layer: keys before the query it sees (HF W -> W - 1)."""
-        return self.sliding_window - 1 if self.layer_types[layer] == SLIDING else None
+        if self.layer_types[layer] != SLIDING:
+            return None
+        assert self.sliding_window is not None  # __post_init__ refuses sliding layers without a window
+        return self.sliding_window - 1
 
     # ---- Hugging Face config.json -----------------------------------------------------------
 
@@ -213,7 +216,9 @@ class ModelConfig:
         hidden, heads = key("embedding_length"), key("attention.head_count")
         layers = key("block_count")
         head_dim = key("attention.key_length") or hidden // heads
-        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or []) or None
+        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+        if not vocab:
+            raise ValueError(f"GGUF: no {name}.vocab_size and no tokenizer.ggml.tokens to size the vocabulary")
         gemma = name == "gemma3"
         scaling = None
         if key("rope.scaling.type") == "linear":

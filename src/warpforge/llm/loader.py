@@ -251,6 +251,8 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def _load_gguf(path: Path, dtype, device: torch.device, gguf_blocks: bool = False) -> Loaded:
     gf = GGUFFile(path)
     arch = gf.meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: GGUF metadata has no general.architecture (got {arch!r})")
     try:
         config = ModelConfig.from_gguf(gf.meta, gf.tensors.keys(), dtype=dtype)
         rows = gf.tensors["token_embd.weight"][1][0] if "token_embd.weight" in gf.tensors else config.vocab_size

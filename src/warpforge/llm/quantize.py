@@ -218,6 +218,8 @@ def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
     """The per-input-channel scale s = mean|x|^alpha minimising the int4 layer's output error over ``x``."""
     if x.dim() != 2 or x.shape[1] != w.shape[1] or x.shape[0] == 0:
         raise ValueError(f"x: expected calibration inputs [T, {w.shape[1]}] with T > 0, got {tuple(x.shape)}")
+    if not alphas:
+        raise ValueError("alphas: expected at least one exponent to try, got none")
     xf = x.float()
     ref = xf @ w.float().t()  # [T, N]
     mag = xf.abs().mean(0).clamp_min(1e-6)  # [K]
@@ -231,6 +233,7 @@ def awq_search(w: torch.Tensor,  # [N, K] the layer's float weight
             plain = err
         if best is None or err < best[0]:
             best = (err, alpha, smooth, importance)
+    assert best is not None  # alphas is not empty
     return AWQResult(best[2], best[3], best[1], plain if 0.0 in alphas else float("nan"), best[0])
 
 
