@@ -21,7 +21,29 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
+def pytest_configure(config):
+    # pytest-xdist's --dist loadfile hands out whole files, by default in the order of their number of tests,
+    # most first: a file of one or two slow tests (the real MobileNetV2, the demo, Gemma 3 270M) went last,
+    # and the other worker sat idle while it ran alone. The files go in the order set below instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _slow_files_first(items) -> None:
+    """Under pytest-xdist: the files holding a `slow` test first (collection order among them), then the rest by
+    number of tests, most first (xdist's own order): the long files start while many short ones are left to
+    fill both workers at the end. Each file's tests keep their order."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    slow = {f for f, its in files.items() if any("slow" in item.keywords for item in its)}
+    order = sorted(files, key=lambda f: (f not in slow, 0 if f in slow else -len(files[f])))
+    items[:] = [item for f in order for item in files[f]]
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _slow_files_first(items)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (make test-gpu)")

@@ -71,6 +71,7 @@ def test_perplexity_check_holds_the_gguf_row_to_one_percent():
     assert not check({"ppl": float("nan")}, {"ppl": 30.0})["ok"] and not check({}, {"ppl": 30.0})["ok"]
 
 
+@pytest.mark.slow  # ~25 s of CI's 2 cores (tests/conftest.py starts files with a slow test first)
 def test_quick_run_on_cpu_produces_valid_records_with_the_metrics():
     pytest.importorskip("transformers")
     from warpforge.bench.runner import run_suite

@@ -192,12 +192,22 @@ def test_norm_configs_fit_shared_memory(bm, norm, x_bytes):
     assert _fits(LinearConfig(64, 64, 128, 1, 4, 4), None, x_bytes=4)  # unfused: unchanged
 
 
+# The M class whose every admitted config CI compiles: the widest tiles, where shared memory and registers bind
+# (the 227 KB and spill cases above are block_m 64). The other classes' sweeps (~80% of the compiles, ~3 of CI's
+# 2-core minutes) run in the GPU test pass (benchmarks/gpu_tests.py, the `gpu` marker, every session), which
+# compiles them the same offline way; on CI each class's default fused config is still compiled, by
+# test_matmul.py::test_default_configs_compile_for_sm90 (sm90_compile.py's default list holds it).
+CI_NORM_CLASS = 64
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bm", [c for c in LINEAR_CONFIGS if c <= GEMV_MAX_M])
+@pytest.mark.parametrize("bm", [pytest.param(c, marks=() if c == CI_NORM_CLASS else pytest.mark.gpu)
+                                for c in LINEAR_CONFIGS if c <= GEMV_MAX_M])
 def test_norm_fusion_configs_compile_for_sm90(sm90_cache, bm):
-    """Without a GPU: every config ``_fits`` admits for the norm fusion (bf16 and fp32 x, with and without a
-    residual) compiles for Hopper within 227 KB of shared memory and without spills. The compiles run in
-    shards side by side (one per core) and share the session's Triton cache (configs several classes hold)."""
+    """Offline (no GPU needed): every config ``_fits`` admits for the norm fusion (bf16 and fp32 x, with and
+    without a residual) compiles for Hopper within 227 KB of shared memory and without spills. The compiles run
+    in shards side by side (one per core) and share the session's Triton cache (configs several classes hold).
+    CI runs CI_NORM_CLASS; the GPU test pass runs every class."""
     from .sm90_shards import run_sharded
 
     rows, rcs, err = run_sharded([f"--norm-class={bm}"], sm90_cache, timeout=590)

@@ -38,6 +38,7 @@ def test_full_size_selection_picks_the_intended_h200_cases(script):
 DRY_RUN_BUDGET_S = 540
 
 
+@pytest.mark.slow  # ~25 s of CI's 2 cores (tests/conftest.py starts files with a slow test first)
 def test_quick_dry_run_writes_the_lines_and_the_reports(script, tmp_path, capsys):
     out, reports = tmp_path / "profile.jsonl", tmp_path / "reports"
     rc = script.main(["--quick", "--device", "cpu", "--out", str(out), "--reports", str(reports),

@@ -8,9 +8,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~25 s of CI's 2 cores (tests/conftest.py starts files with a slow test first)
 def test_quick_run_writes_training_lines_and_keeps_the_others(tmp_path):
     spec = importlib.util.spec_from_file_location("profile_train_h200", ROOT / "benchmarks" / "profile_train_h200.py")
     mod = importlib.util.module_from_spec(spec)

@@ -7,14 +7,17 @@ specializes them at run time; without that hint the pipeliner emits no cp.async.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import inspect
+import io
+import json
 import os
 import re
 import subprocess
 import sys
 
 import triton
+from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -58,8 +61,13 @@ def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int, l
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, attrs=attrs,
                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+    # Triton builds the cubin with ``ptxas -v`` (sm_90a) and prints that report under the dump_ptxas_log knob:
+    # read here with the cubin it built, so each kernel goes through ptxas once, not again on its PTX.
+    report = io.StringIO()
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(report):
+        knobs.nvidia.dump_ptxas_log = True
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": num_warps, "num_stages": num_stages})
     ptx = k.asm["ptx"]
     res = {"shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
            "mma": len(re.findall(r"\bmma\.sync", ptx)), "cp_async": ptx.count("cp.async"),
@@ -67,10 +75,15 @@ def compile_one(fn, types: dict, const: dict, num_warps: int, num_stages: int, l
            "mma_e4m3": len(re.findall(r"\b(?:wgmma\.mma_async|mma\.sync)[\w.]*\.e4m3\.e4m3", ptx))}
     if os.path.exists(PTXAS):  # registers and spills as ptxas reports them
         path = os.path.join(os.environ["TRITON_CACHE_DIR"], "kernel.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
-                             capture_output=True, text=True, check=True).stderr
+        out = report.getvalue()
+        if re.search(r"Used \d+ registers", out):  # Triton's own build: its report and its cubin
+            with open(path + ".cubin", "wb") as f:
+                f.write(k.asm["cubin"])
+        else:  # a Triton cache hit built nothing: ptxas once more on the PTX
+            with open(path, "w") as f:
+                f.write(ptx)
+            out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                                 capture_output=True, text=True, check=True).stderr
         res["regs"] = int(re.search(r"Used (\d+) registers", out).group(1))
         res["spill_bytes"] = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", out))
         if loop_tokens and os.path.exists(CUOBJDUMP):  # issue cost of the hot loop, per key token
