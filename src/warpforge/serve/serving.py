@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warpforge.llm.outputs import RequestOutput
 from warpforge.llm.sampling import SamplingParams
@@ -26,7 +26,19 @@ from warpforge.serve.tool_stream import ToolStream
 from warpforge.serve.tools import ToolPlan
 
 if TYPE_CHECKING:
-    from warpforge.serve.app import ServerState  # app imports this module
+    from warpforge.serve.metrics import ServerMetrics
+
+
+class JobHost(Protocol):
+    """What a job needs of the server that admitted it (app.ServerState, which imports this module)."""
+
+    llm: Any  # the engine or its process's client
+    tokenizer: Any
+    metrics: ServerMetrics
+
+    def token_text(self, token_id: int) -> str: ...
+
+    def release(self, job: Job) -> None: ...
 
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf (vLLM clamps the same way)
 DONE = b"data: [DONE]\n\n"
@@ -75,7 +87,7 @@ class Job:
     """A validated request ready to run. ``chat`` picks the body shapes; ``logprobs`` is the top-n count
     (None: none); ``echo`` puts the prompt in front of the text (completions)."""
 
-    state: ServerState  # engine, tokenizer, metrics, bookkeeping
+    state: JobHost  # engine, tokenizer, metrics, bookkeeping
     endpoint: str
     model: str
     prompts: list[Prompt]
