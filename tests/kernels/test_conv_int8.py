@@ -191,6 +191,21 @@ def test_conv_int8_exact_accumulation(triton_on_cpu, device, taps):
     assert torch.equal(ref.conv2d_int8_acc_reference(x, w).float(), out)
 
 
+@pytest.mark.parametrize("cin", [ref.F32_EXACT_TAPS, ref.F32_EXACT_TAPS + 1, 960, 3 * ref.F32_EXACT_TAPS + 2])
+@pytest.mark.parametrize("x_zero", [0, -128], ids=["signed", "unsigned"])
+def test_int8_acc_reference_float32_path_is_exact(gen, cin, x_zero):
+    """The reference accumulates a 1x1 int8 conv in float32 (chunks of <= F32_EXACT_TAPS channels summed in
+    int32) instead of one float64 conv: the same integers, at random values and at the largest products
+    (|x - zero| = 255 or 127 against w = -127: odd products of one sign, whose sums pass 2^24)."""
+    lo = -128 if x_zero else -127
+    x = _int8((2, cin, 5, 5), gen, "cpu", lo=lo).to(memory_format=CL)
+    w = _int8((7, cin, 1, 1), gen, "cpu", lo=-128)
+    for xq, wq in ((x, w), (torch.full_like(x, 127), torch.full_like(w, -127))):
+        for stride in (1, 2):
+            want = torch.nn.functional.conv2d(xq.double() - x_zero, wq.double(), stride=stride).to(torch.int32)
+            assert torch.equal(ref.conv2d_int8_acc_reference(xq, wq, stride=stride, x_zero_point=x_zero), want)
+
+
 @pytest.mark.parametrize("out_kind", ["float16", "int8"])
 def test_conv_int8_split_k(triton_on_cpu, device, gen, out_kind):
     # 3 ways over 2..10 K steps: uneven shares, and an int32 workspace summed before the epilogue.

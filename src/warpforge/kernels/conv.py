@@ -31,7 +31,7 @@ from warpforge.kernels._checks import refuse_interpreted_bf16
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
 from warpforge.kernels.conv_common import (CONV_ACTIVATIONS, CONV_DTYPES, MODE_FLAT, MODE_PLAIN, MODE_TAPS,
-                                           _check_out, _geometry, _Geometry, _is_depthwise, _prepared,
+                                           _check_out, _geometry, _Geometry, _into, _is_depthwise, _prepared,
                                            _shares_storage, gemm_mode, prepare_conv_weight, strided_pointwise)
 from warpforge.kernels.conv_depthwise import DepthwiseConfig, depthwise_config, launch_depthwise
 from warpforge.kernels.conv_gemm import launch_gemm
@@ -83,6 +83,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         check_zero_point("out_zero_point", out_zero_point)
     elif out_zero_point != 0:
         raise ValueError("out_zero_point applies to int8 out: give out_scale too")
+    given = out is not None
     if out is None:
         out = torch.empty(g.out_shape, dtype=weight.dtype if os_ is None else torch.int8, device=x.device,
                           memory_format=torch.channels_last)
@@ -90,8 +91,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x = x.to(weight.dtype)  # (an image stem's fp32 x: the pack's cast)
         y = ref.conv2d_reference(x, weight, bias, stride=g.stride, padding=g.padding, dilation=g.dilation,
                                  groups=groups, activation=activation, residual=residual)
-        out.copy_(y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point))
-        return out
+        y = y if os_ is None else ref.quantize_int8_reference(y, os_, out_zero_point)
+        return _into(y, out, given)
     refuse_interpreted_bf16("conv2d", x, weight)
     m = g.n * g.oh * g.ow
     if m == 0 or g.cout == 0:

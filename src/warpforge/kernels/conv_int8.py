@@ -32,8 +32,8 @@ from warpforge.kernels import reference as ref
 from warpforge.kernels._autotune import Tuner
 from warpforge.kernels._dispatch import use_triton
 from warpforge.kernels.activation import ACTIVATIONS
-from warpforge.kernels.conv_common import (MODE_TAPS, _check_out, _geometry, _is_depthwise, _prepared, _shares_storage,
-                                           gemm_mode, strided_pointwise)
+from warpforge.kernels.conv_common import (MODE_TAPS, _check_out, _geometry, _into, _is_depthwise, _prepared,
+                                           _shares_storage, gemm_mode, strided_pointwise)
 from warpforge.kernels.conv_gemm import launch_gemm
 from warpforge.kernels.conv_stem import _s2d_ok, _space_to_depth
 from warpforge.kernels.conv_tuning import ConvConfig, choose_gemm_config, residual_candidates
@@ -247,6 +247,7 @@ def conv2d_int8(
     g, xs, os_, out_dtype, rs = _validate(x, weight, x_scale, w_scale, bias, stride, padding, dilation, groups,
                                           activation, residual, out_scale, out_dtype, out, config, x_zero_point,
                                           w_sum, out_zero_point, out_q, residual_scale, residual_zero_point)
+    given = out is not None
     if out is None:
         out = torch.empty(g.out_shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
     if not use_triton(x, weight, xs, w_scale, bias, residual, os_, out, out_q, rs):
@@ -254,8 +255,8 @@ def conv2d_int8(
         kw = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=groups, activation=activation,
                   residual=res, x_zero_point=x_zero_point)
         if out_q is None:
-            out.copy_(ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, out_scale=os_, out_dtype=out_dtype,
-                                                out_zero_point=out_zero_point, **kw))
+            return _into(ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, out_scale=os_, out_dtype=out_dtype,
+                                                   out_zero_point=out_zero_point, **kw), out, given)
         else:  # both from the one fp32 y, as the kernel's epilogue stores them
             y = ref.conv2d_int8_reference(x, weight, xs, w_scale, bias, out_dtype=torch.float32, **kw)
             out.copy_(y)

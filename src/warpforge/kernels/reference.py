@@ -135,13 +135,14 @@ FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_MIN_AMAX = 1e-12  # floor on a row's absmax so an all-zero row gets a finite scale
 
 
-def activation_reference(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """Reference for ``apply_activation`` in kernels/activation.py (used by the conv epilogue)."""
+def activation_reference(y: torch.Tensor, activation: str | None, *, inplace: bool = False) -> torch.Tensor:
+    """Reference for ``apply_activation`` in kernels/activation.py (used by the conv epilogue). ``inplace``:
+    relu / relu6 overwrite y (a caller's fresh intermediate: the same values, no second large buffer)."""
     fn = torch.nn.functional
     if activation is None:
         return y
     if activation == "relu":
-        return torch.relu(y)
+        return torch.relu_(y) if inplace else torch.relu(y)
     if activation == "silu":
         return fn.silu(y)
     if activation == "gelu":
@@ -149,7 +150,7 @@ def activation_reference(y: torch.Tensor, activation: str | None) -> torch.Tenso
     if activation == "gelu_tanh":
         return fn.gelu(y, approximate="tanh")
     if activation == "relu6":
-        return y.clamp(0.0, 6.0)
+        return y.clamp_(0.0, 6.0) if inplace else y.clamp(0.0, 6.0)
     raise ValueError(f"unknown activation {activation!r}")
 
 
@@ -166,18 +167,47 @@ def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                                    stride, padding, dilation, groups)
     if residual is not None:
         y = y + residual.to(cd)
-    return activation_reference(y, activation)
+    return activation_reference(y, activation, inplace=True)  # y is this function's own
+
+
+# float32 holds every integer up to 2^24 exactly. One product |(x_q - zero_point) * w_q| <= 255 * 128, so in a
+# 1x1 conv (a matrix product over the input channels: every CPU backend sums the products themselves, no
+# Winograd / FFT transform) of at most F32_EXACT_TAPS input channels every partial sum, in whatever order it
+# is added, is an integer below 2^24: float32 gives the exact sums, as float64 does, several times faster
+# on CPU (float64 conv has no oneDNN path). 2^24 // (255 * 128) = 513 channels. Larger kernels stay float64.
+F32_EXACT_TAPS = 2 ** 24 // (255 * 128)
+
+
+def _int8_conv_exact(x_q: torch.Tensor, w_q: torch.Tensor, stride, padding, dilation, groups: int,
+                     x_zero_point: int) -> torch.Tensor:
+    """The exact conv of (x_q - x_zero_point) and w_q: float32 (its values the exact integers) for a 1x1
+    conv of <= F32_EXACT_TAPS channels per group, int32 for a larger 1x1 conv without groups (the sum of
+    exact float32 convs of channel chunks within that bound), otherwise int32 from one float64 conv."""
+    f = torch.nn.functional
+    one_by_one = w_q.shape[2] == 1 and w_q.shape[3] == 1
+    if one_by_one and w_q.shape[1] <= F32_EXACT_TAPS:
+        return f.conv2d(x_q.to(torch.float32) - x_zero_point, w_q.to(torch.float32), None, stride, padding,
+                        dilation, groups)
+    if not one_by_one or groups != 1:  # float64 holds every sum exactly (|sum| <= K * 255 * 128 < 2^53)
+        y = f.conv2d(x_q.to(torch.float64) - x_zero_point, w_q.to(torch.float64), None, stride, padding, dilation,
+                     groups)
+        return y.to(torch.int32)
+    acc = None
+    for c in range(0, w_q.shape[1], F32_EXACT_TAPS):  # chunks of input channels, each exact in float32
+        part = f.conv2d(x_q[:, c:c + F32_EXACT_TAPS].to(torch.float32) - x_zero_point,
+                        w_q[:, c:c + F32_EXACT_TAPS].to(torch.float32), None, stride, padding, dilation)
+        part = part.to(torch.int32)  # exact integers; int32 sums them exactly (the launcher bounds K)
+        acc = part if acc is None else acc.add_(part)
+    return acc
 
 
 def conv2d_int8_acc_reference(x_q: torch.Tensor, w_q: torch.Tensor, *, stride=1, padding=0, dilation=1,
                               groups: int = 1, x_zero_point: int = 0) -> torch.Tensor:
     """The exact int32 accumulator of ``_conv_gemm_kernel`` with INT_ACC (kernels/conv_gemm.py): conv2d of
     (x_q - x_zero_point) [N, C, H, W] (zero padding: the padded x is 0) and int8 w_q [Cout, C/groups, KH, KW]
-    as int32 [N, Cout, OH, OW]. float64 holds every sum exactly (|sum| <= K * 255 * 128 < 2^53; the
-    launcher bounds K so that it fits int32 too)."""
-    y = torch.nn.functional.conv2d(x_q.to(torch.float64) - x_zero_point, w_q.to(torch.float64), None, stride,
-                                   padding, dilation, groups)
-    return y.to(torch.int32)
+    as int32 [N, Cout, OH, OW]. Computed exactly by :func:`_int8_conv_exact` (1x1: float32 convs of at most
+    F32_EXACT_TAPS channels; else float64; the launcher bounds K so that the sum fits int32)."""
+    return _int8_conv_exact(x_q, w_q, stride, padding, dilation, groups, x_zero_point).to(torch.int32)
 
 
 def conv2d_int8_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
@@ -192,15 +222,15 @@ def conv2d_int8_reference(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.T
     (x_q - x_zero_point) and w_q; returns y in ``out_dtype``, or with ``out_scale`` int8 quantized as
     :func:`quantize_int8_reference` does with ``out_zero_point``.
     """
-    acc = conv2d_int8_acc_reference(x_q, w_q, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                                    x_zero_point=x_zero_point)
+    # float32 already (exact integers < 2^24, so fp32(acc) itself) or int32
+    acc = _int8_conv_exact(x_q, w_q, stride, padding, dilation, groups, x_zero_point)
     scale = x_scale.float().reshape(()) * w_scale.float().reshape(-1)  # [Cout]
-    y = acc.float() * scale.view(1, -1, 1, 1)
+    y = acc.float().mul_(scale.view(1, -1, 1, 1))  # acc is ours (fresh): in place, the same values
     if bias is not None:
-        y = y + bias.float().view(1, -1, 1, 1)
+        y.add_(bias.float().view(1, -1, 1, 1))
     if residual is not None:
-        y = y + residual.float()
-    y = activation_reference(y, activation)
+        y.add_(residual.float())
+    y = activation_reference(y, activation, inplace=True)
     if out_scale is not None:
         return quantize_int8_reference(y, out_scale, out_zero_point)
     return y.to(out_dtype)
