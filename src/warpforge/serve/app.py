@@ -491,12 +491,11 @@ def _endpoint(path: str) -> str:
 
 class _App(FastAPI):
     """FastAPI with the generation endpoints (``hot``: path -> ASGI app, POST only) answered before its
-    middleware stack, router and dependency machinery: those layers cost ~0.4 ms of the event loop per
-    request in the stubbed-step profile (py-spy, 64 streams), about a fifth of the HTTP process's time,
-    for nothing these routes use (they read the raw body and validate it themselves). Every other path
-    and method goes through FastAPI as before (405s, 404s, the error handlers). An exception these
-    routes let out reaches uvicorn, which answers 500 when nothing was sent yet, as Starlette's error
-    middleware does."""
+    middleware stack, router and dependency machinery: those layers were a large share of the HTTP
+    process's time per request (notes/serve.md) for nothing these routes use (they read the raw body and
+    validate it themselves). Every other path and method goes through FastAPI as before (405s, 404s, the
+    error handlers). An exception these routes let out reaches uvicorn, which answers 500 when nothing was
+    sent yet, as Starlette's error middleware does."""
 
     hot: dict[str, _ASGI]
 

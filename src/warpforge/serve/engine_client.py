@@ -110,8 +110,7 @@ class EngineClient:
         self._ops: list[tuple] = []
         self._out = bytearray()  # frames not yet taken by the socket
         self._frames = Frames()
-        # recv into one buffer: recv(4 MiB) allocates (and the kernel zeroes) a 4 MiB bytes object per call,
-        # ~0.3 ms of the event loop per request in the stubbed-step profile (py-spy)
+        # recv into one buffer: recv(4 MiB) allocates (and the kernel zeroes) a 4 MiB bytes object per call
         self._inbuf = memoryview(bytearray(RECV_BYTES))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grammars: GrammarBackend | None = None

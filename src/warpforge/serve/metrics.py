@@ -151,9 +151,9 @@ class ServerMetrics:
 
     def chunk(self, tokens: int, gap: float | None) -> None:
         """A chunk of ``tokens`` generated tokens went out, ``gap`` seconds after its sequence's previous one
-        (None: its first). Two Prometheus series updated per chunk (three series with vLLM's twin, a lock
-        and several calls each) were ~a fifth of the SSE path's time in a cProfile of the app alone; the
-        tally costs an add and an append."""
+        (None: its first). Updating the Prometheus series per chunk (three with vLLM's twin, a lock and
+        several calls each) was a large share of the SSE path (notes/serve.md); the tally costs an add and
+        an append."""
         self._tokens += tokens
         if gap is not None:
             self._gaps.append(gap)

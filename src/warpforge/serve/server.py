@@ -124,9 +124,8 @@ def serve(config: ServeConfig, llm=None, sock: socket.socket | None = None) -> i
     app = create_app(llm, config)
     state = app.state.server
     # What is loaded by now (torch, the tokenizer, pydantic's schemas, the app) lives as long as the process:
-    # frozen out of the cyclic collector, whose full passes walked all of it again every few hundred requests.
-    # Under 64 streams (stubbed step, py-spy --native) the collector took ~0.36 ms of the HTTP process per
-    # request, about a third of it.
+    # frozen out of the cyclic collector, whose full passes walked all of it again every few hundred requests
+    # and stalled every stream meanwhile (notes/serve.md).
     gc.collect()
     gc.freeze()
     host, port = sock.getsockname()[:2]
