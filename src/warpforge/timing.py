@@ -36,9 +36,12 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+: on 3.10 it is only named in annotations, never evaluated
+    from typing import Unpack
 
 # Fallback flush size when the driver does not report the L2 size (larger than any current L2 x 2).
 _FALLBACK_FLUSH_BYTES = 256 << 20
