@@ -198,10 +198,6 @@ def _prepared(weight: torch.Tensor, groups: int, depthwise: bool) -> torch.Tenso
     return _cached_per_weight(_PREPARED, weight, depthwise, lambda w: prepare_conv_weight(w, groups))
 
 
-__all__ = ["CONV_ACTIVATIONS", "CONV_DTYPES", "MODE_FLAT", "MODE_PLAIN", "MODE_TAPS", "gemm_mode", "pointwise_ok",
-           "prepare_conv_weight", "strided_pointwise"]
-
-
 def _into(y: torch.Tensor, out: torch.Tensor, given: bool) -> torch.Tensor:
     """The reference path's result y as the launcher returns it: copied into a caller's ``out``; with no
     ``out`` given, y itself where it already is what ``out`` would be (dtype, shape, strides): the copy of a
@@ -209,3 +205,8 @@ def _into(y: torch.Tensor, out: torch.Tensor, given: bool) -> torch.Tensor:
     if not given and y.dtype == out.dtype and y.shape == out.shape and y.stride() == out.stride():
         return y
     return out.copy_(y)
+
+
+__all__ = ["CONV_ACTIVATIONS", "CONV_DTYPES", "MODE_FLAT", "MODE_PLAIN", "MODE_TAPS", "gemm_mode", "pointwise_ok",
+           "prepare_conv_weight", "strided_pointwise"]
+
